@@ -1,0 +1,1 @@
+"""The outbox core: no Django imports (a test enforces it)."""

@@ -1,0 +1,138 @@
+"""Tunables of the outbox, their defaults and validation (no Django imports).
+
+Durations are seconds (int or float) or ``datetime.timedelta``; they are
+stored as float seconds. Defaults follow the seed except where DESIGN
+section 13 says otherwise (``LOCK_TTL`` is a short, renewed lease).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from datetime import timedelta
+from typing import Any, ClassVar
+
+
+class ConfigError(ValueError):
+    """A tunable has the wrong type or value; ``key`` is its OUTBOX settings name."""
+
+    def __init__(self, key: str, rule: str) -> None:
+        super().__init__(f"OUTBOX[{key!r}] {rule}")
+        self.key = key
+        self.rule = rule
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Validated tunables. Build with :meth:`from_mapping`; attribute names are snake_case."""
+
+    key_prefix: str = "outbox"
+    max_attempts: int = 5
+    cap: int = 25
+    ordering: str = "strict"
+    dedupe_ttl: float = 24 * 3600.0
+    delivery_timeout: float = 600.0
+    retry_backoff: float = 10.0
+    max_backoff: float = 120.0
+    lock_ttl: float = 30.0
+    verify_delay: float = 3.0
+    verify_backoff: float = 3.0
+    max_verify_backoff: float = 120.0
+    max_verify_attempts: int = 40
+    max_transient_failures: int = 20
+    parked_sweep_interval: float = 60.0
+    max_text_bytes: int = 102_400
+    concurrency: int = 64
+    tick: float = 1.0
+    wait_replicas: int = 0
+    wait_aof: bool = False
+    wait_timeout: float = 1.0
+
+    DURATIONS: ClassVar[set[str]] = {
+        "dedupe_ttl",
+        "delivery_timeout",
+        "retry_backoff",
+        "max_backoff",
+        "lock_ttl",
+        "verify_delay",
+        "verify_backoff",
+        "max_verify_backoff",
+        "parked_sweep_interval",
+        "tick",
+        "wait_timeout",
+    }
+    POSITIVE_INTS: ClassVar[set[str]] = {
+        "max_attempts",
+        "cap",
+        "max_verify_attempts",
+        "max_transient_failures",
+        "max_text_bytes",
+        "concurrency",
+    }
+    #: Durations that may be zero (everything else must be > 0).
+    ZERO_OK: ClassVar[set[str]] = {"retry_backoff", "verify_delay", "verify_backoff"}
+
+    @classmethod
+    def setting_name(cls, attr: str) -> str:
+        return attr.upper()
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> Config:
+        """Validate ``values`` (snake_case names) over the defaults.
+
+        Raises :class:`ConfigError` naming the setting and the rule it breaks.
+        Unknown names raise too, so a typo is not silently ignored.
+        """
+        known = {f.name for f in fields(cls)}
+        out: dict[str, Any] = {}
+        for name, value in values.items():
+            if name not in known:
+                raise ConfigError(cls.setting_name(name), "is not a known setting")
+            out[name] = cls._check(name, value)
+        config = cls(**out)
+        if config.max_backoff < config.retry_backoff:
+            raise ConfigError("MAX_BACKOFF", "must be at least RETRY_BACKOFF")
+        if config.max_verify_backoff < config.verify_backoff:
+            raise ConfigError("MAX_VERIFY_BACKOFF", "must be at least VERIFY_BACKOFF")
+        return config
+
+    @classmethod
+    def _check(cls, name: str, value: Any) -> Any:
+        key = cls.setting_name(name)
+        if name in cls.DURATIONS:
+            if isinstance(value, timedelta):
+                value = value.total_seconds()
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(key, "must be a number of seconds or a timedelta")
+            value = float(value)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(key, "must be a finite, non-negative duration")
+            if value == 0 and name not in cls.ZERO_OK:
+                raise ConfigError(key, "must be positive")
+            return value
+        if name in cls.POSITIVE_INTS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(key, "must be an integer >= 1")
+            return value
+        if name == "wait_replicas":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(key, "must be an integer >= 0")
+            return value
+        if name == "wait_aof":
+            if not isinstance(value, bool):
+                raise ConfigError(key, "must be True or False")
+            return value
+        if name == "ordering":
+            if value not in ("strict", "due"):
+                raise ConfigError(key, "must be 'strict' or 'due'")
+            return value
+        if name == "key_prefix":
+            if not isinstance(value, str) or not value or not value.isascii():
+                raise ConfigError(key, "must be a non-empty ASCII string")
+            if any(c in value for c in "{}: \t\r\n*?[]"):
+                raise ConfigError(key, "must not contain braces, colons, whitespace or glob characters")
+            return value
+        raise AssertionError(name)  # pragma: no cover
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,322 @@
+"""The entry, its states and results, identifiers and timestamps (no Django imports).
+
+An entry is stored in Valkey as one JSON object whose members fall in two
+runs: the *delivery state* first (``id`` … ``lastError``), then the client's
+*content* from ``"clientMessageID"`` to the end. The Lua scripts edit only
+the state run and copy the content bytes through untouched, because a cjson
+decode/encode would damage content (``[]`` becomes ``{}``, 17-digit integers
+lose digits, DESIGN section 3). The first structural ``,"clientMessageID":``
+separates the runs: inside a JSON string every ``"`` is escaped, so that
+sequence cannot occur in a value.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import InvalidIdentifier
+
+IDENTIFIER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Characters a clientMessageID may use: printable ASCII, 1..128 of them.
+CLIENT_MESSAGE_ID_RE = re.compile(r"[\x20-\x7e]{1,128}")
+MAX_MODEL_BYTES = 16 * 1024
+
+
+class Status(enum.StrEnum):
+    """Stored entry status (DESIGN section 4)."""
+
+    PENDING = "pending"
+    DELIVERING = "delivering"
+    VERIFYING = "verifying"
+    ERROR = "error"
+    PARKED = "parked"
+
+
+class Verdict(enum.Enum):
+    """A verifier's decision about an attempt whose outcome was unknown."""
+
+    INCONCLUSIVE = "inconclusive"  #: could not tell; check again with backoff
+    DELIVERED = "delivered"  #: the message is in the agent's transcript
+    ABSENT = "absent"  #: proven not there; safe to send again
+
+
+class RetryResult(enum.Enum):
+    """Result of :meth:`Outbox.retry`. Busy is not missing: map to 409 vs 404."""
+
+    UPDATED = "updated"
+    NOT_FOUND = "not_found"
+    BUSY = "busy"
+
+
+class DismissResult(enum.Enum):
+    """Result of :meth:`Outbox.dismiss`. Busy is not missing: map to 409 vs 404."""
+
+    REMOVED = "removed"
+    NOT_FOUND = "not_found"
+    BUSY = "busy"
+
+
+# Ledger states reported by a ledger probe (the seed's frozen ABI enum names).
+LEDGER_STATE_LEDGERED = "LEDGER_STATE_LEDGERED"
+LEDGER_STATE_ADMITTED = "LEDGER_STATE_ADMITTED"
+LEDGER_STATE_PROMOTED = "LEDGER_STATE_PROMOTED"
+LEDGER_STATE_TURN_ENDED = "LEDGER_STATE_TURN_ENDED"
+LEDGER_STATE_STALLED = "LEDGER_STATE_STALLED"
+LEDGER_STATE_FAILED = "LEDGER_STATE_FAILED"
+
+# Machine codes found in Entry.reason.
+REASON_MAX_ATTEMPTS = "max_attempts"
+REASON_UNVERIFIABLE = "unverifiable"
+REASON_TRANSIENT_EXHAUSTED = "transient_exhausted"
+
+
+def check_identifier(kind: str, value: object) -> str:
+    """Return ``value`` if it is a valid workspace/session/entry ID, else raise.
+
+    Raises :class:`InvalidIdentifier`. The allow-list (DESIGN section 3) keeps
+    ``:``, ``{``, ``}``, ``*``, whitespace and newlines out of key names, so no
+    input can alias another session's keys or act as a pattern.
+    """
+    if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
+        raise InvalidIdentifier(kind, value)
+    return value
+
+
+# --- timestamps -------------------------------------------------------------
+# One fixed-width RFC 3339 form, so strings compare in time order and the Lua
+# scripts can parse them: 2026-11-30T01:42:39.123456Z (UTC, microseconds).
+
+
+def format_time(us: int) -> str:
+    """Format microseconds since the epoch as RFC 3339 UTC with microseconds."""
+    seconds, micros = divmod(us, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+
+
+def parse_time(value: str) -> int:
+    """Parse an RFC 3339 timestamp into microseconds since the epoch.
+
+    Accepts any offset and precision ``datetime.fromisoformat`` does; naive
+    times are taken as UTC. Raises ``ValueError`` on anything else.
+    """
+    dt = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def canonical_time(value: str | None) -> str | None:
+    """Normalise a timestamp to the fixed-width form (None stays None)."""
+    return None if value is None else format_time(parse_time(value))
+
+
+# --- entry IDs ----------------------------------------------------------------
+
+_ID_LOCK = threading.Lock()
+_id_last_ms = 0
+_id_counter = 0
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def new_entry_id(now_ms: int | None = None) -> str:
+    """Return a fresh entry ID: 12 hex digits of time and counter, then 14 random base62.
+
+    This is the shape of opencode's message IDs without the ``msg_`` prefix
+    (``(ms * 0x1000 + counter)`` truncated to 48 bits), so IDs made by one
+    process sort in creation order and ``"msg_" + id`` is a valid, time-ordered
+    opencode messageID.
+    """
+    global _id_last_ms, _id_counter
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    with _ID_LOCK:
+        if ms <= _id_last_ms:
+            ms = _id_last_ms
+            _id_counter += 1
+        else:
+            _id_last_ms, _id_counter = ms, 0
+        value = (ms * 0x1000 + _id_counter) & 0xFFFF_FFFF_FFFF
+    tail = "".join(secrets.choice(_BASE62) for _ in range(14))
+    return f"{value:012x}{tail}"
+
+
+# --- the entry ----------------------------------------------------------------
+
+_STATE_FIELDS = (
+    # (JSON name, attribute name); this order is also the Lua encoder's.
+    ("id", "id"),
+    ("status", "status"),
+    ("reason", "reason"),
+    ("parkedFrom", "parked_from"),
+    ("attempts", "attempts"),
+    ("verifyAttempts", "verify_attempts"),
+    ("transientFails", "transient_fails"),
+    ("acceptedAt", "accepted_at"),
+    ("lastAttemptAt", "last_attempt_at"),
+    ("nextAttemptAt", "next_attempt_at"),
+    ("lastError", "last_error"),
+)
+_CONTENT_FIELDS = (
+    ("clientMessageID", "client_message_id"),
+    ("userID", "user_id"),
+    ("text", "text"),
+    ("model", "model"),
+)
+_ZERO_OMITTED = {"verifyAttempts", "transientFails"}
+_KNOWN = {name for name, _ in _STATE_FIELDS + _CONTENT_FIELDS} | {
+    "blockedByInFlight",
+    "inFlightFor",
+}
+CONTENT_MARKER = ',"clientMessageID":'
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One accepted prompt. JSON names are camelCase (DESIGN section 4).
+
+    Times are RFC 3339 strings in UTC with microseconds. ``blocked_by_in_flight``
+    and ``in_flight_for`` (seconds, float) are set only by ``list`` and never stored.
+    """
+
+    id: str
+    client_message_id: str
+    user_id: str
+    text: str
+    accepted_at: str
+    status: Status = Status.PENDING
+    model: dict[str, Any] | None = None
+    attempts: int = 0
+    last_attempt_at: str | None = None
+    verify_attempts: int = 0
+    transient_fails: int = 0
+    next_attempt_at: str | None = None
+    last_error: str | None = None
+    reason: str | None = None
+    parked_from: str | None = None
+    blocked_by_in_flight: bool = False
+    in_flight_for: float | None = field(default=None)
+
+    # -- wire format ---------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as a JSON-ready dict with camelCase keys (omits unset optionals)."""
+        out: dict[str, Any] = {}
+        for name, attr in _STATE_FIELDS + _CONTENT_FIELDS:
+            value = getattr(self, attr)
+            if value is None or (name in _ZERO_OMITTED and value == 0):
+                continue
+            out[name] = str(value) if name == "status" else value
+        if self.blocked_by_in_flight:
+            out["blockedByInFlight"] = True
+        if self.in_flight_for is not None:
+            out["inFlightFor"] = self.in_flight_for
+        return out
+
+    def to_json(self) -> str:
+        """Serialise to the stored JSON form: state members first, content last."""
+        state = {}
+        for name, attr in _STATE_FIELDS:
+            value = getattr(self, attr)
+            if value is not None:
+                state[name] = str(value) if name == "status" else value
+        content = {}
+        for name, attr in _CONTENT_FIELDS:
+            value = getattr(self, attr)
+            if value is not None:
+                content[name] = value
+        head = _dumps(state)[:-1]
+        tail = _dumps(content)[1:]
+        return f"{head},{tail}"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Entry:
+        """Build an entry from its camelCase dict; raises ``ValueError`` if malformed."""
+        if not isinstance(data, dict):
+            raise ValueError("an entry must be a JSON object")
+        unknown = set(data) - _KNOWN
+        if unknown:
+            raise ValueError(f"unknown entry members: {sorted(unknown)}")
+        kwargs: dict[str, Any] = {}
+        for name, attr in _STATE_FIELDS + _CONTENT_FIELDS:
+            if name in data and data[name] is not None:
+                kwargs[attr] = data[name]
+        try:
+            kwargs["status"] = Status(kwargs.get("status", Status.PENDING))
+            for attr in ("accepted_at", "last_attempt_at", "next_attempt_at"):
+                if attr in kwargs:
+                    kwargs[attr] = canonical_time(kwargs[attr])
+            for attr in ("attempts", "verify_attempts", "transient_fails"):
+                value = kwargs.get(attr, 0)
+                if isinstance(value, float) and value.is_integer():
+                    value = int(value)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ValueError(f"{attr} must be a non-negative integer")
+                kwargs[attr] = value
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise ValueError(f"malformed entry: {exc}") from None
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Entry:
+        """Parse a stored or wire JSON entry; raises ``ValueError`` if malformed."""
+        return cls.from_dict(json.loads(raw))
+
+    def evolve(self, **changes: Any) -> Entry:
+        """Return a copy with ``changes`` applied (entries are immutable)."""
+        return replace(self, **changes)
+
+
+def validate_content(
+    text: object, model: object, client_message_id: object, max_text_bytes: int
+) -> None:
+    """Check what a client sends; raise ``ValueError`` naming the rule that failed.
+
+    Rules (DESIGN sections 4 and 10): text is a str of 1..``max_text_bytes``
+    UTF-8 bytes with no lone surrogates; model is None or a JSON object of at
+    most 16 KiB (encoded), with finite numbers; clientMessageID is 1..128
+    printable ASCII characters.
+    """
+    if not isinstance(client_message_id, str) or not CLIENT_MESSAGE_ID_RE.fullmatch(
+        client_message_id
+    ):
+        raise ValueError("clientMessageID must be 1 to 128 printable ASCII characters")
+    if not isinstance(text, str):
+        raise ValueError("text must be a string")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (it contains a lone surrogate)") from None
+    if size == 0:
+        raise ValueError("text must not be empty")
+    if size > max_text_bytes:
+        raise ValueError(f"text is {size} UTF-8 bytes; the limit is {max_text_bytes}")
+    if model is None:
+        return
+    if not isinstance(model, dict):
+        raise ValueError("model must be a JSON object")
+    try:
+        encoded = _dumps(model).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise ValueError(f"model must be plain JSON: {exc}") from None
+    if len(encoded) > MAX_MODEL_BYTES:
+        raise ValueError(f"model is {len(encoded)} bytes encoded; the limit is {MAX_MODEL_BYTES}")
+
+
+def fingerprint(text: str, model: dict[str, Any] | None) -> str:
+    """Digest of what an idempotency key protects: the text and the model (key order ignored)."""
+    payload = json.dumps([text, model], ensure_ascii=False, sort_keys=True).encode("utf-8")
+    return hashlib.sha256(payload).hexdigest()[:32]
+

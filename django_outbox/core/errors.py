@@ -1,0 +1,97 @@
+"""Errors raised by the outbox and by deliverers (no Django imports).
+
+Service errors derive from :class:`OutboxError`. The three delivery
+outcome errors are raised *by deliverers* to tell the worker what happened
+downstream (DESIGN section 5); they wrap the underlying error as ``err``.
+"""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error the outbox service raises."""
+
+
+class Duplicate(OutboxError):
+    """The idempotency key was already accepted with the same content.
+
+    ``accepted_id`` is the original entry's ID; answer it (HTTP 200), it is
+    not a failure.
+    """
+
+    def __init__(self, accepted_id: str) -> None:
+        super().__init__(f"already accepted as {accepted_id}")
+        self.accepted_id = accepted_id
+
+
+class IdempotencyConflict(OutboxError):
+    """The idempotency key was already used with a different text or model (HTTP 422)."""
+
+    def __init__(self, accepted_id: str) -> None:
+        super().__init__(
+            f"clientMessageID was already used for entry {accepted_id} with different content"
+        )
+        self.accepted_id = accepted_id
+
+
+class OutboxFull(OutboxError):
+    """The session already holds ``CAP`` entries (HTTP 429)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(f"session outbox is full ({cap} entries)")
+        self.cap = cap
+
+
+class InvalidIdentifier(OutboxError, ValueError):
+    """A workspace, session or entry ID does not match ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``."""
+
+    def __init__(self, kind: str, value: object) -> None:
+        super().__init__(
+            f"invalid {kind} {value!r}: must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$"
+        )
+        self.kind = kind
+        self.value = value
+
+
+class OutboxUnavailable(OutboxError):
+    """Valkey could not be reached, refused the write (OOM, read-only) or a durability wait timed out.
+
+    ``accepted`` is True when the entry *was* stored but a ``WAIT_REPLICAS`` /
+    ``WAIT_AOF`` acknowledgement did not arrive in time: a retry with the same
+    idempotency key then answers :class:`Duplicate` with the entry's ID.
+    """
+
+    def __init__(self, message: str, *, accepted: bool = False) -> None:
+        super().__init__(message)
+        self.accepted = accepted
+
+
+class _DeliveryOutcome(Exception):
+    """Base of the deliverer outcome errors; ``err`` is the wrapped cause (or None)."""
+
+    def __init__(self, message: object = "", err: BaseException | None = None) -> None:
+        if isinstance(message, BaseException) and err is None:
+            err, message = message, str(message) or type(message).__name__
+        super().__init__(str(message))
+        self.err = err
+        if err is not None:
+            self.__cause__ = err
+
+
+class AmbiguousError(_DeliveryOutcome):
+    """The attempt's outcome is unknown (timeout mid-turn, connection cut after sending).
+
+    The entry moves to ``verifying`` and the verifier decides; it is never resent blindly.
+    """
+
+
+class TransientDeliveryError(_DeliveryOutcome):
+    """No attempt was driven (name did not resolve, connection refused).
+
+    The entry goes back to pending with backoff; the attempt number is not used up
+    (``transientFails`` grows instead, bounded by ``MAX_TRANSIENT_FAILURES``).
+    """
+
+
+class PriorAttemptPendingError(_DeliveryOutcome):
+    """The previous attempt is still owned downstream; like transient, no attempt is minted."""

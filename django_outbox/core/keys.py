@@ -1,0 +1,86 @@
+"""Every Valkey key name, built in one place (DESIGN section 3).
+
+All keys of a workspace carry the hash tag ``{<ws>}`` so one workspace lives
+in one cluster slot and every per-workspace script is legal on Valkey Cluster.
+Identifiers are checked against the allow-list before they reach a key name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .entry import check_identifier
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """The keys of one session; ``KEYS`` order used by the per-session scripts."""
+
+    queue: str  # LIST: FIFO of JSON entries
+    staging: str  # LIST: entries being delivered right now
+    lock: str  # STRING: delivery lease, "<token> <acquired-ms>"
+    version: str  # STRING: INCR'd by every mutation
+    markers: str  # ZSET: clientMessageID -> marker expiry (ms), for cleanup
+    receipt: str  # STRING: "<token> <entry-id>" of the last completion (lost-reply replay)
+    due: str  # ZSET of the workspace: session -> due time (ms)
+    sessions: str  # SET of the workspace's sessions
+
+    def script_keys(self) -> list[str]:
+        return [
+            self.queue,
+            self.staging,
+            self.lock,
+            self.version,
+            self.markers,
+            self.receipt,
+            self.due,
+            self.sessions,
+        ]
+
+
+class KeySpace:
+    """Builds key names under a prefix (``KEY_PREFIX``, default ``"outbox"``)."""
+
+    def __init__(self, prefix: str = "outbox") -> None:
+        self.prefix = prefix
+        #: ZSET workspace -> earliest due time (ms) of its sessions.
+        self.workspaces_due = f"{prefix}wsdue"
+        #: SET of every workspace with sessions (recover() walks it, never SCAN).
+        self.workspaces = f"{prefix}workspaces"
+        #: Pub/sub channel an accept publishes to so an idle worker wakes at once.
+        self.wake_channel = f"{prefix}wake"
+        #: Prefix of worker heartbeat keys.
+        self.heartbeat_prefix = f"{prefix}worker:"
+
+    def session(self, workspace_id: str, session_id: str) -> SessionKeys:
+        ws = check_identifier("workspace ID", workspace_id)
+        ses = check_identifier("session ID", session_id)
+        p = self.prefix
+        return SessionKeys(
+            queue=f"{p}q:{{{ws}}}:{ses}",
+            staging=f"{p}d:{{{ws}}}:{ses}",
+            lock=f"{p}lock:{{{ws}}}:{ses}",
+            version=f"{p}ver:{{{ws}}}:{ses}",
+            markers=f"{p}markers:{{{ws}}}:{ses}",
+            receipt=f"{p}receipt:{{{ws}}}:{ses}",
+            due=self.due(ws),
+            sessions=self.sessions(ws),
+        )
+
+    def dedupe(self, workspace_id: str, session_id: str, client_message_id: str) -> str:
+        """Dedupe marker key; the clientMessageID is printable ASCII, checked by the caller."""
+        ws = check_identifier("workspace ID", workspace_id)
+        ses = check_identifier("session ID", session_id)
+        return f"{self.prefix}dedupe:{{{ws}}}:{ses}:{client_message_id}"
+
+    def due(self, workspace_id: str) -> str:
+        ws = check_identifier("workspace ID", workspace_id)
+        return f"{self.prefix}due:{{{ws}}}"
+
+    def sessions(self, workspace_id: str) -> str:
+        ws = check_identifier("workspace ID", workspace_id)
+        return f"{self.prefix}sessions:{{{ws}}}"
+
+    def global_keys(self) -> list[str]:
+        """Keys outside any workspace's slot, passed to scripts on a standalone server."""
+        return [self.workspaces_due, self.workspaces]

@@ -1,0 +1,225 @@
+-- Shared library, prepended to every outbox script by core/scripts.py.
+--
+-- Per-session scripts share this KEYS layout:
+--   KEYS[1] queue     LIST   FIFO of JSON entries
+--   KEYS[2] staging   LIST   entries being delivered right now
+--   KEYS[3] lock      STRING lease "<token> <acquired-ms> [<entry-id>]"
+--   KEYS[4] version   STRING per-session mutation counter
+--   KEYS[5] markers   ZSET   clientMessageID -> marker expiry (ms)
+--   KEYS[6] receipt   STRING "<token> <entry-id> <outcome>" of the last settle
+--   KEYS[7] due       ZSET   of the workspace: session -> due time (ms)
+--   KEYS[8] sessions  SET    of the workspace's sessions
+--   KEYS[9..10]       (standalone servers only) global workspaces-due ZSET and workspaces SET
+-- and this ARGV prefix:
+--   ARGV[1] number of global keys passed (0 on a cluster, 2 otherwise)
+--   ARGV[2] now, microseconds since the epoch (the caller's clock, never TIME)
+--   ARGV[3] session ID   ARGV[4] workspace ID   ARGV[5] ordering: "strict" or "due"
+-- Script-specific KEYS start at EXTRA, script-specific ARGV at 6.
+--
+-- Entries are edited without re-encoding client content: split() cuts the
+-- state members off at the first structural ',"clientMessageID":' and join()
+-- re-encodes only the state, in a fixed member order.
+
+local Q, D, LOCK, VER, MARKERS, RECEIPT, DUE, SESSIONS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local G = tonumber(ARGV[1])
+local WSDUE, WORKSPACES = KEYS[9], KEYS[10]
+local EXTRA = 9 + G
+local NOW = tonumber(ARGV[2])
+local NOW_MS = math.floor(NOW / 1000)
+local SES, WS, ORDERING = ARGV[3], ARGV[4], ARGV[5]
+
+local MARK = ',"clientMessageID":'
+local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
+               'transientFails', 'acceptedAt', 'lastAttemptAt', 'nextAttemptAt', 'lastError'}
+local ZERO_OMITTED = {verifyAttempts = true, transientFails = true}
+
+local function split(raw)
+  local i = string.find(raw, MARK, 1, true)
+  if not i then
+    error({err = 'outbox: malformed entry (no clientMessageID member)'})
+  end
+  return cjson.decode(string.sub(raw, 1, i - 1) .. '}'), string.sub(raw, i)
+end
+
+local function join(st, content)
+  local parts = {}
+  for _, k in ipairs(ORDER) do
+    local v = st[k]
+    if v ~= nil and v ~= cjson.null and not (ZERO_OMITTED[k] and v == 0) then
+      parts[#parts + 1] = '"' .. k .. '":' .. cjson.encode(v)
+    end
+  end
+  return '{' .. table.concat(parts, ',') .. content
+end
+
+local function id_prefix(id)
+  return '{"id":' .. cjson.encode(id) .. ','
+end
+
+-- Civil date <-> days since 1970-01-01 (H. Hinnant's algorithms).
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = (m + 9) % 12
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+-- Microseconds since the epoch -> '2026-11-30T01:42:39.123456Z'.
+local function iso(us)
+  local secs = math.floor(us / 1000000)
+  local micros = us - secs * 1000000
+  local days = math.floor(secs / 86400)
+  local rem = secs - days * 86400
+  local y, m, d = civil_from_days(days)
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%06dZ', y, m, d,
+    math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60, micros)
+end
+
+-- The inverse of iso(); timestamps are stored only in that fixed form.
+local function parse_iso(s)
+  local y, m, d, hh, mm, ss, us = string.match(s, '^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)%.(%d+)Z$')
+  if not y then
+    error({err = 'outbox: malformed timestamp ' .. tostring(s)})
+  end
+  local days = days_from_civil(tonumber(y), tonumber(m), tonumber(d))
+  return ((days * 86400 + tonumber(hh) * 3600 + tonumber(mm) * 60 + tonumber(ss)) * 1000000) + tonumber(us)
+end
+
+-- Due time (us) of a deliverable entry (pending or verifying), or nil.
+local function gate(st)
+  if st.status ~= 'pending' and st.status ~= 'verifying' then return nil end
+  local next_at = st.nextAttemptAt
+  if next_at == nil or next_at == cjson.null then return 0 end
+  return parse_iso(next_at)
+end
+
+-- The session's head: the entry to work on next, and the earliest due time.
+-- strict: the first pending/verifying entry, due or not (nothing overtakes it).
+-- due:    the first pending/verifying entry that is due now.
+-- Returns index (0-based), raw, state, content, or nil and the next due time.
+local function find_head(items)
+  local next_due = nil
+  for i, raw in ipairs(items) do
+    local st, content = split(raw)
+    local due = gate(st)
+    if due ~= nil then
+      if due <= NOW then return i - 1, raw, st, content end
+      if ORDERING == 'strict' then return nil, due end
+      if next_due == nil or due < next_due then next_due = due end
+    end
+  end
+  return nil, next_due
+end
+
+local function lock_parts()
+  local v = redis.call('GET', LOCK)
+  if not v then return nil end
+  local owner, acquired, entry = string.match(v, '^(%S+) (%S+) ?(%S*)$')
+  return owner, tonumber(acquired), entry
+end
+
+-- On standalone servers, mirror the workspace's earliest due time globally.
+local function sync_workspace()
+  if G == 0 then return end
+  local first = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+  if first[1] then
+    redis.call('ZADD', WSDUE, first[2], WS)
+  else
+    redis.call('ZREM', WSDUE, WS)
+  end
+end
+
+-- Keep the due index exact for this session and (on standalone) its workspace.
+local function reindex()
+  local score = nil
+  if redis.call('EXISTS', LOCK) == 1 then
+    -- In flight: look again when the lease would expire (renewals push it on).
+    score = NOW_MS + math.max(redis.call('PTTL', LOCK), 0)
+  elseif redis.call('LLEN', D) > 0 then
+    score = NOW_MS  -- staged entries without a lease: recover them now
+  else
+    local idx, due = find_head(redis.call('LRANGE', Q, 0, -1))
+    if idx ~= nil then score = NOW_MS elseif due ~= nil then score = math.floor(due / 1000) end
+  end
+  if score then
+    redis.call('ZADD', DUE, score, SES)
+  else
+    redis.call('ZREM', DUE, SES)
+  end
+  sync_workspace()
+end
+
+local function bump()
+  return redis.call('INCR', VER)
+end
+
+-- Find an entry by ID in a list: index (0-based), raw; or nil.
+local function find(key, id)
+  local prefix = id_prefix(id)
+  local items = redis.call('LRANGE', key, 0, -1)
+  for i, raw in ipairs(items) do
+    if string.sub(raw, 1, #prefix) == prefix then return i - 1, raw end
+  end
+  return nil
+end
+
+-- Insert raw into the queue in accept order (before the first later entry).
+local function insert_ordered(raw, accepted_at)
+  local items = redis.call('LRANGE', Q, 0, -1)
+  for _, other in ipairs(items) do
+    local st = split(other)
+    if st.acceptedAt > accepted_at then
+      redis.call('LINSERT', Q, 'BEFORE', other, raw)
+      return
+    end
+  end
+  redis.call('RPUSH', Q, raw)
+end
+
+-- Move staged entries left by a holder that is gone back into the queue as
+-- verifying: the interrupted attempt's outcome is unknown. An entry already in
+-- the queue (same ID) is not added twice. Returns the moved entries.
+local function recover_staged()
+  local moved = {}
+  local staged = redis.call('LRANGE', D, 0, -1)
+  for _, raw in ipairs(staged) do
+    local st, content = split(raw)
+    if not find(Q, st.id) then
+      if st.status == 'parked' then
+        st.parkedFrom = 'verifying'
+      else
+        st.status = 'verifying'
+      end
+      st.verifyAttempts = 0
+      st.nextAttemptAt = nil
+      local new = join(st, content)
+      insert_ordered(new, st.acceptedAt)
+      moved[#moved + 1] = new
+    end
+  end
+  redis.call('DEL', D)
+  return moved
+end
+
+local function backoff(base, cap, n)
+  local delay = base * (2 ^ (n - 1))
+  if delay > cap then delay = cap end
+  return delay
+end

@@ -1,0 +1,35 @@
+-- accept: append one entry to a session's queue, atomically with its dedupe
+-- marker, cap check and indices (DESIGN sections 3 and 5).
+-- KEYS: the session layout (see _lib.lua), then KEYS[EXTRA] the dedupe marker.
+-- ARGV[6] entry JSON  ARGV[7] entry ID  ARGV[8] content fingerprint
+-- ARGV[9] cap (0: no cap and no marker, used by seeding)
+-- ARGV[10] dedupe TTL (ms)  ARGV[11] clientMessageID
+-- ARGV[12] 'queue', or 'staging' (seeding a delivery a dead worker left behind)
+-- Returns {'ok', version} | {'own', version} (this very entry was already
+-- written: a replay after a lost reply) | {'duplicate', id} | {'conflict', id}
+-- | {'full'}. Nothing is written unless the answer is 'ok'.
+local raw, id, fp, cap = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
+local ttl, cmid = tonumber(ARGV[10]), ARGV[11]
+local marker_key = KEYS[EXTRA]
+
+if cap > 0 then
+  local marker = redis.call('GET', marker_key)
+  if marker then
+    local mid, mfp = string.match(marker, '^(%S+) (%S+)$')
+    if mid == id then return {'own', tonumber(redis.call('GET', VER) or 0)} end
+    if mfp == fp then return {'duplicate', mid} end
+    return {'conflict', mid or marker}
+  end
+  if redis.call('LLEN', Q) + redis.call('LLEN', D) >= cap then return {'full'} end
+end
+
+redis.call('RPUSH', ARGV[12] == 'staging' and D or Q, raw)
+if cap > 0 then
+  redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)
+  redis.call('ZREMRANGEBYSCORE', MARKERS, '-inf', NOW_MS)
+  redis.call('ZADD', MARKERS, NOW_MS + ttl, cmid)
+end
+redis.call('SADD', SESSIONS, SES)
+if G > 0 then redis.call('SADD', WORKSPACES, WS) end
+reindex()
+return {'ok', bump()}

@@ -1,0 +1,58 @@
+-- claim: take the session's lease and its next piece of work (DESIGN sections 5 and 6).
+-- ARGV[6] lease token  ARGV[7] lease TTL (ms)
+-- Returns one of:
+--   {'busy', pttl}                another holder's lease stands
+--   {'idle', version}             nothing due (the lease is not kept)
+--   {'deliver', entry, version}   the entry was staged as delivering; deliver it
+--   {'verify', entry, version}    the head awaits verification; verify it
+-- followed by the JSON of entries recovered from a dead holder's staging.
+-- Replay-safe: a holder that calls again gets its staged entry back.
+local token, ttl = ARGV[6], tonumber(ARGV[7])
+local owner = lock_parts()
+
+if owner and owner ~= token then
+  reindex()
+  return {'busy', redis.call('PTTL', LOCK)}
+end
+
+local recovered = {}
+if owner == token then
+  local staged = redis.call('LINDEX', D, 0)
+  if staged then
+    redis.call('PEXPIRE', LOCK, ttl)
+    return {'deliver', staged, tonumber(redis.call('GET', VER) or 0)}
+  end
+else
+  recovered = recover_staged()
+end
+
+local function answer(kind, entry, version)
+  local out = {kind, entry, version}
+  for _, r in ipairs(recovered) do out[#out + 1] = r end
+  return out
+end
+
+local idx, raw, st, content = find_head(redis.call('LRANGE', Q, 0, -1))
+if idx == nil then
+  if owner == token then redis.call('DEL', LOCK) end
+  reindex()
+  local version = #recovered > 0 and bump() or tonumber(redis.call('GET', VER) or 0)
+  return answer('idle', false, version)
+end
+
+if st.status == 'verifying' then
+  redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
+  reindex()
+  local version = #recovered > 0 and bump() or tonumber(redis.call('GET', VER) or 0)
+  return answer('verify', raw, version)
+end
+
+st.status = 'delivering'
+st.lastAttemptAt = iso(NOW)
+st.nextAttemptAt = nil
+local staged = join(st, content)
+redis.call('LREM', Q, 1, raw)
+redis.call('RPUSH', D, staged)
+redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
+reindex()
+return answer('deliver', staged, bump())

@@ -1,0 +1,20 @@
+-- cleanup: delete every key of one session, its dedupe markers included, and
+-- drop it from the workspace's indices. Idempotent.
+-- KEYS[EXTRA..] dedupe marker keys listed in the markers ZSET when the caller read it.
+-- ARGV[6..] the clientMessageIDs of those markers, in the same order.
+-- Returns {'done', keys removed} or {'again', keys removed so far} when markers
+-- were added after the caller read the list (call again with a fresh list).
+local removed = 0
+for i = EXTRA, #KEYS do
+  removed = removed + redis.call('DEL', KEYS[i])
+end
+for i = 6, #ARGV do
+  redis.call('ZREM', MARKERS, ARGV[i])
+end
+if redis.call('ZCARD', MARKERS) > 0 then return {'again', removed} end
+removed = removed + redis.call('DEL', Q, D, LOCK, VER, MARKERS, RECEIPT)
+redis.call('SREM', SESSIONS, SES)
+redis.call('ZREM', DUE, SES)
+sync_workspace()
+if G > 0 and redis.call('EXISTS', SESSIONS) == 0 then redis.call('SREM', WORKSPACES, WS) end
+return {'done', removed}

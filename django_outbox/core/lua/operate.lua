@@ -1,0 +1,137 @@
+-- operate: operator and sweep transitions of one session (DESIGN section 7).
+-- ARGV[6] op, one of:
+--   retry <id> <has_verifier>      error -> pending (unverifiable -> verifying when a
+--                                  verifier exists); pending/verifying -> due now
+--   dismiss <id>                   remove the entry
+--   park <reason>                  pending/verifying/delivering -> parked
+--   unpark <reason or ''>          parked (with that reason) -> the state it was parked from
+--   rearm_unverifiable             error/unverifiable -> verifying, fresh verify window
+--   ledger_complete <id> <attempts> error entry confirmed delivered by the ledger -> removed
+--   ledger_rearm <id> <attempts>   error entry with no ledger row or a failed one -> pending
+--   recover                        staged entries without a lease -> verifying (see _lib.lua)
+-- ARGV[7], ARGV[8]: the op's arguments as above.
+-- An entry staged with a live lease, or the entry the lease is held for, is busy.
+-- Returns {result, version, count, changed entries...}; result is 'updated',
+-- 'removed', 'not_found', 'busy' or 'ok' (bulk ops; count says how many).
+local op, arg1, arg2 = ARGV[6], ARGV[7], ARGV[8]
+local owner, _, lock_entry = lock_parts()
+local changed = {}
+
+local function version()
+  return tonumber(redis.call('GET', VER) or 0)
+end
+
+local function finish(result, count)
+  local v
+  if #changed > 0 then
+    reindex()
+    v = bump()
+  else
+    v = version()
+  end
+  local out = {result, v, count}
+  for _, c in ipairs(changed) do out[#out + 1] = c end
+  return out
+end
+
+if op == 'retry' or op == 'dismiss' then
+  local idx, raw = find(D, arg1)
+  if raw then
+    if owner then return {'busy', version(), 0} end
+    -- Staged by a holder that is gone: its outcome is unknown.
+    if op == 'dismiss' then
+      redis.call('LREM', D, 1, raw)
+      changed[1] = raw
+      return finish('removed', 1)
+    end
+    changed = recover_staged()
+    return finish('updated', 1)
+  end
+  idx, raw = find(Q, arg1)
+  if not raw then return {'not_found', version(), 0} end
+  if owner and lock_entry == arg1 then return {'busy', version(), 0} end
+  local st, content = split(raw)
+  if op == 'dismiss' then
+    redis.call('LREM', Q, 1, raw)
+    changed[1] = raw
+    return finish('removed', 1)
+  end
+  if st.status == 'parked' then return {'busy', version(), 0} end
+  if st.status == 'error' then
+    if st.reason == 'unverifiable' and arg2 == '1' then
+      st.status = 'verifying'
+    else
+      st.status = 'pending'
+    end
+    st.reason = nil
+    st.transientFails = 0
+    st.verifyAttempts = 0
+  end
+  st.nextAttemptAt = nil
+  local new = join(st, content)
+  redis.call('LSET', Q, idx, new)
+  changed[1] = new
+  return finish('updated', 1)
+end
+
+if op == 'park' or op == 'unpark' or op == 'rearm_unverifiable' then
+  for _, key in ipairs({Q, D}) do
+    local items = redis.call('LRANGE', key, 0, -1)
+    for i, raw in ipairs(items) do
+      local st, content = split(raw)
+      local hit = false
+      if op == 'park' then
+        if st.status == 'pending' or st.status == 'verifying' or st.status == 'delivering' then
+          st.parkedFrom, st.status, st.reason = st.status, 'parked', arg1
+          hit = true
+        end
+      elseif op == 'unpark' then
+        if st.status == 'parked' and (arg1 == '' or st.reason == arg1) then
+          st.status = st.parkedFrom or 'pending'
+          st.parkedFrom, st.reason = nil, nil
+          if key == Q then st.nextAttemptAt = nil end
+          hit = true
+        end
+      elseif key == Q and st.status == 'error' and st.reason == 'unverifiable' then
+        st.status, st.reason, st.verifyAttempts, st.nextAttemptAt = 'verifying', nil, 0, nil
+        hit = true
+      end
+      if hit then
+        local new = join(st, content)
+        redis.call('LSET', key, i - 1, new)
+        changed[#changed + 1] = new
+      end
+    end
+  end
+  return finish('ok', #changed)
+end
+
+if op == 'ledger_complete' or op == 'ledger_rearm' then
+  local idx, raw = find(Q, arg1)
+  if not raw then return {'not_found', version(), 0} end
+  local st, content = split(raw)
+  if st.status ~= 'error' or (st.attempts or 0) ~= tonumber(arg2) then
+    return {'busy', version(), 0}
+  end
+  if op == 'ledger_complete' then
+    redis.call('LREM', Q, 1, raw)
+    changed[1] = raw
+    return finish('removed', 1)
+  end
+  st.status, st.reason, st.nextAttemptAt, st.transientFails = 'pending', nil, nil, 0
+  local new = join(st, content)
+  redis.call('LSET', Q, idx, new)
+  changed[1] = new
+  return finish('updated', 1)
+end
+
+if op == 'recover' then
+  -- Staged entries whose lease is gone: back to the queue as verifying.
+  if owner then return {'ok', version(), 0} end
+  local had = redis.call('LLEN', D)
+  changed = recover_staged()
+  if had > 0 and #changed == 0 then reindex() end
+  return finish('ok', #changed)
+end
+
+error({err = 'outbox: unknown operation ' .. tostring(op)})

@@ -1,0 +1,103 @@
+-- settle: record the outcome of the holder's delivery or verification, then
+-- release the lease (DESIGN section 5, the outcome table).
+-- ARGV[6] lease token  ARGV[7] entry ID  ARGV[8] outcome: delivered | failed |
+--   absent | transient | prior_pending | ambiguous | inconclusive | unverifiable
+-- ARGV[9] error text ('' keeps lastError)  ARGV[10] MAX_ATTEMPTS
+-- ARGV[11] RETRY_BACKOFF (us)  ARGV[12] MAX_BACKOFF (us)  ARGV[13] MAX_TRANSIENT_FAILURES
+-- ARGV[14] VERIFY_DELAY (us)  ARGV[15] VERIFY_BACKOFF (us)  ARGV[16] MAX_VERIFY_BACKOFF (us)
+-- ARGV[17] MAX_VERIFY_ATTEMPTS  ARGV[18] receipt TTL (ms)
+-- Returns {'removed', entry, version} (delivered: the caller fires entry_delivered),
+-- {'updated', entry, version}, {'replayed', 'removed'|'updated'} (this settle
+-- already ran and its reply was lost), {'lost'} (the lease is not ours: touch
+-- nothing, the outcome is left to verification) or {'gone'}.
+local token, id, outcome, err = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local max_attempts, retry_backoff, max_backoff = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local max_transient, verify_delay = tonumber(ARGV[13]), tonumber(ARGV[14])
+local verify_backoff, max_verify_backoff = tonumber(ARGV[15]), tonumber(ARGV[16])
+local max_verify_attempts, receipt_ttl = tonumber(ARGV[17]), tonumber(ARGV[18])
+local receipt = token .. ' ' .. id
+
+local owner = lock_parts()
+if owner ~= token then
+  local r = redis.call('GET', RECEIPT)
+  if r and string.sub(r, 1, #receipt + 1) == receipt .. ' ' then
+    return {'replayed', string.sub(r, #receipt + 2)}
+  end
+  return {'lost'}
+end
+
+local where = D
+local idx, raw = find(D, id)
+if not raw then
+  where = Q
+  idx, raw = find(Q, id)
+end
+if not raw then
+  redis.call('DEL', LOCK)
+  reindex()
+  return {'gone'}
+end
+local st, content = split(raw)
+
+if outcome == 'delivered' then
+  redis.call('LREM', where, 1, raw)
+  redis.call('DEL', LOCK)
+  redis.call('SET', RECEIPT, receipt .. ' removed', 'PX', receipt_ttl)
+  reindex()
+  return {'removed', raw, bump()}
+end
+
+local next_status, reason, next_at = nil, nil, nil
+if outcome == 'failed' or outcome == 'absent' then
+  st.attempts = (st.attempts or 0) + 1
+  if st.attempts >= max_attempts then
+    next_status, reason = 'error', 'max_attempts'
+  else
+    next_status, next_at = 'pending', NOW + backoff(retry_backoff, max_backoff, st.attempts)
+  end
+elseif outcome == 'transient' or outcome == 'prior_pending' then
+  st.transientFails = (st.transientFails or 0) + 1
+  if st.transientFails >= max_transient then
+    next_status, reason = 'error', 'transient_exhausted'
+  else
+    next_status, next_at = 'pending', NOW + backoff(retry_backoff, max_backoff, st.transientFails)
+  end
+elseif outcome == 'ambiguous' then
+  st.verifyAttempts = 0
+  next_status, next_at = 'verifying', NOW + verify_delay
+elseif outcome == 'inconclusive' then
+  st.verifyAttempts = (st.verifyAttempts or 0) + 1
+  if st.verifyAttempts >= max_verify_attempts then
+    next_status, reason = 'error', 'unverifiable'
+  else
+    next_status, next_at = 'verifying', NOW + backoff(verify_backoff, max_verify_backoff, st.verifyAttempts)
+  end
+elseif outcome == 'unverifiable' then
+  next_status, reason = 'error', 'unverifiable'
+else
+  error({err = 'outbox: unknown outcome ' .. tostring(outcome)})
+end
+
+if err ~= '' then st.lastError = err end
+if next_status == 'error' then
+  st.status, st.reason, st.parkedFrom, st.nextAttemptAt = 'error', reason, nil, nil
+elseif st.status == 'parked' then
+  -- Parked while in flight: stay parked; unpark resumes from the new state.
+  st.parkedFrom = next_status
+  st.nextAttemptAt = nil
+else
+  st.status, st.reason = next_status, nil
+  st.nextAttemptAt = next_at and iso(next_at) or nil
+end
+
+local new = join(st, content)
+if where == D then
+  redis.call('LREM', D, 1, raw)
+  insert_ordered(new, st.acceptedAt)
+else
+  redis.call('LSET', Q, idx, new)
+end
+redis.call('DEL', LOCK)
+redis.call('SET', RECEIPT, receipt .. ' updated', 'PX', receipt_ttl)
+reindex()
+return {'updated', new, bump()}

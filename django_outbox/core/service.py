@@ -1,0 +1,1153 @@
+"""The outbox service on Valkey: accept, list, deliver, verify, recover, operate.
+
+Every operation is written once, as a *plan*: a generator that yields the
+Valkey calls (and hook calls) it needs and receives their results. A sync
+driver and an async driver run the same plans, so ``accept`` and ``aaccept``
+share everything but the I/O (DESIGN section 7). State transitions happen in
+the Lua scripts of ``core/lua``; this module picks them, passes the clock and
+the tunables, and turns their answers into entries, results and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import secrets
+import time
+import weakref
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from .config import Config
+from .entry import (
+    LEDGER_STATE_ADMITTED,
+    LEDGER_STATE_FAILED,
+    LEDGER_STATE_LEDGERED,
+    LEDGER_STATE_PROMOTED,
+    LEDGER_STATE_STALLED,
+    LEDGER_STATE_TURN_ENDED,
+    REASON_UNVERIFIABLE,
+    DismissResult,
+    Entry,
+    RetryResult,
+    Status,
+    Verdict,
+    check_identifier,
+    fingerprint,
+    format_time,
+    new_entry_id,
+    validate_content,
+)
+from .errors import (
+    AmbiguousError,
+    Duplicate,
+    IdempotencyConflict,
+    OutboxFull,
+    OutboxUnavailable,
+    PriorAttemptPendingError,
+    TransientDeliveryError,
+)
+from .keys import KeySpace, SessionKeys
+from .scripts import Script, load_scripts
+
+logger = logging.getLogger("django_outbox")
+
+#: How long a settle receipt is kept so a replayed settle recognises its own write (ms).
+RECEIPT_TTL_MS = 10 * 60 * 1000
+MAX_ERROR_CHARS = 2000
+MAX_REASON_CHARS = 200
+
+
+# --- events -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    """Something happened to an entry.
+
+    ``kind`` is ``"staged"``, ``"delivered"`` or ``"updated"`` (every state
+    change, including accept and dismissal); ``state`` is the queue-UI state of
+    DESIGN section 9 (``queued``, ``delivering``, ``verifying``, ``sent``,
+    ``error``, ``parked``, ``pending``, ``dismissed``); ``version`` is the
+    session's version counter after the change.
+    """
+
+    kind: str
+    state: str
+    entry: Entry
+    workspace_id: str
+    session_id: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A session's queue at one instant: its ``version`` and ``entries`` in FIFO order."""
+
+    version: int
+    entries: list[Entry]
+
+
+# --- plan effects -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Eval:
+    script: str
+    keys: list[str]
+    args: list[Any]
+
+
+@dataclass(slots=True)
+class _Cmd:
+    args: tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class _Pipe:
+    calls: list[_Eval | _Cmd]
+
+
+@dataclass(slots=True)
+class _Emit:
+    events: list[OutboxEvent]
+
+
+@dataclass(slots=True)
+class _Call:
+    """Call user code (a ledger probe) from a plan."""
+
+    fn: Callable[..., Any]
+    kwargs: dict[str, Any]
+
+
+Plan = Generator[Any, Any, Any]
+
+_UNAVAILABLE_REPLIES = ("OOM", "READONLY", "MASTERDOWN", "LOADING", "BUSY", "NOREPLICAS", "TRYAGAIN")
+
+
+def _unavailable(exc: Exception) -> OutboxUnavailable:
+    return OutboxUnavailable(f"Valkey unavailable: {type(exc).__name__}: {exc}")
+
+
+def _is_unavailable_reply(exc: Exception) -> bool:
+    if isinstance(exc, redis.OutOfMemoryError | redis.ReadOnlyError | redis.BusyLoadingError):
+        return True
+    text = str(exc)
+    return any(text.startswith(code) for code in _UNAVAILABLE_REPLIES) or "maxmemory" in text
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _is_async_callable(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    )
+
+
+class _LeaseKeeper:
+    """Renews every lease held on one event loop, in one script call per round.
+
+    A lease is renewed every third of ``LOCK_TTL`` (DESIGN section 6); one
+    background task serves all deliveries of the loop and ends when none is held.
+    """
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self.held: dict[str, tuple[SessionKeys, str]] = {}
+        self.lost: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    def hold(self, token: str, keys: SessionKeys, session_id: str) -> None:
+        self.held[token] = (keys, session_id)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def drop(self, token: str) -> bool:
+        """Stop renewing; return True if the lease was seen lost meanwhile."""
+        self.held.pop(token, None)
+        if token in self.lost:
+            self.lost.discard(token)
+            return True
+        return False
+
+    async def _run(self) -> None:
+        interval = self.outbox.config.lock_ttl / 3
+        while self.held:
+            await asyncio.sleep(interval)
+            if not self.held:
+                return
+            try:
+                await self.renew_now()
+            except Exception:  # keep renewing: a lost round only shortens the lease
+                logger.warning("outbox: lease renewal failed", exc_info=True)
+
+    async def renew_now(self) -> None:
+        batch = list(self.held.items())
+        if not batch:
+            return
+        keys: list[str] = []
+        args: list[Any] = [0, self.outbox._now_us(), "", "", "", self.outbox._lock_ttl_ms]
+        for token, (skeys, session_id) in batch:
+            keys += [skeys.lock, skeys.due]
+            args += [token, session_id]
+        client = self.outbox._aclient()
+        try:
+            result = await self.outbox._aevalsha(client, "renew", keys, args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise _unavailable(exc) from exc
+        for (token, _), ok in zip(batch, result, strict=True):
+            if not ok and token in self.held:
+                self.lost.add(token)
+                logger.warning("outbox: lease %s lost before the delivery ended", token[:8])
+
+
+class Outbox:
+    """The outbox service: one per process, safe for concurrent use.
+
+    ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,
+    **tunables)`` where tunables are the snake_case names of
+    :class:`~django_outbox.core.config.Config` (durations in seconds). ``clock``
+    returns seconds since the epoch (injectable for tests). ``cluster=True`` uses
+    Valkey Cluster clients. Sync methods use one thread-safe client; async
+    methods (``a``-prefixed) use one client per running event loop.
+
+    Subclasses may override :meth:`emit` / :meth:`aemit` to observe
+    :class:`OutboxEvent`s (the Django layer turns them into signals).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        deliverer: Callable[..., Any] | None = None,
+        verifier: Callable[..., Any] | None = None,
+        ledger_probe: Callable[..., Any] | None = None,
+        cluster: bool = False,
+        clock: Callable[[], float] = time.time,
+        client_options: dict[str, Any] | None = None,
+        config: Config | None = None,
+        **tunables: Any,
+    ) -> None:
+        if config is not None and tunables:
+            raise TypeError("pass either config or tunables, not both")
+        self.config = config or Config.from_mapping(tunables)
+        self.url = url or "redis://127.0.0.1:6379/0"
+        self.deliverer = deliverer
+        self.verifier = verifier
+        self.ledger_probe = ledger_probe
+        self.cluster = cluster
+        self.clock = clock
+        self.keys = KeySpace(self.config.key_prefix)
+        self.scripts = load_scripts()
+        options = {
+            "socket_connect_timeout": 2.0,
+            "socket_timeout": 5.0,
+            "health_check_interval": 30,
+        }
+        options.update(client_options or {})
+        self._client_options = options
+        self._client: redis.Redis | None = None
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LeaseKeeper] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
+
+    # -- clients ----------------------------------------------------------------
+
+    def _retry(self) -> Retry:
+        # Every script is replay-safe (see the scripts' headers), so a command
+        # whose reply was lost may be sent again.
+        return Retry(ExponentialBackoff(cap=0.5, base=0.02), 3)
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        return {
+            **self._client_options,
+            "retry": self._retry(),
+            "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        }
+
+    @property
+    def client(self) -> Any:
+        """The sync redis-py client (created on first use)."""
+        if self._client is None:
+            if self.cluster:
+                from redis.cluster import RedisCluster
+
+                self._client = RedisCluster.from_url(self.url, **self._client_kwargs())
+            else:
+                self._client = redis.Redis.from_url(self.url, **self._client_kwargs())
+        return self._client
+
+    def _aclient(self) -> Any:
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            if self.cluster:
+                from redis.asyncio.cluster import RedisCluster
+
+                client = RedisCluster.from_url(self.url, **self._client_kwargs())
+            else:
+                client = redis.asyncio.Redis.from_url(self.url, **self._client_kwargs())
+            self._aclients[loop] = client
+        return client
+
+    def close(self) -> None:
+        """Close the sync client's connections."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def aclose(self) -> None:
+        """Close the running loop's async client."""
+        loop = asyncio.get_running_loop()
+        client = self._aclients.pop(loop, None)
+        if client is not None:
+            await client.aclose()
+
+    # -- clock and arguments -------------------------------------------------------
+
+    def _now_us(self) -> int:
+        return int(self.clock() * 1_000_000)
+
+    def _session_args(self, keys: SessionKeys, workspace_id: str, session_id: str) -> tuple:
+        global_keys = [] if self.cluster else self.keys.global_keys()
+        return (
+            keys.script_keys() + global_keys,
+            [len(global_keys), self._now_us(), session_id, workspace_id, self.config.ordering],
+        )
+
+    def _session_eval(
+        self,
+        name: str,
+        workspace_id: str,
+        session_id: str,
+        extra_args: Iterable[Any] = (),
+        extra_keys: Iterable[str] = (),
+    ) -> _Eval:
+        keys = self.keys.session(workspace_id, session_id)
+        script_keys, args = self._session_args(keys, workspace_id, session_id)
+        return _Eval(name, script_keys + list(extra_keys), args + list(extra_args))
+
+    # -- drivers ---------------------------------------------------------------------
+
+    def _run(self, plan: Plan) -> Any:
+        try:
+            effect = next(plan)
+            while True:
+                try:
+                    result = self._do(effect)
+                except Exception as exc:
+                    effect = plan.throw(exc)
+                else:
+                    effect = plan.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    async def _arun(self, plan: Plan) -> Any:
+        try:
+            effect = next(plan)
+            while True:
+                try:
+                    result = await self._ado(effect)
+                except Exception as exc:
+                    effect = plan.throw(exc)
+                else:
+                    effect = plan.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    def _evalsha(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self.scripts[name]
+        try:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(script.text)
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def _aevalsha(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self.scripts[name]
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            await client.script_load(script.text)
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+
+    def _queue(self, pipe: Any, call: _Eval | _Cmd) -> None:
+        if isinstance(call, _Eval):
+            script = self.scripts[call.script]
+            pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+        else:
+            pipe.execute_command(*call.args)
+
+    def _pipe_scripts(self, calls: list[_Eval | _Cmd]) -> list[Script]:
+        return [self.scripts[c.script] for c in calls if isinstance(c, _Eval)]
+
+    def _check_pipe(self, results: list[Any]) -> bool:
+        """True if the pipeline must be re-run after loading scripts."""
+        return any(isinstance(r, redis.exceptions.NoScriptError) for r in results)
+
+    def _do(self, effect: Any) -> Any:
+        if isinstance(effect, _Emit):
+            for event in effect.events:
+                self._safe_emit(event)
+            return None
+        if isinstance(effect, _Call):
+            result = effect.fn(**effect.kwargs)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_awaited(result))
+            return result
+        client = self.client
+        try:
+            if isinstance(effect, _Eval):
+                return self._evalsha(client, effect.script, effect.keys, effect.args)
+            if isinstance(effect, _Cmd):
+                return client.execute_command(*effect.args)
+            for _ in range(2):
+                pipe = client.pipeline(transaction=False)
+                for call in effect.calls:
+                    self._queue(pipe, call)
+                results = pipe.execute(raise_on_error=False)
+                if not self._check_pipe(results):
+                    return results
+                for script in self._pipe_scripts(effect.calls):
+                    client.script_load(script.text)
+            return results
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise _unavailable(exc) from exc
+        except redis.ResponseError as exc:
+            if _is_unavailable_reply(exc):
+                raise _unavailable(exc) from exc
+            raise
+
+    async def _ado(self, effect: Any) -> Any:
+        if isinstance(effect, _Emit):
+            for event in effect.events:
+                await self._safe_aemit(event)
+            return None
+        if isinstance(effect, _Call):
+            if _is_async_callable(effect.fn):
+                return await effect.fn(**effect.kwargs)
+            result = await asyncio.to_thread(effect.fn, **effect.kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        client = self._aclient()
+        try:
+            if isinstance(effect, _Eval):
+                return await self._aevalsha(client, effect.script, effect.keys, effect.args)
+            if isinstance(effect, _Cmd):
+                return await client.execute_command(*effect.args)
+            for _ in range(2):
+                pipe = client.pipeline(transaction=False)
+                for call in effect.calls:
+                    self._queue(pipe, call)
+                results = await pipe.execute(raise_on_error=False)
+                if not self._check_pipe(results):
+                    return results
+                for script in self._pipe_scripts(effect.calls):
+                    await client.script_load(script.text)
+            return results
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise _unavailable(exc) from exc
+        except redis.ResponseError as exc:
+            if _is_unavailable_reply(exc):
+                raise _unavailable(exc) from exc
+            raise
+
+    # -- events ------------------------------------------------------------------------
+
+    def emit(self, event: OutboxEvent) -> None:
+        """Observe an event (sync context). The base class does nothing."""
+
+    async def aemit(self, event: OutboxEvent) -> None:
+        """Observe an event (async context). Defaults to :meth:`emit` in a thread."""
+        if type(self).emit is not Outbox.emit:
+            await asyncio.to_thread(self.emit, event)
+
+    def _safe_emit(self, event: OutboxEvent) -> None:
+        try:
+            self.emit(event)
+        except Exception:
+            logger.exception("outbox: event listener failed for %s", event.kind)
+
+    async def _safe_aemit(self, event: OutboxEvent) -> None:
+        try:
+            await self.aemit(event)
+        except Exception:
+            logger.exception("outbox: event listener failed for %s", event.kind)
+
+    @staticmethod
+    def _events(
+        kind: str, raws: Iterable[Any], ws: str, ses: str, version: int, state: str | None = None
+    ) -> list[OutboxEvent]:
+        events = []
+        for raw in raws:
+            entry = Entry.from_json(raw)
+            events.append(OutboxEvent(kind, state or str(entry.status), entry, ws, ses, version))
+        return events
+
+    # ==================================================================================
+    # accept
+    # ==================================================================================
+
+    def _accept_plan(
+        self,
+        workspace_id: str,
+        session_id: str,
+        user_id: Any,
+        client_message_id: Any,
+        text: Any,
+        model: Any,
+    ) -> Plan:
+        keys = self.keys.session(workspace_id, session_id)
+        validate_content(text, model, client_message_id, self.config.max_text_bytes)
+        if isinstance(user_id, int) and not isinstance(user_id, bool):
+            user_id = str(user_id)
+        if not isinstance(user_id, str) or len(user_id) > 255:
+            raise ValueError("user_id must be a string of at most 255 characters")
+        now_us = self._now_us()
+        entry = Entry(
+            id=new_entry_id(now_us // 1000),
+            client_message_id=client_message_id,
+            user_id=user_id,
+            text=text,
+            model=model,
+            accepted_at=format_time(now_us),
+        )
+        script_keys, args = self._session_args(keys, workspace_id, session_id)
+        call = _Eval(
+            "accept",
+            [*script_keys, self.keys.dedupe(workspace_id, session_id, client_message_id)],
+            [
+                *args,
+                entry.to_json(),
+                entry.id,
+                fingerprint(text, model),
+                self.config.cap,
+                int(self.config.dedupe_ttl * 1000),
+                client_message_id,
+                "queue",
+            ],
+        )
+        waits = self._durability_waits()
+        if waits:
+            results = yield _Pipe([call, *waits])
+            for r in results:
+                if isinstance(r, Exception):
+                    if r is results[0]:
+                        raise r
+            answer = results[0]
+        else:
+            answer = yield call
+        status = _text(answer[0])
+        if status in ("ok", "own"):
+            version = int(answer[1])
+            if waits:
+                self._check_waits(results[1:])
+            yield _Emit([OutboxEvent("updated", "queued", entry, workspace_id, session_id, version)])
+            return entry
+        if status == "duplicate":
+            raise Duplicate(_text(answer[1]))
+        if status == "conflict":
+            raise IdempotencyConflict(_text(answer[1]))
+        if status == "full":
+            raise OutboxFull(self.config.cap)
+        raise AssertionError(f"unexpected accept answer {answer!r}")  # pragma: no cover
+
+    def _durability_waits(self) -> list[_Cmd]:
+        timeout_ms = max(1, int(self.config.wait_timeout * 1000))
+        if self.config.wait_aof:
+            return [_Cmd(("WAITAOF", 1, self.config.wait_replicas, timeout_ms))]
+        if self.config.wait_replicas:
+            return [_Cmd(("WAIT", self.config.wait_replicas, timeout_ms))]
+        return []
+
+    def _check_waits(self, results: list[Any]) -> None:
+        for r in results:
+            if isinstance(r, Exception):
+                raise OutboxUnavailable(
+                    f"accepted, but the durability wait failed: {r}", accepted=True
+                )
+            if isinstance(r, list):  # WAITAOF: [local fsynced, replicas fsynced]
+                ok = int(r[0]) >= 1 and int(r[1]) >= self.config.wait_replicas
+            else:
+                ok = int(r) >= self.config.wait_replicas
+            if not ok:
+                raise OutboxUnavailable(
+                    "accepted, but not acknowledged by the required replicas/AOF within "
+                    f"{self.config.wait_timeout}s (WAIT answered {r!r}); retry with the same "
+                    "clientMessageID",
+                    accepted=True,
+                )
+
+    def accept(
+        self,
+        workspace_id: str,
+        session_id: str,
+        *,
+        user_id: str,
+        client_message_id: str,
+        text: str,
+        model: dict[str, Any] | None = None,
+    ) -> Entry:
+        """Accept a prompt into the session's queue; return the stored entry (status pending).
+
+        One atomic script checks the dedupe marker and the cap, appends the entry,
+        writes the marker (value: entry ID and a digest of text and model, TTL
+        ``DEDUPE_TTL`` seconds) and updates the indices: a refused or failed call
+        writes nothing. Raises :class:`Duplicate` (same key, same content; carries
+        ``accepted_id``), :class:`IdempotencyConflict` (same key, other content),
+        :class:`OutboxFull` (``CAP`` reached), :class:`InvalidIdentifier`,
+        ``ValueError`` (text, model or key breaks a rule of
+        :func:`~django_outbox.core.entry.validate_content`) and
+        :class:`OutboxUnavailable` (Valkey unreachable, out of memory, or a
+        ``WAIT_REPLICAS``/``WAIT_AOF`` wait timed out — then ``accepted`` is True).
+        """
+        return self._run(
+            self._accept_plan(workspace_id, session_id, user_id, client_message_id, text, model)
+        )
+
+    async def aaccept(
+        self,
+        workspace_id: str,
+        session_id: str,
+        *,
+        user_id: str,
+        client_message_id: str,
+        text: str,
+        model: dict[str, Any] | None = None,
+    ) -> Entry:
+        """Async :meth:`accept`. The write is one script, so a cancelled caller cannot split it."""
+        return await self._arun(
+            self._accept_plan(workspace_id, session_id, user_id, client_message_id, text, model)
+        )
+
+    # ==================================================================================
+    # list
+    # ==================================================================================
+
+    def _snapshot_plan(self, workspace_id: str, session_id: str) -> Plan:
+        answer = yield self._session_eval("snapshot", workspace_id, session_id)
+        version, queued, staged, lock, pttl = answer
+        entries = [Entry.from_json(raw) for raw in queued]
+        for raw in staged:
+            entry = Entry.from_json(raw)
+            at = next(
+                (i for i, e in enumerate(entries) if e.accepted_at > entry.accepted_at),
+                len(entries),
+            )
+            entries.insert(at, entry)
+        if lock:
+            acquired_ms = int(_text(lock).split()[1])
+            held_for = max(0.0, (self._now_us() // 1000 - acquired_ms) / 1000)
+            entries = [
+                e.evolve(blocked_by_in_flight=True, in_flight_for=held_for)
+                if e.status is Status.PENDING
+                else e
+                for e in entries
+            ]
+        return Snapshot(int(version), entries)
+
+    def snapshot(self, workspace_id: str, session_id: str) -> Snapshot:
+        """The session's ``version`` and entries (FIFO, staged ones included) read atomically."""
+        return self._run(self._snapshot_plan(workspace_id, session_id))
+
+    async def asnapshot(self, workspace_id: str, session_id: str) -> Snapshot:
+        """Async :meth:`snapshot`."""
+        return await self._arun(self._snapshot_plan(workspace_id, session_id))
+
+    def list(self, workspace_id: str, session_id: str) -> list[Entry]:
+        """The session's entries in FIFO order, staged (delivering) ones included.
+
+        Pending entries waiting behind a held lease carry ``blocked_by_in_flight``
+        and ``in_flight_for`` (seconds the lease has been held). Raises
+        :class:`InvalidIdentifier` or :class:`OutboxUnavailable`.
+        """
+        return self.snapshot(workspace_id, session_id).entries
+
+    async def alist(self, workspace_id: str, session_id: str) -> list[Entry]:
+        """Async :meth:`list`."""
+        return (await self.asnapshot(workspace_id, session_id)).entries
+
+    # ==================================================================================
+    # operator actions
+    # ==================================================================================
+
+    def _operate_plan(
+        self, workspace_id: str, session_id: str, op: str, arg1: str = "", arg2: str = ""
+    ) -> Plan:
+        answer = yield self._session_eval(
+            "operate", workspace_id, session_id, extra_args=[op, arg1, arg2]
+        )
+        result, version, count = _text(answer[0]), int(answer[1]), int(answer[2])
+        changed = answer[3:]
+        if changed:
+            state = "dismissed" if result == "removed" else None
+            yield _Emit(self._events("updated", changed, workspace_id, session_id, version, state))
+        return result, count, changed
+
+    def _retry_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan:
+        check_identifier("entry ID", entry_id)
+        has_verifier = "1" if self.verifier is not None else "0"
+        result, _, _ = yield from self._operate_plan(
+            workspace_id, session_id, "retry", entry_id, has_verifier
+        )
+        return {"updated": RetryResult.UPDATED, "busy": RetryResult.BUSY}.get(
+            result, RetryResult.NOT_FOUND
+        )
+
+    def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
+        """Re-arm an entry now: an error entry returns to pending (to verifying if
+        it failed as ``unverifiable`` and a verifier is configured, so a message
+        that may have arrived is checked before any resend); a pending or
+        verifying entry loses its backoff gate. Counters of transient failures and
+        verification passes restart; ``attempts`` does not, so attempt numbers
+        stay unique and one retry grants one more attempt after ``MAX_ATTEMPTS``.
+        Never passes through dedupe.
+
+        Returns ``BUSY`` while the entry is being delivered or verified under a
+        live lease, or is parked (only unpark moves parked entries), and
+        ``NOT_FOUND`` if no such entry exists.
+        """
+        return self._run(self._retry_plan(workspace_id, session_id, entry_id))
+
+    async def aretry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
+        """Async :meth:`retry`."""
+        return await self._arun(self._retry_plan(workspace_id, session_id, entry_id))
+
+    def _dismiss_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan:
+        check_identifier("entry ID", entry_id)
+        result, _, _ = yield from self._operate_plan(workspace_id, session_id, "dismiss", entry_id)
+        return {"removed": DismissResult.REMOVED, "busy": DismissResult.BUSY}.get(
+            result, DismissResult.NOT_FOUND
+        )
+
+    def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
+        """Remove an entry whatever its status. Its dedupe marker stays for
+        ``DEDUPE_TTL`` (a resend of its key answers Duplicate). Returns ``BUSY``
+        while it is being delivered or verified under a live lease, ``NOT_FOUND``
+        if absent.
+        """
+        return self._run(self._dismiss_plan(workspace_id, session_id, entry_id))
+
+    async def adismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
+        """Async :meth:`dismiss`."""
+        return await self._arun(self._dismiss_plan(workspace_id, session_id, entry_id))
+
+    def _sessions_plan(self, workspace_id: str) -> Plan:
+        members = yield _Cmd(("SMEMBERS", self.keys.sessions(workspace_id)))
+        return sorted(_text(m) for m in members)
+
+    def _bulk_plan(self, workspace_id: str, op: str, arg1: str = "") -> Plan:
+        total = 0
+        for session_id in (yield from self._sessions_plan(workspace_id)):
+            _, count, _ = yield from self._operate_plan(workspace_id, session_id, op, arg1)
+            total += count
+        return total
+
+    @staticmethod
+    def _check_reason(reason: Any) -> str:
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
+            raise ValueError(f"reason must be a non-empty string of at most {MAX_REASON_CHARS} characters")
+        return reason
+
+    def park_workspace(self, workspace_id: str, reason: str) -> int:
+        """Park every pending, verifying and delivering entry of the workspace with ``reason``
+        (a machine code such as ``"mode_transition"``). Parked entries are inert
+        until unparked or dismissed; one parked mid-delivery keeps its lease, and
+        its outcome is recorded when the delivery ends (a confirmed delivery still
+        completes it). Returns the number parked.
+        """
+        check_identifier("workspace ID", workspace_id)
+        return self._run(self._bulk_plan(workspace_id, "park", self._check_reason(reason)))
+
+    async def apark_workspace(self, workspace_id: str, reason: str) -> int:
+        """Async :meth:`park_workspace`."""
+        check_identifier("workspace ID", workspace_id)
+        return await self._arun(self._bulk_plan(workspace_id, "park", self._check_reason(reason)))
+
+    def unpark_workspace(self, workspace_id: str, reason: str | None = None) -> int:
+        """Return parked entries (only those parked with ``reason``, if given) to the state
+        they were parked from — pending, or verifying when their last attempt's
+        outcome is unknown, so unparking never resends blindly. Returns the count.
+        """
+        check_identifier("workspace ID", workspace_id)
+        arg = "" if reason is None else self._check_reason(reason)
+        return self._run(self._bulk_plan(workspace_id, "unpark", arg))
+
+    async def aunpark_workspace(self, workspace_id: str, reason: str | None = None) -> int:
+        """Async :meth:`unpark_workspace`."""
+        check_identifier("workspace ID", workspace_id)
+        arg = "" if reason is None else self._check_reason(reason)
+        return await self._arun(self._bulk_plan(workspace_id, "unpark", arg))
+
+    def _sweep_unverifiable_plan(self, workspace_id: str) -> Plan:
+        if self.verifier is None:
+            return 0
+        return (yield from self._bulk_plan(workspace_id, "rearm_unverifiable"))
+
+    def sweep_workspace_unverifiable(self, workspace_id: str) -> int:
+        """Re-arm the workspace's ``unverifiable`` error entries as verifying with a fresh
+        verification window (call it when an agent that was unreachable is back).
+        Returns the number re-armed; 0 without a verifier. Idempotent.
+        """
+        check_identifier("workspace ID", workspace_id)
+        return self._run(self._sweep_unverifiable_plan(workspace_id))
+
+    async def asweep_workspace_unverifiable(self, workspace_id: str) -> int:
+        """Async :meth:`sweep_workspace_unverifiable`."""
+        check_identifier("workspace ID", workspace_id)
+        return await self._arun(self._sweep_unverifiable_plan(workspace_id))
+
+    def _sweep_parked_plan(self, workspace_id: str) -> Plan:
+        probe = self.ledger_probe
+        if probe is None:
+            return 0
+        recovered = 0
+        for session_id in (yield from self._sessions_plan(workspace_id)):
+            snap = yield from self._snapshot_plan(workspace_id, session_id)
+            for entry in snap.entries:
+                if entry.status is not Status.ERROR:
+                    continue
+                attempt = entry.attempts + (1 if entry.reason == REASON_UNVERIFIABLE else 0)
+                try:
+                    state = yield _Call(
+                        probe,
+                        {
+                            "workspace_id": workspace_id,
+                            "session_id": session_id,
+                            "entry_id": entry.id,
+                            "attempt": attempt,
+                        },
+                    )
+                except Exception:
+                    logger.warning("outbox: ledger probe failed for %s", entry.id, exc_info=True)
+                    continue
+                if state in (LEDGER_STATE_TURN_ENDED, LEDGER_STATE_PROMOTED):
+                    op = "ledger_complete"
+                elif state is None or state == LEDGER_STATE_FAILED:
+                    op = "ledger_rearm"
+                else:
+                    if state not in (LEDGER_STATE_LEDGERED, LEDGER_STATE_ADMITTED, LEDGER_STATE_STALLED):
+                        logger.warning("outbox: unknown ledger state %r for %s", state, entry.id)
+                    continue
+                result, _, changed = yield from self._operate_plan(
+                    workspace_id, session_id, op, entry.id, str(entry.attempts)
+                )
+                if result == "removed":
+                    version = (yield from self._snapshot_plan(workspace_id, session_id)).version
+                    yield _Emit(self._events("delivered", changed, workspace_id, session_id, version, "sent"))
+                if result in ("removed", "updated"):
+                    recovered += 1
+        return recovered
+
+    def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
+        """Ask the ledger probe about each error entry of the workspace and act on the answer
+        (DESIGN section 7): ``TURN_ENDED``/``PROMOTED`` → completed (removed,
+        ``entry_delivered`` fires); no row or ``FAILED`` → re-armed to pending;
+        ``LEDGERED``/``ADMITTED``/``STALLED`` → left as they are; a probe that
+        raises leaves the entry for the next sweep. Returns the number completed
+        or re-armed; 0 without a probe. Idempotent.
+        """
+        check_identifier("workspace ID", workspace_id)
+        return self._run(self._sweep_parked_plan(workspace_id))
+
+    async def asweep_workspace_parked_errors(self, workspace_id: str) -> int:
+        """Async :meth:`sweep_workspace_parked_errors`."""
+        check_identifier("workspace ID", workspace_id)
+        return await self._arun(self._sweep_parked_plan(workspace_id))
+
+    def _cleanup_plan(self, workspace_id: str) -> Plan:
+        removed = 0
+        for session_id in (yield from self._sessions_plan(workspace_id)):
+            keys = self.keys.session(workspace_id, session_id)
+            while True:
+                cmids = [_text(m) for m in (yield _Cmd(("ZRANGE", keys.markers, 0, -1)))]
+                marker_keys = [self.keys.dedupe(workspace_id, session_id, c) for c in cmids]
+                answer = yield self._session_eval(
+                    "cleanup", workspace_id, session_id, extra_args=cmids, extra_keys=marker_keys
+                )
+                removed += int(answer[1])
+                if _text(answer[0]) == "done":
+                    break
+        return removed
+
+    def cleanup_workspace(self, workspace_id: str) -> int:
+        """Delete every key of the workspace — queues, staging, leases, versions and
+        dedupe markers (so its idempotency keys are free again). Walks the
+        workspace's session set, never the keyspace. Returns the number of keys
+        removed; idempotent. A delivery in flight meanwhile loses its lease and
+        settles nothing.
+        """
+        check_identifier("workspace ID", workspace_id)
+        return self._run(self._cleanup_plan(workspace_id))
+
+    async def acleanup_workspace(self, workspace_id: str) -> int:
+        """Async :meth:`cleanup_workspace`."""
+        check_identifier("workspace ID", workspace_id)
+        return await self._arun(self._cleanup_plan(workspace_id))
+
+    # ==================================================================================
+    # recovery
+    # ==================================================================================
+
+    def _workspaces_plan(self) -> Plan:
+        members = yield _Cmd(("SMEMBERS", self.keys.workspaces))
+        return sorted(_text(m) for m in members)
+
+    def _recover_plan(self) -> Plan:
+        recovered = 0
+        now_ms = self._now_us() // 1000
+        for workspace_id in (yield from self._workspaces_plan()):
+            due = yield _Cmd(("ZRANGEBYSCORE", self.keys.due(workspace_id), "-inf", now_ms))
+            for session_id in sorted(_text(s) for s in due):
+                _, count, _ = yield from self._operate_plan(workspace_id, session_id, "recover")
+                recovered += count
+        return recovered
+
+    def recover(self) -> int:
+        """Return staged entries whose lease is gone (a crashed or cut-off worker) to their
+        queue as ``verifying`` — the interrupted attempt's outcome is unknown.
+        Looks only at sessions the due index says are due (a staged session is
+        indexed at its lease's expiry), so the cost follows the work, not the
+        keyspace. Live leases are never taken. Returns the number recovered.
+        Workers also recover continuously: a claim on a session with a dead
+        holder's staging recovers it first.
+        """
+        return self._run(self._recover_plan())
+
+    async def arecover(self) -> int:
+        """Async :meth:`recover`."""
+        return await self._arun(self._recover_plan())
+
+    # ==================================================================================
+    # testing
+    # ==================================================================================
+
+    def _seed_plan(self, workspace_id: str, session_id: str, raw_json: str | bytes) -> Plan:
+        entry = Entry.from_json(raw_json)
+        check_identifier("entry ID", entry.id)
+        if entry.accepted_at is None:
+            raise ValueError("a seeded entry needs acceptedAt")
+        target = "staging" if entry.status is Status.DELIVERING else "queue"
+        answer = yield self._session_eval(
+            "accept",
+            workspace_id,
+            session_id,
+            extra_args=[entry.to_json(), entry.id, "", 0, 0, "", target],
+            extra_keys=[self.keys.dedupe(workspace_id, session_id, "-")],
+        )
+        yield _Emit(self._events("updated", [entry.to_json()], workspace_id, session_id, int(answer[1])))
+
+    def seed_entry_for_test(self, workspace_id: str, session_id: str, raw_json: str | bytes) -> None:
+        """Push a raw JSON entry as-is (test harnesses only): no cap, no dedupe.
+
+        An entry with status ``delivering`` goes to staging, as if a worker had
+        died delivering it. Raises ``ValueError`` if the JSON is not an entry.
+        """
+        self._run(self._seed_plan(workspace_id, session_id, raw_json))
+
+    async def aseed_entry_for_test(self, workspace_id: str, session_id: str, raw_json: str | bytes) -> None:
+        """Async :meth:`seed_entry_for_test`."""
+        await self._arun(self._seed_plan(workspace_id, session_id, raw_json))
+
+    # ==================================================================================
+    # delivery
+    # ==================================================================================
+
+    def _keeper(self) -> _LeaseKeeper:
+        loop = asyncio.get_running_loop()
+        keeper = self._keepers.get(loop)
+        if keeper is None:
+            keeper = self._keepers[loop] = _LeaseKeeper(self)
+        return keeper
+
+    def _settle_args(self, token: str, entry_id: str, outcome: str, error: str) -> list[Any]:
+        c = self.config
+        us = 1_000_000
+        return [
+            token,
+            entry_id,
+            outcome,
+            error[:MAX_ERROR_CHARS],
+            c.max_attempts,
+            int(c.retry_backoff * us),
+            int(c.max_backoff * us),
+            c.max_transient_failures,
+            int(c.verify_delay * us),
+            int(c.verify_backoff * us),
+            int(c.max_verify_backoff * us),
+            c.max_verify_attempts,
+            RECEIPT_TTL_MS,
+        ]
+
+    async def _invoke(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if _is_async_callable(fn):
+            return await fn(*args, **kwargs)
+        result = await asyncio.to_thread(fn, *args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _deliver(
+        self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
+    ) -> tuple[str, str]:
+        """Call the deliverer; classify its ending as (outcome, error text)."""
+        try:
+            async with asyncio.timeout(self.config.delivery_timeout):
+                await self._invoke(
+                    deliverer, entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
+                )
+        except AmbiguousError as exc:
+            outcome = "ambiguous" if self.verifier is not None else "unverifiable"
+            return outcome, f"ambiguous: {exc}"
+        except TimeoutError as exc:
+            outcome = "ambiguous" if self.verifier is not None else "unverifiable"
+            return outcome, f"timed out after {self.config.delivery_timeout}s: {exc}".rstrip(": ")
+        except TransientDeliveryError as exc:
+            return "transient", f"transient: {exc}"
+        except PriorAttemptPendingError as exc:
+            return "prior_pending", f"prior attempt pending: {exc}"
+        except Exception as exc:
+            return "failed", f"{type(exc).__name__}: {exc}"
+        return "delivered", ""
+
+    async def _verify(self, entry: Entry, ws: str, ses: str) -> tuple[str, str]:
+        verifier = self.verifier
+        if verifier is None:
+            return "unverifiable", "outcome unknown and no verifier is configured"
+        try:
+            async with asyncio.timeout(self.config.delivery_timeout):
+                verdict = await self._invoke(verifier, entry, workspace_id=ws, session_id=ses)
+        except Exception as exc:
+            return "inconclusive", f"verifier failed: {type(exc).__name__}: {exc}"
+        if verdict is Verdict.DELIVERED:
+            return "delivered", ""
+        if verdict is Verdict.ABSENT:
+            return "absent", "verifier: not in the agent's transcript"
+        if verdict is not Verdict.INCONCLUSIVE:
+            logger.warning("outbox: verifier returned %r, not a Verdict", verdict)
+        return "inconclusive", "verifier: inconclusive"
+
+    async def adeliver_once(
+        self,
+        workspace_id: str,
+        session_id: str,
+        deliverer: Callable[..., Any] | None = None,
+    ) -> bool:
+        """Take one step for one session: claim its lease, then deliver or verify its next entry.
+
+        Returns True if a step was taken (an entry was delivered, verified or
+        failed), False if the session was busy (another holder's lease) or had
+        nothing due. The lease is renewed every ``LOCK_TTL / 3`` while the
+        deliverer runs; the deliverer is bounded by ``DELIVERY_TIMEOUT`` (a
+        timeout is an ambiguous outcome). The outcome is recorded by one script
+        that also releases the lease; if the lease was lost meanwhile nothing is
+        recorded and the entry is left to verification. Cancelling this coroutine
+        mid-delivery records the attempt as ambiguous.
+
+        ``deliverer`` overrides the configured one; raises ``ValueError`` if
+        neither is set, :class:`OutboxUnavailable` if Valkey cannot be reached.
+        """
+        deliverer = deliverer or self.deliverer
+        if deliverer is None:
+            raise ValueError("no deliverer: pass one or configure DELIVERER")
+        ws, ses = workspace_id, session_id
+        keys = self.keys.session(ws, ses)
+        token = secrets.token_hex(16)
+        answer = await self._arun(
+            self._claim_plan(ws, ses, token)
+        )
+        kind = answer[0]
+        if kind not in ("deliver", "verify"):
+            return False
+        entry: Entry = answer[1]
+        keeper = self._keeper()
+        keeper.hold(token, keys, ses)
+        try:
+            if kind == "deliver":
+                outcome, error = await self._deliver(deliverer, entry, ws, ses)
+            else:
+                outcome, error = await self._verify(entry, ws, ses)
+        except asyncio.CancelledError:
+            keeper.drop(token)
+            if kind == "deliver":
+                await asyncio.shield(
+                    self._arun(self._settle_plan(ws, ses, token, entry, "ambiguous", "cancelled"))
+                )
+            else:
+                await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
+            raise
+        if keeper.drop(token):
+            logger.warning("outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id)
+        await self._arun(self._settle_plan(ws, ses, token, entry, outcome, error))
+        return True
+
+    def _claim_plan(self, ws: str, ses: str, token: str) -> Plan:
+        answer = yield self._session_eval(
+            "claim", ws, ses, extra_args=[token, self._lock_ttl_ms]
+        )
+        kind = _text(answer[0])
+        if kind == "busy":
+            return ("busy", None)
+        version = int(answer[2])
+        recovered = answer[3:]
+        events = self._events("updated", recovered, ws, ses, version)
+        entry = Entry.from_json(answer[1]) if answer[1] else None
+        if kind == "deliver" and entry is not None:
+            events.append(OutboxEvent("staged", "delivering", entry, ws, ses, version))
+            events.append(OutboxEvent("updated", "delivering", entry, ws, ses, version))
+        if events:
+            yield _Emit(events)
+        return (kind, entry)
+
+    def _settle_plan(
+        self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
+    ) -> Plan:
+        answer = yield self._session_eval(
+            "settle", ws, ses, extra_args=self._settle_args(token, entry.id, outcome, error)
+        )
+        kind = _text(answer[0])
+        if kind == "removed":
+            version = int(answer[2])
+            done = Entry.from_json(answer[1])
+            yield _Emit(
+                [
+                    OutboxEvent("delivered", "sent", done, ws, ses, version),
+                    OutboxEvent("updated", "sent", done, ws, ses, version),
+                ]
+            )
+        elif kind == "updated":
+            yield _Emit(self._events("updated", [answer[1]], ws, ses, int(answer[2])))
+        elif kind == "replayed" and _text(answer[1]) == "removed":
+            # Our settle ran but its reply was lost: nobody has fired the signal yet.
+            yield _Emit([OutboxEvent("delivered", "sent", entry, ws, ses, 0)])
+        elif kind == "lost":
+            logger.warning(
+                "outbox: %s/%s %s: lease lost, outcome %s left to verification",
+                ws,
+                ses,
+                entry.id,
+                outcome,
+            )
+        return kind
+
+    def _release_plan(self, ws: str, ses: str, token: str) -> Plan:
+        return (yield self._session_eval("release", ws, ses, extra_args=[token]))
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

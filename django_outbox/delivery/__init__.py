@@ -1,0 +1,1 @@
+"""Deliverers, verifiers and ledger probes."""

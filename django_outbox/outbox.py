@@ -1,0 +1,71 @@
+"""The Django-aware outbox: signals on events, and the process-wide instance."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .core.service import Outbox as CoreOutbox
+from .core.service import OutboxEvent
+from .signals import entry_delivered, entry_staged, entry_updated
+
+_SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": entry_updated}
+
+
+class Outbox(CoreOutbox):
+    """:class:`django_outbox.core.service.Outbox` that sends the signals of
+    :mod:`django_outbox.signals` for every event. Construct it directly in tests:
+    ``Outbox(url=..., deliverer=..., verifier=..., ledger_probe=..., **tunables)``.
+    """
+
+    def emit(self, event: OutboxEvent) -> None:
+        _SIGNALS[event.kind].send(sender=Outbox, **_signal_kwargs(event))
+
+    async def aemit(self, event: OutboxEvent) -> None:
+        await _SIGNALS[event.kind].asend(sender=Outbox, **_signal_kwargs(event))
+
+
+def _signal_kwargs(event: OutboxEvent) -> dict[str, Any]:
+    return {
+        "entry": event.entry,
+        "workspace_id": event.workspace_id,
+        "session_id": event.session_id,
+        "version": event.version,
+        "state": event.state,
+    }
+
+
+_lock = threading.Lock()
+_instance: Outbox | None = None
+
+
+def get_outbox() -> Outbox:
+    """The process-wide :class:`Outbox`, built from ``settings.OUTBOX`` on first use.
+
+    Rebuilt after ``settings.OUTBOX`` changes. Raises ``ImproperlyConfigured``
+    for invalid settings.
+    """
+    global _instance
+    with _lock:
+        if _instance is None:
+            from .conf import outbox_settings
+
+            s = outbox_settings()
+            _instance = Outbox(
+                url=s.valkey_url,
+                cluster=s.cluster,
+                deliverer=s.resolve("DELIVERER"),
+                verifier=s.resolve("VERIFIER"),
+                ledger_probe=s.resolve("LEDGER_PROBE"),
+                config=s.config,
+            )
+        return _instance
+
+
+def reset_outbox() -> None:
+    """Forget the process-wide instance (closing its sync client)."""
+    global _instance
+    with _lock:
+        if _instance is not None:
+            _instance.close()
+        _instance = None

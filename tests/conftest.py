@@ -1,0 +1,99 @@
+"""Test fixtures: one real valkey-server per session, a clean keyspace per test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import redis
+
+from django_outbox import conf
+from django_outbox.outbox import Outbox, reset_outbox
+
+from .valkey import ValkeyProcess
+
+
+@pytest.fixture(scope="session")
+def valkey(tmp_path_factory):
+    """The session's Valkey: ``OUTBOX_TEST_VALKEY_URL`` if set, else a fresh server."""
+    url = os.environ.get("OUTBOX_TEST_VALKEY_URL")
+    if url:
+        yield url
+        return
+    server = ValkeyProcess(tmp_path_factory.mktemp("valkey")).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _clean_valkey(valkey, monkeypatch):
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", valkey)
+    client = redis.Redis.from_url(valkey)
+    client.flushall()
+    client.close()
+    conf._cached = None
+    reset_outbox()
+    yield
+    conf._cached = None
+    reset_outbox()
+
+
+@pytest.fixture
+def r(valkey):
+    """A plain redis-py client on the test Valkey (for looking at keys directly)."""
+    client = redis.Redis.from_url(valkey, decode_responses=True)
+    yield client
+    client.close()
+
+
+class Recorder:
+    """Collects signals: ``calls[name]`` is a list of (entry, kwargs)."""
+
+    def __init__(self) -> None:
+        from django_outbox import signals
+
+        self.calls: dict[str, list] = {"staged": [], "delivered": [], "updated": []}
+        self._connected = []
+        for name in self.calls:
+            signal = getattr(signals, f"entry_{name}")
+
+            def receiver(sender, entry, _name=name, **kwargs):
+                self.calls[_name].append((entry, kwargs))
+
+            signal.connect(receiver, weak=False)
+            self._connected.append((signal, receiver))
+
+    def ids(self, name: str) -> list[str]:
+        return [entry.id for entry, _ in self.calls[name]]
+
+    def close(self) -> None:
+        for signal, receiver in self._connected:
+            signal.disconnect(receiver)
+
+
+@pytest.fixture
+def signals_log():
+    recorder = Recorder()
+    yield recorder
+    recorder.close()
+
+
+@pytest.fixture
+def make_outbox(valkey):
+    """Build Outbox instances on the test Valkey; closed at teardown."""
+    made: list[Outbox] = []
+
+    def make(**kwargs) -> Outbox:
+        kwargs.setdefault("url", valkey)
+        outbox = Outbox(**kwargs)
+        made.append(outbox)
+        return outbox
+
+    yield make
+    for outbox in made:
+        outbox.close()
+
+
+@pytest.fixture
+def outbox(make_outbox):
+    return make_outbox(retry_backoff=0.05, max_backoff=0.2, verify_delay=0, verify_backoff=0.05, max_verify_backoff=0.2)
