@@ -96,4 +96,10 @@ def make_outbox(valkey):
 
 @pytest.fixture
 def outbox(make_outbox):
-    return make_outbox(retry_backoff=0.05, max_backoff=0.2, verify_delay=0, verify_backoff=0.05, max_verify_backoff=0.2)
+    return make_outbox(
+        retry_backoff=0.05,
+        max_backoff=0.2,
+        verify_delay=0,
+        verify_backoff=0.05,
+        max_verify_backoff=0.2,
+    )

@@ -60,10 +60,14 @@ class ValkeyProcess:
     def start(self) -> ValkeyProcess:
         args = [
             server_binary(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.workdir),
-            "--maxmemory-policy", "noeviction",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--maxmemory-policy",
+            "noeviction",
         ]
         for key, value in self.config.items():
             args += [f"--{key.replace('_', '-')}", value]

@@ -130,7 +130,9 @@ class Config:
             if not isinstance(value, str) or not value or not value.isascii():
                 raise ConfigError(key, "must be a non-empty ASCII string")
             if any(c in value for c in "{}: \t\r\n*?[]"):
-                raise ConfigError(key, "must not contain braces, colons, whitespace or glob characters")
+                raise ConfigError(
+                    key, "must not contain braces, colons, whitespace or glob characters"
+                )
             return value
         raise AssertionError(name)  # pragma: no cover
 

@@ -319,4 +319,3 @@ def fingerprint(text: str, model: dict[str, Any] | None) -> str:
     """Digest of what an idempotency key protects: the text and the model (key order ignored)."""
     payload = json.dumps([text, model], ensure_ascii=False, sort_keys=True).encode("utf-8")
     return hashlib.sha256(payload).hexdigest()[:32]
-

@@ -43,7 +43,7 @@ class OutboxFull(OutboxError):
 
 
 class InvalidIdentifier(OutboxError, ValueError):
-    """A workspace, session or entry ID does not match ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``."""
+    """A workspace, session or entry ID breaks ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``."""
 
     def __init__(self, kind: str, value: object) -> None:
         super().__init__(
@@ -54,7 +54,7 @@ class InvalidIdentifier(OutboxError, ValueError):
 
 
 class OutboxUnavailable(OutboxError):
-    """Valkey could not be reached, refused the write (OOM, read-only) or a durability wait timed out.
+    """Valkey was unreachable, refused the write (OOM, read-only) or a durability wait timed out.
 
     ``accepted`` is True when the entry *was* stored but a ``WAIT_REPLICAS`` /
     ``WAIT_AOF`` acknowledgement did not arrive in time: a retry with the same

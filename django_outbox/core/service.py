@@ -130,7 +130,15 @@ class _Call:
 
 Plan = Generator[Any, Any, Any]
 
-_UNAVAILABLE_REPLIES = ("OOM", "READONLY", "MASTERDOWN", "LOADING", "BUSY", "NOREPLICAS", "TRYAGAIN")
+_UNAVAILABLE_REPLIES = (
+    "OOM",
+    "READONLY",
+    "MASTERDOWN",
+    "LOADING",
+    "BUSY",
+    "NOREPLICAS",
+    "TRYAGAIN",
+)
 
 
 def _unavailable(exc: Exception) -> OutboxUnavailable:
@@ -557,7 +565,9 @@ class Outbox:
             version = int(answer[1])
             if waits:
                 self._check_waits(results[1:])
-            yield _Emit([OutboxEvent("updated", "queued", entry, workspace_id, session_id, version)])
+            yield _Emit(
+                [OutboxEvent("updated", "queued", entry, workspace_id, session_id, version)]
+            )
             return entry
         if status == "duplicate":
             raise Duplicate(_text(answer[1]))
@@ -641,7 +651,7 @@ class Outbox:
 
     def _snapshot_plan(self, workspace_id: str, session_id: str) -> Plan:
         answer = yield self._session_eval("snapshot", workspace_id, session_id)
-        version, queued, staged, lock, pttl = answer
+        version, queued, staged, lock, _pttl = answer
         entries = [Entry.from_json(raw) for raw in queued]
         for raw in staged:
             entry = Entry.from_json(raw)
@@ -761,7 +771,9 @@ class Outbox:
     @staticmethod
     def _check_reason(reason: Any) -> str:
         if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
-            raise ValueError(f"reason must be a non-empty string of at most {MAX_REASON_CHARS} characters")
+            raise ValueError(
+                f"reason must be a non-empty string of at most {MAX_REASON_CHARS} characters"
+            )
         return reason
 
     def park_workspace(self, workspace_id: str, reason: str) -> int:
@@ -841,7 +853,11 @@ class Outbox:
                 elif state is None or state == LEDGER_STATE_FAILED:
                     op = "ledger_rearm"
                 else:
-                    if state not in (LEDGER_STATE_LEDGERED, LEDGER_STATE_ADMITTED, LEDGER_STATE_STALLED):
+                    if state not in (
+                        LEDGER_STATE_LEDGERED,
+                        LEDGER_STATE_ADMITTED,
+                        LEDGER_STATE_STALLED,
+                    ):
                         logger.warning("outbox: unknown ledger state %r for %s", state, entry.id)
                     continue
                 result, _, changed = yield from self._operate_plan(
@@ -849,7 +865,11 @@ class Outbox:
                 )
                 if result == "removed":
                     version = (yield from self._snapshot_plan(workspace_id, session_id)).version
-                    yield _Emit(self._events("delivered", changed, workspace_id, session_id, version, "sent"))
+                    yield _Emit(
+                        self._events(
+                            "delivered", changed, workspace_id, session_id, version, "sent"
+                        )
+                    )
                 if result in ("removed", "updated"):
                     recovered += 1
         return recovered
@@ -950,9 +970,13 @@ class Outbox:
             extra_args=[entry.to_json(), entry.id, "", 0, 0, "", target],
             extra_keys=[self.keys.dedupe(workspace_id, session_id, "-")],
         )
-        yield _Emit(self._events("updated", [entry.to_json()], workspace_id, session_id, int(answer[1])))
+        yield _Emit(
+            self._events("updated", [entry.to_json()], workspace_id, session_id, int(answer[1]))
+        )
 
-    def seed_entry_for_test(self, workspace_id: str, session_id: str, raw_json: str | bytes) -> None:
+    def seed_entry_for_test(
+        self, workspace_id: str, session_id: str, raw_json: str | bytes
+    ) -> None:
         """Push a raw JSON entry as-is (test harnesses only): no cap, no dedupe.
 
         An entry with status ``delivering`` goes to staging, as if a worker had
@@ -960,7 +984,9 @@ class Outbox:
         """
         self._run(self._seed_plan(workspace_id, session_id, raw_json))
 
-    async def aseed_entry_for_test(self, workspace_id: str, session_id: str, raw_json: str | bytes) -> None:
+    async def aseed_entry_for_test(
+        self, workspace_id: str, session_id: str, raw_json: str | bytes
+    ) -> None:
         """Async :meth:`seed_entry_for_test`."""
         await self._arun(self._seed_plan(workspace_id, session_id, raw_json))
 
@@ -1068,9 +1094,7 @@ class Outbox:
         ws, ses = workspace_id, session_id
         keys = self.keys.session(ws, ses)
         token = secrets.token_hex(16)
-        answer = await self._arun(
-            self._claim_plan(ws, ses, token)
-        )
+        answer = await self._arun(self._claim_plan(ws, ses, token))
         kind = answer[0]
         if kind not in ("deliver", "verify"):
             return False
@@ -1097,9 +1121,7 @@ class Outbox:
         return True
 
     def _claim_plan(self, ws: str, ses: str, token: str) -> Plan:
-        answer = yield self._session_eval(
-            "claim", ws, ses, extra_args=[token, self._lock_ttl_ms]
-        )
+        answer = yield self._session_eval("claim", ws, ses, extra_args=[token, self._lock_ttl_ms])
         kind = _text(answer[0])
         if kind == "busy":
             return ("busy", None)

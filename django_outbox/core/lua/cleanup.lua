@@ -8,13 +8,16 @@ local removed = 0
 for i = EXTRA, #KEYS do
   removed = removed + redis.call('DEL', KEYS[i])
 end
+local had_markers = redis.call('EXISTS', MARKERS)
 for i = 6, #ARGV do
   redis.call('ZREM', MARKERS, ARGV[i])
 end
 if redis.call('ZCARD', MARKERS) > 0 then return {'again', removed} end
-removed = removed + redis.call('DEL', Q, D, LOCK, VER, MARKERS, RECEIPT)
+local shared_before = redis.call('EXISTS', SESSIONS, DUE)
+removed = removed + had_markers + redis.call('DEL', Q, D, LOCK, VER, RECEIPT)
 redis.call('SREM', SESSIONS, SES)
 redis.call('ZREM', DUE, SES)
+removed = removed + shared_before - redis.call('EXISTS', SESSIONS, DUE)
 sync_workspace()
 if G > 0 and redis.call('EXISTS', SESSIONS) == 0 then redis.call('SREM', WORKSPACES, WS) end
 return {'done', removed}

@@ -1,0 +1,285 @@
+"""accept(): dedupe, cap, bad input, Valkey failures (DESIGN 4, 5, 7; cases 04, 08, 10)."""
+
+import json
+
+import pytest
+import redis
+
+from django_outbox import Status
+from django_outbox.errors import (
+    Duplicate,
+    IdempotencyConflict,
+    InvalidIdentifier,
+    OutboxFull,
+    OutboxUnavailable,
+)
+
+from .test_entry import HOSTILE_MODEL, HOSTILE_TEXT
+from .valkey import ValkeyProcess, free_port
+
+
+def accept(outbox, ws="w1", ses="s1", key="k1", text="hello", **kw):
+    return outbox.accept(ws, ses, user_id="u1", client_message_id=key, text=text, **kw)
+
+
+def test_accept_returns_pending_entry_and_lists_it(outbox):
+    entry = accept(outbox, model={"provider": "x"})
+    assert entry.status is Status.PENDING and entry.attempts == 0
+    assert entry.user_id == "u1" and entry.client_message_id == "k1"
+    assert outbox.list("w1", "s1") == [entry]
+
+
+def test_content_round_trips_exactly_through_valkey(outbox, r):
+    accept(outbox, text=HOSTILE_TEXT, model=HOSTILE_MODEL)
+    listed = outbox.list("w1", "s1")[0]
+    assert listed.text.encode() == HOSTILE_TEXT.encode()
+    assert listed.model == HOSTILE_MODEL
+    stored = r.lrange("outboxq:{w1}:s1", 0, -1)[0]
+    assert '"big":12345678901234567' in stored and '"a":[]' in stored and '"b":{}' in stored
+
+
+def test_fifo_order(outbox):
+    ids = [accept(outbox, key=f"k{i}", text=f"m{i}").id for i in range(5)]
+    assert [e.id for e in outbox.list("w1", "s1")] == ids
+
+
+def test_user_id_may_be_an_int(outbox):
+    assert outbox.accept("w1", "s1", user_id=7, client_message_id="k", text="t").user_id == "7"
+
+
+def test_duplicate_answers_the_original_id(outbox):
+    first = accept(outbox)
+    with pytest.raises(Duplicate) as info:
+        accept(outbox)
+    assert info.value.accepted_id == first.id
+    assert len(outbox.list("w1", "s1")) == 1
+
+
+def test_duplicate_ignores_model_key_order(outbox):
+    first = accept(outbox, model={"a": 1, "b": 2})
+    with pytest.raises(Duplicate) as info:
+        accept(outbox, model={"b": 2, "a": 1})
+    assert info.value.accepted_id == first.id
+
+
+def test_same_key_other_text_or_model_conflicts_and_keeps_the_original(outbox):
+    first = accept(outbox, text="a")
+    with pytest.raises(IdempotencyConflict):
+        accept(outbox, text="b")
+    with pytest.raises(IdempotencyConflict):
+        accept(outbox, text="a", model={"m": 1})
+    assert [e.text for e in outbox.list("w1", "s1")] == ["a"]
+    assert outbox.list("w1", "s1")[0].id == first.id
+
+
+def test_keys_are_scoped_per_session(outbox):
+    # case 04: k4 used in ws1/s1, ws1/s2 and ws2/s1 -> three separate entries
+    ids = {
+        accept(outbox, ws=ws, ses=ses, key="k4").id
+        for ws, ses in [("w1", "s1"), ("w1", "s2"), ("w2", "s1")]
+    }
+    assert len(ids) == 3
+
+
+def test_cap(make_outbox, r):
+    outbox = make_outbox(cap=2)
+    accept(outbox, key="a")
+    accept(outbox, key="b")
+    with pytest.raises(OutboxFull):
+        accept(outbox, key="c")
+    assert r.get("outboxdedupe:{w1}:s1:c") is None
+    # a refused key is free: once there is room the same key is accepted
+    outbox.dismiss("w1", "s1", outbox.list("w1", "s1")[0].id)
+    assert accept(outbox, key="c").client_message_id == "c"
+
+
+def test_dismissed_keys_stay_deduplicated(outbox):
+    # case 04: dismiss m1, POST its key again within DEDUPE_TTL -> the original ID, nothing new
+    first = accept(outbox)
+    outbox.dismiss("w1", "s1", first.id)
+    with pytest.raises(Duplicate) as info:
+        accept(outbox)
+    assert info.value.accepted_id == first.id
+    assert outbox.list("w1", "s1") == []
+
+
+def test_cleanup_frees_keys(outbox):
+    # case 04: accept k1, cleanup_workspace, accept k1 again -> accepted as new
+    first = accept(outbox)
+    assert outbox.cleanup_workspace("w1") > 0
+    again = accept(outbox)
+    assert again.id != first.id
+
+
+def test_too_large_then_valid_with_the_same_key(outbox, r):
+    # case 04: POST k2 with text too large, then k2 with valid text -> accepted
+    with pytest.raises(ValueError, match="102401 UTF-8 bytes"):
+        accept(outbox, key="k2", text="x" * 102_401)
+    assert r.keys("*") == []
+    assert accept(outbox, key="k2", text="x" * 102_400).text == "x" * 102_400
+
+
+BAD_CONTENT = [
+    dict(text=""),
+    dict(text="😀" * 30_000),
+    dict(text="\udc80 lone"),
+    dict(text=None),
+    dict(text=["x"]),
+    dict(text="ok", model="gpt"),
+    dict(text="ok", model=["a"]),
+    dict(text="ok", model={"x": "y" * 20_000}),
+    dict(text="ok", key=""),
+    dict(text="ok", key="x" * 129),
+    dict(text="ok", key="new\nline"),
+    dict(text="ok", user_id=None),
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_CONTENT)
+def test_bad_content_raises_value_error_and_writes_nothing(outbox, r, kwargs):
+    kwargs = dict(kwargs)
+    user_id = kwargs.pop("user_id", "u1")
+    with pytest.raises(ValueError):
+        outbox.accept(
+            "w1", "s1", user_id=user_id, client_message_id=kwargs.pop("key", "k"), **kwargs
+        )
+    assert r.keys("*") == []
+
+
+@pytest.mark.parametrize(
+    ("ws", "ses"),
+    [
+        ("a}:{b", "c"),
+        ("a", "b}:{c"),
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("s1\n", "s"),
+        ("", "s"),
+        ("x" * 300, "s"),
+        ("*", "s"),
+        ("[x]", "s"),
+        ("w", "*"),
+    ],
+)
+def test_identifiers_that_could_alias_keys_are_refused(outbox, r, ws, ses):
+    with pytest.raises(InvalidIdentifier):
+        outbox.accept(ws, ses, user_id="u", client_message_id="k", text="t")
+    with pytest.raises(InvalidIdentifier):
+        outbox.list(ws, ses)
+    assert r.keys("*") == []
+
+
+def test_cleanup_never_acts_as_a_pattern(outbox):
+    accept(outbox)
+    with pytest.raises(InvalidIdentifier):
+        outbox.cleanup_workspace("*")
+    assert len(outbox.list("w1", "s1")) == 1
+
+
+def test_unreachable_valkey_is_unavailable():
+    from django_outbox.outbox import Outbox
+
+    outbox = Outbox(url=f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(OutboxUnavailable):
+        accept(outbox)
+    outbox.close()
+
+
+def test_down_then_back_accepts_the_same_key(tmp_path):
+    # case 04: POST k3 while Valkey is down (503), again after it is back -> 202
+    from django_outbox.outbox import Outbox
+
+    server = ValkeyProcess(tmp_path).start()
+    outbox = Outbox(url=server.url)
+    try:
+        server.stop()
+        with pytest.raises(OutboxUnavailable):
+            accept(outbox, key="k3")
+        server.start()
+        assert accept(outbox, key="k3").client_message_id == "k3"
+    finally:
+        outbox.close()
+        server.stop()
+
+
+def test_out_of_memory_is_unavailable_and_writes_nothing(tmp_path):
+    # case 08: a noeviction Valkey at maxmemory refuses the accept; nothing is stored
+    from django_outbox.outbox import Outbox
+
+    server = ValkeyProcess(tmp_path).start()
+    outbox = Outbox(url=server.url)
+    client = redis.Redis.from_url(server.url)
+    try:
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", used + 200_000)
+        with pytest.raises(redis.OutOfMemoryError):
+            for i in range(100_000):
+                client.set(f"filler:{i}", "x" * 1000)
+        keys_before = client.dbsize()
+        with pytest.raises(OutboxUnavailable, match=r"(?i)memory"):
+            accept(outbox, text="x" * 5000)
+        assert client.dbsize() == keys_before
+        assert client.keys("outbox*") == []
+        client.config_set("maxmemory", 0)
+        assert accept(outbox, text="x" * 5000).text == "x" * 5000
+    finally:
+        client.close()
+        outbox.close()
+        server.stop()
+
+
+def test_lost_reply_replay_recognises_its_own_write(outbox, r):
+    # case 05 (a) at the script level: running the very same accept twice is not a duplicate
+    entry = accept(outbox)
+    keys = outbox.keys.session("w1", "s1")
+    script_keys, args = outbox._session_args(keys, "w1", "s1")
+    raw = r.lrange(keys.queue, 0, -1)[0]
+    marker = r.get("outboxdedupe:{w1}:s1:k1")
+    again = outbox._evalsha(
+        outbox.client,
+        "accept",
+        [*script_keys, "outboxdedupe:{w1}:s1:k1"],
+        [*args, raw, entry.id, marker.split()[1], 25, 60_000, "k1", "queue"],
+    )
+    assert again[0] == b"own"
+    assert r.llen(keys.queue) == 1
+
+
+def test_wait_aof_refused_without_aof_is_unavailable_but_accepted(make_outbox, r):
+    outbox = make_outbox(wait_aof=True, wait_timeout=0.2)
+    with pytest.raises(OutboxUnavailable) as info:
+        accept(outbox)
+    assert info.value.accepted is True
+    with pytest.raises(Duplicate):
+        accept(outbox)
+
+
+def test_wait_aof_with_aof_on(tmp_path):
+    from django_outbox.outbox import Outbox
+
+    server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="everysec").start()
+    outbox = Outbox(url=server.url, wait_aof=True)
+    try:
+        assert accept(outbox).status is Status.PENDING
+    finally:
+        outbox.close()
+        server.stop()
+
+
+def test_wait_replicas_without_replicas_is_unavailable(make_outbox):
+    outbox = make_outbox(wait_replicas=1, wait_timeout=0.1)
+    with pytest.raises(OutboxUnavailable, match="replicas"):
+        accept(outbox)
+
+
+async def test_async_twin(outbox):
+    entry = await outbox.aaccept("w1", "s1", user_id="u", client_message_id="k", text="t")
+    assert [e.id for e in await outbox.alist("w1", "s1")] == [entry.id]
+    with pytest.raises(Duplicate):
+        await outbox.aaccept("w1", "s1", user_id="u", client_message_id="k", text="t")
+    await outbox.aclose()
+
+
+def test_entry_json_on_the_wire_parses(outbox):
+    entry = accept(outbox)
+    assert json.loads(json.dumps(entry.to_dict()))["id"] == entry.id

@@ -1,0 +1,404 @@
+"""Each Lua script on its own against a real valkey-server (DESIGN section 3)."""
+
+import json
+
+import pytest
+
+from django_outbox import Entry
+from django_outbox.core.entry import format_time, new_entry_id, parse_time
+from django_outbox.core.scripts import _read, load_scripts
+
+WS, SES = "w1", "s1"
+NOW = 1_764_466_959_000_000  # microseconds
+
+
+def call(outbox, name, *args, now=NOW, ses=SES, extra_keys=()):
+    """Run one script with the session layout, ``now`` in microseconds."""
+    keys = outbox.keys.session(WS, ses)
+    script_keys, base = outbox._session_args(keys, WS, ses)
+    base[1] = now
+    result = outbox._evalsha(outbox.client, name, script_keys + list(extra_keys), base + list(args))
+    return decode(result)
+
+
+def decode(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return value
+
+
+def seed(outbox, *, status="pending", accepted=NOW, ses=SES, target="queue", **state):
+    entry = Entry(
+        id=new_entry_id(accepted // 1000),
+        client_message_id="k-" + new_entry_id(),
+        user_id="u",
+        text="t",
+        accepted_at=format_time(accepted),
+        status=status,
+        **state,
+    )
+    answer = call(
+        outbox,
+        "accept",
+        entry.to_json(),
+        entry.id,
+        "",
+        0,
+        0,
+        "",
+        target,
+        ses=ses,
+        extra_keys=[outbox.keys.dedupe(WS, ses, "-")],
+    )
+    assert answer[0] == "ok"
+    return entry
+
+
+def accept_args(entry, fp="fp1", cap=25, ttl=60_000):
+    return [entry.to_json(), entry.id, fp, cap, ttl, entry.client_message_id, "queue"]
+
+
+def test_cjson_damages_content_so_scripts_never_reencode_it(r):
+    # The reason content is never decoded and re-encoded in Lua (pinned on this server).
+    damaged = r.eval(
+        "return cjson.encode(cjson.decode(ARGV[1]))", 0, '{"a":[],"b":12345678901234567}'
+    )
+    assert damaged != '{"a":[],"b":12345678901234567}'
+    assert json.loads(damaged)["a"] == {}
+
+
+def test_lua_time_functions_match_python(outbox, r):
+    body = _read("_lib") + "\nreturn {iso(tonumber(ARGV[6])), parse_iso(ARGV[7])}"
+    keys = outbox.keys.session(WS, SES).script_keys()
+    for us in (0, 86_399_999_999, 951_782_400_000_001, NOW + 123_456, 4_102_444_799_999_999):
+        iso, parsed = r.eval(body, len(keys), *keys, 0, NOW, SES, WS, "strict", us, format_time(us))
+        assert iso == format_time(us)
+        assert parsed == parse_time(format_time(us))
+
+
+def test_every_script_carries_the_shebang():
+    for script in load_scripts().values():
+        assert script.text.startswith("#!lua")
+
+
+class TestAccept:
+    def test_ok_writes_entry_marker_and_indices(self, outbox, r):
+        e = Entry(
+            id=new_entry_id(),
+            client_message_id="k1",
+            user_id="u",
+            text="hi",
+            accepted_at=format_time(NOW),
+        )
+        marker = outbox.keys.dedupe(WS, SES, "k1")
+        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["ok", 1]
+        keys = outbox.keys.session(WS, SES)
+        assert r.lrange(keys.queue, 0, -1) == [e.to_json()]
+        assert r.get(marker) == f"{e.id} fp1"
+        assert 59_000 < r.pttl(marker) <= 60_000
+        assert r.zscore(keys.due, SES) == NOW // 1000
+        assert r.zscore(outbox.keys.workspaces_due, WS) == NOW // 1000
+        assert r.smembers(keys.sessions) == {SES}
+        assert r.smembers(outbox.keys.workspaces) == {WS}
+        assert r.zrange(keys.markers, 0, -1) == ["k1"]
+
+    def test_refusals_write_nothing(self, outbox, r):
+        e = Entry(
+            id=new_entry_id(),
+            client_message_id="k1",
+            user_id="u",
+            text="hi",
+            accepted_at=format_time(NOW),
+        )
+        marker = outbox.keys.dedupe(WS, SES, "k1")
+        call(outbox, "accept", *accept_args(e), extra_keys=[marker])
+        before = {k: r.dump(k) for k in r.keys("*")}
+        other = e.evolve(id=new_entry_id())
+        assert call(outbox, "accept", *accept_args(other), extra_keys=[marker]) == [
+            "duplicate",
+            e.id,
+        ]
+        assert call(outbox, "accept", *accept_args(other, fp="fp2"), extra_keys=[marker]) == [
+            "conflict",
+            e.id,
+        ]
+        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["own", 1]
+        full = other.evolve(client_message_id="k2")
+        m2 = outbox.keys.dedupe(WS, SES, "k2")
+        assert call(outbox, "accept", *accept_args(full, cap=1), extra_keys=[m2]) == ["full"]
+        assert {k: r.dump(k) for k in r.keys("*")} == before
+
+
+class TestClaim:
+    def test_idle_when_empty(self, outbox, r):
+        assert call(outbox, "claim", "tok", 30_000)[:1] == ["idle"]
+        assert not r.exists(outbox.keys.session(WS, SES).lock)
+
+    def test_stages_head_and_takes_lease(self, outbox, r):
+        e = seed(outbox)
+        kind, raw, version = call(outbox, "claim", "tok", 30_000)
+        keys = outbox.keys.session(WS, SES)
+        staged = Entry.from_json(raw)
+        assert kind == "deliver" and staged.id == e.id and staged.status == "delivering"
+        assert staged.last_attempt_at == format_time(NOW)
+        assert r.lrange(keys.queue, 0, -1) == [] and r.lrange(keys.staging, 0, -1) == [raw]
+        assert r.get(keys.lock).split() == ["tok", str(NOW // 1000), e.id]
+        assert r.zscore(keys.due, SES) > NOW // 1000 + 29_000  # looked at again at lease expiry
+        assert version == 2
+
+    def test_busy_while_another_holds_the_lease(self, outbox):
+        seed(outbox)
+        call(outbox, "claim", "a", 30_000)
+        kind, pttl = call(outbox, "claim", "b", 30_000)
+        assert kind == "busy" and 0 < pttl <= 30_000
+
+    def test_same_holder_gets_its_staged_entry_back(self, outbox):
+        seed(outbox)
+        first = call(outbox, "claim", "a", 30_000)
+        again = call(outbox, "claim", "a", 30_000)
+        assert again[0] == "deliver" and again[1] == first[1]
+
+    def test_verifying_head_is_verified_not_staged(self, outbox, r):
+        e = seed(outbox, status="verifying")
+        kind, raw, _ = call(outbox, "claim", "a", 30_000)
+        assert kind == "verify" and Entry.from_json(raw).id == e.id
+        assert r.llen(outbox.keys.session(WS, SES).queue) == 1
+
+    def test_dead_holders_staging_is_recovered_as_verifying(self, outbox, r):
+        e = seed(outbox, status="delivering", target="staging")
+        answer = call(outbox, "claim", "new", 30_000)
+        assert answer[0] == "verify" and Entry.from_json(answer[1]).id == e.id
+        assert Entry.from_json(answer[3]).status == "verifying"
+        assert r.llen(outbox.keys.session(WS, SES).staging) == 0
+
+    def test_strict_head_in_backoff_blocks_later_entries(self, outbox, r):
+        later = format_time(NOW + 60_000_000)
+        seed(outbox, accepted=NOW - 2, next_attempt_at=later, attempts=1)
+        seed(outbox, accepted=NOW - 1)
+        assert call(outbox, "claim", "a", 30_000)[0] == "idle"
+        assert r.zscore(outbox.keys.session(WS, SES).due, SES) == (NOW + 60_000_000) // 1000
+
+    def test_due_ordering_lets_a_due_entry_pass(self, make_outbox):
+        outbox = make_outbox(ordering="due")
+        later = format_time(NOW + 60_000_000)
+        seed(outbox, accepted=NOW - 2, next_attempt_at=later, attempts=1)
+        second = seed(outbox, accepted=NOW - 1)
+        kind, raw, _ = call(outbox, "claim", "a", 30_000)
+        assert kind == "deliver" and Entry.from_json(raw).id == second.id
+
+    def test_error_and_parked_entries_never_block(self, outbox):
+        seed(outbox, accepted=NOW - 3, status="error", reason="max_attempts")
+        seed(outbox, accepted=NOW - 2, status="parked", reason="x", parked_from="pending")
+        third = seed(outbox, accepted=NOW - 1)
+        kind, raw, _ = call(outbox, "claim", "a", 30_000)
+        assert kind == "deliver" and Entry.from_json(raw).id == third.id
+
+
+def settle(outbox, token, entry_id, outcome, error="", now=NOW, max_attempts=5):
+    args = outbox._settle_args(token, entry_id, outcome, error)
+    args[4] = max_attempts
+    return call(outbox, "settle", *args, now=now)
+
+
+class TestSettle:
+    def stage(self, outbox, **state):
+        e = seed(outbox, **state)
+        assert call(outbox, "claim", "tok", 30_000)[0] in ("deliver", "verify")
+        return e
+
+    def test_delivered_removes_and_releases(self, outbox, r):
+        e = self.stage(outbox)
+        kind, raw, _ = settle(outbox, "tok", e.id, "delivered")
+        keys = outbox.keys.session(WS, SES)
+        assert kind == "removed" and Entry.from_json(raw).id == e.id
+        assert not r.exists(keys.lock, keys.staging, keys.queue)
+        assert r.zscore(keys.due, SES) is None
+        # The reply was lost and the holder asks again: it learns it did it.
+        assert settle(outbox, "tok", e.id, "delivered") == ["replayed", "removed"]
+        assert settle(outbox, "other", e.id, "delivered") == ["lost"]
+
+    @pytest.mark.parametrize(
+        ("outcome", "status", "attempts", "transient", "reason"),
+        [
+            ("failed", "pending", 1, 0, None),
+            ("transient", "pending", 0, 1, None),
+            ("prior_pending", "pending", 0, 1, None),
+            ("ambiguous", "verifying", 0, 0, None),
+            ("unverifiable", "error", 0, 0, "unverifiable"),
+        ],
+    )
+    def test_delivery_outcomes(self, outbox, outcome, status, attempts, transient, reason):
+        e = self.stage(outbox)
+        kind, raw, _ = settle(outbox, "tok", e.id, outcome, "boom")
+        after = Entry.from_json(raw)
+        assert kind == "updated"
+        assert (after.status, after.attempts, after.transient_fails, after.reason) == (
+            status,
+            attempts,
+            transient,
+            reason,
+        )
+        assert after.last_error == "boom"
+        listed = outbox.list(WS, SES)
+        assert [x.id for x in listed] == [e.id] and listed[0].status == status
+
+    def test_backoff_doubles_and_caps(self, make_outbox):
+        outbox = make_outbox(retry_backoff=10, max_backoff=25)
+        e = seed(outbox)
+        gates = []
+        for n in range(3):
+            call(outbox, "claim", "tok", 30_000, now=NOW + n * 100_000_000)
+            _, raw, _ = settle(outbox, "tok", e.id, "failed", now=NOW + n * 100_000_000)
+            gates.append(parse_time(Entry.from_json(raw).next_attempt_at) - (NOW + n * 100_000_000))
+        assert gates == [10_000_000, 20_000_000, 25_000_000]
+
+    def test_max_attempts_makes_an_error(self, outbox):
+        e = self.stage(outbox, attempts=4)
+        _, raw, _ = settle(outbox, "tok", e.id, "failed")
+        after = Entry.from_json(raw)
+        assert (after.status, after.reason, after.attempts) == ("error", "max_attempts", 5)
+
+    def test_transient_budget(self, make_outbox):
+        outbox = make_outbox(max_transient_failures=2)
+        e = seed(outbox, transient_fails=1)
+        call(outbox, "claim", "tok", 30_000)
+        _, raw, _ = settle(outbox, "tok", e.id, "transient")
+        after = Entry.from_json(raw)
+        assert (after.status, after.reason, after.attempts) == ("error", "transient_exhausted", 0)
+
+    @pytest.mark.parametrize(
+        ("outcome", "status", "attempts", "verify_attempts", "reason"),
+        [
+            ("delivered", None, None, None, None),
+            ("absent", "pending", 1, 0, None),
+            ("inconclusive", "verifying", 0, 1, None),
+            ("unverifiable", "error", 0, 0, "unverifiable"),
+        ],
+    )
+    def test_verdicts(self, outbox, outcome, status, attempts, verify_attempts, reason):
+        e = self.stage(outbox, status="verifying")
+        answer = settle(outbox, "tok", e.id, outcome)
+        if status is None:
+            assert answer[0] == "removed" and outbox.list(WS, SES) == []
+            return
+        after = Entry.from_json(answer[1])
+        assert (after.status, after.attempts, after.verify_attempts, after.reason) == (
+            status,
+            attempts,
+            verify_attempts,
+            reason,
+        )
+
+    def test_inconclusive_budget(self, make_outbox):
+        outbox = make_outbox(max_verify_attempts=3)
+        e = seed(outbox, status="verifying", verify_attempts=2)
+        call(outbox, "claim", "tok", 30_000)
+        _, raw, _ = settle(outbox, "tok", e.id, "inconclusive")
+        assert Entry.from_json(raw).reason == "unverifiable"
+
+    def test_failed_entry_goes_back_in_accept_order(self, outbox):
+        first = self.stage(outbox, accepted=NOW - 10)
+        second = seed(outbox, accepted=NOW - 5)
+        settle(outbox, "tok", first.id, "failed")
+        assert [e.id for e in outbox.list(WS, SES)] == [first.id, second.id]
+
+    def test_entry_parked_mid_delivery_stays_parked(self, outbox):
+        e = self.stage(outbox)
+        assert call(outbox, "operate", "park", "mode_transition", "")[2] == 1
+        _, raw, _ = settle(outbox, "tok", e.id, "ambiguous")
+        after = Entry.from_json(raw)
+        assert (after.status, after.parked_from, after.reason) == (
+            "parked",
+            "verifying",
+            "mode_transition",
+        )
+
+
+class TestRenewAndRelease:
+    def test_renew_extends_only_own_leases(self, outbox, r):
+        seed(outbox)
+        seed(outbox, ses="s2")
+        call(outbox, "claim", "a", 1_000)
+        call(outbox, "claim", "b", 1_000, ses="s2")
+        k1, k2 = outbox.keys.session(WS, SES), outbox.keys.session(WS, "s2")
+        result = outbox._evalsha(
+            outbox.client,
+            "renew",
+            [k1.lock, k1.due, k2.lock, k2.due],
+            [0, NOW, "", "", "", 60_000, "a", SES, "not-b", "s2"],
+        )
+        assert result == [1, 0]
+        assert r.pttl(k1.lock) > 50_000 and r.pttl(k2.lock) <= 1_000
+        assert r.zscore(k1.due, SES) == NOW // 1000 + 60_000
+
+    def test_release_is_compare_and_delete(self, outbox, r):
+        seed(outbox)
+        call(outbox, "claim", "a", 30_000)
+        assert call(outbox, "release", "b") == 0
+        assert call(outbox, "release", "a") == 1
+        assert not r.exists(outbox.keys.session(WS, SES).lock)
+
+
+class TestSnapshotAndOperate:
+    def test_snapshot(self, outbox):
+        e = seed(outbox)
+        version, queued, staged, lock, pttl = call(outbox, "snapshot")
+        assert (version, staged, lock, pttl) == (1, [], None, -2)
+        assert Entry.from_json(queued[0]).id == e.id
+
+    def test_retry_and_dismiss_busy_vs_missing(self, outbox):
+        e = seed(outbox)
+        call(outbox, "claim", "tok", 30_000)
+        assert call(outbox, "operate", "retry", e.id, "1")[0] == "busy"
+        assert call(outbox, "operate", "dismiss", e.id, "")[0] == "busy"
+        assert call(outbox, "operate", "dismiss", "nope", "")[0] == "not_found"
+
+    def test_retry_error_unverifiable_goes_to_verifying_with_a_verifier(self, outbox):
+        e = seed(outbox, status="error", reason="unverifiable", attempts=2)
+        result, _, count, raw = call(outbox, "operate", "retry", e.id, "1")
+        after = Entry.from_json(raw)
+        assert (result, count, after.status, after.attempts, after.reason) == (
+            "updated",
+            1,
+            "verifying",
+            2,
+            None,
+        )
+
+    def test_park_unpark_by_reason(self, outbox):
+        seed(outbox, accepted=NOW - 2)
+        seed(outbox, accepted=NOW - 1, status="verifying")
+        assert call(outbox, "operate", "park", "a", "")[2] == 2
+        assert call(outbox, "operate", "unpark", "b", "")[2] == 0
+        assert call(outbox, "operate", "unpark", "a", "")[2] == 2
+        assert [e.status for e in outbox.list(WS, SES)] == ["pending", "verifying"]
+
+    def test_recover_leaves_live_leases_alone(self, outbox):
+        seed(outbox)
+        call(outbox, "claim", "tok", 30_000)
+        assert call(outbox, "operate", "recover", "", "")[2] == 0
+
+    def test_ledger_ops_check_the_attempt(self, outbox):
+        e = seed(outbox, status="error", reason="max_attempts", attempts=5)
+        assert call(outbox, "operate", "ledger_rearm", e.id, "4")[0] == "busy"
+        assert call(outbox, "operate", "ledger_rearm", e.id, "5")[0] == "updated"
+        assert outbox.list(WS, SES)[0].status == "pending"
+
+
+def test_cleanup_asks_again_when_markers_arrive(outbox, r):
+    e = Entry(
+        id=new_entry_id(),
+        client_message_id="k1",
+        user_id="u",
+        text="hi",
+        accepted_at=format_time(NOW),
+    )
+    call(outbox, "accept", *accept_args(e), extra_keys=[outbox.keys.dedupe(WS, SES, "k1")])
+    assert call(outbox, "cleanup")[0] == "again"  # told about no markers: one exists
+    assert call(outbox, "cleanup", "k1", extra_keys=[outbox.keys.dedupe(WS, SES, "k1")]) == [
+        "done",
+        6,
+    ]
+    assert r.keys("*") == []
