@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -275,15 +276,14 @@ class Outbox:
 
     # -- clients ----------------------------------------------------------------
 
-    def _retry(self) -> Retry:
+    def _client_kwargs(self, *, asynchronous: bool = False) -> dict[str, Any]:
         # Every script is replay-safe (see the scripts' headers), so a command
-        # whose reply was lost may be sent again.
-        return Retry(ExponentialBackoff(cap=0.5, base=0.02), 3)
-
-    def _client_kwargs(self) -> dict[str, Any]:
+        # whose reply was lost may be sent again. The async client needs the
+        # async Retry class: the sync one would not await the attempt.
+        retry_class = AsyncRetry if asynchronous else Retry
         return {
             **self._client_options,
-            "retry": self._retry(),
+            "retry": retry_class(ExponentialBackoff(cap=0.5, base=0.02), 3),
             "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         }
 
@@ -306,11 +306,23 @@ class Outbox:
             if self.cluster:
                 from redis.asyncio.cluster import RedisCluster
 
-                client = RedisCluster.from_url(self.url, **self._client_kwargs())
+                client = RedisCluster.from_url(self.url, **self._client_kwargs(asynchronous=True))
             else:
-                client = redis.asyncio.Redis.from_url(self.url, **self._client_kwargs())
+                client = redis.asyncio.Redis.from_url(
+                    self.url, **self._client_kwargs(asynchronous=True)
+                )
             self._aclients[loop] = client
         return client
+
+    def load_scripts(self) -> None:
+        """Load every script into Valkey now (otherwise each loads on first NOSCRIPT)."""
+        for script in self.scripts.values():
+            self._run(iter_once(_Cmd(("SCRIPT", "LOAD", script.text))))
+
+    async def aload_scripts(self) -> None:
+        """Async :meth:`load_scripts`."""
+        for script in self.scripts.values():
+            await self._arun(iter_once(_Cmd(("SCRIPT", "LOAD", script.text))))
 
     def close(self) -> None:
         """Close the sync client's connections."""
@@ -1169,6 +1181,11 @@ class Outbox:
 
     def _release_plan(self, ws: str, ses: str, token: str) -> Plan:
         return (yield self._session_eval("release", ws, ses, extra_args=[token]))
+
+
+def iter_once(effect: Any) -> Plan:
+    """A plan of one effect, returning its result."""
+    return (yield effect)
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -1,0 +1,83 @@
+"""A small loopback TCP proxy for fault tests: forwards bytes, and can lose one reply.
+
+``drop_reply_to(marker)`` arms a one-shot fault: the next client request that
+contains ``marker`` is forwarded to the server, the server's reply is read and
+thrown away, and the client's connection is closed — the command ran, its
+reply was lost (case 05).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from .valkey import free_port
+
+
+class TcpProxy:
+    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
+        self.upstream = (host, upstream_port)
+        self.port = free_port()
+        self.marker: bytes | None = None
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        self._server.settimeout(0.1)
+        self._closing = False
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> TcpProxy:
+        self._thread.start()
+        return self
+
+    def drop_reply_to(self, marker: bytes) -> None:
+        with self._lock:
+            self.marker = marker
+
+    def close(self) -> None:
+        self._closing = True
+        self._server.close()
+        self._thread.join(5)
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            upstream = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _take_marker(self, data: bytes) -> bool:
+        with self._lock:
+            if self.marker is not None and self.marker in data:
+                self.marker = None
+                return True
+        return False
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        # One request/reply at a time is enough for redis-py's connections.
+        with client, upstream:
+            while True:
+                try:
+                    data = client.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                drop = self._take_marker(data)
+                upstream.sendall(data)
+                reply = upstream.recv(65536)
+                if drop:
+                    self.dropped += 1
+                    return
+                if not reply:
+                    return
+                client.sendall(reply)
