@@ -145,8 +145,12 @@ def new_entry_id(now_ms: int | None = None) -> str:
         else:
             _id_last_ms, _id_counter = ms, 0
         value = (ms * 0x1000 + _id_counter) & 0xFFFF_FFFF_FFFF
-    tail = "".join(secrets.choice(_BASE62) for _ in range(14))
-    return f"{value:012x}{tail}"
+    n = int.from_bytes(secrets.token_bytes(11), "big")  # 88 bits > 62**14 (83.4 bits)
+    tail = []
+    for _ in range(14):
+        n, digit = divmod(n, 62)
+        tail.append(_BASE62[digit])
+    return f"{value:012x}{''.join(tail)}"
 
 
 # --- the entry ----------------------------------------------------------------

@@ -31,5 +31,14 @@ if cap > 0 then
 end
 redis.call('SADD', SESSIONS, SES)
 if G > 0 then redis.call('SADD', WORKSPACES, WS) end
-reindex()
+-- The new entry is the last one, so it can only make the session due now when
+-- nothing else decides its due time: in strict order when the session has no
+-- score (no lease, no staging, no head); in due order unless a lease holds it.
+-- This keeps accept O(1) instead of re-reading the queue.
+if ORDERING == 'strict' or redis.call('EXISTS', LOCK) == 1 then
+  redis.call('ZADD', DUE, 'NX', NOW_MS, SES)
+else
+  redis.call('ZADD', DUE, 'LT', NOW_MS, SES)
+end
+sync_workspace()
 return {'ok', bump()}
