@@ -326,10 +326,14 @@ class TestRenewAndRelease:
         result = outbox._evalsha(
             outbox.client,
             "renew",
-            [k1.lock, k1.due, k2.lock, k2.due],
-            [0, NOW, "", "", "", 60_000, "a", SES, "not-b", "s2"],
+            [outbox.keys.workspaces_due, k1.lock, k1.due, k2.lock, k2.due],
+            [1, NOW, "", "", "", 60_000, "a", SES, WS, "not-b", "s2", WS],
         )
         assert result == [1, 0]
+        assert (
+            r.zscore(outbox.keys.workspaces_due, WS)
+            == r.zrange(k1.due, 0, 0, withscores=True)[0][1]
+        )
         assert r.pttl(k1.lock) > 50_000 and r.pttl(k2.lock) <= 1_000
         assert r.zscore(k1.due, SES) == NOW // 1000 + 60_000
 
@@ -401,4 +405,4 @@ def test_cleanup_asks_again_when_markers_arrive(outbox, r):
         "done",
         6,
     ]
-    assert r.keys("*") == []
+    assert r.keys("*") == ["outboxwake"]  # wake-up hints are global, not workspace data

@@ -47,8 +47,11 @@ class KeySpace:
         self.workspaces_due = f"{prefix}wsdue"
         #: SET of every workspace with sessions (recover() walks it, never SCAN).
         self.workspaces = f"{prefix}workspaces"
-        #: Pub/sub channel an accept publishes to so an idle worker wakes at once.
-        self.wake_channel = f"{prefix}wake"
+        #: LIST of "<ws> <ses>" items: an accept pushes one so an idle worker
+        #: blocked in BLPOP wakes at once.
+        self.wake = f"{prefix}wake"
+        #: ZSET worker ID -> last heartbeat (ms); heartbeat values live in their own keys.
+        self.workers = f"{prefix}workers"
         #: Prefix of worker heartbeat keys.
         self.heartbeat_prefix = f"{prefix}worker:"
 
@@ -83,4 +86,7 @@ class KeySpace:
 
     def global_keys(self) -> list[str]:
         """Keys outside any workspace's slot, passed to scripts on a standalone server."""
-        return [self.workspaces_due, self.workspaces]
+        return [self.workspaces_due, self.workspaces, self.wake]
+
+    def heartbeat(self, worker_id: str) -> str:
+        return f"{self.heartbeat_prefix}{worker_id}"

@@ -172,12 +172,12 @@ class _LeaseKeeper:
 
     def __init__(self, outbox: Outbox) -> None:
         self.outbox = outbox
-        self.held: dict[str, tuple[SessionKeys, str]] = {}
+        self.held: dict[str, tuple[SessionKeys, str, str]] = {}
         self.lost: set[str] = set()
         self.task: asyncio.Task[None] | None = None
 
-    def hold(self, token: str, keys: SessionKeys, session_id: str) -> None:
-        self.held[token] = (keys, session_id)
+    def hold(self, token: str, keys: SessionKeys, workspace_id: str, session_id: str) -> None:
+        self.held[token] = (keys, workspace_id, session_id)
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._run())
 
@@ -204,11 +204,12 @@ class _LeaseKeeper:
         batch = list(self.held.items())
         if not batch:
             return
-        keys: list[str] = []
-        args: list[Any] = [0, self.outbox._now_us(), "", "", "", self.outbox._lock_ttl_ms]
-        for token, (skeys, session_id) in batch:
+        outbox = self.outbox
+        keys: list[str] = [] if outbox.cluster else [outbox.keys.workspaces_due]
+        args: list[Any] = [len(keys), outbox._now_us(), "", "", "", outbox._lock_ttl_ms]
+        for token, (skeys, workspace_id, session_id) in batch:
             keys += [skeys.lock, skeys.due]
-            args += [token, session_id]
+            args += [token, session_id, workspace_id]
         client = self.outbox._aclient()
         try:
             result = await self.outbox._aevalsha(client, "renew", keys, args)
@@ -273,6 +274,11 @@ class Outbox:
             weakref.WeakKeyDictionary()
         )
         self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
+        #: Callables ``(step, outcome, result, seconds)`` told about every delivery
+        #: step: ``step`` is "deliver" or "verify", ``outcome`` the classified
+        #: ending (delivered, failed, ambiguous, ...), ``result`` what the settle
+        #: script answered (removed, updated, lost, ...). Used for metrics.
+        self.step_listeners: list[Callable[[str, str, str, float], None]] = []
 
     # -- clients ----------------------------------------------------------------
 
@@ -1112,7 +1118,8 @@ class Outbox:
             return False
         entry: Entry = answer[1]
         keeper = self._keeper()
-        keeper.hold(token, keys, ses)
+        keeper.hold(token, keys, ws, ses)
+        started = time.monotonic()
         try:
             if kind == "deliver":
                 outcome, error = await self._deliver(deliverer, entry, ws, ses)
@@ -1129,8 +1136,63 @@ class Outbox:
             raise
         if keeper.drop(token):
             logger.warning("outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id)
-        await self._arun(self._settle_plan(ws, ses, token, entry, outcome, error))
+        result = await self._arun(self._settle_plan(ws, ses, token, entry, outcome, error))
+        seconds = time.monotonic() - started
+        step = "deliver" if kind == "deliver" else "verify"
+        logger.info(
+            "outbox %s ws=%s ses=%s entry=%s attempt=%d outcome=%s result=%s duration=%.3fs%s",
+            step,
+            ws,
+            ses,
+            entry.id,
+            entry.attempts + 1,
+            outcome,
+            result,
+            seconds,
+            f" error={error!r}" if error else "",
+        )
+        for listener in self.step_listeners:
+            try:
+                listener(step, outcome, result, seconds)
+            except Exception:
+                logger.exception("outbox: step listener failed")
         return True
+
+    async def arun(
+        self,
+        deliverer: Callable[..., Any] | None = None,
+        *,
+        concurrency: int | None = None,
+        tick: float | None = None,
+        stop: asyncio.Event | None = None,
+        grace: float = 30.0,
+        once: bool = False,
+        heartbeat: bool = True,
+    ) -> Any:
+        """Deliver until ``stop`` is set (or, with ``once``, until nothing is due now).
+
+        Loads the scripts, recovers staged entries whose lease is gone, then
+        delivers due sessions with at most ``concurrency`` (default
+        ``CONCURRENCY``) at once, finding them through the due index every
+        ``tick`` seconds (default ``TICK``) and at once through the wake list
+        that accepts push to. After ``stop``, in-flight deliveries get ``grace``
+        seconds to finish before they are cancelled (recorded as ambiguous).
+        Every task is joined before this returns the run's
+        :class:`~django_outbox.core.worker.WorkerStats`.
+        """
+        from .worker import Worker
+
+        worker = Worker(
+            self,
+            deliverer,
+            concurrency=concurrency or self.config.concurrency,
+            tick=tick or self.config.tick,
+            stop=stop or asyncio.Event(),
+            grace=grace,
+            once=once,
+            heartbeat=heartbeat,
+        )
+        return await worker.run()
 
     def _claim_plan(self, ws: str, ses: str, token: str) -> Plan:
         answer = yield self._session_eval("claim", ws, ses, extra_args=[token, self._lock_ttl_ms])

@@ -35,10 +35,7 @@ if G > 0 then redis.call('SADD', WORKSPACES, WS) end
 -- nothing else decides its due time: in strict order when the session has no
 -- score (no lease, no staging, no head); in due order unless a lease holds it.
 -- This keeps accept O(1) instead of re-reading the queue.
-if ORDERING == 'strict' or redis.call('EXISTS', LOCK) == 1 then
-  redis.call('ZADD', DUE, 'NX', NOW_MS, SES)
-else
-  redis.call('ZADD', DUE, 'LT', NOW_MS, SES)
-end
+local mode = (ORDERING == 'strict' or redis.call('EXISTS', LOCK) == 1) and 'NX' or 'LT'
+if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then wake() end
 sync_workspace()
 return {'ok', bump()}

@@ -24,7 +24,7 @@ end
 local function finish(result, count)
   local v
   if #changed > 0 then
-    reindex()
+    reindex_and_wake()
     v = bump()
   else
     v = version()
@@ -130,7 +130,7 @@ if op == 'recover' then
   if owner then return {'ok', version(), 0} end
   local had = redis.call('LLEN', D)
   changed = recover_staged()
-  if had > 0 and #changed == 0 then reindex() end
+  if had > 0 and #changed == 0 then reindex_and_wake() end
   return finish('ok', #changed)
 end
 

@@ -5,5 +5,5 @@
 local owner = lock_parts()
 if owner ~= ARGV[6] then return 0 end
 redis.call('DEL', LOCK)
-reindex()
+reindex_and_wake()
 return 1

@@ -1,0 +1,335 @@
+"""The delivery loop behind ``Outbox.arun`` and ``manage.py outbox_worker`` (DESIGN sections 6, 12).
+
+Work is found through the due index, never by scanning keys: every tick a
+worker reads the workspaces whose earliest due time has passed, then the due
+sessions of each (cost follows due sessions, not stored ones). An accept
+pushes ``"<ws> <ses>"`` onto a wake list that idle workers wait on with BLPOP,
+so delivery starts at once rather than at the next tick. Each due session gets
+one task that steps it (``adeliver_once``) until nothing is due; at most
+``concurrency`` such tasks run at once. Staged entries whose lease is gone are
+recovered by the claim that next looks at their session (their session is
+indexed at the lease's expiry), so recovery is continuous, not only at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import OutboxUnavailable
+
+if TYPE_CHECKING:
+    from .service import Outbox
+
+logger = logging.getLogger("django_outbox.worker")
+
+HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats
+HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
+SCAN_LIMIT = 1000  # workspaces, and sessions per workspace, read per scan
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker run (also exported as metrics by the management command)."""
+
+    steps: int = 0
+    idle_claims: int = 0
+    wakes: int = 0
+    scans: int = 0
+    errors: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """Runs deliveries until ``stop`` is set (or, with ``once``, until nothing is due).
+
+    ``concurrency`` bounds sessions delivered at once; ``tick`` (seconds) is the
+    safety-net scan interval and the BLPOP timeout; ``grace`` (seconds) is how
+    long in-flight deliveries may finish after ``stop`` before they are
+    cancelled (a cancelled delivery is recorded as ambiguous and verified
+    later). ``heartbeat`` publishes a liveness record readable by the admin.
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        deliverer: Callable[..., Any] | None,
+        *,
+        concurrency: int,
+        tick: float,
+        stop: asyncio.Event,
+        grace: float = 30.0,
+        once: bool = False,
+        heartbeat: bool = True,
+        worker_id: str | None = None,
+    ) -> None:
+        self.outbox = outbox
+        self.deliverer = deliverer or outbox.deliverer
+        if self.deliverer is None:
+            raise ValueError("no deliverer: pass one or configure DELIVERER")
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if tick <= 0:
+            raise ValueError("tick must be positive")
+        self.concurrency = concurrency
+        self.tick = tick
+        self.stop = stop
+        self.grace = grace
+        self.once = once
+        self.heartbeat = heartbeat
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.started = time.time()
+        self.stats = WorkerStats()
+        self._ready: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._queued: set[tuple[str, str]] = set()
+        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._dirty: set[tuple[str, str]] = set()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._changed = asyncio.Event()
+
+    # -- finding work ----------------------------------------------------------------
+
+    def _offer(self, ws: str, ses: str) -> None:
+        key = (ws, ses)
+        if key in self._running:
+            self._dirty.add(key)  # look again when the running task is done
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._ready.put_nowait(key)
+            self._changed.set()
+
+    async def scan(self) -> int:
+        """Offer every session due now; return how many were found."""
+        outbox = self.outbox
+        now_ms = outbox._now_us() // 1000
+        client = outbox._aclient()
+        if outbox.cluster:
+            workspaces = await outbox._arun(outbox._workspaces_plan())
+        else:
+            workspaces = [
+                w.decode()
+                for w in await client.zrangebyscore(
+                    outbox.keys.workspaces_due, "-inf", now_ms, start=0, num=SCAN_LIMIT
+                )
+            ]
+        found = 0
+        if not workspaces:
+            return 0
+        pipe = client.pipeline(transaction=False)
+        for ws in workspaces:
+            pipe.zrangebyscore(outbox.keys.due(ws), "-inf", now_ms, start=0, num=SCAN_LIMIT)
+        for ws, sessions in zip(workspaces, await pipe.execute(), strict=True):
+            for ses in sessions:
+                self._offer(ws, ses.decode())
+                found += 1
+        self.stats.scans += 1
+        return found
+
+    async def _wake_loop(self) -> None:
+        """Wait on the wake list; BLPOP hands each item to exactly one worker."""
+        client = self.outbox._aclient()
+        timeout = max(self.tick, 0.01)
+        while not self.stop.is_set():
+            try:
+                item = await client.blpop([self.outbox.keys.wake], timeout=timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats.errors += 1
+                logger.warning("outbox worker %s: wake wait failed: %s", self.id, exc)
+                await self._sleep(self.tick)
+                continue
+            if item is None:
+                continue
+            ws, _, ses = item[1].decode().partition(" ")
+            if ws and ses:
+                self.stats.wakes += 1
+                self._offer(ws, ses)
+
+    async def _tick_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                await self.scan()
+            except Exception as exc:
+                self.stats.errors += 1
+                logger.warning("outbox worker %s: scan failed: %s", self.id, exc)
+            await self._sleep(self.tick)
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stop.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    # -- delivering ------------------------------------------------------------------
+
+    async def _work(self, ws: str, ses: str) -> None:
+        key = (ws, ses)
+        try:
+            while not self.stop.is_set():
+                took = await self.outbox.adeliver_once(ws, ses, self.deliverer)
+                if took:
+                    self.stats.steps += 1
+                    continue
+                self.stats.idle_claims += 1
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    continue
+                break
+        except OutboxUnavailable as exc:
+            self.stats.errors += 1
+            logger.warning("outbox worker %s: %s/%s: %s", self.id, ws, ses, exc)
+        except Exception:
+            self.stats.errors += 1
+            logger.exception("outbox worker %s: %s/%s failed", self.id, ws, ses)
+        finally:
+            self._running.pop(key, None)
+            self._slots.release()
+            self._changed.set()
+            if key in self._dirty and not self.stop.is_set():
+                self._dirty.discard(key)
+                self._offer(ws, ses)
+
+    async def _dispatch(self) -> None:
+        while not self.stop.is_set():
+            if self._ready.empty():
+                if self.once and not self._running:
+                    return
+                self._changed.clear()
+                waiter = asyncio.ensure_future(self._changed.wait())
+                stopper = asyncio.ensure_future(self.stop.wait())
+                try:
+                    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                    stopper.cancel()
+                continue
+            await self._slots.acquire()
+            if self.stop.is_set():
+                self._slots.release()
+                return
+            ws, ses = self._ready.get_nowait()
+            self._queued.discard((ws, ses))
+            self._running[(ws, ses)] = asyncio.create_task(
+                self._work(ws, ses), name=f"outbox:{ws}/{ses}"
+            )
+
+    # -- liveness ------------------------------------------------------------------------
+
+    def heartbeat_record(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": self.started,
+            "last_seen": time.time(),
+            "in_flight": len(self._running),
+            "concurrency": self.concurrency,
+        }
+
+    async def beat(self) -> None:
+        outbox = self.outbox
+        client = outbox._aclient()
+        record = self.heartbeat_record()
+        pipe = client.pipeline(transaction=False)
+        pipe.set(outbox.keys.heartbeat(self.id), json.dumps(record), px=int(HEARTBEAT_TTL * 1000))
+        pipe.zadd(outbox.keys.workers, {self.id: int(record["last_seen"] * 1000)})
+        pipe.zremrangebyscore(
+            outbox.keys.workers, "-inf", int((time.time() - 10 * HEARTBEAT_TTL) * 1000)
+        )
+        await pipe.execute()
+
+    async def _heartbeat_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                await self.beat()
+            except Exception as exc:
+                logger.warning("outbox worker %s: heartbeat failed: %s", self.id, exc)
+            await self._sleep(HEARTBEAT_INTERVAL)
+
+    async def _forget(self) -> None:
+        client = self.outbox._aclient()
+        try:
+            await client.delete(self.outbox.keys.heartbeat(self.id))
+            await client.zrem(self.outbox.keys.workers, self.id)
+        except Exception:
+            pass
+
+    async def _parked_sweep_loop(self) -> None:
+        outbox = self.outbox
+        interval = outbox.config.parked_sweep_interval
+        while not self.stop.is_set():
+            await self._sleep(interval)
+            if self.stop.is_set():
+                return
+            try:
+                for ws in await outbox._arun(outbox._workspaces_plan()):
+                    swept = await outbox.asweep_workspace_parked_errors(ws)
+                    if swept:
+                        logger.info("outbox worker %s: ledger sweep of %s: %d", self.id, ws, swept)
+            except Exception as exc:
+                logger.warning("outbox worker %s: ledger sweep failed: %s", self.id, exc)
+
+    # -- the run ---------------------------------------------------------------------------
+
+    async def run(self) -> WorkerStats:
+        """Recover, then deliver until stopped; every task is joined before returning."""
+        outbox = self.outbox
+        await outbox.aload_scripts()
+        recovered = await outbox.arecover()
+        if recovered:
+            logger.info("outbox worker %s: recovered %d staged entries", self.id, recovered)
+        helpers: list[asyncio.Task[None]] = []
+        if self.heartbeat:
+            await self.beat()
+            helpers.append(asyncio.create_task(self._heartbeat_loop()))
+        if self.once:
+            await self.scan()
+        else:
+            helpers.append(asyncio.create_task(self._wake_loop()))
+            helpers.append(asyncio.create_task(self._tick_loop()))
+            if outbox.ledger_probe is not None:
+                helpers.append(asyncio.create_task(self._parked_sweep_loop()))
+        logger.info(
+            "outbox worker %s started (concurrency %d, tick %ss)",
+            self.id,
+            self.concurrency,
+            self.tick,
+        )
+        try:
+            await self._dispatch()
+        finally:
+            self.stop.set()
+            await self._drain()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            if self.heartbeat:
+                await self._forget()
+            logger.info("outbox worker %s stopped: %s", self.id, self.stats)
+        return self.stats
+
+    async def _drain(self) -> None:
+        """Let in-flight deliveries finish for ``grace`` seconds, then cancel them."""
+        tasks = list(self._running.values())
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=self.grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            logger.warning(
+                "outbox worker %s: cancelled %d deliveries after %ss grace; they will be verified",
+                self.id,
+                len(pending),
+                self.grace,
+            )
+            await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,200 @@
+"""Outbox.arun: the delivery loop in one process (DESIGN sections 6 and 12)."""
+
+import asyncio
+import time
+
+import pytest
+
+from django_outbox import Status, Verdict
+from django_outbox.errors import AmbiguousError
+
+WS = "w1"
+
+
+async def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_run_delivers_fifo_per_session_in_parallel(make_outbox):
+    log = []
+    active = {}
+    peak_per_session = 0
+    peak_total = 0
+
+    async def deliver(entry, *, workspace_id, session_id, attempt):
+        nonlocal peak_per_session, peak_total
+        active[session_id] = active.get(session_id, 0) + 1
+        peak_per_session = max(peak_per_session, active[session_id])
+        peak_total = max(peak_total, sum(active.values()))
+        await asyncio.sleep(0.005)
+        log.append((session_id, entry.text))
+        active[session_id] -= 1
+
+    outbox = make_outbox(deliverer=deliver)
+    for i in range(30):
+        await outbox.aaccept(WS, f"s{i % 5}", user_id="u", client_message_id=f"k{i}", text=f"{i}")
+    stats = await outbox.arun(once=True, concurrency=8, heartbeat=False)
+    assert len(log) == 30 and stats.steps == 30
+    for ses in {s for s, _ in log}:
+        texts = [int(t) for s, t in log if s == ses]
+        assert texts == sorted(texts)
+    assert peak_per_session == 1 and peak_total > 1
+    await outbox.aclose()
+
+
+async def test_accept_wakes_an_idle_worker_before_the_tick(make_outbox):
+    delivered = asyncio.Event()
+    seen = []
+
+    async def deliver(entry, **kwargs):
+        seen.append(time.monotonic())
+        delivered.set()
+
+    worker_box = make_outbox(deliverer=deliver)
+    client_box = make_outbox()
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker_box.arun(tick=30, stop=stop, heartbeat=False))
+    await asyncio.sleep(0.2)  # the worker is idle in BLPOP
+    accepted = time.monotonic()
+    await client_box.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+    await asyncio.wait_for(delivered.wait(), 5)
+    assert seen[0] - accepted < 1.0  # far below the 30 s tick
+    stop.set()
+    await run
+    await worker_box.aclose()
+    await client_box.aclose()
+
+
+async def test_backoff_is_found_by_the_tick(make_outbox):
+    calls = []
+
+    async def deliver(entry, **kwargs):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("first try fails")
+
+    outbox = make_outbox(deliverer=deliver, retry_backoff=0.3, max_backoff=1)
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+    stop = asyncio.Event()
+    run = asyncio.create_task(outbox.arun(tick=0.05, stop=stop, heartbeat=False))
+    await wait_for(lambda: _done(outbox), 10)
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.3
+    stop.set()
+    await run
+    await outbox.aclose()
+
+
+async def _done(outbox):
+    return await outbox.alist(WS, "s1") == []
+
+
+async def test_stop_lets_in_flight_deliveries_finish_within_grace(make_outbox):
+    started = asyncio.Event()
+    finished = []
+
+    async def deliver(entry, **kwargs):
+        started.set()
+        await asyncio.sleep(0.3)
+        finished.append(entry.text)
+
+    outbox = make_outbox(deliverer=deliver)
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="b", text="b")
+    stop = asyncio.Event()
+    run = asyncio.create_task(outbox.arun(stop=stop, grace=5, heartbeat=False))
+    await started.wait()
+    stop.set()
+    await run
+    assert finished == ["a"]  # the second is not claimed after stop
+    assert [e.text for e in await outbox.alist(WS, "s1")] == ["b"]
+    await outbox.aclose()
+
+
+async def test_grace_expiry_cancels_and_the_entry_is_verified_later(make_outbox):
+    started = asyncio.Event()
+
+    async def hang(entry, **kwargs):
+        started.set()
+        await asyncio.sleep(60)
+
+    async def verify(entry, **kwargs):
+        return Verdict.DELIVERED
+
+    outbox = make_outbox(deliverer=hang, verifier=verify)
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
+    stop = asyncio.Event()
+    run = asyncio.create_task(outbox.arun(stop=stop, grace=0.1, heartbeat=False))
+    await started.wait()
+    stop.set()
+    await asyncio.wait_for(run, 5)
+    assert (await outbox.alist(WS, "s1"))[0].status is Status.VERIFYING
+    await outbox.aclose()
+
+
+async def test_stale_staging_is_recovered_while_running(make_outbox, r):
+    # A dead holder's staged entry comes back when its lease expires, without a restart.
+    async def verify(entry, **kwargs):
+        return Verdict.DELIVERED
+
+    async def deliver(entry, **kwargs):
+        raise AssertionError("must be verified, not resent")
+
+    outbox = make_outbox(deliverer=deliver, verifier=verify, verify_delay=0)
+    entry = await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
+    await outbox.aload_scripts()
+    await outbox._arun(outbox._claim_plan(WS, "s1", "dead-worker"))  # staged under a lease
+    r.pexpire("outboxlock:{w1}:s1", 300)
+    stop = asyncio.Event()
+    run = asyncio.create_task(outbox.arun(tick=0.05, stop=stop, heartbeat=False))
+    await wait_for(lambda: _done(outbox), 10)
+    stop.set()
+    await run
+    assert entry.id
+    await outbox.aclose()
+
+
+async def test_heartbeat_is_published_and_removed(make_outbox, r):
+    outbox = make_outbox(deliverer=lambda *a, **k: None)
+    stop = asyncio.Event()
+    run = asyncio.create_task(outbox.arun(stop=stop))
+    await wait_for(lambda: _has_worker(r), 5)
+    (worker_id,) = r.zrange("outboxworkers", 0, -1)
+    record = r.get(f"outboxworker:{worker_id}")
+    assert '"pid"' in record and '"in_flight"' in record
+    stop.set()
+    await run
+    assert r.zrange("outboxworkers", 0, -1) == []
+    await outbox.aclose()
+
+
+async def _has_worker(r):
+    return bool(r.zrange("outboxworkers", 0, -1))
+
+
+async def test_ambiguous_then_verified_by_the_loop(make_outbox, signals_log):
+    async def deliver(entry, **kwargs):
+        raise AmbiguousError("cut")
+
+    async def verify(entry, **kwargs):
+        return Verdict.DELIVERED
+
+    outbox = make_outbox(deliverer=deliver, verifier=verify, verify_delay=0)
+    entry = await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
+    await outbox.arun(once=True, heartbeat=False)
+    assert await outbox.alist(WS, "s1") == []
+    assert signals_log.ids("delivered") == [entry.id]
+    await outbox.aclose()
+
+
+def test_bad_arguments():
+    from django_outbox.core.worker import Worker
+    from django_outbox.outbox import Outbox
+
+    outbox = Outbox(url="redis://127.0.0.1:1/0", deliverer=lambda *a, **k: None)
+    with pytest.raises(ValueError, match="concurrency"):
+        Worker(outbox, None, concurrency=0, tick=1, stop=asyncio.Event())
+    with pytest.raises(ValueError, match="tick"):
+        Worker(outbox, None, concurrency=1, tick=0, stop=asyncio.Event())
