@@ -228,6 +228,10 @@ def test_parked_error_sweep_maps_ledger_states(make_outbox, signals_log, state, 
     assert probes == [(entry.id, 1)]
     if expected == "completed":
         assert swept == 1 and outbox.list(WS, SES) == []
+        # the signal is owed to the next claim of the session (a worker, woken now)
+        assert signals_log.ids("delivered") == []
+        assert step(outbox, lambda *a, **k: None)
+        assert not step(outbox, lambda *a, **k: None)
         assert signals_log.ids("delivered") == [entry.id]
     else:
         assert swept == (1 if expected == "pending" else 0)

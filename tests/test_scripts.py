@@ -208,16 +208,38 @@ class TestSettle:
         assert call(outbox, "claim", "tok", 30_000)[0] in ("deliver", "verify")
         return e
 
-    def test_delivered_removes_and_releases(self, outbox, r):
+    def test_delivered_is_held_until_its_signal_is_acknowledged(self, outbox, r):
         e = self.stage(outbox)
         kind, raw, _ = settle(outbox, "tok", e.id, "delivered")
         keys = outbox.keys.session(WS, SES)
-        assert kind == "removed" and Entry.from_json(raw).id == e.id
-        assert not r.exists(keys.lock, keys.staging, keys.queue)
-        assert r.zscore(keys.due, SES) is None
+        done = Entry.from_json(raw)
+        assert kind == "removed" and done.id == e.id and done.delivered_at == format_time(NOW)
+        assert outbox.list(WS, SES) == []  # gone from the queue at once
+        assert r.exists(keys.lock) and r.llen(keys.staging) == 1  # signal owed, lease kept
         # The reply was lost and the holder asks again: it learns it did it.
         assert settle(outbox, "tok", e.id, "delivered") == ["replayed", "removed"]
         assert settle(outbox, "other", e.id, "delivered") == ["lost"]
+        assert call(outbox, "release", "tok", e.id) == 1  # acknowledged
+        assert not r.exists(keys.lock, keys.staging, keys.queue)
+        assert r.zscore(keys.due, SES) is None
+
+    def test_owed_signal_goes_to_the_next_claimer(self, outbox, r):
+        e = self.stage(outbox)
+        settle(outbox, "tok", e.id, "delivered")
+        assert call(outbox, "claim", "other", 30_000)[0] == "busy"  # holder still alive
+        r.delete(outbox.keys.session(WS, SES).lock)  # the holder died before acknowledging
+        answer = call(outbox, "claim", "next", 30_000)
+        assert answer[0] == "owed" and Entry.from_json(answer[3]).id == e.id
+        assert call(outbox, "release", "next", e.id) == 1
+        assert call(outbox, "claim", "next", 30_000)[0] == "idle"
+
+    def test_owed_signal_is_not_recovered_as_verifying(self, outbox, r):
+        e = self.stage(outbox)
+        settle(outbox, "tok", e.id, "delivered")
+        r.delete(outbox.keys.session(WS, SES).lock)
+        assert call(outbox, "operate", "recover", "", "")[2] == 0
+        assert r.llen(outbox.keys.session(WS, SES).staging) == 1
+        assert call(outbox, "operate", "dismiss", e.id, "")[0] == "not_found"
 
     @pytest.mark.parametrize(
         ("outcome", "status", "attempts", "transient", "reason"),

@@ -168,6 +168,7 @@ _STATE_FIELDS = (
     ("lastAttemptAt", "last_attempt_at"),
     ("nextAttemptAt", "next_attempt_at"),
     ("lastError", "last_error"),
+    ("deliveredAt", "delivered_at"),
 )
 _CONTENT_FIELDS = (
     ("clientMessageID", "client_message_id"),
@@ -191,7 +192,9 @@ def _dumps(value: Any) -> str:
 class Entry:
     """One accepted prompt. JSON names are camelCase (DESIGN section 4).
 
-    Times are RFC 3339 strings in UTC with microseconds. ``blocked_by_in_flight``
+    Times are RFC 3339 strings in UTC with microseconds. ``delivered_at`` is set
+    once delivery is confirmed (the entry is then gone from ``list``; only
+    ``entry_delivered`` receivers see it). ``blocked_by_in_flight``
     and ``in_flight_for`` (seconds, float) are set only by ``list`` and never stored.
     """
 
@@ -210,6 +213,7 @@ class Entry:
     last_error: str | None = None
     reason: str | None = None
     parked_from: str | None = None
+    delivered_at: str | None = None
     blocked_by_in_flight: bool = False
     in_flight_for: float | None = field(default=None)
 
@@ -259,7 +263,7 @@ class Entry:
                 kwargs[attr] = data[name]
         try:
             kwargs["status"] = Status(kwargs.get("status", Status.PENDING))
-            for attr in ("accepted_at", "last_attempt_at", "next_attempt_at"):
+            for attr in ("accepted_at", "last_attempt_at", "next_attempt_at", "delivered_at"):
                 if attr in kwargs:
                     kwargs[attr] = canonical_time(kwargs[attr])
             for attr in ("attempts", "verify_attempts", "transient_fails"):

@@ -277,7 +277,8 @@ class Outbox:
         #: Callables ``(step, outcome, result, seconds)`` told about every delivery
         #: step: ``step`` is "deliver" or "verify", ``outcome`` the classified
         #: ending (delivered, failed, ambiguous, ...), ``result`` what the settle
-        #: script answered (removed, updated, lost, ...). Used for metrics.
+        #: script answered (removed, updated, lost, ...). A claim that recovered
+        #: a dead holder's staging reports ("recover", "recovered", count, 0).
         self.step_listeners: list[Callable[[str, str, str, float], None]] = []
 
     # -- clients ----------------------------------------------------------------
@@ -673,6 +674,8 @@ class Outbox:
         entries = [Entry.from_json(raw) for raw in queued]
         for raw in staged:
             entry = Entry.from_json(raw)
+            if entry.delivered_at is not None:
+                continue  # delivered; only its signal is still owed
             at = next(
                 (i for i, e in enumerate(entries) if e.accepted_at > entry.accepted_at),
                 len(entries),
@@ -715,7 +718,13 @@ class Outbox:
     # ==================================================================================
 
     def _operate_plan(
-        self, workspace_id: str, session_id: str, op: str, arg1: str = "", arg2: str = ""
+        self,
+        workspace_id: str,
+        session_id: str,
+        op: str,
+        arg1: str = "",
+        arg2: str = "",
+        removed_state: str = "dismissed",
     ) -> Plan:
         answer = yield self._session_eval(
             "operate", workspace_id, session_id, extra_args=[op, arg1, arg2]
@@ -723,7 +732,7 @@ class Outbox:
         result, version, count = _text(answer[0]), int(answer[1]), int(answer[2])
         changed = answer[3:]
         if changed:
-            state = "dismissed" if result == "removed" else None
+            state = removed_state if result == "removed" else None
             yield _Emit(self._events("updated", changed, workspace_id, session_id, version, state))
         return result, count, changed
 
@@ -878,24 +887,20 @@ class Outbox:
                     ):
                         logger.warning("outbox: unknown ledger state %r for %s", state, entry.id)
                     continue
-                result, _, changed = yield from self._operate_plan(
-                    workspace_id, session_id, op, entry.id, str(entry.attempts)
+                # A completed entry's entry_delivered is owed and fired by the
+                # next claim of its session (exactly once, even if we die now).
+                result, _, _ = yield from self._operate_plan(
+                    workspace_id, session_id, op, entry.id, str(entry.attempts), "sent"
                 )
-                if result == "removed":
-                    version = (yield from self._snapshot_plan(workspace_id, session_id)).version
-                    yield _Emit(
-                        self._events(
-                            "delivered", changed, workspace_id, session_id, version, "sent"
-                        )
-                    )
                 if result in ("removed", "updated"):
                     recovered += 1
         return recovered
 
     def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
         """Ask the ledger probe about each error entry of the workspace and act on the answer
-        (DESIGN section 7): ``TURN_ENDED``/``PROMOTED`` → completed (removed,
-        ``entry_delivered`` fires); no row or ``FAILED`` → re-armed to pending;
+        (DESIGN section 7): ``TURN_ENDED``/``PROMOTED`` → completed (removed;
+        ``entry_delivered`` fires in the worker that next claims the session);
+        no row or ``FAILED`` → re-armed to pending;
         ``LEDGERED``/``ADMITTED``/``STALLED`` → left as they are; a probe that
         raises leaves the entry for the next sweep. Returns the number completed
         or re-armed; 0 without a probe. Idempotent.
@@ -1113,10 +1118,15 @@ class Outbox:
         keys = self.keys.session(ws, ses)
         token = secrets.token_hex(16)
         answer = await self._arun(self._claim_plan(ws, ses, token))
-        kind = answer[0]
+        kind, claimed, recovered = answer
+        if recovered:
+            self._tell_listeners("recover", "recovered", str(recovered), 0.0)
+        if kind == "owed":
+            await self._afire_owed(ws, ses, keys, token, claimed)
+            return True
         if kind not in ("deliver", "verify"):
             return False
-        entry: Entry = answer[1]
+        entry: Entry = claimed
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
         started = time.monotonic()
@@ -1134,9 +1144,11 @@ class Outbox:
             else:
                 await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
             raise
-        if keeper.drop(token):
-            logger.warning("outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id)
-        result = await self._arun(self._settle_plan(ws, ses, token, entry, outcome, error))
+        try:
+            result = await self._arun(self._settle_plan(ws, ses, token, entry, outcome, error))
+        finally:
+            if keeper.drop(token):
+                logger.warning("outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id)
         seconds = time.monotonic() - started
         step = "deliver" if kind == "deliver" else "verify"
         logger.info(
@@ -1151,12 +1163,33 @@ class Outbox:
             seconds,
             f" error={error!r}" if error else "",
         )
+        self._tell_listeners(step, outcome, result, seconds)
+        return True
+
+    async def _afire_owed(
+        self, ws: str, ses: str, keys: SessionKeys, token: str, owed: list[Entry]
+    ) -> None:
+        """Fire the entry_delivered a dead holder owed, then acknowledge it."""
+        keeper = self._keeper()
+        keeper.hold(token, keys, ws, ses)
+        try:
+            version = (await self.asnapshot(ws, ses)).version
+            await self._arun(
+                iter_once(
+                    _Emit([OutboxEvent("delivered", "sent", e, ws, ses, version) for e in owed])
+                )
+            )
+            await self._arun(self._release_plan(ws, ses, token, [e.id for e in owed]))
+        finally:
+            keeper.drop(token)
+        logger.info("outbox: %s/%s fired %d owed entry_delivered", ws, ses, len(owed))
+
+    def _tell_listeners(self, step: str, outcome: str, result: str, seconds: float) -> None:
         for listener in self.step_listeners:
             try:
                 listener(step, outcome, result, seconds)
             except Exception:
                 logger.exception("outbox: step listener failed")
-        return True
 
     async def arun(
         self,
@@ -1198,7 +1231,9 @@ class Outbox:
         answer = yield self._session_eval("claim", ws, ses, extra_args=[token, self._lock_ttl_ms])
         kind = _text(answer[0])
         if kind == "busy":
-            return ("busy", None)
+            return ("busy", None, 0)
+        if kind == "owed":
+            return ("owed", [Entry.from_json(raw) for raw in answer[3:]], 0)
         version = int(answer[2])
         recovered = answer[3:]
         events = self._events("updated", recovered, ws, ses, version)
@@ -1208,7 +1243,7 @@ class Outbox:
             events.append(OutboxEvent("updated", "delivering", entry, ws, ses, version))
         if events:
             yield _Emit(events)
-        return (kind, entry)
+        return (kind, entry, len(recovered))
 
     def _settle_plan(
         self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
@@ -1217,20 +1252,21 @@ class Outbox:
             "settle", ws, ses, extra_args=self._settle_args(token, entry.id, outcome, error)
         )
         kind = _text(answer[0])
-        if kind == "removed":
-            version = int(answer[2])
-            done = Entry.from_json(answer[1])
-            yield _Emit(
-                [
-                    OutboxEvent("delivered", "sent", done, ws, ses, version),
-                    OutboxEvent("updated", "sent", done, ws, ses, version),
-                ]
-            )
+        if kind == "removed" or (kind == "replayed" and _text(answer[1]) == "removed"):
+            # Delivered. The lease is still ours and the entry stays staged as
+            # delivered until its receivers ran: acknowledge it afterwards, so a
+            # crash in between leaves the signal owed to the next claimer.
+            if kind == "removed":
+                version = int(answer[2])
+                done = Entry.from_json(answer[1])
+            else:  # our settle ran but its reply was lost
+                version = (yield from self._snapshot_plan(ws, ses)).version
+                done = entry
+            yield _Emit([OutboxEvent("delivered", "sent", done, ws, ses, version)])
+            yield from self._release_plan(ws, ses, token, [entry.id])
+            yield _Emit([OutboxEvent("updated", "sent", done, ws, ses, version)])
         elif kind == "updated":
             yield _Emit(self._events("updated", [answer[1]], ws, ses, int(answer[2])))
-        elif kind == "replayed" and _text(answer[1]) == "removed":
-            # Our settle ran but its reply was lost: nobody has fired the signal yet.
-            yield _Emit([OutboxEvent("delivered", "sent", entry, ws, ses, 0)])
         elif kind == "lost":
             logger.warning(
                 "outbox: %s/%s %s: lease lost, outcome %s left to verification",
@@ -1241,8 +1277,8 @@ class Outbox:
             )
         return kind
 
-    def _release_plan(self, ws: str, ses: str, token: str) -> Plan:
-        return (yield self._session_eval("release", ws, ses, extra_args=[token]))
+    def _release_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
+        return (yield self._session_eval("release", ws, ses, extra_args=[token, *acknowledge]))
 
 
 def iter_once(effect: Any) -> Plan:

@@ -32,7 +32,8 @@ local SES, WS, ORDERING = ARGV[3], ARGV[4], ARGV[5]
 
 local MARK = ',"clientMessageID":'
 local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
-               'transientFails', 'acceptedAt', 'lastAttemptAt', 'nextAttemptAt', 'lastError'}
+               'transientFails', 'acceptedAt', 'lastAttemptAt', 'nextAttemptAt', 'lastError',
+               'deliveredAt'}
 local ZERO_OMITTED = {verifyAttempts = true, transientFails = true}
 
 local function split(raw)
@@ -188,6 +189,21 @@ local function bump()
   return redis.call('INCR', VER)
 end
 
+-- A staged entry whose delivery is confirmed but whose entry_delivered
+-- receivers have not been acknowledged yet: the signal is still owed.
+local function is_done(st)
+  return st.deliveredAt ~= nil and st.deliveredAt ~= cjson.null
+end
+
+-- Staged entries whose signal is owed, as raw JSON.
+local function owed_signals()
+  local owed = {}
+  for _, raw in ipairs(redis.call('LRANGE', D, 0, -1)) do
+    if is_done((split(raw))) then owed[#owed + 1] = raw end
+  end
+  return owed
+end
+
 -- Find an entry by ID in a list: index (0-based), raw; or nil.
 local function find(key, id)
   local prefix = id_prefix(id)
@@ -217,9 +233,12 @@ end
 local function recover_staged()
   local moved = {}
   local staged = redis.call('LRANGE', D, 0, -1)
+  local keep = {}
   for _, raw in ipairs(staged) do
     local st, content = split(raw)
-    if not find(Q, st.id) then
+    if is_done(st) then
+      keep[#keep + 1] = raw  -- delivered; only its signal is owed (see claim.lua)
+    elseif not find(Q, st.id) then
       if st.status == 'parked' then
         st.parkedFrom = 'verifying'
       else
@@ -233,6 +252,7 @@ local function recover_staged()
     end
   end
   redis.call('DEL', D)
+  if #keep > 0 then redis.call('RPUSH', D, unpack(keep)) end
   return moved
 end
 

@@ -5,7 +5,11 @@
 --   {'idle', version}             nothing due (the lease is not kept)
 --   {'deliver', entry, version}   the entry was staged as delivering; deliver it
 --   {'verify', entry, version}    the head awaits verification; verify it
--- followed by the JSON of entries recovered from a dead holder's staging.
+--   {'owed', false, version, entries...}  delivered entries whose entry_delivered
+--                                 was never acknowledged (their holder died):
+--                                 fire it, then acknowledge with release.lua
+-- deliver/verify/idle answers are followed by the JSON of entries recovered
+-- from a dead holder's staging (now verifying).
 -- Replay-safe: a holder that calls again gets its staged entry back.
 local token, ttl = ARGV[6], tonumber(ARGV[7])
 local owner = lock_parts()
@@ -13,6 +17,15 @@ local owner = lock_parts()
 if owner and owner ~= token then
   reindex()
   return {'busy', redis.call('PTTL', LOCK)}
+end
+
+local owed = owed_signals()
+if #owed > 0 then
+  redis.call('SET', LOCK, token .. ' ' .. NOW_MS, 'PX', ttl)
+  reindex()
+  local out = {'owed', false, tonumber(redis.call('GET', VER) or 0)}
+  for _, r in ipairs(owed) do out[#out + 1] = r end
+  return out
 end
 
 local recovered = {}

@@ -7,6 +7,7 @@
 --   unpark <reason or ''>          parked (with that reason) -> the state it was parked from
 --   rearm_unverifiable             error/unverifiable -> verifying, fresh verify window
 --   ledger_complete <id> <attempts> error entry confirmed delivered by the ledger -> removed
+--                                  (its entry_delivered is owed; the next claim fires it)
 --   ledger_rearm <id> <attempts>   error entry with no ledger row or a failed one -> pending
 --   recover                        staged entries without a lease -> verifying (see _lib.lua)
 -- ARGV[7], ARGV[8]: the op's arguments as above.
@@ -36,6 +37,7 @@ end
 
 if op == 'retry' or op == 'dismiss' then
   local idx, raw = find(D, arg1)
+  if raw and is_done((split(raw))) then return {'not_found', version(), 0} end
   if raw then
     if owner then return {'busy', version(), 0} end
     -- Staged by a holder that is gone: its outcome is unknown.
@@ -80,7 +82,9 @@ if op == 'park' or op == 'unpark' or op == 'rearm_unverifiable' then
     for i, raw in ipairs(items) do
       local st, content = split(raw)
       local hit = false
-      if op == 'park' then
+      if is_done(st) then
+        hit = false  -- delivered; only its signal is owed
+      elseif op == 'park' then
         if st.status == 'pending' or st.status == 'verifying' or st.status == 'delivering' then
           st.parkedFrom, st.status, st.reason = st.status, 'parked', arg1
           hit = true
@@ -114,7 +118,11 @@ if op == 'ledger_complete' or op == 'ledger_rearm' then
     return {'busy', version(), 0}
   end
   if op == 'ledger_complete' then
+    -- Confirmed delivered: staged as delivered with its signal owed, which the
+    -- next claim of the session (a worker, woken now) fires exactly once.
     redis.call('LREM', Q, 1, raw)
+    st.deliveredAt = iso(NOW)
+    redis.call('RPUSH', D, join(st, content))
     changed[1] = raw
     return finish('removed', 1)
   end

@@ -6,7 +6,10 @@
 -- ARGV[11] RETRY_BACKOFF (us)  ARGV[12] MAX_BACKOFF (us)  ARGV[13] MAX_TRANSIENT_FAILURES
 -- ARGV[14] VERIFY_DELAY (us)  ARGV[15] VERIFY_BACKOFF (us)  ARGV[16] MAX_VERIFY_BACKOFF (us)
 -- ARGV[17] MAX_VERIFY_ATTEMPTS  ARGV[18] receipt TTL (ms)
--- Returns {'removed', entry, version} (delivered: the caller fires entry_delivered),
+-- Returns {'removed', entry, version} (delivered: the entry leaves the queue
+-- but stays in staging marked deliveredAt, the lease still held, until the
+-- caller has fired entry_delivered and acknowledged it with release.lua; if the
+-- caller dies first, the next claim fires the owed signal),
 -- {'updated', entry, version}, {'replayed', 'removed'|'updated'} (this settle
 -- already ran and its reply was lost), {'lost'} (the lease is not ours: touch
 -- nothing, the outcome is left to verification) or {'gone'}.
@@ -28,6 +31,9 @@ end
 
 local where = D
 local idx, raw = find(D, id)
+if raw and is_done((split(raw))) then
+  return {'replayed', 'removed'}  -- already settled as delivered; its signal is owed
+end
 if not raw then
   where = Q
   idx, raw = find(Q, id)
@@ -40,11 +46,17 @@ end
 local st, content = split(raw)
 
 if outcome == 'delivered' then
-  redis.call('LREM', where, 1, raw)
-  redis.call('DEL', LOCK)
+  st.deliveredAt = iso(NOW)
+  local done = join(st, content)
+  if where == D then
+    redis.call('LSET', D, idx, done)
+  else
+    redis.call('LREM', Q, 1, raw)
+    redis.call('RPUSH', D, done)
+  end
   redis.call('SET', RECEIPT, receipt .. ' removed', 'PX', receipt_ttl)
   reindex()
-  return {'removed', raw, bump()}
+  return {'removed', done, bump()}
 end
 
 local next_status, reason, next_at = nil, nil, nil

@@ -1,0 +1,191 @@
+"""``manage.py outbox_worker``: deliver accepted messages until SIGTERM or SIGINT (DESIGN 12)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_outbox.conf import outbox_settings
+from django_outbox.core.worker import HEARTBEAT_TTL
+from django_outbox.errors import OutboxUnavailable
+from django_outbox.outbox import get_outbox
+
+logger = logging.getLogger("django_outbox.worker")
+
+CONNECT_ATTEMPTS = 5
+
+
+class Command(BaseCommand):
+    help = (
+        "Deliver accepted outbox messages: FIFO per session, one in flight per session. "
+        "Stops claiming on SIGTERM/SIGINT, lets in-flight deliveries finish for --grace "
+        "seconds, then exits 0."
+    )
+
+    def add_arguments(self, parser):
+        config = outbox_settings().config
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=config.concurrency,
+            help=f"sessions delivered at once (default CONCURRENCY = {config.concurrency})",
+        )
+        parser.add_argument(
+            "--tick",
+            type=float,
+            default=config.tick,
+            help=f"seconds between due-index scans (default OUTBOX['TICK'] = {config.tick})",
+        )
+        parser.add_argument(
+            "--once", action="store_true", help="deliver what is due now, then exit"
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=30.0,
+            help="seconds in-flight deliveries may finish after a stop signal (default 30)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="serve Prometheus metrics on this port (127.0.0.1 unless --metrics-host)",
+        )
+        parser.add_argument("--metrics-host", default="127.0.0.1")
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="exit 0 if a live worker heartbeat exists, else 1 (a health probe)",
+        )
+        parser.add_argument(
+            "--allow-eviction",
+            action="store_true",
+            help="start even if Valkey's maxmemory-policy is not noeviction (queued messages "
+            "may be silently evicted)",
+        )
+
+    def handle(self, *args, **options):
+        self._configure_logging(options["verbosity"])
+        outbox = get_outbox()
+        if options["check"]:
+            return self._check(outbox)
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if options["tick"] <= 0:
+            raise CommandError("--tick must be positive")
+        if options["grace"] < 0:
+            raise CommandError("--grace must not be negative")
+        if outbox.deliverer is None:
+            raise CommandError(
+                "no deliverer: set OUTBOX['DELIVERER'] to a callable or dotted path "
+                "(e.g. 'django_outbox.delivery.opencode.deliver')"
+            )
+        self._preflight(outbox, options["allow_eviction"])
+        if options["metrics_port"] is not None:
+            self._serve_metrics(outbox, options["metrics_host"], options["metrics_port"])
+        stats = asyncio.run(self._run(outbox, options))
+        self.stdout.write(f"outbox_worker stopped: {stats.steps} steps, {stats.errors} errors")
+
+    async def _run(self, outbox, options):
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum):
+            if stop.is_set():
+                return
+            logger.info(
+                "outbox worker: %s received; no new claims, %ss grace for in-flight deliveries",
+                signal.Signals(signum).name,
+                options["grace"],
+            )
+            stop.set()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            return await outbox.arun(
+                concurrency=options["concurrency"],
+                tick=options["tick"],
+                stop=stop,
+                grace=options["grace"],
+                once=options["once"],
+            )
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            await outbox.aclose()
+
+    def _preflight(self, outbox, allow_eviction: bool) -> None:
+        """Refuse to start against an unreachable or evicting Valkey."""
+        delay = 0.2
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                memory = outbox.client.info("memory")
+                break
+            except Exception as exc:
+                if attempt == CONNECT_ATTEMPTS:
+                    raise CommandError(
+                        f"Valkey at {outbox.url} is unreachable after {CONNECT_ATTEMPTS} attempts: "
+                        f"{exc}"
+                    ) from exc
+                logger.warning(
+                    "outbox worker: Valkey unreachable (%s); retrying in %.1fs", exc, delay
+                )
+                time.sleep(delay)
+                delay *= 2
+        policy = memory.get("maxmemory_policy", "unknown")
+        if policy != "noeviction":
+            message = (
+                f"Valkey's maxmemory-policy is {policy!r}, not 'noeviction': an evicting server "
+                "silently deletes queued messages, leases and dedupe markers. Set "
+                "'maxmemory-policy noeviction'"
+            )
+            if not allow_eviction:
+                raise CommandError(message + " (or pass --allow-eviction to start anyway).")
+            self.stderr.write(
+                self.style.WARNING("WARNING: " + message + "; --allow-eviction given.")
+            )
+            logger.warning(message)
+
+    def _check(self, outbox) -> None:
+        try:
+            client = outbox.client
+            cutoff = int((time.time() - HEARTBEAT_TTL) * 1000)
+            ids = [m.decode() for m in client.zrangebyscore(outbox.keys.workers, cutoff, "+inf")]
+            live = [i for i in ids if client.exists(outbox.keys.heartbeat(i))]
+        except OutboxUnavailable as exc:
+            raise CommandError(str(exc), returncode=1) from exc
+        except Exception as exc:
+            raise CommandError(f"Valkey unreachable: {exc}", returncode=1) from exc
+        if not live:
+            raise CommandError("no live outbox worker", returncode=1)
+        for worker_id in live:
+            record = json.loads(client.get(outbox.keys.heartbeat(worker_id)) or "{}")
+            self.stdout.write(
+                f"live: {worker_id} pid={record.get('pid')} in_flight={record.get('in_flight')}"
+            )
+
+    def _serve_metrics(self, outbox, host: str, port: int) -> None:
+        from prometheus_client import start_http_server
+
+        from django_outbox.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics(outbox)
+        outbox.step_listeners.append(metrics.on_step)
+        start_http_server(port, addr=host, registry=metrics.registry)
+        logger.info("outbox worker: metrics on http://%s:%d/metrics", host, port)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        root = logging.getLogger("django_outbox")
+        if root.handlers or logging.getLogger().handlers:
+            return
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        root.addHandler(handler)
+        root.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

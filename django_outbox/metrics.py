@@ -1,0 +1,112 @@
+"""Prometheus metrics of a worker process (prometheus-client), served by ``--metrics-port``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from .core.entry import Entry, Status
+
+SAMPLE_EVERY = 30.0  # seconds between entries-by-status samples
+SAMPLE_MAX_SESSIONS = 50_000
+
+
+class WorkerMetrics:
+    """Counters fed by ``Outbox.step_listeners`` and an entries-by-status gauge.
+
+    The gauge walks workspaces and sessions (pipelined), at most once per
+    ``SAMPLE_EVERY`` seconds and over at most ``SAMPLE_MAX_SESSIONS`` sessions.
+    """
+
+    def __init__(self, outbox: Any, registry: CollectorRegistry | None = None) -> None:
+        self.outbox = outbox
+        self.registry = registry or CollectorRegistry()
+        self.delivered = Counter(
+            "outbox_delivered",
+            "Entries confirmed delivered by the deliverer",
+            registry=self.registry,
+        )
+        self.verified = Counter(
+            "outbox_verified", "Entries confirmed delivered by the verifier", registry=self.registry
+        )
+        self.failed = Counter(
+            "outbox_failed", "Delivery attempts that failed", ["outcome"], registry=self.registry
+        )
+        self.ambiguous = Counter(
+            "outbox_ambiguous",
+            "Delivery attempts whose outcome was unknown",
+            registry=self.registry,
+        )
+        self.recovered = Counter(
+            "outbox_recovered",
+            "Staged entries recovered from a dead holder",
+            registry=self.registry,
+        )
+        self.lease_lost = Counter(
+            "outbox_lease_lost",
+            "Steps whose lease was lost before they ended",
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "outbox_delivery_duration_seconds",
+            "Duration of deliver and verify steps",
+            ["step"],
+            buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600),
+            registry=self.registry,
+        )
+        self._sample: dict[str, int] = {}
+        self._sampled_at = 0.0
+        self.registry.register(self)
+
+    def on_step(self, step: str, outcome: str, result: str, seconds: float) -> None:
+        if step == "recover":
+            self.recovered.inc(int(result))
+            return
+        self.duration.labels(step).observe(seconds)
+        if result == "lost":
+            self.lease_lost.inc()
+        elif outcome == "delivered":
+            (self.delivered if step == "deliver" else self.verified).inc()
+        elif outcome == "ambiguous":
+            self.ambiguous.inc()
+        elif outcome != "inconclusive":
+            self.failed.labels(outcome).inc()
+
+    def collect(self):  # prometheus_client collector protocol
+        if time.monotonic() - self._sampled_at > SAMPLE_EVERY:
+            try:
+                self._sample = self.count_entries()
+            except Exception:
+                pass
+            self._sampled_at = time.monotonic()
+        family = GaugeMetricFamily("outbox_entries", "Entries by status", labels=["status"])
+        for status in Status:
+            family.add_metric([status.value], self._sample.get(status.value, 0))
+        yield family
+
+    def describe(self):
+        return []
+
+    def count_entries(self) -> dict[str, int]:
+        outbox = self.outbox
+        client = outbox.client
+        counts: dict[str, int] = {}
+        seen = 0
+        for ws in sorted(m.decode() for m in client.smembers(outbox.keys.workspaces)):
+            sessions = [m.decode() for m in client.smembers(outbox.keys.sessions(ws))]
+            pipe = client.pipeline(transaction=False)
+            for ses in sessions:
+                keys = outbox.keys.session(ws, ses)
+                pipe.lrange(keys.queue, 0, -1)
+                pipe.lrange(keys.staging, 0, -1)
+            for items in pipe.execute():
+                for raw in items:
+                    status = str(Entry.from_json(raw).status)
+                    counts[status] = counts.get(status, 0) + 1
+            seen += len(sessions)
+            if seen >= SAMPLE_MAX_SESSIONS:
+                break
+        return counts

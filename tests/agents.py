@@ -1,0 +1,88 @@
+"""A test agent for worker processes, recording everything in Valkey.
+
+The deliverer persists the message before "the turn" (like opencode): it adds
+the entry ID to ``test:sent`` and logs ``<ses> <text>`` to ``test:log``, then
+sleeps ``OUTBOX_TEST_TURN`` seconds. The verifier reads ``test:sent`` — so a
+worker killed mid-turn is verified, never blindly resent. One-in-flight per
+session is checked with ``test:inflight:<ses>`` (holder PID and entry): a second
+delivery while a *live* process holds it is recorded in ``test:violations``.
+``OUTBOX_TEST_FAULTS`` ("fail=0.1,ambiguous=0.1,transient=0.1") injects faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import redis.asyncio
+
+from django_outbox import Verdict
+from django_outbox.errors import AmbiguousError, TransientDeliveryError
+
+_clients: dict[int, redis.asyncio.Redis] = {}
+
+
+def _client() -> redis.asyncio.Redis:
+    loop = asyncio.get_running_loop()
+    key = id(loop)
+    if key not in _clients:
+        _clients[key] = redis.asyncio.Redis.from_url(os.environ["OUTBOX_VALKEY_URL"])
+    return _clients[key]
+
+
+def _faults() -> dict[str, float]:
+    spec = os.environ.get("OUTBOX_TEST_FAULTS", "")
+    return {k: float(v) for k, v in (p.split("=") for p in spec.split(",") if p)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def deliver(entry, *, workspace_id, session_id, attempt):
+    r = _client()
+    faults = _faults()
+    roll = random.random()
+    if roll < faults.get("transient", 0):
+        raise TransientDeliveryError("injected: connection refused")
+    roll -= faults.get("transient", 0)
+    if roll < faults.get("fail", 0):
+        raise RuntimeError("injected: HTTP 500")
+    roll -= faults.get("fail", 0)
+    key = f"test:inflight:{session_id}"
+    me = f"{os.getpid()} {entry.id}"
+    holder = await r.get(key)
+    if holder is not None:
+        pid = int(holder.split()[0])
+        if pid != os.getpid() and _alive(pid):
+            await r.rpush("test:violations", f"{session_id}: {me} while {holder.decode()}")
+    await r.set(key, me)
+    async with r.pipeline(transaction=True) as persist:  # the agent persists atomically
+        persist.sadd("test:sent", entry.id)
+        persist.rpush("test:log", f"{session_id} {entry.text}")
+        await persist.execute()
+    try:
+        await asyncio.sleep(float(os.environ.get("OUTBOX_TEST_TURN", "0")))
+        if roll < faults.get("ambiguous", 0):
+            raise AmbiguousError("injected: connection cut mid-turn")
+    finally:
+        if (await r.get(key) or b"").decode() == me:
+            await r.delete(key)
+
+
+async def verify(entry, *, workspace_id, session_id):
+    sent = await _client().sismember("test:sent", entry.id)
+    return Verdict.DELIVERED if sent else Verdict.ABSENT
+
+
+def record_delivered(sender, entry, **kwargs):
+    import redis as sync_redis
+
+    client = sync_redis.Redis.from_url(os.environ["OUTBOX_VALKEY_URL"])
+    client.rpush("test:delivered", f"{entry.id} {entry.delivered_at}")
+    client.close()

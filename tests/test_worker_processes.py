@@ -1,0 +1,229 @@
+"""outbox_worker processes against one Valkey: order, crashes, signals (issue 3; cases 01-03)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from .valkey import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+class Workers:
+    """Start, SIGKILL and SIGTERM ``manage.py outbox_worker`` processes."""
+
+    def __init__(self, valkey: str, tmp_path: Path, **env: str) -> None:
+        self.valkey = valkey
+        self.tmp_path = tmp_path
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "OUTBOX_VALKEY_URL": valkey,
+            "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+            **env,
+        }
+        self.procs: list[subprocess.Popen] = []
+        self.started = 0
+
+    def start(self, *args: str) -> subprocess.Popen:
+        self.started += 1
+        log = open(self.tmp_path / f"worker-{self.started}.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "outbox_worker", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def live(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def stop_all(self) -> None:
+        for proc in self.live():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def logs(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.tmp_path.glob("worker-*.log"))
+        )
+
+
+@pytest.fixture
+def workers(valkey, tmp_path):
+    made: list[Workers] = []
+
+    def make(**env: str) -> Workers:
+        w = Workers(valkey, tmp_path, **env)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.stop_all()
+
+
+def accept_many(outbox, sessions: int, per_session: int) -> dict[str, list[str]]:
+    """Accept ``per_session`` messages in each session, interleaved; return ids per session."""
+    ids: dict[str, list[str]] = {f"s{i}": [] for i in range(sessions)}
+    for n in range(per_session):
+        for ses in ids:
+            entry = outbox.accept("w1", ses, user_id="u", client_message_id=f"k{n}", text=f"{n}")
+            ids[ses].append(entry.id)
+    return ids
+
+
+def delivered_signals(r) -> list[tuple[str, str]]:
+    """(entry ID, deliveredAt) of every entry_delivered the workers fired."""
+    return [tuple(item.split()) for item in r.lrange("test:delivered", 0, -1)]
+
+
+def check_invariants(outbox, r, ids: dict[str, list[str]], *, sigkills: bool = False) -> int:
+    """Assert the invariants; return how many entry_delivered were replayed.
+
+    A worker SIGKILLed after a receiver ran but before its acknowledgement was
+    written (one round trip) leaves the signal owed, so the next claimer fires it
+    again with the same (entry ID, deliveredAt): at-least-once in that window
+    only, never lost. Without SIGKILL it must be exactly once.
+    """
+    everything = [i for per in ids.values() for i in per]
+    for ses in ids:
+        assert outbox.list("w1", ses) == [], f"{ses} still has entries"
+    assert r.lrange("test:violations", 0, -1) == []
+    signals = delivered_signals(r)
+    counts = Counter(entry_id for entry_id, _ in signals)
+    assert set(counts) == set(everything), "every accepted message was delivered"
+    assert len(set(signals)) == len(counts), "one delivery (deliveredAt) per entry"
+    replays = len(signals) - len(counts)
+    if not sigkills:
+        assert replays == 0, "entry_delivered fired exactly once"
+    log = [line.split() for line in r.lrange("test:log", 0, -1)]
+    assert len(log) == len(everything), "no message was sent twice"
+    for ses in ids:
+        texts = [int(t) for s, t in log if s == ses]
+        assert texts == sorted(texts), f"{ses} delivered out of order"
+    return replays
+
+
+def wait_delivered(r, total: int, timeout: float) -> None:
+    wait_until(
+        lambda: len({i for i, _ in delivered_signals(r)}) >= total,
+        timeout,
+        0.05,
+        message=f"{total} deliveries",
+    )
+
+
+def test_200_messages_over_20_sessions_two_workers(outbox, r, workers):
+    ids = accept_many(outbox, 20, 10)
+    w = workers(OUTBOX_TEST_TURN="0.005")
+    w.start("--tick", "0.2")
+    w.start("--tick", "0.2")
+    wait_delivered(r, 200, 60)
+    w.stop_all()
+    assert [p.returncode for p in w.procs] == [0, 0], w.logs()
+    check_invariants(outbox, r, ids)
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_random_sigkills_lose_nothing(outbox, r, workers, count):
+    rng = random.Random(count)
+    ids = accept_many(outbox, 20, 15)
+    w = workers(
+        OUTBOX_TEST_TURN="0.25",
+        OUTBOX_TEST_LOCK_TTL="1",
+        OUTBOX_TEST_FAULTS="fail=0.05,ambiguous=0.05,transient=0.05",
+    )
+    for _ in range(count):
+        w.start("--tick", "0.1")
+    kills = 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(delivered_signals(r)) < 300:
+        time.sleep(rng.uniform(0.3, 1.0))
+        victim = rng.choice(w.live())
+        victim.kill()
+        victim.wait(5)
+        kills += 1
+        w.start("--tick", "0.1")
+    wait_delivered(r, 300, 60)
+    w.stop_all()
+    assert kills > 3
+    replays = check_invariants(outbox, r, ids, sigkills=True)
+    assert replays <= kills
+    print(f"{count} workers: {kills} SIGKILLs, 300 delivered, {replays} entry_delivered replays")
+
+
+def test_sigterm_finishes_the_delivery_and_exits_0(outbox, r, workers):
+    first = outbox.accept("w1", "s1", user_id="u", client_message_id="a", text="0")
+    outbox.accept("w1", "s1", user_id="u", client_message_id="b", text="1")
+    w = workers(OUTBOX_TEST_TURN="1.0")
+    proc = w.start("--grace", "10")
+    wait_until(lambda: r.llen("test:log") == 1, 20, message="delivery started")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0, w.logs()
+    assert [i for i, _ in delivered_signals(r)] == [first.id]
+    assert [e.text for e in outbox.list("w1", "s1")] == ["1"]
+    assert "SIGTERM received" in w.logs()
+
+
+def test_killed_workers_session_resumes_within_lock_ttl_plus_a_tick(outbox, r, workers):
+    # case 02 end to end: LOCK_TTL 2 s, tick 0.2 s
+    m1 = outbox.accept("w1", "s1", user_id="u", client_message_id="a", text="0")
+    m2 = outbox.accept("w1", "s1", user_id="u", client_message_id="b", text="1")
+    slow = workers(OUTBOX_TEST_TURN="30", OUTBOX_TEST_LOCK_TTL="2")
+    fast = workers(OUTBOX_TEST_TURN="0", OUTBOX_TEST_LOCK_TTL="2")
+    victim = slow.start("--tick", "0.2")
+    wait_until(lambda: r.llen("test:log") == 1, 20, message="m1 in its turn")
+    fast.start("--tick", "0.2")
+    time.sleep(0.5)  # the survivor runs while the dead lease still stands
+    victim.kill()
+    victim.wait(5)
+    killed_at = time.monotonic()
+    entry = next(e for e in outbox.list("w1", "s1") if e.id == m2.id)
+    assert entry.blocked_by_in_flight
+    wait_until(lambda: len(delivered_signals(r)) == 2, 10, 0.02, message="both delivered")
+    elapsed = time.monotonic() - killed_at
+    assert elapsed < 2 + 0.2 + 1.5, f"resumed after {elapsed:.2f}s"
+    assert [i for i, _ in delivered_signals(r)] == [m1.id, m2.id]
+    assert r.lrange("test:log", 0, -1) == ["s1 0", "s1 1"]  # m1 verified, not resent
+
+
+def test_refuses_to_start_on_an_evicting_valkey(r, workers):
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        w = workers()
+        proc = w.start("--once")
+        assert proc.wait(30) != 0
+        assert "noeviction" in w.logs()
+        proc = w.start("--once", "--allow-eviction")
+        assert proc.wait(30) == 0, w.logs()
+        assert "WARNING" in w.logs()
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+
+
+def test_check_reports_live_workers(outbox, r, workers):
+    w = workers()
+    assert w.start("--check").wait(30) == 1
+    w.start()
+    wait_until(lambda: r.zcard("outboxworkers") == 1, 20, message="heartbeat")
+    assert w.start("--check").wait(30) == 0
