@@ -428,3 +428,55 @@ def test_cleanup_asks_again_when_markers_arrive(outbox, r):
         6,
     ]
     assert r.keys("*") == ["outboxwake"]  # wake-up hints are global, not workspace data
+
+
+class TestAdminIndices:
+    def test_every_session_is_indexed_once_until_cleanup(self, outbox, r):
+        seed(outbox)
+        seed(outbox)
+        seed(outbox, ses="s2")
+        assert r.zrange(outbox.keys.all_sessions, 0, -1) == ["w1 s1", "w1 s2"]
+        call(outbox, "cleanup")
+        assert r.zrange(outbox.keys.all_sessions, 0, -1) == ["w1 s2"]
+
+    @pytest.mark.parametrize("status", ["error", "parked", "verifying"])
+    def test_sessions_needing_attention(self, outbox, r, status):
+        e = seed(outbox)
+        assert r.zrange(outbox.keys.attention, 0, -1) == []
+        call(outbox, "claim", "tok", 30_000)
+        outcome = {"error": "unverifiable", "verifying": "ambiguous", "parked": "failed"}[status]
+        if status == "parked":
+            call(outbox, "operate", "park", "hold", "")
+        settle(outbox, "tok", e.id, outcome)
+        assert r.zrange(outbox.keys.attention, 0, -1) == ["w1 s1"]
+        call(outbox, "operate", "dismiss", e.id, "")
+        assert r.zrange(outbox.keys.attention, 0, -1) == []
+
+    def test_pending_behind_a_lease_is_blocked(self, outbox, r):
+        seed(outbox, accepted=NOW - 2)
+        call(outbox, "claim", "tok", 30_000)
+        assert r.zrange(outbox.keys.attention, 0, -1) == []  # in flight, nothing waits
+        seed(outbox, accepted=NOW - 1)
+        assert r.zrange(outbox.keys.attention, 0, -1) == ["w1 s1"]
+
+    def test_accept_wakes_a_worker_only_when_due_now(self, outbox, r):
+        seed(outbox, accepted=NOW - 2, attempts=1, next_attempt_at=format_time(NOW + 10**7))
+        r.delete(outbox.keys.wake)
+        e = Entry(
+            id=new_entry_id(),
+            client_message_id="k",
+            user_id="u",
+            text="t",
+            accepted_at=format_time(NOW),
+        )
+        call(outbox, "accept", *accept_args(e), extra_keys=[outbox.keys.dedupe(WS, SES, "k")])
+        assert r.lrange(outbox.keys.wake, 0, -1) == []  # strict: the head in backoff decides
+        e2 = e.evolve(id=new_entry_id(), client_message_id="k2")
+        call(
+            outbox,
+            "accept",
+            *accept_args(e2),
+            extra_keys=[outbox.keys.dedupe(WS, "s9", "k2")],
+            ses="s9",
+        )
+        assert r.lrange(outbox.keys.wake, 0, -1) == ["w1 s9"]

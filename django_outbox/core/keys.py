@@ -52,6 +52,11 @@ class KeySpace:
         self.wake = f"{prefix}wake"
         #: ZSET worker ID -> last heartbeat (ms); heartbeat values live in their own keys.
         self.workers = f"{prefix}workers"
+        #: ZSET "<ws> <ses>" -> first accept (ms): every session, for paging in the admin.
+        self.all_sessions = f"{prefix}allsessions"
+        #: ZSET "<ws> <ses>" -> since (ms): sessions with error, parked or verifying
+        #: entries, pending ones blocked behind a lease, or staging without a lease.
+        self.attention = f"{prefix}attention"
         #: Prefix of worker heartbeat keys.
         self.heartbeat_prefix = f"{prefix}worker:"
 
@@ -86,7 +91,7 @@ class KeySpace:
 
     def global_keys(self) -> list[str]:
         """Keys outside any workspace's slot, passed to scripts on a standalone server."""
-        return [self.workspaces_due, self.workspaces, self.wake]
+        return [self.workspaces_due, self.workspaces, self.wake, self.all_sessions, self.attention]
 
     def heartbeat(self, worker_id: str) -> str:
         return f"{self.heartbeat_prefix}{worker_id}"

@@ -9,10 +9,14 @@
 --   KEYS[6] receipt   STRING "<token> <entry-id> <outcome>" of the last settle
 --   KEYS[7] due       ZSET   of the workspace: session -> due time (ms)
 --   KEYS[8] sessions  SET    of the workspace's sessions
---   KEYS[9..11]       (standalone servers only) global keys: workspaces-due ZSET,
---                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLPOP)
+--   KEYS[9..13]       (standalone servers only) global keys: workspaces-due ZSET,
+--                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLPOP),
+--                     all-sessions ZSET ("<ws> <ses>" -> first accept, ms) and
+--                     attention ZSET ("<ws> <ses>" -> since, ms: sessions holding
+--                     error, parked or verifying entries, or pending ones blocked
+--                     behind a lease, or staging without a lease) for the admin
 -- and this ARGV prefix:
---   ARGV[1] number of global keys passed (0 on a cluster, 3 otherwise)
+--   ARGV[1] number of global keys passed (0 on a cluster, 5 otherwise)
 --   ARGV[2] now, microseconds since the epoch (the caller's clock, never TIME)
 --   ARGV[3] session ID   ARGV[4] workspace ID   ARGV[5] ordering: "strict" or "due"
 -- Script-specific KEYS start at EXTRA, script-specific ARGV at 6.
@@ -23,12 +27,13 @@
 
 local Q, D, LOCK, VER, MARKERS, RECEIPT, DUE, SESSIONS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local G = tonumber(ARGV[1])
-local WSDUE, WORKSPACES, WAKE = KEYS[9], KEYS[10], KEYS[11]
+local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local MAX_WAKE_ITEMS = 10000
 local EXTRA = 9 + G
 local NOW = tonumber(ARGV[2])
 local NOW_MS = math.floor(NOW / 1000)
 local SES, WS, ORDERING = ARGV[3], ARGV[4], ARGV[5]
+local MEMBER = (WS or '') .. ' ' .. (SES or '')
 
 local MARK = ',"clientMessageID":'
 local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
@@ -158,17 +163,43 @@ local function wake()
   end
 end
 
--- Keep the due index exact for this session and (on standalone) its workspace.
+local ATTENTION_STATES = {'"status":"error"', '"status":"parked"', '"status":"verifying"'}
+
+-- Does the session need an operator's eye? (Looks only at the state members.)
+local function needs_attention(items, locked, staged)
+  if staged > 0 and not locked then return true end
+  for _, raw in ipairs(items) do
+    local state = string.sub(raw, 1, string.find(raw, MARK, 1, true) or #raw)
+    for _, pattern in ipairs(ATTENTION_STATES) do
+      if string.find(state, pattern, 1, true) then return true end
+    end
+    if locked and string.find(state, '"status":"pending"', 1, true) then return true end
+  end
+  return false
+end
+
+-- Keep the due index exact for this session and (on standalone) its workspace,
+-- and the admin's attention index.
 local function reindex()
   local score = nil
-  if redis.call('EXISTS', LOCK) == 1 then
+  local locked = redis.call('EXISTS', LOCK) == 1
+  local staged = redis.call('LLEN', D)
+  local items = redis.call('LRANGE', Q, 0, -1)
+  if locked then
     -- In flight: look again when the lease would expire (renewals push it on).
     score = NOW_MS + math.max(redis.call('PTTL', LOCK), 0)
-  elseif redis.call('LLEN', D) > 0 then
+  elseif staged > 0 then
     score = NOW_MS  -- staged entries without a lease: recover them now
   else
-    local idx, due = find_head(redis.call('LRANGE', Q, 0, -1))
+    local idx, due = find_head(items)
     if idx ~= nil then score = NOW_MS elseif due ~= nil then score = math.floor(due / 1000) end
+  end
+  if G > 0 then
+    if needs_attention(items, locked, staged) then
+      redis.call('ZADD', ATTENTION, 'NX', NOW_MS, MEMBER)
+    else
+      redis.call('ZREM', ATTENTION, MEMBER)
+    end
   end
   if score then
     redis.call('ZADD', DUE, score, SES)

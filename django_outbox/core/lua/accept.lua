@@ -30,12 +30,17 @@ if cap > 0 then
   redis.call('ZADD', MARKERS, NOW_MS + ttl, cmid)
 end
 redis.call('SADD', SESSIONS, SES)
-if G > 0 then redis.call('SADD', WORKSPACES, WS) end
+if G > 0 then
+  redis.call('SADD', WORKSPACES, WS)
+  redis.call('ZADD', ALL_SESSIONS, 'NX', NOW_MS, MEMBER)
+end
 -- The new entry is the last one, so it can only make the session due now when
 -- nothing else decides its due time: in strict order when the session has no
 -- score (no lease, no staging, no head); in due order unless a lease holds it.
 -- This keeps accept O(1) instead of re-reading the queue.
-local mode = (ORDERING == 'strict' or redis.call('EXISTS', LOCK) == 1) and 'NX' or 'LT'
+local locked = redis.call('EXISTS', LOCK) == 1
+local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
 if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then wake() end
 sync_workspace()
+if G > 0 and locked then redis.call('ZADD', ATTENTION, 'NX', NOW_MS, MEMBER) end  -- blocked
 return {'ok', bump()}

@@ -19,5 +19,9 @@ redis.call('SREM', SESSIONS, SES)
 redis.call('ZREM', DUE, SES)
 removed = removed + shared_before - redis.call('EXISTS', SESSIONS, DUE)
 sync_workspace()
-if G > 0 and redis.call('EXISTS', SESSIONS) == 0 then redis.call('SREM', WORKSPACES, WS) end
+if G > 0 then
+  redis.call('ZREM', ALL_SESSIONS, MEMBER)
+  redis.call('ZREM', ATTENTION, MEMBER)
+  if redis.call('EXISTS', SESSIONS) == 0 then redis.call('SREM', WORKSPACES, WS) end
+end
 return {'done', removed}
