@@ -10,6 +10,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.admin",
     "rest_framework",
+    "drf_spectacular",
     "channels",
     "django_outbox",
 ]
@@ -35,4 +36,9 @@ TEMPLATES = [
         },
     }
 ]
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "django-outbox test API", "VERSION": "1"}
+STATIC_URL = "/static/"
 OUTBOX = {}

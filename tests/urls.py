@@ -1,1 +1,7 @@
-urlpatterns = []
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("outbox/", include("django_outbox.urls")),
+]
