@@ -18,3 +18,11 @@ OUTBOX = {
     "MAX_ATTEMPTS": 50,
     "MAX_TRANSIENT_FAILURES": 50,
 }
+
+if os.environ.get("OUTBOX_TEST_CHANNEL_LAYER"):
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [os.environ["OUTBOX_TEST_CHANNEL_LAYER"]]},
+        }
+    }

@@ -1,0 +1,123 @@
+"""The queue WebSocket: a snapshot on connect, then every ``queue.update`` (DESIGN section 9).
+
+Route: ``ws/outbox/workspaces/<ws>/sessions/<ses>/`` (see :mod:`django_outbox.routing`).
+The user comes from the scope (``AuthMiddlewareStack``, or any middleware that
+sets ``scope["user"]``, e.g. a token middleware); the access policy decides
+(action ``view``). Frames the client may send: ``{"type": "resync"}`` →
+a fresh ``queue.snapshot``. Anything else gets an error frame and the socket
+stays open; binary frames (close 1003) and frames over ``MAX_FRAME_BYTES``
+(close 1009) close that socket only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from .conf import outbox_settings
+from .core.entry import IDENTIFIER_RE
+from .errors import OutboxUnavailable
+from .events import group_name
+from .outbox import get_outbox
+
+logger = logging.getLogger("django_outbox.consumers")
+
+MAX_FRAME_BYTES = 64 * 1024
+CLOSE_UNSUPPORTED = 1003  # binary frames
+CLOSE_TOO_BIG = 1009
+CLOSE_FORBIDDEN = 4403
+CLOSE_INVALID = 4400
+CLOSE_UNAVAILABLE = 4503
+
+
+class OutboxConsumer(AsyncWebsocketConsumer):
+    """One client watching one session's queue."""
+
+    group: str | None = None
+
+    async def connect(self) -> None:
+        kwargs = self.scope["url_route"]["kwargs"]
+        self.workspace_id = kwargs.get("workspace_id", "")
+        self.session_id = kwargs.get("session_id", "")
+        if not (
+            IDENTIFIER_RE.fullmatch(self.workspace_id) and IDENTIFIER_RE.fullmatch(self.session_id)
+        ):
+            await self.close(code=CLOSE_INVALID)
+            return
+        user = self.scope.get("user")
+        if not await self._allowed(user):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self.group = group_name(self.workspace_id, self.session_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self._send_snapshot()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.group = None
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if bytes_data is not None:
+            await self.close(code=CLOSE_UNSUPPORTED)
+            return
+        text = text_data or ""
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES:
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        try:
+            message = json.loads(text)
+        except ValueError:
+            await self._error("malformed", "frames must be JSON objects")
+            return
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "resync":
+            await self._send_snapshot()
+        else:
+            await self._error(
+                "unknown_type", 'the only frame a client may send is {"type": "resync"}'
+            )
+
+    async def queue_update(self, message: dict[str, Any]) -> None:
+        """Relay a ``queue.update`` from the channel layer."""
+        await self.send(text_data=json.dumps(message, ensure_ascii=False))
+
+    # -- helpers -----------------------------------------------------------------
+
+    @sync_to_async
+    def _allowed(self, user: Any) -> bool:
+        if user is None:
+            return False
+        try:
+            policy = outbox_settings().resolve("ACCESS_POLICY")
+            return bool(policy and policy(user, self.workspace_id, self.session_id, "view"))
+        except Exception:
+            logger.exception("outbox: access policy failed")
+            return False
+
+    async def _send_snapshot(self) -> None:
+        try:
+            snapshot = await get_outbox().asnapshot(self.workspace_id, self.session_id)
+        except OutboxUnavailable as exc:
+            await self._error("unavailable", str(exc))
+            return
+        await self.send(
+            text_data=json.dumps(
+                {
+                    "type": "queue.snapshot",
+                    "workspaceID": self.workspace_id,
+                    "sessionID": self.session_id,
+                    "version": snapshot.version,
+                    "entries": [e.to_dict() for e in snapshot.entries],
+                },
+                ensure_ascii=False,
+            )
+        )
+
+    async def _error(self, code: str, detail: str) -> None:
+        await self.send(text_data=json.dumps({"type": "error", "code": code, "detail": detail}))

@@ -1,0 +1,108 @@
+"""``queue.update`` events: their shape and their publication to the channel layer (DESIGN 9).
+
+Every state change the service makes — in an API process or a worker — is
+published to the Channels group of its session. Group names allow only
+``[A-Za-z0-9._-]`` and fewer than 100 characters, so they are derived by
+hashing (workspace, session). A publish that fails is logged and counted and
+never fails the mutation: the event is a hint, the snapshot is the truth
+(clients that see a version gap ask for a resync).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from typing import Any
+
+from asgiref.sync import async_to_sync
+
+from .core.service import OutboxEvent
+
+logger = logging.getLogger("django_outbox.events")
+
+GROUP_PREFIX = "outbox."
+MESSAGE_TYPE = "queue.update"
+
+
+def group_name(workspace_id: str, session_id: str) -> str:
+    """The Channels group of a session: ``outbox.`` + 40 hex digits of SHA-256(ws, ses)."""
+    digest = hashlib.sha256(f"{workspace_id}\x00{session_id}".encode()).hexdigest()[:40]
+    return GROUP_PREFIX + digest
+
+
+def update_message(event: OutboxEvent) -> dict[str, Any]:
+    """The ``queue.update`` message for an event (also what the consumer forwards).
+
+    ``{"type": "queue.update", "workspaceID", "sessionID", "version", "state",
+    "entry"}`` where ``entry`` is the entry's camelCase JSON.
+    """
+    return {
+        "type": MESSAGE_TYPE,
+        "workspaceID": event.workspace_id,
+        "sessionID": event.session_id,
+        "version": event.version,
+        "state": event.state,
+        "entry": event.entry.to_dict(),
+    }
+
+
+class PublishStats:
+    """Counts of publications, readable by tests and metrics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.published = 0
+        self.failed = 0
+
+    def count(self, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self.published += 1
+            else:
+                self.failed += 1
+
+
+stats = PublishStats()
+
+
+def _layer() -> Any:
+    from channels.layers import get_channel_layer
+
+    return get_channel_layer()
+
+
+async def apublish(event: OutboxEvent) -> bool:
+    """Publish an ``updated`` event to its session's group; True if it was handed over.
+
+    Other kinds (staged, delivered) are covered by their ``updated`` twin. No
+    channel layer configured means nothing to do (True). Never raises.
+    """
+    if event.kind != "updated":
+        return True
+    try:
+        layer = _layer()
+        if layer is None:
+            return True
+        await layer.group_send(
+            group_name(event.workspace_id, event.session_id), update_message(event)
+        )
+    except Exception as exc:
+        stats.count(False)
+        logger.warning(
+            "outbox: could not publish %s for %s/%s: %s",
+            MESSAGE_TYPE,
+            event.workspace_id,
+            event.session_id,
+            exc,
+        )
+        return False
+    stats.count(True)
+    return True
+
+
+def publish(event: OutboxEvent) -> bool:
+    """Sync :func:`apublish` (from request threads and sync service calls)."""
+    if event.kind != "updated":
+        return True
+    return async_to_sync(apublish)(event)

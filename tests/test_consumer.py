@@ -1,0 +1,277 @@
+"""The queue WebSocket on a real channels-redis layer (DESIGN section 9; cases 06, 07, 11)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from channels.layers import get_channel_layer
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.test import override_settings
+
+from django_outbox import events
+from django_outbox.events import group_name
+from django_outbox.outbox import get_outbox
+from django_outbox.routing import websocket_urlpatterns
+
+ROOT = Path(__file__).resolve().parent.parent
+STAFF = SimpleNamespace(is_active=True, is_staff=True, username="staff")
+ALICE = SimpleNamespace(is_active=True, is_staff=False, username="alice")
+ANONYMOUS = SimpleNamespace(is_active=False, is_staff=False, username="")
+POLICY = "tests.policies.own_workspace"
+
+
+@pytest.fixture
+def layers(valkey):
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
+        }
+    }
+    with override_settings(CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": POLICY}):
+        yield config
+
+
+def communicator(ws="alice", ses="s1", user=ALICE):
+    app = URLRouter(websocket_urlpatterns)
+    comm = WebsocketCommunicator(app, f"/ws/outbox/workspaces/{ws}/sessions/{ses}/")
+    comm.scope["user"] = user
+    return comm
+
+
+async def receive(comm, timeout=5):
+    return json.loads(await comm.receive_from(timeout))
+
+
+async def close_all(*comms):
+    for comm in comms:
+        await comm.disconnect()
+    await get_outbox().aclose()
+    layer = get_channel_layer()
+    await layer.flush()
+    await layer.close_pools()
+
+
+async def accept(ws, ses, key, text=None):
+    return await get_outbox().aaccept(ws, ses, user_id="u", client_message_id=key, text=text or key)
+
+
+async def test_snapshot_then_ordered_updates(layers):
+    await accept("alice", "s1", "k0")
+    comm = communicator()
+    connected, _ = await comm.connect()
+    assert connected
+    snap = await receive(comm)
+    assert snap["type"] == "queue.snapshot" and [e["text"] for e in snap["entries"]] == ["k0"]
+    for i in range(1, 4):
+        await accept("alice", "s1", f"k{i}")
+    updates = [await receive(comm) for _ in range(3)]
+    assert [u["type"] for u in updates] == ["queue.update"] * 3
+    assert [u["state"] for u in updates] == ["queued"] * 3
+    versions = [u["version"] for u in updates]
+    assert versions == sorted(versions) and versions[0] > snap["version"]
+    assert updates[0]["entry"]["clientMessageID"] == "k1"
+    assert updates[0]["workspaceID"] == "alice" and updates[0]["sessionID"] == "s1"
+    await close_all(comm)
+
+
+async def test_resync_answers_a_fresh_snapshot(layers):
+    comm = communicator()
+    await comm.connect()
+    await receive(comm)
+    await accept("alice", "s1", "k1")
+    await receive(comm)
+    await comm.send_to(text_data=json.dumps({"type": "resync"}))
+    snap = await receive(comm)
+    listed = await get_outbox().asnapshot("alice", "s1")
+    assert snap["type"] == "queue.snapshot" and snap["version"] == listed.version
+    assert [e["id"] for e in snap["entries"]] == [e.id for e in listed.entries]
+    await close_all(comm)
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("not json", "malformed"),
+        ("[1, 2]", "unknown_type"),
+        ('{"type": "hello"}', "unknown_type"),
+        ("{}", "unknown_type"),
+    ],
+)
+async def test_bad_frames_get_an_error_and_the_socket_stays_up(layers, frame, code):
+    comm = communicator()
+    await comm.connect()
+    await receive(comm)
+    await comm.send_to(text_data=frame)
+    error = await receive(comm)
+    assert error["type"] == "error" and error["code"] == code
+    await comm.send_to(text_data='{"type": "resync"}')
+    assert (await receive(comm))["type"] == "queue.snapshot"
+    await close_all(comm)
+
+
+async def test_binary_and_oversized_frames_close_only_that_socket(layers):
+    binary, big, other = communicator(), communicator(), communicator()
+    for comm in (binary, big, other):
+        await comm.connect()
+        await receive(comm)
+    await binary.send_to(bytes_data=b"\x00\x01")
+    assert (await binary.receive_output(5)) == {"type": "websocket.close", "code": 1003}
+    await big.send_to(text_data="x" * (2 * 1024 * 1024))
+    assert (await big.receive_output(5)) == {"type": "websocket.close", "code": 1009}
+    await accept("alice", "s1", "k1")
+    assert (await receive(other))["type"] == "queue.update"
+    await close_all(other)
+
+
+@pytest.mark.parametrize(
+    ("ws", "ses", "user"),
+    [
+        ("bob", "s1", ALICE),  # another user's workspace
+        ("alice", "s1", ANONYMOUS),
+        ("alice", "a:b", ALICE),  # would alias keys
+        ("alice", "x" * 200, ALICE),  # too long for the allow-list (and a group name)
+        ("alice", "-x", ALICE),
+    ],
+)
+async def test_refused_handshakes(layers, ws, ses, user):
+    comm = communicator(ws, ses, user)
+    connected, code = await comm.connect()
+    assert not connected and code in (4403, 4400)
+    await close_all()
+
+
+async def test_no_user_in_scope_is_refused(layers):
+    comm = communicator()
+    del comm.scope["user"]
+    connected, code = await comm.connect()
+    assert (connected, code) == (False, 4403)
+    await close_all()
+
+
+async def test_disconnect_discards_the_group(layers, r):
+    comm = communicator()
+    await comm.connect()
+    await receive(comm)
+    group_keys = [k for k in r.keys("asgi:group:*")]
+    assert len(group_keys) == 1 and r.zcard(group_keys[0]) == 1
+    await comm.disconnect()
+    assert r.zcard(group_keys[0]) == 0
+    await close_all()
+
+
+def test_group_names_are_short_and_safe():
+    name = group_name("w" * 128, "s" * 128)
+    assert len(name) < 100 and all(c.isalnum() or c in "._-" for c in name)
+    assert group_name("a", "b:c") != group_name("a:b", "c")
+
+
+async def test_slow_reader_sees_a_gap_and_resyncs(valkey):
+    # case 06: channel capacity 5; a reader that stops reading while 10 messages are
+    # accepted and delivered (30 events) loses events, sees the gap, and resyncs.
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [valkey], "capacity": 5, "expiry": 10},
+        }
+    }
+    with override_settings(CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": POLICY}):
+        layer = get_channel_layer()
+        stalled = await layer.new_channel()  # a consumer that is not reading
+        await layer.group_add(group_name("alice", "s1"), stalled)
+        outbox = get_outbox()
+        start = (await outbox.asnapshot("alice", "s1")).version
+
+        async def deliver(entry, **kwargs):
+            return None
+
+        for i in range(10):
+            await accept("alice", "s1", f"k{i}")
+        while await outbox.adeliver_once("alice", "s1", deliver):
+            pass
+        final = await outbox.asnapshot("alice", "s1")
+        assert final.version - start == 30  # 10 accepts, 10 stagings, 10 sends
+        versions = []
+        while True:
+            try:
+                message = await asyncio.wait_for(layer.receive(stalled), 0.3)
+            except TimeoutError:
+                break
+            versions.append(message["version"])
+        assert 0 < len(versions) <= 5 and versions[-1] < final.version  # a gap
+        comm = communicator()
+        await comm.connect()
+        snap = await receive(comm)
+        assert snap["version"] == final.version and snap["entries"] == []
+        await comm.send_to(text_data='{"type": "resync"}')
+        assert (await receive(comm))["version"] == final.version
+        await close_all(comm)
+
+
+async def test_a_failed_publish_never_fails_the_mutation(valkey, caplog):
+    # case 06: the channel layer's Valkey is unreachable; accepts still answer
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
+        }
+    }
+    with override_settings(CHANNEL_LAYERS=config):
+        before = events.stats.failed
+        entry = await accept("w1", "s1", "k1")
+        assert entry.status == "pending"
+        assert events.stats.failed == before + 1
+        assert "could not publish" in caplog.text
+        await get_outbox().aclose()
+
+
+def test_sync_mutations_publish_too(valkey, r):
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [valkey]},
+        }
+    }
+    with override_settings(CHANNEL_LAYERS=config):
+        before = events.stats.published
+        get_outbox().accept("w1", "s1", user_id="u", client_message_id="k", text="t")
+        assert events.stats.published == before + 1
+
+
+async def test_a_worker_process_delivery_reaches_the_socket(layers, valkey):
+    comm = communicator()
+    await comm.connect()
+    await receive(comm)
+    entry = await accept("alice", "s1", "k1")
+    assert (await receive(comm))["state"] == "queued"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OUTBOX_VALKEY_URL": valkey,
+        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "OUTBOX_TEST_CHANNEL_LAYER": valkey,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "django",
+        "outbox_worker",
+        "--once",
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    assert await asyncio.wait_for(proc.wait(), 60) == 0
+    states = [(await receive(comm, timeout=10)) for _ in range(2)]
+    assert [s["state"] for s in states] == ["delivering", "sent"]
+    assert states[1]["entry"]["id"] == entry.id
+    await close_all(comm)
