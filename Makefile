@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo venv clean
+.PHONY: test lint demo venv clean opencode
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check django_outbox tests
 	$(BIN)/ruff format --check django_outbox tests
+
+# The real opencode server (npm opencode-ai, pinned) for the integration tests,
+# installed into the git-ignored .opencode/ folder.
+opencode:
+	sh scripts/install-opencode.sh
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

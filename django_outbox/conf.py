@@ -30,7 +30,8 @@ from .core.config import Config, ConfigError
 
 DEFAULT_ACCESS_POLICY = "django_outbox.policy.staff_only"
 CALLABLE_KEYS = ("DELIVERER", "VERIFIER", "LEDGER_PROBE", "ACCESS_POLICY")
-OWN_KEYS = {"VALKEY_URL", "CONNECTION_ALIAS", "CLUSTER", *CALLABLE_KEYS}
+# OPENCODE configures the built-in opencode deliverer (django_outbox.delivery.opencode).
+OWN_KEYS = {"VALKEY_URL", "CONNECTION_ALIAS", "CLUSTER", "OPENCODE", *CALLABLE_KEYS}
 
 
 @dataclass(frozen=True)

@@ -86,3 +86,13 @@ def test_connection_alias_borrows_a_cache_location():
 def test_get_outbox_is_shared_and_uses_the_env_url(valkey):
     assert get_outbox() is get_outbox()
     assert get_outbox().url == valkey
+
+
+def test_the_opencode_block_is_accepted():
+    outbox = {
+        "DELIVERER": "django_outbox.delivery.opencode.deliver",
+        "VERIFIER": "django_outbox.delivery.opencode.verify",
+        "OPENCODE": {"BASE_URL": "http://127.0.0.1:4096"},
+    }
+    with override_settings(OUTBOX=outbox):
+        assert callable(get_outbox().deliverer) and callable(get_outbox().verifier)

@@ -120,6 +120,9 @@ class Command(BaseCommand):
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
             await outbox.aclose()
+            opencode = sys.modules.get("django_outbox.delivery.opencode")
+            if opencode is not None:
+                await opencode.aclose()
 
     def _preflight(self, outbox, allow_eviction: bool) -> None:
         """Refuse to start against an unreachable or evicting Valkey."""

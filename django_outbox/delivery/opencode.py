@@ -1,0 +1,648 @@
+"""Built-in deliverer and verifier for an opencode server (``opencode serve``), over httpx.
+
+Use it from settings::
+
+    OUTBOX = {
+        "DELIVERER": "django_outbox.delivery.opencode.deliver",
+        "VERIFIER": "django_outbox.delivery.opencode.verify",
+        "OPENCODE": {"BASE_URL": "http://127.0.0.1:4096", "PASSWORD": "..."},
+    }
+
+or build an :class:`OpencodeClient` and pass its bound ``deliver`` / ``verify``
+to ``Outbox(deliverer=..., verifier=...)``. The outbox's session ID is the
+opencode session ID (``ses_...``).
+
+Every rule below comes from a real ``opencode serve`` 1.18.33 (the facts are
+written down in ``opencode-notes.md``; ``tests/test_opencode_real.py`` checks
+the ones this module relies on against that server):
+
+* ``POST /session/{id}/message`` stores the user message first, then blocks
+  until the assistant turn ends (with no reachable LLM provider: forever). A
+  provider error ends the turn with **200** and ``info.error`` on the assistant
+  message, so 2xx means "in the transcript", whatever the turn did.
+* A client-chosen ``messageID`` is honoured if it starts with ``msg`` (else 400
+  ``BadRequest``); the message is stored under exactly that ID and
+  ``GET /session/{id}/message/{messageID}`` returns it (404 ``NotFoundError``
+  before; that GET does not check that the session exists).
+* Sending the same ``messageID`` again does NOT deduplicate: the text is
+  appended as another part of the same message. So a resend is never safe
+  without verifying first; every attempt of one entry uses the same ID, so the
+  verifier can find any of them.
+* ``GET /session/{id}/message`` lists ``{"info": {...}, "parts": [...]}``
+  objects in creation order; 404 ``Session not found`` for an unknown
+  session; times are milliseconds since the epoch.
+* A session ID that does not start with ``ses`` makes every session route
+  answer **500** ``UnknownError``; this module refuses such an ID locally
+  (:class:`OpencodeSessionIDError`) instead of letting a 500 look ambiguous.
+* ``OPENCODE_SERVER_PASSWORD`` turns on HTTP Basic auth (user ``opencode``
+  unless ``OPENCODE_SERVER_USERNAME``) on every route, including health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import re
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote, urljoin, urlsplit
+
+import httpx
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+from ..core.entry import Entry, Verdict, parse_time
+from ..errors import AmbiguousError, TransientDeliveryError
+
+__all__ = [
+    "OpencodeClient",
+    "OpencodeError",
+    "OpencodeHTTPError",
+    "OpencodeSessionIDError",
+    "aclose",
+    "client_for",
+    "deliver",
+    "message_id_for",
+    "verify",
+]
+
+#: Entry IDs that already have opencode's ID shape (12 hex digits of time and
+#: counter, then 14 base62 characters); see ``django_outbox.core.entry.new_entry_id``.
+_OPENCODE_SHAPE = re.compile(r"[0-9a-f]{12}[0-9A-Za-z]{14}")
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_ERROR_BODY_LIMIT = 500  # characters of an error body kept in the exception message
+
+
+class OpencodeError(Exception):
+    """A definitive delivery failure reported by this module (not ambiguous, not transient)."""
+
+
+class OpencodeHTTPError(OpencodeError):
+    """opencode answered a non-2xx status. ``status`` (int), ``body`` (excerpt, str), ``url``."""
+
+    def __init__(self, status: int, body: str, url: str) -> None:
+        self.status = status
+        self.body = body
+        self.url = url
+        excerpt = f": {body}" if body else ""
+        super().__init__(f"opencode answered HTTP {status} for {url}{excerpt}")
+
+
+class OpencodeSessionIDError(OpencodeError, ValueError):
+    """The session ID is not an opencode session ID (must start with ``ses``)."""
+
+
+def message_id_for(entry: Entry) -> str:
+    """The opencode ``messageID`` for ``entry``: the same for every attempt.
+
+    ``"msg_" + entry.id`` when the entry ID has opencode's shape (the outbox
+    mints IDs that way, so messageIDs sort in accept order). Any other entry
+    ID (seeded, imported) gets a derived ID of the same shape: 12 hex digits of
+    the accept time in opencode's encoding (``ms * 0x1000``, 48 bits) and 14
+    base62 characters from a SHA-256 of the entry ID, so it is stable and still
+    sorts by accept time. opencode itself only checks the ``msg`` prefix.
+    """
+    if _OPENCODE_SHAPE.fullmatch(entry.id):
+        return "msg_" + entry.id
+    try:
+        ms = parse_time(entry.accepted_at) // 1000
+    except (TypeError, ValueError):
+        ms = 0
+    time_part = (ms * 0x1000) & 0xFFFF_FFFF_FFFF
+    digest = int.from_bytes(hashlib.sha256(entry.id.encode("utf-8")).digest(), "big")
+    tail = []
+    for _ in range(14):
+        digest, digit = divmod(digest, 62)
+        tail.append(_BASE62[digit])
+    return f"msg_{time_part:012x}{''.join(tail)}"
+
+
+def _check_session_id(session_id: str) -> str:
+    if not isinstance(session_id, str) or not session_id.startswith("ses"):
+        raise OpencodeSessionIDError(
+            f"{session_id!r} is not an opencode session ID (they start with 'ses'); "
+            "opencode answers 500 for it"
+        )
+    return quote(session_id, safe="")
+
+
+def _excerpt(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_BODY_LIMIT else text[:_ERROR_BODY_LIMIT] + "..."
+
+
+def _user_message_has_text(message: Any, text: str) -> bool | None:
+    """True/False if ``message`` is a well-formed ``{info, parts}`` object, None if malformed."""
+    if not isinstance(message, dict):
+        return None
+    info, parts = message.get("info"), message.get("parts")
+    if not isinstance(info, dict) or not isinstance(parts, list):
+        return None
+    if info.get("role") != "user":
+        return False
+    return any(
+        isinstance(part, dict) and part.get("type") == "text" and part.get("text") == text
+        for part in parts
+    )
+
+
+class OpencodeClient:
+    """Deliver outbox entries to one opencode server and verify them in its transcript.
+
+    ``base_url``: the server, e.g. ``"http://127.0.0.1:4096"`` (a path prefix
+    is kept). ``username`` / ``password``: HTTP Basic credentials; no auth when
+    ``password`` is None. ``connect_timeout`` (seconds): to establish a
+    connection. ``timeout`` (seconds): for each read/write of the delivery POST,
+    which blocks for the whole assistant turn, so keep it long; the outbox's
+    ``DELIVERY_TIMEOUT`` bounds the attempt as a whole anyway.
+    ``verify_timeout`` (seconds): per read for the verifier's GETs.
+    ``clock_skew`` (seconds): how far the agent's clock may run behind ours
+    when the verifier looks for our text in the transcript (see :meth:`verify`).
+    ``transport``: an ``httpx`` async transport (tests).
+
+    One ``httpx.AsyncClient`` is made per running event loop (a client must
+    never be shared across loops); :meth:`aclose` closes the running loop's one.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        username: str = "opencode",
+        password: str | None = None,
+        connect_timeout: float = 5.0,
+        timeout: float = 600.0,
+        verify_timeout: float = 30.0,
+        clock_skew: float = 2.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.username = username
+        self.password = password
+        self.connect_timeout = float(connect_timeout)
+        self.timeout = float(timeout)
+        self.verify_timeout = float(verify_timeout)
+        self.clock_skew = float(clock_skew)
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return f"<OpencodeClient {self.base_url}>"
+
+    # -- the httpx client of the running loop ------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None or client.is_closed:
+                auth = None if self.password is None else (self.username, self.password)
+                client = httpx.AsyncClient(
+                    auth=auth,
+                    timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+                    transport=self._transport,
+                    headers={"Accept": "application/json"},
+                )
+                self._clients[loop] = client
+            return client
+
+    async def aclose(self) -> None:
+        """Close the running loop's httpx client (a no-op if it has none)."""
+        with self._lock:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    @property
+    def has_clients(self) -> bool:
+        """True while some event loop still holds an open httpx client of this object."""
+        with self._lock:
+            return any(not c.is_closed for c in self._clients.values())
+
+    # -- deliver -------------------------------------------------------------------
+
+    async def deliver(
+        self, entry: Entry, *, workspace_id: str, session_id: str, attempt: int
+    ) -> None:
+        """Send ``entry`` as a user prompt: ``POST {base}/session/{session_id}/message``.
+
+        Body: ``{"parts": [{"type": "text", "text": entry.text}], "messageID":
+        message_id_for(entry)}``, plus ``"model": entry.model`` when the entry has
+        one. Returns when opencode answers 2xx (the turn has ended; the message is
+        in the transcript). ``workspace_id`` and ``attempt`` are not sent.
+
+        How an ending is classified (the outcomes are DESIGN section 5's):
+
+        * 2xx → returns (delivered). The body is not read: the status is enough.
+        * Nothing was sent → :class:`TransientDeliveryError` (``err`` = the httpx
+          error): ``ConnectError`` (refused, unreachable, name resolution or TLS
+          handshake failed), ``ConnectTimeout``, ``PoolTimeout`` (no pooled
+          connection became free), ``ProxyError`` (the proxy refused CONNECT).
+          httpx raises these only before the request is written.
+        * Maybe sent → :class:`AmbiguousError`: ``ReadTimeout`` (the turn outlasts
+          ``timeout``), ``ReadError`` / ``RemoteProtocolError`` (connection cut or
+          garbled while waiting for or reading the answer), ``WriteError`` /
+          ``WriteTimeout`` (part of the request went out), ``CloseError``, and any
+          other (future) ``httpx.TransportError``. opencode stores the message
+          before the turn and keeps going when the client disconnects, so the
+          verifier decides.
+        * 5xx → :class:`AmbiguousError` wrapping :class:`OpencodeHTTPError`: a
+          server error may come after the message was stored, and a proxy's
+          502/504 says nothing about the upstream.
+        * 3xx/4xx (400 bad payload such as a model without ``providerID``, 401
+          auth, 404 unknown session, ...) → :class:`OpencodeHTTPError` with
+          ``status`` and a body excerpt: a definitive failure (refused before
+          storing).
+        * A session ID not starting with ``ses`` → :class:`OpencodeSessionIDError`
+          before sending (opencode would answer 500 to it).
+        * ``LocalProtocolError``, ``UnsupportedProtocol``, ``InvalidURL`` (no valid
+          request could be formed) → :class:`OpencodeError`: definitive.
+
+        Cancellation (the outbox's ``DELIVERY_TIMEOUT``) propagates; the outbox
+        records it as ambiguous.
+        """
+        path = f"/session/{_check_session_id(session_id)}/message"
+        body: dict[str, Any] = {
+            "parts": [{"type": "text", "text": entry.text}],
+            "messageID": message_id_for(entry),
+        }
+        if entry.model is not None:
+            body["model"] = entry.model
+        client = self._client()
+        url = self.base_url + path
+        try:
+            request = client.build_request("POST", url, json=body)
+        except httpx.InvalidURL as exc:
+            raise OpencodeError(f"invalid opencode URL {url!r}: {exc}") from exc
+        try:
+            response = await client.send(request, stream=True)
+        except (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.PoolTimeout,
+            httpx.ProxyError,
+        ) as exc:
+            raise TransientDeliveryError(
+                f"could not connect to opencode at {self.base_url}: {type(exc).__name__}: {exc}",
+                exc,
+            ) from exc
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
+            raise OpencodeError(f"invalid request to {url}: {type(exc).__name__}: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise AmbiguousError(
+                f"sent to opencode at {self.base_url} but got no answer: {type(exc).__name__}: "
+                f"{exc}".rstrip(": "),
+                exc,
+            ) from exc
+        status = response.status_code
+        raw = b""
+        try:
+            if not 200 <= status < 300:
+                async for chunk in response.aiter_bytes():
+                    raw += chunk
+                    if len(raw) >= 4 * _ERROR_BODY_LIMIT:
+                        break
+        except httpx.HTTPError:
+            pass  # the status is known; the body only decorates the error
+        finally:
+            with contextlib.suppress(httpx.HTTPError):
+                await response.aclose()
+        if 200 <= status < 300:
+            return
+        error = OpencodeHTTPError(status, _excerpt(raw.decode("utf-8", "replace")), url)
+        if status >= 500:
+            raise AmbiguousError(str(error), error) from error
+        raise error
+
+    # -- verify ----------------------------------------------------------------------
+
+    async def verify(self, entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
+        """Decide whether an attempt of ``entry`` whose outcome was unknown reached opencode.
+
+        1. ``GET {base}/session/{sid}/message/{messageID}``: 200 with a user
+           message that has a text part equal to ``entry.text`` → DELIVERED (a
+           resend appends the text as another part; still DELIVERED). 200 with
+           anything else → INCONCLUSIVE (that ID is ours; never resend onto it).
+        2. On 404, make sure the transcript is readable:
+           ``GET {base}/session/{sid}/message`` (following ``Link: rel=next``
+           pages if the server paginates). Our messageID in it with our text →
+           DELIVERED. A user message with a text part equal to ``entry.text``
+           whose ``time.created`` is at or after the start of the send window
+           (``entry.last_attempt_at``, else ``accepted_at``) minus ``clock_skew``
+           → DELIVERED (for servers that store prompts under their own IDs).
+           Otherwise → ABSENT: safe to send again.
+        3. Anything else (connection error, timeout, other status, non-JSON,
+           unexpected shape, an unknown session's 404 on the list) →
+           INCONCLUSIVE; the outbox checks again later.
+
+        Never raises for network or protocol problems. Residual risks: a
+        same-text prompt from someone else created inside the window is taken
+        for ours (step 2); and a request still on its way into the transcript
+        while we look is missed. opencode 1.18.33 keeps processing a prompt
+        after its client disconnected and took up to 1.3 s to store the first
+        prompt after a start (about 0.1 s later on), so the outbox's
+        ``VERIFY_DELAY`` (default 3 s) must stay above that.
+        """
+        try:
+            sid = _check_session_id(session_id)
+        except OpencodeSessionIDError:
+            return Verdict.INCONCLUSIVE
+        mid = message_id_for(entry)
+        client = self._client()
+        timeout = httpx.Timeout(self.verify_timeout, connect=self.connect_timeout)
+        try:
+            response = await client.get(
+                f"{self.base_url}/session/{sid}/message/{mid}", timeout=timeout
+            )
+        except httpx.HTTPError:
+            return Verdict.INCONCLUSIVE
+        if response.status_code == 200:
+            try:
+                found = _user_message_has_text(response.json(), entry.text)
+            except ValueError:
+                return Verdict.INCONCLUSIVE
+            return Verdict.DELIVERED if found else Verdict.INCONCLUSIVE
+        if response.status_code != 404:
+            return Verdict.INCONCLUSIVE
+        messages = await self._transcript(client, f"{self.base_url}/session/{sid}/message", timeout)
+        if messages is None:
+            return Verdict.INCONCLUSIVE
+        return self._judge_transcript(entry, mid, messages)
+
+    async def _transcript(
+        self, client: httpx.AsyncClient, url: str, limits: httpx.Timeout
+    ) -> list[Any] | None:
+        """The whole transcript as a list, or None if it could not be read completely."""
+        messages: list[Any] = []
+        next_url: str | None = url
+        for _ in range(100):
+            try:
+                response = await client.get(next_url, timeout=limits)
+                page = response.json() if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                return None
+            if not isinstance(page, list):
+                return None
+            messages.extend(page)
+            link = response.links.get("next", {}).get("url")
+            if not link:
+                return messages
+            next_url = urljoin(str(response.url), link)
+        return None  # more pages than we are willing to read: partial
+
+    def _judge_transcript(self, entry: Entry, mid: str, messages: list[Any]) -> Verdict:
+        try:
+            window_ms = parse_time(entry.last_attempt_at or entry.accepted_at) // 1000
+        except (TypeError, ValueError):
+            return Verdict.INCONCLUSIVE
+        window_ms -= int(self.clock_skew * 1000)
+        for message in messages:
+            has_text = _user_message_has_text(message, entry.text)
+            if has_text is None:
+                return Verdict.INCONCLUSIVE
+            info = message["info"]
+            if info.get("id") == mid:
+                # Stored between our two GETs (or the server's lookup is inconsistent).
+                return Verdict.DELIVERED if has_text else Verdict.INCONCLUSIVE
+            if not has_text:
+                continue
+            times = info.get("time")
+            created = times.get("created") if isinstance(times, dict) else None
+            if isinstance(created, bool) or not isinstance(created, int | float):
+                return Verdict.INCONCLUSIVE  # our text, but we cannot place it in time
+            if created >= window_ms:
+                return Verdict.DELIVERED
+        return Verdict.ABSENT
+
+
+# --- settings-driven module functions ---------------------------------------------
+#
+# OUTBOX["OPENCODE"] = {
+#     "BASE_URL": "http://127.0.0.1:4096",          # str; needed unless WORKSPACE_URLS covers all
+#     "WORKSPACE_URLS": {"ws1": "http://a:4096"},   # or a callable / dotted path (ws) -> URL|None
+#     "USERNAME": "opencode", "PASSWORD": None,     # HTTP Basic; None = no auth
+#     "CONNECT_TIMEOUT": 5, "TIMEOUT": <DELIVERY_TIMEOUT or 600>,   # seconds or timedelta
+#     "VERIFY_TIMEOUT": 30, "CLOCK_SKEW": 2,        # seconds or timedelta
+# }
+
+_KEYS = {
+    "BASE_URL",
+    "WORKSPACE_URLS",
+    "USERNAME",
+    "PASSWORD",
+    "CONNECT_TIMEOUT",
+    "TIMEOUT",
+    "VERIFY_TIMEOUT",
+    "CLOCK_SKEW",
+}
+
+
+@dataclass(frozen=True)
+class _Settings:
+    base_url: str | None
+    workspace_urls: Mapping[str, str] | Callable[[str], Any] | None
+    username: str
+    password: str | None
+    connect_timeout: float
+    timeout: float
+    verify_timeout: float
+    clock_skew: float
+
+
+def _name(key: str) -> str:
+    return f"OUTBOX['OPENCODE'][{key!r}]"
+
+
+def _check_url(key: str, value: Any) -> str:
+    if isinstance(value, str):
+        parts = urlsplit(value)
+        if parts.scheme in ("http", "https") and parts.netloc:
+            return value.rstrip("/")
+    raise ImproperlyConfigured(
+        f"{key} must be an http(s) URL such as http://127.0.0.1:4096, got {value!r}"
+    )
+
+
+def _seconds(raw: Mapping[str, Any], key: str, default: float, *, zero_ok: bool = False) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ImproperlyConfigured(f"{_name(key)} must be a number of seconds or a timedelta")
+    if not (value > 0 or (zero_ok and value == 0)) or value == float("inf"):
+        raise ImproperlyConfigured(f"{_name(key)} must be a finite, positive number of seconds")
+    return float(value)
+
+
+def _load_settings() -> _Settings:
+    outbox = getattr(settings, "OUTBOX", None) or {}
+    if not isinstance(outbox, Mapping):
+        raise ImproperlyConfigured("settings.OUTBOX must be a dict")
+    raw = outbox.get("OPENCODE")
+    if raw is None:
+        raise ImproperlyConfigured(
+            "OUTBOX['OPENCODE'] is required by django_outbox.delivery.opencode "
+            "(a dict with at least BASE_URL)"
+        )
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured("OUTBOX['OPENCODE'] must be a dict")
+    unknown = sorted(set(raw) - _KEYS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"OUTBOX['OPENCODE'] has unknown keys {unknown}; known: {sorted(_KEYS)}"
+        )
+    base_url = raw.get("BASE_URL")
+    if base_url is not None:
+        base_url = _check_url(_name("BASE_URL"), base_url)
+    workspace_urls = raw.get("WORKSPACE_URLS")
+    if isinstance(workspace_urls, str):
+        try:
+            workspace_urls = import_string(workspace_urls)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"{_name('WORKSPACE_URLS')} cannot be imported: {exc}"
+            ) from exc
+    if isinstance(workspace_urls, Mapping):
+        workspace_urls = {
+            ws: _check_url(f"{_name('WORKSPACE_URLS')}[{ws!r}]", url)
+            for ws, url in workspace_urls.items()
+        }
+    elif workspace_urls is not None and not callable(workspace_urls):
+        raise ImproperlyConfigured(
+            f"{_name('WORKSPACE_URLS')} must be a dict, a callable or a dotted path to one"
+        )
+    if base_url is None and workspace_urls is None:
+        raise ImproperlyConfigured(f"{_name('BASE_URL')} is required (or WORKSPACE_URLS)")
+    username = raw.get("USERNAME", "opencode")
+    if not isinstance(username, str) or not username or ":" in username:
+        raise ImproperlyConfigured(f"{_name('USERNAME')} must be a non-empty string without ':'")
+    password = raw.get("PASSWORD")
+    if password is not None and not isinstance(password, str):
+        raise ImproperlyConfigured(f"{_name('PASSWORD')} must be a string or None")
+    delivery_timeout = outbox.get("DELIVERY_TIMEOUT", 600.0)
+    if isinstance(delivery_timeout, timedelta):
+        delivery_timeout = delivery_timeout.total_seconds()
+    if isinstance(delivery_timeout, bool) or not isinstance(delivery_timeout, int | float):
+        delivery_timeout = 600.0  # conf.py reports a bad DELIVERY_TIMEOUT itself
+    return _Settings(
+        base_url=base_url,
+        workspace_urls=workspace_urls,
+        username=username,
+        password=password,
+        connect_timeout=_seconds(raw, "CONNECT_TIMEOUT", 5.0),
+        timeout=_seconds(raw, "TIMEOUT", float(delivery_timeout)),
+        verify_timeout=_seconds(raw, "VERIFY_TIMEOUT", 30.0),
+        clock_skew=_seconds(raw, "CLOCK_SKEW", 2.0, zero_ok=True),
+    )
+
+
+_state_lock = threading.Lock()
+_settings: _Settings | None = None
+_by_url: dict[str, OpencodeClient] = {}
+_retired: list[OpencodeClient] = []  # clients of replaced settings, closed by aclose()
+
+
+def _current_settings() -> _Settings:
+    global _settings
+    with _state_lock:
+        if _settings is None:
+            _settings = _load_settings()
+        return _settings
+
+
+async def _base_url_for(workspace_id: str) -> str:
+    s = _current_settings()
+    url: Any = None
+    if isinstance(s.workspace_urls, Mapping):
+        url = s.workspace_urls.get(workspace_id)
+    elif s.workspace_urls is not None:
+        url = s.workspace_urls(workspace_id)
+        if inspect.isawaitable(url):
+            url = await url
+        if url is not None:
+            url = _check_url(f"{_name('WORKSPACE_URLS')}({workspace_id!r})", url)
+    url = url or s.base_url
+    if url is None:
+        raise ImproperlyConfigured(
+            f"no opencode URL for workspace {workspace_id!r}: {_name('WORKSPACE_URLS')} has "
+            "none and BASE_URL is not set"
+        )
+    return url
+
+
+async def client_for(workspace_id: str) -> OpencodeClient:
+    """The cached :class:`OpencodeClient` serving ``workspace_id`` under the current settings.
+
+    One client per base URL. Raises ``ImproperlyConfigured`` for bad settings.
+    ``WORKSPACE_URLS`` may be a dict, or a callable ``(workspace_id) -> URL | None``
+    (sync or async; a sync one must not block) or its dotted path; a missing
+    workspace or ``None`` falls back to ``BASE_URL``.
+    """
+    url = await _base_url_for(workspace_id)
+    s = _current_settings()
+    with _state_lock:
+        client = _by_url.get(url)
+        if client is None:
+            client = _by_url[url] = OpencodeClient(
+                url,
+                username=s.username,
+                password=s.password,
+                connect_timeout=s.connect_timeout,
+                timeout=s.timeout,
+                verify_timeout=s.verify_timeout,
+                clock_skew=s.clock_skew,
+            )
+        return client
+
+
+async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
+    """``OUTBOX["DELIVERER"]``: :meth:`OpencodeClient.deliver` on the workspace's server."""
+    client = await client_for(workspace_id)
+    await client.deliver(entry, workspace_id=workspace_id, session_id=session_id, attempt=attempt)
+
+
+async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
+    """``OUTBOX["VERIFIER"]``: :meth:`OpencodeClient.verify` on the workspace's server.
+
+    Raises ``ImproperlyConfigured`` for bad settings (the outbox then counts
+    the pass as inconclusive); never raises for network problems.
+    """
+    client = await client_for(workspace_id)
+    return await client.verify(entry, workspace_id=workspace_id, session_id=session_id)
+
+
+async def aclose() -> None:
+    """Close the running loop's httpx clients of every cached (and replaced) opencode client.
+
+    Call it from each event loop that used :func:`deliver` / :func:`verify`
+    before that loop ends (the worker at shutdown; tests at teardown).
+    """
+    with _state_lock:
+        clients = [*_by_url.values(), *_retired]
+    for client in clients:
+        await client.aclose()
+    with _state_lock:
+        _retired[:] = [c for c in _retired if c.has_clients]
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    global _settings
+    if setting != "OUTBOX":
+        return
+    with _state_lock:
+        _settings = None
+        _retired.extend(c for c in _by_url.values() if c.has_clients)
+        _by_url.clear()
