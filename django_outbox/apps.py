@@ -8,4 +8,4 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from . import conf  # noqa: F401  (connects setting_changed)
+        from . import checks, conf  # noqa: F401  (registers checks, connects setting_changed)

@@ -1,0 +1,206 @@
+"""System checks (``manage.py check``, ``--deploy``): DESIGN section 14.
+
+IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
+
+- ``E001`` the ``OUTBOX`` settings are invalid
+- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY does not import or call
+- ``E003`` Valkey is unreachable
+- ``E004`` Valkey's ``maxmemory-policy`` is not ``noeviction`` (it would delete queued messages)
+- ``E005`` the outbox WebSocket consumer is routed but no channel layer is configured
+- ``W001`` the default access policy (staff only) is in use
+- ``W002`` no DELIVERER is configured (``outbox_worker`` will refuse to start)
+- ``W003`` (deploy) Valkey persists nothing: neither AOF nor RDB snapshots
+- ``W004`` (deploy) ``appendfsync no``: the OS decides when the AOF reaches the disk
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
+
+CONNECT_TIMEOUT = 1.0
+
+
+def _settings_or_error(errors: list[checks.CheckMessage]):
+    try:
+        return outbox_settings()
+    except ImproperlyConfigured as exc:
+        errors.append(
+            checks.Error(
+                f"Invalid OUTBOX settings: {exc}",
+                hint="Fix the named key; see the Settings section of django-outbox's README.",
+                id="django_outbox.E001",
+            )
+        )
+        return None
+
+
+@checks.register("outbox")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    conf = _settings_or_error(errors)
+    if conf is None:
+        return errors
+    for key in CALLABLE_KEYS:
+        try:
+            conf.resolve(key)
+        except ImproperlyConfigured as exc:
+            errors.append(
+                checks.Error(
+                    str(exc),
+                    hint=f"Point OUTBOX[{key!r}] at a callable (or a dotted path to one).",
+                    id="django_outbox.E002",
+                )
+            )
+    if conf.access_policy == DEFAULT_ACCESS_POLICY:
+        errors.append(
+            checks.Warning(
+                "The default outbox access policy is in use: only staff can use the queue API "
+                "and WebSocket.",
+                hint="Set OUTBOX['ACCESS_POLICY'] to a callable (user, workspace_id, session_id, "
+                "action) -> bool that knows who may use which workspace.",
+                id="django_outbox.W001",
+            )
+        )
+    if conf.deliverer is None:
+        errors.append(
+            checks.Warning(
+                "No OUTBOX['DELIVERER'] is configured: messages are accepted but "
+                "'manage.py outbox_worker' will refuse to start.",
+                hint="Set it to 'django_outbox.delivery.opencode.deliver' or your own callable.",
+                id="django_outbox.W002",
+            )
+        )
+    errors += _check_channel_layer()
+    return errors
+
+
+def _valkey_info(url: str, errors: list[checks.CheckMessage]) -> dict[str, Any] | None:
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
+    )
+    try:
+        info = client.info("memory")
+        info.update(client.info("persistence"))
+        try:
+            info["appendfsync"] = client.config_get("appendfsync").get("appendfsync")
+            info["save"] = client.config_get("save").get("save")
+        except redis.ResponseError:
+            pass  # CONFIG may be disabled on managed services
+        return info
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        errors.append(
+            checks.Error(
+                f"Valkey at {url} is unreachable: {exc}",
+                hint="Start Valkey or fix OUTBOX['VALKEY_URL'] (or OUTBOX_VALKEY_URL).",
+                id="django_outbox.E003",
+            )
+        )
+        return None
+    finally:
+        client.close()
+
+
+@checks.register("outbox")
+def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    conf = _settings_or_error([])
+    if conf is None or conf.cluster:
+        return errors
+    info = _valkey_info(conf.valkey_url, errors)
+    if info is None:
+        return errors
+    policy = info.get("maxmemory_policy")
+    if policy is not None and policy != "noeviction":
+        errors.append(
+            checks.Error(
+                f"Valkey's maxmemory-policy is {policy!r}: when memory runs out it evicts keys, "
+                "silently deleting queued messages, leases and dedupe markers.",
+                hint="Run Valkey with 'maxmemory-policy noeviction' (accepts then fail with 503 "
+                "when memory is full, and nothing accepted is lost).",
+                id="django_outbox.E004",
+            )
+        )
+    return errors
+
+
+@checks.register("outbox", deploy=True)
+def check_persistence(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    conf = _settings_or_error([])
+    if conf is None or conf.cluster:
+        return errors
+    info = _valkey_info(conf.valkey_url, [])
+    if info is None:
+        return errors
+    aof = str(info.get("aof_enabled", "0")) == "1"
+    rdb = bool(info.get("save"))
+    if not aof and not rdb:
+        errors.append(
+            checks.Warning(
+                "Valkey persists nothing (appendonly no, no save points): a restart loses every "
+                "queued message.",
+                hint="Turn on the append-only file: 'appendonly yes' with 'appendfsync everysec' "
+                "(or 'always'; or OUTBOX['WAIT_AOF'] = True for per-accept fsync).",
+                id="django_outbox.W003",
+            )
+        )
+    if aof and info.get("appendfsync") == "no":
+        errors.append(
+            checks.Warning(
+                "Valkey runs with 'appendfsync no': accepted messages reach the disk when the OS "
+                "decides (often 30 s later).",
+                hint="Use 'appendfsync everysec' (or OUTBOX['WAIT_AOF'] = True) or 'always'.",
+                id="django_outbox.W004",
+            )
+        )
+    return errors
+
+
+def _routes_consumer(application: Any, depth: int = 0) -> bool:
+    from .consumers import OutboxConsumer
+
+    if application is None or depth > 12:
+        return False
+    if getattr(application, "consumer_class", None) is OutboxConsumer:
+        return True
+    for attr in ("application_mapping", "routes", "inner", "application", "callback"):
+        child = getattr(application, attr, None)
+        if isinstance(child, dict):
+            if any(_routes_consumer(c, depth + 1) for c in child.values()):
+                return True
+        elif isinstance(child, list | tuple):
+            if any(_routes_consumer(c, depth + 1) for c in child):
+                return True
+        elif child is not None and child is not application and _routes_consumer(child, depth + 1):
+            return True
+    return False
+
+
+def _check_channel_layer() -> list[checks.CheckMessage]:
+    path = getattr(settings, "ASGI_APPLICATION", None)
+    if not path or getattr(settings, "CHANNEL_LAYERS", None):
+        return []
+    from django.utils.module_loading import import_string
+
+    try:
+        application = import_string(path)
+    except Exception:
+        return []  # Channels reports an unloadable ASGI_APPLICATION itself
+    if not _routes_consumer(application):
+        return []
+    return [
+        checks.Error(
+            "The outbox WebSocket consumer is routed but CHANNEL_LAYERS is not configured: "
+            "clients would get no live queue updates.",
+            hint="Configure a channel layer, e.g. channels_redis.core.RedisChannelLayer on your "
+            "Valkey.",
+            id="django_outbox.E005",
+        )
+    ]

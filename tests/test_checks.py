@@ -1,0 +1,89 @@
+"""System checks: each ID fires when it should and only then (DESIGN section 14)."""
+
+import pytest
+import redis
+from django.core import checks
+from django.test import override_settings
+
+from .valkey import ValkeyProcess, free_port
+
+GOOD = {"DELIVERER": "tests.agents.deliver", "ACCESS_POLICY": "tests.policies.own_workspace"}
+
+
+def ids(deploy=False, **kwargs):
+    return sorted(
+        m.id for m in checks.run_checks(tags=["outbox"], include_deployment_checks=deploy)
+    )
+
+
+def test_a_good_setup_passes(valkey):
+    with override_settings(OUTBOX=GOOD):
+        assert ids() == []
+
+
+def test_default_policy_and_no_deliverer_warn():
+    assert ids() == ["django_outbox.W001", "django_outbox.W002"]
+
+
+def test_invalid_settings_are_an_error():
+    with override_settings(OUTBOX={"CAP": 0}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E001"]
+    assert "'CAP'] must be an integer >= 1" in messages[0].msg
+
+
+@pytest.mark.parametrize("value", ["tests.nope.deliver", "django_outbox.policy.ACTIONS"])
+def test_callables_must_import_and_be_callable(value):
+    with override_settings(OUTBOX={**GOOD, "VERIFIER": value}):
+        assert "django_outbox.E002" in ids()
+
+
+def test_unreachable_valkey(monkeypatch):
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", f"redis://127.0.0.1:{free_port()}/0")
+    with override_settings(OUTBOX=GOOD):
+        assert ids() == ["django_outbox.E003"]
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
+def test_evicting_valkey_is_an_error(valkey, r, policy):
+    # case 08
+    r.config_set("maxmemory-policy", policy)
+    try:
+        with override_settings(OUTBOX=GOOD):
+            messages = checks.run_checks(tags=["outbox"])
+        assert [m.id for m in messages] == ["django_outbox.E004"]
+        assert "noeviction" in messages[0].hint
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+
+
+def test_no_persistence_warns_under_deploy(valkey):
+    # the test server runs with appendonly no and no save points
+    with override_settings(OUTBOX=GOOD):
+        assert ids() == []
+        assert ids(deploy=True) == ["django_outbox.W003"]
+
+
+def test_appendfsync_no_warns_under_deploy(tmp_path, monkeypatch):
+    server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="no").start()
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", server.url)
+    try:
+        with override_settings(OUTBOX=GOOD):
+            assert ids(deploy=True) == ["django_outbox.W004"]
+        client = redis.Redis.from_url(server.url)
+        client.config_set("appendfsync", "everysec")
+        client.close()
+        with override_settings(OUTBOX=GOOD):
+            assert ids(deploy=True) == []
+    finally:
+        server.stop()
+
+
+def test_routed_consumer_without_channel_layer_is_an_error(valkey):
+    with override_settings(OUTBOX=GOOD, ASGI_APPLICATION="tests.asgi_with_consumer.application"):
+        assert ids() == ["django_outbox.E005"]
+    layers = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    with override_settings(
+        OUTBOX=GOOD, ASGI_APPLICATION="tests.asgi_with_consumer.application", CHANNEL_LAYERS=layers
+    ):
+        assert ids() == []
