@@ -10,9 +10,11 @@ never fails the mutation: the event is a hint, the snapshot is the truth
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
+import weakref
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -23,6 +25,21 @@ logger = logging.getLogger("django_outbox.events")
 
 GROUP_PREFIX = "outbox."
 MESSAGE_TYPE = "queue.update"
+#: Publications in flight at once per event loop, so a busy worker never exhausts
+#: the channel layer's connection pool (channels-redis raises instead of waiting).
+MAX_CONCURRENT_PUBLISHES = 32
+
+_limits: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _limit() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    semaphore = _limits.get(loop)
+    if semaphore is None:
+        semaphore = _limits[loop] = asyncio.Semaphore(MAX_CONCURRENT_PUBLISHES)
+    return semaphore
 
 
 def group_name(workspace_id: str, session_id: str) -> str:
@@ -84,9 +101,10 @@ async def apublish(event: OutboxEvent) -> bool:
         layer = _layer()
         if layer is None:
             return True
-        await layer.group_send(
-            group_name(event.workspace_id, event.session_id), update_message(event)
-        )
+        async with _limit():
+            await layer.group_send(
+                group_name(event.workspace_id, event.session_id), update_message(event)
+            )
     except Exception as exc:
         stats.count(False)
         logger.warning(

@@ -198,3 +198,20 @@ def test_bad_arguments():
         Worker(outbox, None, concurrency=0, tick=1, stop=asyncio.Event())
     with pytest.raises(ValueError, match="tick"):
         Worker(outbox, None, concurrency=1, tick=0, stop=asyncio.Event())
+
+
+async def test_many_concurrent_deliveries_share_a_bounded_pool(make_outbox, signals_log):
+    # 300 sessions at once with a pool of 16 connections: callers wait for a
+    # connection instead of failing a settle (which would leave a delivered
+    # entry to verification, or with no verifier, to an unverifiable error).
+    async def deliver(entry, **kwargs):
+        await asyncio.sleep(0.01)
+
+    outbox = make_outbox(deliverer=deliver, client_options={"max_connections": 16})
+    for i in range(300):
+        await outbox.aaccept(WS, f"s{i}", user_id="u", client_message_id="a", text="a")
+        await outbox.aaccept(WS, f"s{i}", user_id="u", client_message_id="b", text="b")
+    stats = await outbox.arun(once=True, concurrency=300, heartbeat=False)
+    assert stats.errors == 0 and stats.steps == 600
+    assert len(signals_log.ids("delivered")) == 600
+    await outbox.aclose()

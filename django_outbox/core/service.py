@@ -263,6 +263,11 @@ class Outbox:
             "socket_connect_timeout": 2.0,
             "socket_timeout": 5.0,
             "health_check_interval": 30,
+            # A blocking pool: under load callers wait for a connection rather
+            # than failing (a failed settle would turn a known outcome into one
+            # that must be verified).
+            "max_connections": 128,
+            "timeout": 20.0,
         }
         options.update(client_options or {})
         self._client_options = options
@@ -301,9 +306,12 @@ class Outbox:
             if self.cluster:
                 from redis.cluster import RedisCluster
 
-                self._client = RedisCluster.from_url(self.url, **self._client_kwargs())
+                kwargs = self._client_kwargs()
+                kwargs.pop("timeout", None)
+                self._client = RedisCluster.from_url(self.url, **kwargs)
             else:
-                self._client = redis.Redis.from_url(self.url, **self._client_kwargs())
+                pool = redis.BlockingConnectionPool.from_url(self.url, **self._client_kwargs())
+                self._client = redis.Redis.from_pool(pool)
         return self._client
 
     def _aclient(self) -> Any:
@@ -313,11 +321,14 @@ class Outbox:
             if self.cluster:
                 from redis.asyncio.cluster import RedisCluster
 
-                client = RedisCluster.from_url(self.url, **self._client_kwargs(asynchronous=True))
+                kwargs = self._client_kwargs(asynchronous=True)
+                kwargs.pop("timeout", None)
+                client = RedisCluster.from_url(self.url, **kwargs)
             else:
-                client = redis.asyncio.Redis.from_url(
+                pool = redis.asyncio.BlockingConnectionPool.from_url(
                     self.url, **self._client_kwargs(asynchronous=True)
                 )
+                client = redis.asyncio.Redis.from_pool(pool)
             self._aclients[loop] = client
         return client
 
@@ -1145,7 +1156,7 @@ class Outbox:
                 await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
             raise
         try:
-            result = await self._arun(self._settle_plan(ws, ses, token, entry, outcome, error))
+            result = await self._asettle(ws, ses, token, entry, outcome, error)
         finally:
             if keeper.drop(token):
                 logger.warning("outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id)
@@ -1165,6 +1176,30 @@ class Outbox:
         )
         self._tell_listeners(step, outcome, result, seconds)
         return True
+
+    async def _asettle(
+        self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
+    ) -> str:
+        """Record an outcome, retrying while Valkey is briefly unavailable.
+
+        The outcome is known here; losing it to a hiccup would leave the entry to
+        verification. The lease keeper goes on renewing meanwhile; after half a
+        lease of failures the error propagates (the entry is then recovered as
+        verifying once the lease expires — safe, only slower).
+        """
+        deadline = time.monotonic() + self.config.lock_ttl / 2
+        delay = 0.05
+        while True:
+            try:
+                return await self._arun(self._settle_plan(ws, ses, token, entry, outcome, error))
+            except OutboxUnavailable as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                logger.warning(
+                    "outbox: recording %s for %s failed (%s); retrying", outcome, entry.id, exc
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def _afire_owed(
         self, ws: str, ses: str, keys: SessionKeys, token: str, owed: list[Entry]
