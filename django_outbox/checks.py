@@ -4,13 +4,14 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 
 - ``E001`` the ``OUTBOX`` settings are invalid
 - ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY does not import or call
-- ``E003`` Valkey is unreachable
-- ``E004`` Valkey's ``maxmemory-policy`` is not ``noeviction`` (it would delete queued messages)
-- ``E005`` the outbox WebSocket consumer is routed but no channel layer is configured
+- ``E003`` Valkey's ``maxmemory-policy`` is not ``noeviction`` (it would delete queued messages)
+- ``E004`` the outbox WebSocket consumer is routed but no channel layer is configured
 - ``W001`` the default access policy (staff only) is in use
 - ``W002`` no DELIVERER is configured (``outbox_worker`` will refuse to start)
 - ``W003`` (deploy) Valkey persists nothing: neither AOF nor RDB snapshots
 - ``W004`` (deploy) ``appendfsync no``: the OS decides when the AOF reaches the disk
+- ``W005`` Valkey is unreachable (a warning, so ``migrate`` works while it is down;
+  accepts answer 503 and ``outbox_worker`` refuses to start until it is back)
 """
 
 from __future__ import annotations
@@ -96,10 +97,10 @@ def _valkey_info(url: str, errors: list[checks.CheckMessage]) -> dict[str, Any] 
         return info
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         errors.append(
-            checks.Error(
+            checks.Warning(
                 f"Valkey at {url} is unreachable: {exc}",
                 hint="Start Valkey or fix OUTBOX['VALKEY_URL'] (or OUTBOX_VALKEY_URL).",
-                id="django_outbox.E003",
+                id="django_outbox.W005",
             )
         )
         return None
@@ -124,7 +125,7 @@ def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                 "silently deleting queued messages, leases and dedupe markers.",
                 hint="Run Valkey with 'maxmemory-policy noeviction' (accepts then fail with 503 "
                 "when memory is full, and nothing accepted is lost).",
-                id="django_outbox.E004",
+                id="django_outbox.E003",
             )
         )
     return errors
@@ -201,6 +202,6 @@ def _check_channel_layer() -> list[checks.CheckMessage]:
             "clients would get no live queue updates.",
             hint="Configure a channel layer, e.g. channels_redis.core.RedisChannelLayer on your "
             "Valkey.",
-            id="django_outbox.E005",
+            id="django_outbox.E004",
         )
     ]

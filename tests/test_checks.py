@@ -41,7 +41,7 @@ def test_callables_must_import_and_be_callable(value):
 def test_unreachable_valkey(monkeypatch):
     monkeypatch.setenv("OUTBOX_VALKEY_URL", f"redis://127.0.0.1:{free_port()}/0")
     with override_settings(OUTBOX=GOOD):
-        assert ids() == ["django_outbox.E003"]
+        assert ids() == ["django_outbox.W005"]
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
@@ -51,7 +51,7 @@ def test_evicting_valkey_is_an_error(valkey, r, policy):
     try:
         with override_settings(OUTBOX=GOOD):
             messages = checks.run_checks(tags=["outbox"])
-        assert [m.id for m in messages] == ["django_outbox.E004"]
+        assert [m.id for m in messages] == ["django_outbox.E003"]
         assert "noeviction" in messages[0].hint
     finally:
         r.config_set("maxmemory-policy", "noeviction")
@@ -81,7 +81,7 @@ def test_appendfsync_no_warns_under_deploy(tmp_path, monkeypatch):
 
 def test_routed_consumer_without_channel_layer_is_an_error(valkey):
     with override_settings(OUTBOX=GOOD, ASGI_APPLICATION="tests.asgi_with_consumer.application"):
-        assert ids() == ["django_outbox.E005"]
+        assert ids() == ["django_outbox.E004"]
     layers = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     with override_settings(
         OUTBOX=GOOD, ASGI_APPLICATION="tests.asgi_with_consumer.application", CHANNEL_LAYERS=layers

@@ -140,3 +140,28 @@ def test_fingerprint_ignores_model_key_order_only():
 
 def test_status_values():
     assert [s.value for s in Status] == ["pending", "delivering", "verifying", "error", "parked"]
+
+
+def test_size_rules_raise_content_too_large():
+    from django_outbox.core.entry import ContentTooLarge
+
+    with pytest.raises(ContentTooLarge) as info:
+        validate_content("x" * 11, None, "k", max_text_bytes=10)
+    assert (info.value.what, info.value.size, info.value.limit) == ("text", 11, 10)
+    with pytest.raises(ContentTooLarge):
+        validate_content("x", {"m": "y" * 17_000}, "k", max_text_bytes=10)
+
+
+def test_model_depth_is_bounded():
+    deep = {"a": []}
+    for _ in range(40):
+        deep = {"a": [deep]}
+    with pytest.raises(ValueError, match="deeper than 32"):
+        validate_content("x", deep, "k", max_text_bytes=10)
+    ok = {"a": [[[{"b": [1]}]]]}
+    validate_content("x", ok, "k", max_text_bytes=10)
+
+
+def test_stored_form_omits_zero_counters():
+    assert '"verifyAttempts"' not in make().to_json()
+    assert '"transientFails"' not in make().to_json()

@@ -260,3 +260,49 @@ async def test_async_probe_and_twins(make_outbox):
     assert await outbox.acleanup_workspace(WS) >= 1
     assert await outbox.arecover() == 0
     await outbox.aclose()
+
+
+def test_snapshots_read_many_sessions_in_one_round_trip(make_outbox, r):
+    outbox = make_outbox()
+    accept(outbox, "a", ses="s1")
+    accept(outbox, "b", ses="s2")
+    snaps = outbox.snapshots([(WS, "s2"), (WS, "s1"), (WS, "empty")])
+    assert [[e.text for e in s.entries] for s in snaps] == [["b"], ["a"], []]
+    assert all(s.lease is None for s in snaps)
+
+
+async def test_snapshot_names_the_lease_holder(make_outbox):
+    hold = asyncio.Event()
+    started = asyncio.Event()
+
+    async def deliver(entry, **kwargs):
+        started.set()
+        await hold.wait()
+
+    outbox = make_outbox(deliverer=deliver)
+    outbox.owner = "worker-7"
+    entry = await outbox.aaccept(WS, SES, user_id="u", client_message_id="k", text="t")
+    task = asyncio.create_task(outbox.adeliver_once(WS, SES))
+    await started.wait()
+    lease = (await outbox.asnapshot(WS, SES)).lease
+    assert (lease.owner, lease.entry_id) == ("worker-7", entry.id) and lease.held_for >= 0
+    hold.set()
+    await task
+    await outbox.aclose()
+
+
+def test_seeded_stuck_entries_are_indexed_for_attention(outbox, r):
+    from django_outbox import Entry
+    from django_outbox.core.entry import format_time, new_entry_id
+
+    stuck = Entry(
+        id=new_entry_id(),
+        client_message_id="k",
+        user_id="u",
+        text="t",
+        accepted_at=format_time(1_764_466_959_000_000),
+        status="error",
+        reason="max_attempts",
+    )
+    outbox.seed_entry_for_test(WS, SES, stuck.to_json())
+    assert r.zrange(outbox.keys.attention, 0, -1) == [f"{WS} {SES}"]

@@ -29,6 +29,40 @@ IDENTIFIER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: Characters a clientMessageID may use: printable ASCII, 1..128 of them.
 CLIENT_MESSAGE_ID_RE = re.compile(r"[\x20-\x7e]{1,128}")
 MAX_MODEL_BYTES = 16 * 1024
+MAX_MODEL_DEPTH = 32
+MAX_REASON_CHARS = 200
+
+
+class ContentTooLarge(ValueError):
+    """Text or model is larger than allowed (HTTP 413); ``size`` and ``limit`` in bytes."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(f"{what} is {size} UTF-8 bytes; the limit is {limit}")
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+
+def check_reason(reason: object) -> str:
+    """A park reason: a non-blank string of at most 200 characters; else ``ValueError``."""
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise ValueError(
+            f"reason must be a non-empty string of at most {MAX_REASON_CHARS} characters"
+        )
+    return reason
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON value, counting no further than ``limit + 1``."""
+    if isinstance(value, dict):
+        children = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return 0
+    if limit < 0:
+        return 1
+    return 1 + max((_depth(c, limit - 1) for c in children), default=0)
 
 
 class Status(enum.StrEnum):
@@ -238,7 +272,7 @@ class Entry:
         state = {}
         for name, attr in _STATE_FIELDS:
             value = getattr(self, attr)
-            if value is not None:
+            if value is not None and not (name in _ZERO_OMITTED and value == 0):
                 state[name] = str(value) if name == "status" else value
         content = {}
         for name, attr in _CONTENT_FIELDS:
@@ -294,8 +328,9 @@ def validate_content(
 
     Rules (DESIGN sections 4 and 10): text is a str of 1..``max_text_bytes``
     UTF-8 bytes with no lone surrogates; model is None or a JSON object of at
-    most 16 KiB (encoded), with finite numbers; clientMessageID is 1..128
-    printable ASCII characters.
+    most 16 KiB (encoded) and 32 levels, with finite numbers; clientMessageID
+    is 1..128 printable ASCII characters. Size rules raise
+    :class:`ContentTooLarge` (a ``ValueError``; HTTP 413).
     """
     if not isinstance(client_message_id, str) or not CLIENT_MESSAGE_ID_RE.fullmatch(
         client_message_id
@@ -310,17 +345,19 @@ def validate_content(
     if size == 0:
         raise ValueError("text must not be empty")
     if size > max_text_bytes:
-        raise ValueError(f"text is {size} UTF-8 bytes; the limit is {max_text_bytes}")
+        raise ContentTooLarge("text", size, max_text_bytes)
     if model is None:
         return
     if not isinstance(model, dict):
         raise ValueError("model must be a JSON object")
+    if _depth(model, MAX_MODEL_DEPTH) > MAX_MODEL_DEPTH:
+        raise ValueError(f"model must not nest deeper than {MAX_MODEL_DEPTH} levels")
     try:
         encoded = _dumps(model).encode("utf-8")
     except (TypeError, ValueError, UnicodeEncodeError) as exc:
         raise ValueError(f"model must be plain JSON: {exc}") from None
     if len(encoded) > MAX_MODEL_BYTES:
-        raise ValueError(f"model is {len(encoded)} bytes encoded; the limit is {MAX_MODEL_BYTES}")
+        raise ContentTooLarge("model", len(encoded), MAX_MODEL_BYTES)
 
 
 def fingerprint(text: str, model: dict[str, Any] | None) -> str:

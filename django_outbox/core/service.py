@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import secrets
+import socket
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterable
@@ -34,6 +36,7 @@ from .entry import (
     LEDGER_STATE_PROMOTED,
     LEDGER_STATE_STALLED,
     LEDGER_STATE_TURN_ENDED,
+    MAX_REASON_CHARS,  # noqa: F401  (re-exported for adapters)
     REASON_UNVERIFIABLE,
     DismissResult,
     Entry,
@@ -41,6 +44,7 @@ from .entry import (
     Status,
     Verdict,
     check_identifier,
+    check_reason,
     fingerprint,
     format_time,
     new_entry_id,
@@ -63,7 +67,6 @@ logger = logging.getLogger("django_outbox")
 #: How long a settle receipt is kept so a replayed settle recognises its own write (ms).
 RECEIPT_TTL_MS = 10 * 60 * 1000
 MAX_ERROR_CHARS = 2000
-MAX_REASON_CHARS = 200
 
 
 # --- events -------------------------------------------------------------------
@@ -89,11 +92,26 @@ class OutboxEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class Lease:
+    """Who holds a session's delivery lease: ``owner`` (a worker ID, or host-pid),
+    ``acquired_at`` (RFC 3339), ``entry_id`` it was taken for, ``held_for`` (seconds).
+    """
+
+    owner: str
+    acquired_at: str
+    entry_id: str | None
+    held_for: float
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A session's queue at one instant: its ``version`` and ``entries`` in FIFO order."""
+    """A session's queue at one instant: its ``version``, ``entries`` in FIFO order and
+    the ``lease`` if one is held.
+    """
 
     version: int
     entries: list[Entry]
+    lease: Lease | None = None
 
 
 # --- plan effects -----------------------------------------------------------------
@@ -279,6 +297,9 @@ class Outbox:
             weakref.WeakKeyDictionary()
         )
         self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
+        #: Names this process in lease tokens ("<owner>.<random>"), so the admin
+        #: can tell who holds a lease. The worker sets it to its worker ID.
+        self.owner = f"{socket.gethostname()}-{os.getpid()}"
         #: Callables ``(step, outcome, result, seconds)`` told about every delivery
         #: step: ``step`` is "deliver" or "verify", ``outcome`` the classified
         #: ending (delivered, failed, ambiguous, ...), ``result`` what the settle
@@ -681,6 +702,19 @@ class Outbox:
 
     def _snapshot_plan(self, workspace_id: str, session_id: str) -> Plan:
         answer = yield self._session_eval("snapshot", workspace_id, session_id)
+        return self._snapshot_from(answer)
+
+    def _snapshots_plan(self, pairs: Iterable[tuple[str, str]]) -> Plan:
+        calls = [self._session_eval("snapshot", ws, ses) for ws, ses in pairs]
+        if not calls:
+            return []
+        answers = yield _Pipe(list(calls))
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return [self._snapshot_from(answer) for answer in answers]
+
+    def _snapshot_from(self, answer: list[Any]) -> Snapshot:
         version, queued, staged, lock, _pttl = answer
         entries = [Entry.from_json(raw) for raw in queued]
         for raw in staged:
@@ -692,24 +726,55 @@ class Outbox:
                 len(entries),
             )
             entries.insert(at, entry)
+        lease = None
         if lock:
-            acquired_ms = int(_text(lock).split()[1])
+            token, acquired, *rest = _text(lock).split()
+            acquired_ms = int(acquired)
             held_for = max(0.0, (self._now_us() // 1000 - acquired_ms) / 1000)
+            lease = Lease(
+                owner=token.rsplit(".", 1)[0],
+                acquired_at=format_time(acquired_ms * 1000),
+                entry_id=rest[0] if rest else None,
+                held_for=held_for,
+            )
             entries = [
                 e.evolve(blocked_by_in_flight=True, in_flight_for=held_for)
                 if e.status is Status.PENDING
                 else e
                 for e in entries
             ]
-        return Snapshot(int(version), entries)
+        return Snapshot(int(version), entries, lease)
 
     def snapshot(self, workspace_id: str, session_id: str) -> Snapshot:
-        """The session's ``version`` and entries (FIFO, staged ones included) read atomically."""
+        """The session's ``version``, entries (FIFO, staged ones included) and lease, read
+        atomically. Raises :class:`InvalidIdentifier` or :class:`OutboxUnavailable`.
+        """
         return self._run(self._snapshot_plan(workspace_id, session_id))
 
     async def asnapshot(self, workspace_id: str, session_id: str) -> Snapshot:
         """Async :meth:`snapshot`."""
         return await self._arun(self._snapshot_plan(workspace_id, session_id))
+
+    def execute_many(self, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
+        """Run plain Valkey commands (tuples such as ``("ZCARD", key)``) in one round trip.
+
+        For adapters that read the outbox's indices (the admin); answers come in
+        order, a failed command's answer is its exception. Connection failures
+        raise :class:`OutboxUnavailable`. Never use it to write queue state: the
+        scripts own every transition.
+        """
+        calls = [_Cmd(tuple(c)) for c in commands]
+        return self._run(iter_once(_Pipe(calls))) if calls else []
+
+    def snapshots(self, pairs: Iterable[tuple[str, str]]) -> list[Snapshot]:
+        """:meth:`snapshot` of many ``(workspace_id, session_id)`` pairs in one round trip
+        (each still atomic on its own), in the order given.
+        """
+        return self._run(self._snapshots_plan(list(pairs)))
+
+    async def asnapshots(self, pairs: Iterable[tuple[str, str]]) -> list[Snapshot]:
+        """Async :meth:`snapshots`."""
+        return await self._arun(self._snapshots_plan(list(pairs)))
 
     def list(self, workspace_id: str, session_id: str) -> list[Entry]:
         """The session's entries in FIFO order, staged (delivering) ones included.
@@ -806,13 +871,7 @@ class Outbox:
             total += count
         return total
 
-    @staticmethod
-    def _check_reason(reason: Any) -> str:
-        if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
-            raise ValueError(
-                f"reason must be a non-empty string of at most {MAX_REASON_CHARS} characters"
-            )
-        return reason
+    _check_reason = staticmethod(check_reason)
 
     def park_workspace(self, workspace_id: str, reason: str) -> int:
         """Park every pending, verifying and delivering entry of the workspace with ``reason``
@@ -1125,18 +1184,40 @@ class Outbox:
         deliverer = deliverer or self.deliverer
         if deliverer is None:
             raise ValueError("no deliverer: pass one or configure DELIVERER")
-        ws, ses = workspace_id, session_id
+        took, carry = await self._astep(workspace_id, session_id, deliverer)
+        if carry is not None:
+            await self._arun(self._release_plan(workspace_id, session_id, *carry))
+        return took
+
+    def _new_token(self) -> str:
+        return f"{self.owner}.{secrets.token_hex(8)}"
+
+    async def _astep(
+        self,
+        ws: str,
+        ses: str,
+        deliverer: Callable[..., Any],
+        carry: tuple[str, list[str]] | None = None,
+    ) -> tuple[bool, tuple[str, list[str]] | None]:
+        """One step (see :meth:`adeliver_once`); returns (step taken, carry).
+
+        ``carry`` is ``(token, entry IDs)``: a lease still held after a delivery
+        whose entry_delivered already fired, and the entries to acknowledge. The
+        next step's claim acknowledges them and reuses the lease, which saves a
+        round trip per message in the worker loop; whoever ends the loop must
+        release a carry with :meth:`_release_plan`.
+        """
         keys = self.keys.session(ws, ses)
-        token = secrets.token_hex(16)
-        answer = await self._arun(self._claim_plan(ws, ses, token))
+        token, ack = carry if carry is not None else (self._new_token(), [])
+        answer = await self._arun(self._claim_plan(ws, ses, token, ack))
         kind, claimed, recovered = answer
         if recovered:
             self._tell_listeners("recover", "recovered", str(recovered), 0.0)
         if kind == "owed":
             await self._afire_owed(ws, ses, keys, token, claimed)
-            return True
+            return True, None
         if kind not in ("deliver", "verify"):
-            return False
+            return False, None
         entry: Entry = claimed
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
@@ -1162,20 +1243,22 @@ class Outbox:
                 logger.warning("outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id)
         seconds = time.monotonic() - started
         step = "deliver" if kind == "deliver" else "verify"
-        logger.info(
-            "outbox %s ws=%s ses=%s entry=%s attempt=%d outcome=%s result=%s duration=%.3fs%s",
-            step,
-            ws,
-            ses,
-            entry.id,
-            entry.attempts + 1,
-            outcome,
-            result,
-            seconds,
-            f" error={error!r}" if error else "",
-        )
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "outbox %s ws=%s ses=%s entry=%s attempt=%d outcome=%s result=%s duration=%.3fs%s",
+                step,
+                ws,
+                ses,
+                entry.id,
+                entry.attempts + 1,
+                outcome,
+                result,
+                seconds,
+                f" error={error!r}" if error else "",
+            )
         self._tell_listeners(step, outcome, result, seconds)
-        return True
+        delivered = result == "removed"
+        return True, ((token, [entry.id]) if delivered else None)
 
     async def _asettle(
         self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
@@ -1262,8 +1345,10 @@ class Outbox:
         )
         return await worker.run()
 
-    def _claim_plan(self, ws: str, ses: str, token: str) -> Plan:
-        answer = yield self._session_eval("claim", ws, ses, extra_args=[token, self._lock_ttl_ms])
+    def _claim_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
+        answer = yield self._session_eval(
+            "claim", ws, ses, extra_args=[token, self._lock_ttl_ms, *acknowledge]
+        )
         kind = _text(answer[0])
         if kind == "busy":
             return ("busy", None, 0)
@@ -1297,9 +1382,13 @@ class Outbox:
             else:  # our settle ran but its reply was lost
                 version = (yield from self._snapshot_plan(ws, ses)).version
                 done = entry
-            yield _Emit([OutboxEvent("delivered", "sent", done, ws, ses, version)])
-            yield from self._release_plan(ws, ses, token, [entry.id])
-            yield _Emit([OutboxEvent("updated", "sent", done, ws, ses, version)])
+            yield _Emit(
+                [
+                    OutboxEvent("delivered", "sent", done, ws, ses, version),
+                    OutboxEvent("updated", "sent", done, ws, ses, version),
+                ]
+            )
+            kind = "removed"  # the caller acknowledges (release, or the next claim)
         elif kind == "updated":
             yield _Emit(self._events("updated", [answer[1]], ws, ses, int(answer[2])))
         elif kind == "lost":

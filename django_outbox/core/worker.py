@@ -86,6 +86,7 @@ class Worker:
         self.once = once
         self.heartbeat = heartbeat
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        outbox.owner = self.id
         self.started = time.time()
         self.stats = WorkerStats()
         self._ready: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -173,9 +174,10 @@ class Worker:
 
     async def _work(self, ws: str, ses: str) -> None:
         key = (ws, ses)
+        carry = None
         try:
             while not self.stop.is_set():
-                took = await self.outbox.adeliver_once(ws, ses, self.deliverer)
+                took, carry = await self.outbox._astep(ws, ses, self.deliverer, carry)
                 if took:
                     self.stats.steps += 1
                     continue
@@ -191,6 +193,11 @@ class Worker:
             self.stats.errors += 1
             logger.exception("outbox worker %s: %s/%s failed", self.id, ws, ses)
         finally:
+            if carry is not None:  # a delivered entry's lease, still ours: hand it back
+                try:
+                    await self.outbox._arun(self.outbox._release_plan(ws, ses, *carry))
+                except Exception as exc:
+                    logger.warning("outbox worker %s: release failed: %s", self.id, exc)
             self._running.pop(key, None)
             self._slots.release()
             self._changed.set()

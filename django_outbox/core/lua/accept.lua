@@ -38,6 +38,10 @@ end
 -- nothing else decides its due time: in strict order when the session has no
 -- score (no lease, no staging, no head); in due order unless a lease holds it.
 -- This keeps accept O(1) instead of re-reading the queue.
+if cap == 0 then
+  reindex_and_wake()  -- seeding: the entry may be in any state
+  return {'ok', bump()}
+end
 local locked = redis.call('EXISTS', LOCK) == 1
 local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
 if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then wake() end

@@ -1,5 +1,7 @@
 -- claim: take the session's lease and its next piece of work (DESIGN sections 5 and 6).
 -- ARGV[6] lease token  ARGV[7] lease TTL (ms)
+-- ARGV[8..] IDs of delivered entries whose entry_delivered the caller fired
+--           under this same lease (acknowledged first; see release.lua)
 -- Returns one of:
 --   {'busy', pttl}                another holder's lease stands
 --   {'idle', version}             nothing due (the lease is not kept)
@@ -17,6 +19,13 @@ local owner = lock_parts()
 if owner and owner ~= token then
   reindex()
   return {'busy', redis.call('PTTL', LOCK)}
+end
+
+if owner == nil or owner == token then
+  for i = 8, #ARGV do
+    local _, raw = find(D, ARGV[i])
+    if raw and is_done((split(raw))) then redis.call('LREM', D, 1, raw) end
+  end
 end
 
 local owed = owed_signals()

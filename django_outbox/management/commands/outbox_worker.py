@@ -22,6 +22,10 @@ CONNECT_ATTEMPTS = 5
 
 
 class Command(BaseCommand):
+    # The outbox's own checks (reachability, eviction policy) are done by the
+    # preflight below, which --allow-eviction can override; the rest run as usual.
+    requires_system_checks: list[str] = []
+
     help = (
         "Deliver accepted outbox messages: FIFO per session, one in flight per session. "
         "Stops claiming on SIGTERM/SIGINT, lets in-flight deliveries finish for --grace "
@@ -71,6 +75,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        from django.core.checks.registry import registry
+
+        if not options.get("skip_checks"):
+            self.check(tags=sorted(registry.tags_available() - {"outbox"}))
         self._configure_logging(options["verbosity"])
         outbox = get_outbox()
         if options["check"]:

@@ -1,0 +1,276 @@
+"""Request validation and the documented wire shapes of the REST API (DESIGN sections 4 and 10).
+
+Request serializers only check *shapes* (types, required members, lengths) and
+answer 400 with field errors; the byte limit on ``text`` is checked by the view
+(413), and everything the service decides (duplicates, conflicts, the cap) is
+translated by the view. Response serializers are documentation: responses are
+rendered from :meth:`Entry.to_dict`, the one source of the camelCase wire form,
+and the schema test checks the two agree.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.validators import RegexValidator
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+from rest_framework.fields import ProhibitNullCharactersValidator
+
+from ..core.entry import CLIENT_MESSAGE_ID_RE, IDENTIFIER_RE, MAX_MODEL_BYTES, Status
+from ..core.service import MAX_REASON_CHARS
+
+#: OpenAPI pattern of workspace, session and entry IDs (anchored: JSON Schema patterns search).
+IDENTIFIER_PATTERN = f"^{IDENTIFIER_RE.pattern}$"
+
+
+class StrictStringField(serializers.CharField):
+    """A JSON string taken as is: no coercion of numbers, no trimming, NUL allowed.
+
+    DRF's ``CharField`` turns ``123`` into ``"123"``, strips whitespace and
+    refuses ``\\u0000``; a prompt must arrive byte for byte and a number is a
+    client bug (case 10). Lone surrogates are still refused (not UTF-8).
+    """
+
+    default_error_messages = {"invalid": "Must be a string."}
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+        self.validators = [
+            v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)
+        ]
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return data
+
+
+#: Deepest nesting of objects/arrays accepted in ``model`` (the model object itself is 1).
+#: Python's JSON codec recurses, so a model nested near the interpreter's limit could be
+#: stored from a shallow stack and then fail to decode in a deeper one, poisoning the queue.
+MAX_MODEL_DEPTH = 32
+
+
+def _nesting_depth(value: Any, limit: int) -> int:
+    """Nesting depth of JSON containers in ``value`` (iterative; stops once over ``limit``)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if deepest > limit:
+                break
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {}})
+class ModelField(serializers.Field):
+    """The optional per-prompt model selector: a JSON object passed through untouched.
+
+    ``null`` means "no model". Its compact UTF-8 encoding may be at most 16 KiB,
+    with finite numbers only (the core's rule), nested at most ``MAX_MODEL_DEPTH`` deep.
+    """
+
+    default_error_messages = {
+        "invalid": "Must be a JSON object.",
+        "not_json": "Must be plain JSON with finite numbers and valid Unicode.",
+        "too_large": "Must be at most {limit} bytes encoded as JSON.",
+        "too_deep": "Must be nested at most {limit} levels deep.",
+    }
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        if _nesting_depth(data, MAX_MODEL_DEPTH) > MAX_MODEL_DEPTH:
+            self.fail("too_deep", limit=MAX_MODEL_DEPTH)
+        try:
+            encoded = json.dumps(
+                data, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            ).encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError, RecursionError):
+            self.fail("not_json")
+        if len(encoded) > MAX_MODEL_BYTES:
+            self.fail("too_large", limit=MAX_MODEL_BYTES)
+        return data
+
+    def to_representation(self, value: Any) -> dict[str, Any]:
+        return value
+
+
+#: Full match of the core's clientMessageID rule (``\\A``/``\\Z`` become ``^``/``$`` in OpenAPI).
+CLIENT_MESSAGE_ID_VALIDATOR = RegexValidator(
+    rf"\A{CLIENT_MESSAGE_ID_RE.pattern}\Z",
+    message="Must be 1 to 128 printable ASCII characters.",
+    code="invalid",
+)
+#: A reason must contain a non-whitespace character (the core strips it to check).
+NOT_BLANK_VALIDATOR = RegexValidator(r"\S", message="This field may not be blank.", code="blank")
+
+
+class AcceptRequestSerializer(serializers.Serializer):
+    """POST body of the messages endpoint: ``{clientMessageID, text, model?}``.
+
+    ``text`` must be non-blank; its UTF-8 size limit (``MAX_TEXT_BYTES``,
+    102,400 bytes by default) is enforced by the view with 413, not here.
+    """
+
+    clientMessageID = StrictStringField(
+        min_length=1,
+        max_length=128,
+        validators=[CLIENT_MESSAGE_ID_VALIDATOR],
+        help_text="Idempotency key: 1 to 128 printable ASCII characters, unique per message "
+        "within the session. Resend the same key (and the same text) after any failure.",
+    )
+    text = StrictStringField(
+        min_length=1,
+        help_text="The prompt, 1 byte to MAX_TEXT_BYTES (default 102,400) UTF-8 bytes; "
+        "larger answers 413.",
+    )
+    model = ModelField(
+        required=False,
+        allow_null=True,
+        help_text="Optional per-prompt model selector, a JSON object of at most 16 KiB "
+        f"nested at most {MAX_MODEL_DEPTH} levels deep, passed to the agent untouched.",
+    )
+
+
+class ParkRequestSerializer(serializers.Serializer):
+    """POST body of ``park/``: ``{reason}``, a machine code such as ``mode_transition``."""
+
+    reason = StrictStringField(
+        max_length=MAX_REASON_CHARS,
+        validators=[NOT_BLANK_VALIDATOR],
+        help_text=f"Why the workspace is parked (non-blank, at most {MAX_REASON_CHARS} "
+        "characters); stored on each parked entry as its reason.",
+    )
+
+
+class UnparkRequestSerializer(serializers.Serializer):
+    """POST body of ``unpark/``: ``{reason?}``; with a reason only entries parked with it move."""
+
+    reason = StrictStringField(
+        max_length=MAX_REASON_CHARS,
+        validators=[NOT_BLANK_VALIDATOR],
+        required=False,
+        allow_null=True,
+        help_text="Only unpark entries parked with this reason (default: all parked entries).",
+    )
+
+
+# --- responses (documentation of Entry.to_dict and the small result bodies) ------------
+
+
+class EntrySerializer(serializers.Serializer):
+    """One entry in its camelCase wire form (DESIGN section 4). Unset members are omitted."""
+
+    id = serializers.CharField(help_text="Entry ID, unique per accept (opaque, URL-safe).")
+    status = serializers.ChoiceField(choices=[s.value for s in Status])
+    reason = serializers.CharField(
+        required=False,
+        help_text="Machine code for error/parked entries: max_attempts, unverifiable, "
+        "transient_exhausted, or a park reason.",
+    )
+    parkedFrom = serializers.CharField(
+        required=False, help_text="The status a parked entry returns to when unparked."
+    )
+    attempts = serializers.IntegerField(
+        min_value=0, help_text="Driven attempts that ended not delivered."
+    )
+    verifyAttempts = serializers.IntegerField(
+        required=False, min_value=0, help_text="Inconclusive verification passes (omitted if 0)."
+    )
+    transientFails = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Failures in which no attempt was driven (omitted if 0).",
+    )
+    acceptedAt = serializers.CharField(help_text="RFC 3339 UTC with microseconds.")
+    lastAttemptAt = serializers.CharField(required=False)
+    nextAttemptAt = serializers.CharField(
+        required=False, help_text="Backoff gate; absent means due now."
+    )
+    lastError = serializers.CharField(required=False)
+    deliveredAt = serializers.CharField(required=False)
+    clientMessageID = serializers.CharField()
+    userID = serializers.CharField(help_text="The accepting user's primary key.")
+    text = serializers.CharField()
+    model = serializers.DictField(required=False, help_text="As sent, untouched.")
+    blockedByInFlight = serializers.BooleanField(
+        required=False, help_text="Pending and waiting behind a delivery in flight (list only)."
+    )
+    inFlightFor = serializers.FloatField(
+        required=False, help_text="Seconds the session's lease has been held (list only)."
+    )
+
+
+class SnapshotSerializer(serializers.Serializer):
+    """The session's queue: its version counter and entries in FIFO order."""
+
+    version = serializers.IntegerField(
+        help_text="The session's version counter; WebSocket events carry the same counter."
+    )
+    entries = EntrySerializer(many=True)
+
+
+class DuplicateSerializer(serializers.Serializer):
+    """The key was already accepted with the same content: the original entry's ID."""
+
+    id = serializers.CharField()
+    duplicate = serializers.BooleanField()
+
+
+class ParkedSerializer(serializers.Serializer):
+    """Result of ``park/``: how many entries were parked."""
+
+    parked = serializers.IntegerField(min_value=0)
+
+
+class UnparkedSerializer(serializers.Serializer):
+    """Result of ``unpark/``: how many entries were re-armed."""
+
+    unparked = serializers.IntegerField(min_value=0)
+
+
+class RemovedSerializer(serializers.Serializer):
+    """Result of a workspace cleanup: how many Valkey keys were removed."""
+
+    removed = serializers.IntegerField(min_value=0)
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error body: a human-readable ``detail`` and a stable machine ``code``."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField(
+        help_text="Stable machine code: invalid, invalid_identifier, not_found, busy, "
+        "idempotency_conflict, outbox_full, too_large, unavailable, not_authenticated, "
+        "authentication_failed, permission_denied, parse_error, unsupported_media_type, "
+        "method_not_allowed, not_acceptable, throttled."
+    )
+
+
+class ValidationErrorSerializer(ErrorSerializer):
+    """A 400: ``code`` is ``invalid`` (bad body) or ``invalid_identifier`` (bad ID in the
+    path) or ``parse_error`` (not JSON); ``fieldErrors`` maps body members to messages."""
+
+    fieldErrors = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text='Field errors, e.g. {"text": ["Must be a string."]}; '
+        '"non_field_errors" for a body that is not a JSON object.',
+    )
+
+
+class UnavailableSerializer(ErrorSerializer):
+    """A 503: Valkey unreachable, out of memory, or a durability wait timed out."""
+
+    accepted = serializers.BooleanField(
+        help_text="True when the message WAS stored but not yet acknowledged by the "
+        "required replicas/AOF: retry with the same clientMessageID (it answers 200 with "
+        "the entry's ID). False: nothing was stored; retry with the same key."
+    )

@@ -1,0 +1,41 @@
+"""URL patterns of the REST API, included under ``api/`` by :mod:`django_outbox.urls`.
+
+IDs are matched loosely here (any path segment) and validated by the views, so a
+malformed ID answers a JSON 400 ``invalid_identifier`` instead of the router's 404.
+"""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from .views import (
+    MessageRetryView,
+    MessagesView,
+    MessageView,
+    WorkspaceParkView,
+    WorkspaceUnparkView,
+    WorkspaceView,
+)
+
+_SESSION = "workspaces/<str:workspace_id>/sessions/<str:session_id>/"
+
+urlpatterns = [
+    path(f"{_SESSION}messages/", MessagesView.as_view(), name="api-messages"),
+    path(f"{_SESSION}messages/<str:entry_id>/", MessageView.as_view(), name="api-message"),
+    path(
+        f"{_SESSION}messages/<str:entry_id>/retry/",
+        MessageRetryView.as_view(),
+        name="api-message-retry",
+    ),
+    path("workspaces/<str:workspace_id>/", WorkspaceView.as_view(), name="api-workspace"),
+    path(
+        "workspaces/<str:workspace_id>/park/",
+        WorkspaceParkView.as_view(),
+        name="api-workspace-park",
+    ),
+    path(
+        "workspaces/<str:workspace_id>/unpark/",
+        WorkspaceUnparkView.as_view(),
+        name="api-workspace-unpark",
+    ),
+]

@@ -1,0 +1,51 @@
+"""Only what Django needs for the admin: an unmanaged placeholder model (DESIGN section 11).
+
+The outbox's data lives in Valkey, not in the database. :class:`OutboxEntry`
+has no table; it exists so the admin gets a content type, real permissions
+and :class:`~django.contrib.admin.models.LogEntry` rows. An instance is never
+saved: its primary key names an outbox object, ``"<ws>/<ses>/<entry id>"`` for
+an entry or ``"<ws>"`` for a workspace (identifiers never contain ``/``).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class OutboxEntry(models.Model):
+    """A reference to an entry (or a workspace) stored in Valkey; never saved."""
+
+    ref = models.CharField(
+        "reference",
+        primary_key=True,
+        max_length=400,
+        editable=False,
+        help_text="<workspace>/<session>/<entry id>, or a workspace ID.",
+    )
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("view_outboxentry", "Can view outbox entries"),
+            ("retry_outboxentry", "Can retry outbox entries"),
+            ("dismiss_outboxentry", "Can dismiss outbox entries"),
+            ("park_workspace", "Can park and unpark outbox workspaces"),
+            ("cleanup_workspace", "Can delete an outbox workspace's data"),
+        ]
+        verbose_name = "outbox entry"
+        verbose_name_plural = "outbox entries"
+
+    def __str__(self) -> str:
+        parts = self.ref.split("/")
+        if len(parts) == 3:
+            return f"entry {parts[2]} of {parts[0]}/{parts[1]}"
+        return f"workspace {self.ref}"
+
+    @classmethod
+    def for_entry(cls, workspace_id: str, session_id: str, entry_id: str) -> OutboxEntry:
+        return cls(ref=f"{workspace_id}/{session_id}/{entry_id}")
+
+    @classmethod
+    def for_workspace(cls, workspace_id: str) -> OutboxEntry:
+        return cls(ref=workspace_id)
