@@ -72,7 +72,7 @@ def latency(url, n=500):
     return p50, p99
 
 
-def throughput(url, sessions=1000, per=20, workers=1, events="1"):
+def throughput(url, sessions=1000, per=20, workers=1, events="1", watched=False):
     r = redis.Redis.from_url(url)
     r.flushall()
     ob = outbox(url)
@@ -84,6 +84,9 @@ def throughput(url, sessions=1000, per=20, workers=1, events="1"):
     for ses, n in pipe_batch:
         ob.accept("w1", ses, user_id="u", client_message_id=f"k{n}", text="x" * 100)
     total = sessions * per
+    if watched:  # every session has a WebSocket client: every event is published
+        for s in range(sessions):
+            r.set(f"outboxwatch:{{w1}}:s{s}", 1)
     r.delete("outboxwake")
     before = r.info("commandstats")
     procs = [worker(url, "--concurrency", "256", BENCH_EVENTS=events) for _ in range(workers)]
@@ -110,7 +113,8 @@ def throughput(url, sessions=1000, per=20, workers=1, events="1"):
     after = r.info("commandstats")
     calls = sum(v["calls"] for v in after.values()) - sum(v["calls"] for v in before.values())
     rate = total / elapsed
-    print(f"deliver workers={workers} events={events} messages={total} seconds={elapsed:.2f} "
+    print(f"deliver workers={workers} events={events} watched={watched} messages={total} "
+          f"seconds={elapsed:.2f} "
           f"rate={rate:.0f}/s valkey_cmds_per_msg={calls / total:.1f}")
     return rate
 
@@ -196,13 +200,14 @@ if __name__ == "__main__":
     parser.add_argument("what", choices=["latency", "throughput", "throughput2", "idle", "long"])
     parser.add_argument("--url", default="redis://127.0.0.1:6411/0")
     parser.add_argument("--events", default="1")
+    parser.add_argument("--watched", action="store_true")
     a = parser.parse_args()
     if a.what == "latency":
         latency(a.url)
     elif a.what == "throughput":
-        throughput(a.url, events=a.events)
+        throughput(a.url, events=a.events, watched=a.watched)
     elif a.what == "throughput2":
-        throughput(a.url, workers=2, events=a.events)
+        throughput(a.url, workers=2, events=a.events, watched=a.watched)
     elif a.what == "idle":
         idle(a.url)
     else:

@@ -32,6 +32,10 @@ CLOSE_TOO_BIG = 1009
 CLOSE_FORBIDDEN = 4403
 CLOSE_INVALID = 4400
 CLOSE_UNAVAILABLE = 4503
+#: Seconds a session's watcher count outlives its last change: counts left by a
+#: server that died without disconnecting expire (meanwhile events are only
+#: published needlessly, never skipped wrongly).
+WATCH_TTL = 24 * 3600
 
 
 class OutboxConsumer(AsyncWebsocketConsumer):
@@ -52,6 +56,15 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         if not await self._allowed(user):
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        # Count this client before joining the group and reading the snapshot, so
+        # every change is either in the snapshot or published (see events.py).
+        self.watch_key = get_outbox().keys.session(self.workspace_id, self.session_id).watch
+        try:
+            await self._watch(+1)
+        except Exception as exc:
+            logger.warning("outbox: cannot register a watcher: %s", exc)
+            await self.close(code=CLOSE_UNAVAILABLE)
+            return
         self.group = group_name(self.workspace_id, self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -61,6 +74,10 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
             self.group = None
+            try:
+                await self._watch(-1)
+            except Exception as exc:  # the count expires on its own (WATCH_TTL)
+                logger.warning("outbox: cannot unregister a watcher: %s", exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if bytes_data is not None:
@@ -88,6 +105,15 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps(message, ensure_ascii=False))
 
     # -- helpers -----------------------------------------------------------------
+
+    async def _watch(self, delta: int) -> None:
+        client = get_outbox()._aclient()
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.incrby(self.watch_key, delta)
+            pipe.expire(self.watch_key, WATCH_TTL)
+            count, _ = await pipe.execute()
+        if count <= 0:
+            await client.delete(self.watch_key)
 
     @sync_to_async
     def _allowed(self, user: Any) -> bool:

@@ -6,6 +6,12 @@ published to the Channels group of its session. Group names allow only
 hashing (workspace, session). A publish that fails is logged and counted and
 never fails the mutation: the event is a hint, the snapshot is the truth
 (clients that see a version gap ask for a resync).
+
+Events of sessions nobody watches are not published at all: the consumer
+counts its clients in the session's ``watch`` key (before it joins the group
+and reads its snapshot), and the script that makes a change reports whether
+that count is above zero. A client that connects after the change was made
+finds it in its snapshot; one that connected before is counted.
 """
 
 from __future__ import annotations
@@ -95,7 +101,7 @@ async def apublish(event: OutboxEvent) -> bool:
     Other kinds (staged, delivered) are covered by their ``updated`` twin. No
     channel layer configured means nothing to do (True). Never raises.
     """
-    if event.kind != "updated":
+    if event.kind != "updated" or not event.watched:
         return True
     try:
         layer = _layer()
@@ -121,6 +127,6 @@ async def apublish(event: OutboxEvent) -> bool:
 
 def publish(event: OutboxEvent) -> bool:
     """Sync :func:`apublish` (from request threads and sync service calls)."""
-    if event.kind != "updated":
+    if event.kind != "updated" or not event.watched:
         return True
     return async_to_sync(apublish)(event)

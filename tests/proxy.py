@@ -63,21 +63,50 @@ class TcpProxy:
         return False
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
-        # One request/reply at a time is enough for redis-py's connections.
-        with client, upstream:
+        """Forward both ways in two threads; after a marked request, lose its reply."""
+        dropping = threading.Event()
+
+        def close_both() -> None:
+            for sock in (client, upstream):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+
+        def to_server() -> None:
             while True:
                 try:
                     data = client.recv(65536)
                 except OSError:
                     return
                 if not data:
+                    close_both()
                     return
-                drop = self._take_marker(data)
-                upstream.sendall(data)
-                reply = upstream.recv(65536)
-                if drop:
+                if self._take_marker(data):
+                    dropping.set()
+                try:
+                    upstream.sendall(data)
+                except OSError:
+                    return
+
+        def to_client() -> None:
+            while True:
+                try:
+                    data = upstream.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    close_both()
+                    return
+                if dropping.is_set():
                     self.dropped += 1
+                    close_both()  # the command ran; its reply is lost
                     return
-                if not reply:
+                try:
+                    client.sendall(data)
+                except OSError:
                     return
-                client.sendall(reply)
+
+        threading.Thread(target=to_client, daemon=True).start()
+        to_server()

@@ -60,6 +60,15 @@ async def close_all(*comms):
     await layer.close_pools()
 
 
+def watch(outbox, ws, ses):
+    """Count a watcher by hand (what the consumer does on connect)."""
+    import redis
+
+    client = redis.Redis.from_url(outbox.url)
+    client.set(outbox.keys.session(ws, ses).watch, 1)
+    client.close()
+
+
 async def accept(ws, ses, key, text=None):
     return await get_outbox().aaccept(ws, ses, user_id="u", client_message_id=key, text=text or key)
 
@@ -186,8 +195,9 @@ async def test_slow_reader_sees_a_gap_and_resyncs(valkey):
     with override_settings(CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": POLICY}):
         layer = get_channel_layer()
         stalled = await layer.new_channel()  # a consumer that is not reading
-        await layer.group_add(group_name("alice", "s1"), stalled)
         outbox = get_outbox()
+        watch(outbox, "alice", "s1")
+        await layer.group_add(group_name("alice", "s1"), stalled)
         start = (await outbox.asnapshot("alice", "s1")).version
 
         async def deliver(entry, **kwargs):
@@ -225,6 +235,7 @@ async def test_a_failed_publish_never_fails_the_mutation(valkey, caplog):
         }
     }
     with override_settings(CHANNEL_LAYERS=config):
+        watch(get_outbox(), "w1", "s1")
         before = events.stats.failed
         entry = await accept("w1", "s1", "k1")
         assert entry.status == "pending"
@@ -242,8 +253,26 @@ def test_sync_mutations_publish_too(valkey, r):
     }
     with override_settings(CHANNEL_LAYERS=config):
         before = events.stats.published
+        get_outbox().accept("w1", "s1", user_id="u", client_message_id="k0", text="t")
+        assert events.stats.published == before  # nobody watches: nothing to publish
+        watch(get_outbox(), "w1", "s1")
         get_outbox().accept("w1", "s1", user_id="u", client_message_id="k", text="t")
         assert events.stats.published == before + 1
+
+
+async def test_clients_are_counted_while_connected(layers, r):
+    key = get_outbox().keys.session("alice", "s1").watch
+    one, two = communicator(), communicator()
+    await one.connect()
+    await receive(one)
+    await two.connect()
+    await receive(two)
+    assert r.get(key) == "2" and 0 < r.ttl(key) <= 24 * 3600
+    await one.disconnect()
+    assert r.get(key) == "1"
+    await two.disconnect()
+    assert r.get(key) is None
+    await close_all()
 
 
 async def test_a_worker_process_delivery_reaches_the_socket(layers, valkey):

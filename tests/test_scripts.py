@@ -93,7 +93,7 @@ class TestAccept:
             accepted_at=format_time(NOW),
         )
         marker = outbox.keys.dedupe(WS, SES, "k1")
-        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["ok", 1]
+        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["ok", 1, 0]
         keys = outbox.keys.session(WS, SES)
         assert r.lrange(keys.queue, 0, -1) == [e.to_json()]
         assert r.get(marker) == f"{e.id} fp1"
@@ -124,7 +124,7 @@ class TestAccept:
             "conflict",
             e.id,
         ]
-        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["own", 1]
+        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["own", 1, 0]
         full = other.evolve(client_message_id="k2")
         m2 = outbox.keys.dedupe(WS, SES, "k2")
         assert call(outbox, "accept", *accept_args(full, cap=1), extra_keys=[m2]) == ["full"]
@@ -138,7 +138,7 @@ class TestClaim:
 
     def test_stages_head_and_takes_lease(self, outbox, r):
         e = seed(outbox)
-        kind, raw, version = call(outbox, "claim", "tok", 30_000)
+        kind, raw, version, _ = call(outbox, "claim", "tok", 30_000)
         keys = outbox.keys.session(WS, SES)
         staged = Entry.from_json(raw)
         assert kind == "deliver" and staged.id == e.id and staged.status == "delivering"
@@ -162,7 +162,7 @@ class TestClaim:
 
     def test_verifying_head_is_verified_not_staged(self, outbox, r):
         e = seed(outbox, status="verifying")
-        kind, raw, _ = call(outbox, "claim", "a", 30_000)
+        kind, raw, *_ = call(outbox, "claim", "a", 30_000)
         assert kind == "verify" and Entry.from_json(raw).id == e.id
         assert r.llen(outbox.keys.session(WS, SES).queue) == 1
 
@@ -170,7 +170,7 @@ class TestClaim:
         e = seed(outbox, status="delivering", target="staging")
         answer = call(outbox, "claim", "new", 30_000)
         assert answer[0] == "verify" and Entry.from_json(answer[1]).id == e.id
-        assert Entry.from_json(answer[3]).status == "verifying"
+        assert Entry.from_json(answer[4]).status == "verifying"
         assert r.llen(outbox.keys.session(WS, SES).staging) == 0
 
     def test_strict_head_in_backoff_blocks_later_entries(self, outbox, r):
@@ -185,14 +185,14 @@ class TestClaim:
         later = format_time(NOW + 60_000_000)
         seed(outbox, accepted=NOW - 2, next_attempt_at=later, attempts=1)
         second = seed(outbox, accepted=NOW - 1)
-        kind, raw, _ = call(outbox, "claim", "a", 30_000)
+        kind, raw, *_ = call(outbox, "claim", "a", 30_000)
         assert kind == "deliver" and Entry.from_json(raw).id == second.id
 
     def test_error_and_parked_entries_never_block(self, outbox):
         seed(outbox, accepted=NOW - 3, status="error", reason="max_attempts")
         seed(outbox, accepted=NOW - 2, status="parked", reason="x", parked_from="pending")
         third = seed(outbox, accepted=NOW - 1)
-        kind, raw, _ = call(outbox, "claim", "a", 30_000)
+        kind, raw, *_ = call(outbox, "claim", "a", 30_000)
         assert kind == "deliver" and Entry.from_json(raw).id == third.id
 
 
@@ -210,7 +210,7 @@ class TestSettle:
 
     def test_delivered_is_held_until_its_signal_is_acknowledged(self, outbox, r):
         e = self.stage(outbox)
-        kind, raw, _ = settle(outbox, "tok", e.id, "delivered")
+        kind, raw, *_ = settle(outbox, "tok", e.id, "delivered")
         keys = outbox.keys.session(WS, SES)
         done = Entry.from_json(raw)
         assert kind == "removed" and done.id == e.id and done.delivered_at == format_time(NOW)
@@ -229,7 +229,7 @@ class TestSettle:
         assert call(outbox, "claim", "other", 30_000)[0] == "busy"  # holder still alive
         r.delete(outbox.keys.session(WS, SES).lock)  # the holder died before acknowledging
         answer = call(outbox, "claim", "next", 30_000)
-        assert answer[0] == "owed" and Entry.from_json(answer[3]).id == e.id
+        assert answer[0] == "owed" and Entry.from_json(answer[4]).id == e.id
         assert call(outbox, "release", "next", e.id) == 1
         assert call(outbox, "claim", "next", 30_000)[0] == "idle"
 
@@ -253,7 +253,7 @@ class TestSettle:
     )
     def test_delivery_outcomes(self, outbox, outcome, status, attempts, transient, reason):
         e = self.stage(outbox)
-        kind, raw, _ = settle(outbox, "tok", e.id, outcome, "boom")
+        kind, raw, *_ = settle(outbox, "tok", e.id, outcome, "boom")
         after = Entry.from_json(raw)
         assert kind == "updated"
         assert (after.status, after.attempts, after.transient_fails, after.reason) == (
@@ -272,13 +272,13 @@ class TestSettle:
         gates = []
         for n in range(3):
             call(outbox, "claim", "tok", 30_000, now=NOW + n * 100_000_000)
-            _, raw, _ = settle(outbox, "tok", e.id, "failed", now=NOW + n * 100_000_000)
+            _, raw, *_ = settle(outbox, "tok", e.id, "failed", now=NOW + n * 100_000_000)
             gates.append(parse_time(Entry.from_json(raw).next_attempt_at) - (NOW + n * 100_000_000))
         assert gates == [10_000_000, 20_000_000, 25_000_000]
 
     def test_max_attempts_makes_an_error(self, outbox):
         e = self.stage(outbox, attempts=4)
-        _, raw, _ = settle(outbox, "tok", e.id, "failed")
+        _, raw, *_ = settle(outbox, "tok", e.id, "failed")
         after = Entry.from_json(raw)
         assert (after.status, after.reason, after.attempts) == ("error", "max_attempts", 5)
 
@@ -286,7 +286,7 @@ class TestSettle:
         outbox = make_outbox(max_transient_failures=2)
         e = seed(outbox, transient_fails=1)
         call(outbox, "claim", "tok", 30_000)
-        _, raw, _ = settle(outbox, "tok", e.id, "transient")
+        _, raw, *_ = settle(outbox, "tok", e.id, "transient")
         after = Entry.from_json(raw)
         assert (after.status, after.reason, after.attempts) == ("error", "transient_exhausted", 0)
 
@@ -317,7 +317,7 @@ class TestSettle:
         outbox = make_outbox(max_verify_attempts=3)
         e = seed(outbox, status="verifying", verify_attempts=2)
         call(outbox, "claim", "tok", 30_000)
-        _, raw, _ = settle(outbox, "tok", e.id, "inconclusive")
+        _, raw, *_ = settle(outbox, "tok", e.id, "inconclusive")
         assert Entry.from_json(raw).reason == "unverifiable"
 
     def test_failed_entry_goes_back_in_accept_order(self, outbox):
@@ -329,7 +329,7 @@ class TestSettle:
     def test_entry_parked_mid_delivery_stays_parked(self, outbox):
         e = self.stage(outbox)
         assert call(outbox, "operate", "park", "mode_transition", "")[2] == 1
-        _, raw, _ = settle(outbox, "tok", e.id, "ambiguous")
+        _, raw, *_ = settle(outbox, "tok", e.id, "ambiguous")
         after = Entry.from_json(raw)
         assert (after.status, after.parked_from, after.reason) == (
             "parked",
@@ -383,7 +383,7 @@ class TestSnapshotAndOperate:
 
     def test_retry_error_unverifiable_goes_to_verifying_with_a_verifier(self, outbox):
         e = seed(outbox, status="error", reason="unverifiable", attempts=2)
-        result, _, count, raw = call(outbox, "operate", "retry", e.id, "1")
+        result, _, count, _, raw = call(outbox, "operate", "retry", e.id, "1")
         after = Entry.from_json(raw)
         assert (result, count, after.status, after.attempts, after.reason) == (
             "updated",

@@ -24,6 +24,7 @@ class SessionKeys:
     receipt: str  # STRING: "<token> <entry-id>" of the last completion (lost-reply replay)
     due: str  # ZSET of the workspace: session -> due time (ms)
     sessions: str  # SET of the workspace's sessions
+    watch: str  # STRING: number of WebSocket clients watching (events are skipped at 0)
 
     def script_keys(self) -> list[str]:
         return [
@@ -35,6 +36,7 @@ class SessionKeys:
             self.receipt,
             self.due,
             self.sessions,
+            self.watch,
         ]
 
 
@@ -73,6 +75,7 @@ class KeySpace:
             receipt=f"{p}receipt:{{{ws}}}:{ses}",
             due=self.due(ws),
             sessions=self.sessions(ws),
+            watch=f"{p}watch:{{{ws}}}:{ses}",
         )
 
     def dedupe(self, workspace_id: str, session_id: str, client_message_id: str) -> str:

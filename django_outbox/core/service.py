@@ -89,6 +89,8 @@ class OutboxEvent:
     workspace_id: str
     session_id: str
     version: int
+    #: False when no WebSocket client watches the session: publishing can be skipped.
+    watched: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,12 +552,20 @@ class Outbox:
 
     @staticmethod
     def _events(
-        kind: str, raws: Iterable[Any], ws: str, ses: str, version: int, state: str | None = None
+        kind: str,
+        raws: Iterable[Any],
+        ws: str,
+        ses: str,
+        version: int,
+        state: str | None = None,
+        watched: bool = True,
     ) -> list[OutboxEvent]:
         events = []
         for raw in raws:
             entry = Entry.from_json(raw)
-            events.append(OutboxEvent(kind, state or str(entry.status), entry, ws, ses, version))
+            events.append(
+                OutboxEvent(kind, state or str(entry.status), entry, ws, ses, version, watched)
+            )
         return events
 
     # ==================================================================================
@@ -613,11 +623,15 @@ class Outbox:
             answer = yield call
         status = _text(answer[0])
         if status in ("ok", "own"):
-            version = int(answer[1])
+            version, watched = int(answer[1]), bool(answer[2])
             if waits:
                 self._check_waits(results[1:])
             yield _Emit(
-                [OutboxEvent("updated", "queued", entry, workspace_id, session_id, version)]
+                [
+                    OutboxEvent(
+                        "updated", "queued", entry, workspace_id, session_id, version, watched
+                    )
+                ]
             )
             return entry
         if status == "duplicate":
@@ -806,10 +820,12 @@ class Outbox:
             "operate", workspace_id, session_id, extra_args=[op, arg1, arg2]
         )
         result, version, count = _text(answer[0]), int(answer[1]), int(answer[2])
-        changed = answer[3:]
+        watched, changed = bool(answer[3]), answer[4:]
         if changed:
             state = removed_state if result == "removed" else None
-            yield _Emit(self._events("updated", changed, workspace_id, session_id, version, state))
+            yield _Emit(
+                self._events("updated", changed, workspace_id, session_id, version, state, watched)
+            )
         return result, count, changed
 
     def _retry_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan:
@@ -1353,14 +1369,14 @@ class Outbox:
         if kind == "busy":
             return ("busy", None, 0)
         if kind == "owed":
-            return ("owed", [Entry.from_json(raw) for raw in answer[3:]], 0)
-        version = int(answer[2])
-        recovered = answer[3:]
-        events = self._events("updated", recovered, ws, ses, version)
+            return ("owed", [Entry.from_json(raw) for raw in answer[4:]], 0)
+        version, watched = int(answer[2]), bool(answer[3])
+        recovered = answer[4:]
+        events = self._events("updated", recovered, ws, ses, version, None, watched)
         entry = Entry.from_json(answer[1]) if answer[1] else None
         if kind == "deliver" and entry is not None:
-            events.append(OutboxEvent("staged", "delivering", entry, ws, ses, version))
-            events.append(OutboxEvent("updated", "delivering", entry, ws, ses, version))
+            events.append(OutboxEvent("staged", "delivering", entry, ws, ses, version, watched))
+            events.append(OutboxEvent("updated", "delivering", entry, ws, ses, version, watched))
         if events:
             yield _Emit(events)
         return (kind, entry, len(recovered))
@@ -1376,21 +1392,24 @@ class Outbox:
             # Delivered. The lease is still ours and the entry stays staged as
             # delivered until its receivers ran: acknowledge it afterwards, so a
             # crash in between leaves the signal owed to the next claimer.
+            watched = True
             if kind == "removed":
-                version = int(answer[2])
+                version, watched = int(answer[2]), bool(answer[3])
                 done = Entry.from_json(answer[1])
             else:  # our settle ran but its reply was lost
                 version = (yield from self._snapshot_plan(ws, ses)).version
                 done = entry
             yield _Emit(
                 [
-                    OutboxEvent("delivered", "sent", done, ws, ses, version),
-                    OutboxEvent("updated", "sent", done, ws, ses, version),
+                    OutboxEvent("delivered", "sent", done, ws, ses, version, watched),
+                    OutboxEvent("updated", "sent", done, ws, ses, version, watched),
                 ]
             )
             kind = "removed"  # the caller acknowledges (release, or the next claim)
         elif kind == "updated":
-            yield _Emit(self._events("updated", [answer[1]], ws, ses, int(answer[2])))
+            yield _Emit(
+                self._events("updated", [answer[1]], ws, ses, int(answer[2]), None, bool(answer[3]))
+            )
         elif kind == "lost":
             logger.warning(
                 "outbox: %s/%s %s: lease lost, outcome %s left to verification",

@@ -9,7 +9,8 @@
 --   KEYS[6] receipt   STRING "<token> <entry-id> <outcome>" of the last settle
 --   KEYS[7] due       ZSET   of the workspace: session -> due time (ms)
 --   KEYS[8] sessions  SET    of the workspace's sessions
---   KEYS[9..13]       (standalone servers only) global keys: workspaces-due ZSET,
+--   KEYS[9] watch     STRING number of WebSocket clients watching the session
+--   KEYS[10..14]      (standalone servers only) global keys: workspaces-due ZSET,
 --                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLPOP),
 --                     all-sessions ZSET ("<ws> <ses>" -> first accept, ms) and
 --                     attention ZSET ("<ws> <ses>" -> since, ms: sessions holding
@@ -26,10 +27,11 @@
 -- re-encodes only the state, in a fixed member order.
 
 local Q, D, LOCK, VER, MARKERS, RECEIPT, DUE, SESSIONS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local WATCH = KEYS[9]
 local G = tonumber(ARGV[1])
-local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local MAX_WAKE_ITEMS = 10000
-local EXTRA = 9 + G
+local EXTRA = 10 + G
 local NOW = tonumber(ARGV[2])
 local NOW_MS = math.floor(NOW / 1000)
 local SES, WS, ORDERING = ARGV[3], ARGV[4], ARGV[5]
@@ -218,6 +220,11 @@ end
 
 local function bump()
   return redis.call('INCR', VER)
+end
+
+-- 1 if a WebSocket client watches the session (then events are worth publishing).
+local function watched()
+  return tonumber(redis.call('GET', WATCH) or 0) > 0 and 1 or 0
 end
 
 -- A staged entry whose delivery is confirmed but whose entry_delivered

@@ -5,7 +5,7 @@
 -- ARGV[9] cap (0: no cap and no marker, used by seeding)
 -- ARGV[10] dedupe TTL (ms)  ARGV[11] clientMessageID
 -- ARGV[12] 'queue', or 'staging' (seeding a delivery a dead worker left behind)
--- Returns {'ok', version} | {'own', version} (this very entry was already
+-- Returns {'ok', version, watched} | {'own', version, watched} (this very entry was already
 -- written: a replay after a lost reply) | {'duplicate', id} | {'conflict', id}
 -- | {'full'}. Nothing is written unless the answer is 'ok'.
 local raw, id, fp, cap = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
@@ -16,7 +16,7 @@ if cap > 0 then
   local marker = redis.call('GET', marker_key)
   if marker then
     local mid, mfp = string.match(marker, '^(%S+) (%S+)$')
-    if mid == id then return {'own', tonumber(redis.call('GET', VER) or 0)} end
+    if mid == id then return {'own', tonumber(redis.call('GET', VER) or 0), watched()} end
     if mfp == fp then return {'duplicate', mid} end
     return {'conflict', mid or marker}
   end
@@ -40,11 +40,11 @@ end
 -- This keeps accept O(1) instead of re-reading the queue.
 if cap == 0 then
   reindex_and_wake()  -- seeding: the entry may be in any state
-  return {'ok', bump()}
+  return {'ok', bump(), watched()}
 end
 local locked = redis.call('EXISTS', LOCK) == 1
 local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
 if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then wake() end
 sync_workspace()
 if G > 0 and locked then redis.call('ZADD', ATTENTION, 'NX', NOW_MS, MEMBER) end  -- blocked
-return {'ok', bump()}
+return {'ok', bump(), watched()}

@@ -4,10 +4,10 @@
 --           under this same lease (acknowledged first; see release.lua)
 -- Returns one of:
 --   {'busy', pttl}                another holder's lease stands
---   {'idle', version}             nothing due (the lease is not kept)
---   {'deliver', entry, version}   the entry was staged as delivering; deliver it
---   {'verify', entry, version}    the head awaits verification; verify it
---   {'owed', false, version, entries...}  delivered entries whose entry_delivered
+--   {'idle', false, version, watched}        nothing due (the lease is not kept)
+--   {'deliver', entry, version, watched}     the entry was staged as delivering
+--   {'verify', entry, version, watched}      the head awaits verification
+--   {'owed', false, version, watched, entries...}  delivered entries whose entry_delivered
 --                                 was never acknowledged (their holder died):
 --                                 fire it, then acknowledge with release.lua
 -- deliver/verify/idle answers are followed by the JSON of entries recovered
@@ -32,7 +32,7 @@ local owed = owed_signals()
 if #owed > 0 then
   redis.call('SET', LOCK, token .. ' ' .. NOW_MS, 'PX', ttl)
   reindex()
-  local out = {'owed', false, tonumber(redis.call('GET', VER) or 0)}
+  local out = {'owed', false, tonumber(redis.call('GET', VER) or 0), watched()}
   for _, r in ipairs(owed) do out[#out + 1] = r end
   return out
 end
@@ -42,14 +42,14 @@ if owner == token then
   local staged = redis.call('LINDEX', D, 0)
   if staged then
     redis.call('PEXPIRE', LOCK, ttl)
-    return {'deliver', staged, tonumber(redis.call('GET', VER) or 0)}
+    return {'deliver', staged, tonumber(redis.call('GET', VER) or 0), watched()}
   end
 else
   recovered = recover_staged()
 end
 
 local function answer(kind, entry, version)
-  local out = {kind, entry, version}
+  local out = {kind, entry, version, watched()}
   for _, r in ipairs(recovered) do out[#out + 1] = r end
   return out
 end

@@ -12,7 +12,7 @@
 --   recover                        staged entries without a lease -> verifying (see _lib.lua)
 -- ARGV[7], ARGV[8]: the op's arguments as above.
 -- An entry staged with a live lease, or the entry the lease is held for, is busy.
--- Returns {result, version, count, changed entries...}; result is 'updated',
+-- Returns {result, version, count, watched, changed entries...}; result is 'updated',
 -- 'removed', 'not_found', 'busy' or 'ok' (bulk ops; count says how many).
 local op, arg1, arg2 = ARGV[6], ARGV[7], ARGV[8]
 local owner, _, lock_entry = lock_parts()
@@ -30,16 +30,16 @@ local function finish(result, count)
   else
     v = version()
   end
-  local out = {result, v, count}
+  local out = {result, v, count, watched()}
   for _, c in ipairs(changed) do out[#out + 1] = c end
   return out
 end
 
 if op == 'retry' or op == 'dismiss' then
   local idx, raw = find(D, arg1)
-  if raw and is_done((split(raw))) then return {'not_found', version(), 0} end
+  if raw and is_done((split(raw))) then return {'not_found', version(), 0, 0} end
   if raw then
-    if owner then return {'busy', version(), 0} end
+    if owner then return {'busy', version(), 0, 0} end
     -- Staged by a holder that is gone: its outcome is unknown.
     if op == 'dismiss' then
       redis.call('LREM', D, 1, raw)
@@ -50,15 +50,15 @@ if op == 'retry' or op == 'dismiss' then
     return finish('updated', 1)
   end
   idx, raw = find(Q, arg1)
-  if not raw then return {'not_found', version(), 0} end
-  if owner and lock_entry == arg1 then return {'busy', version(), 0} end
+  if not raw then return {'not_found', version(), 0, 0} end
+  if owner and lock_entry == arg1 then return {'busy', version(), 0, 0} end
   local st, content = split(raw)
   if op == 'dismiss' then
     redis.call('LREM', Q, 1, raw)
     changed[1] = raw
     return finish('removed', 1)
   end
-  if st.status == 'parked' then return {'busy', version(), 0} end
+  if st.status == 'parked' then return {'busy', version(), 0, 0} end
   if st.status == 'error' then
     if st.reason == 'unverifiable' and arg2 == '1' then
       st.status = 'verifying'
@@ -112,10 +112,10 @@ end
 
 if op == 'ledger_complete' or op == 'ledger_rearm' then
   local idx, raw = find(Q, arg1)
-  if not raw then return {'not_found', version(), 0} end
+  if not raw then return {'not_found', version(), 0, 0} end
   local st, content = split(raw)
   if st.status ~= 'error' or (st.attempts or 0) ~= tonumber(arg2) then
-    return {'busy', version(), 0}
+    return {'busy', version(), 0, 0}
   end
   if op == 'ledger_complete' then
     -- Confirmed delivered: staged as delivered with its signal owed, which the
@@ -135,7 +135,7 @@ end
 
 if op == 'recover' then
   -- Staged entries whose lease is gone: back to the queue as verifying.
-  if owner then return {'ok', version(), 0} end
+  if owner then return {'ok', version(), 0, 0} end
   local had = redis.call('LLEN', D)
   changed = recover_staged()
   if had > 0 and #changed == 0 then reindex_and_wake() end

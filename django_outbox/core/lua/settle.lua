@@ -6,11 +6,11 @@
 -- ARGV[11] RETRY_BACKOFF (us)  ARGV[12] MAX_BACKOFF (us)  ARGV[13] MAX_TRANSIENT_FAILURES
 -- ARGV[14] VERIFY_DELAY (us)  ARGV[15] VERIFY_BACKOFF (us)  ARGV[16] MAX_VERIFY_BACKOFF (us)
 -- ARGV[17] MAX_VERIFY_ATTEMPTS  ARGV[18] receipt TTL (ms)
--- Returns {'removed', entry, version} (delivered: the entry leaves the queue
+-- Returns {'removed', entry, version, watched} (delivered: the entry leaves the queue
 -- but stays in staging marked deliveredAt, the lease still held, until the
 -- caller has fired entry_delivered and acknowledged it with release.lua; if the
 -- caller dies first, the next claim fires the owed signal),
--- {'updated', entry, version}, {'replayed', 'removed'|'updated'} (this settle
+-- {'updated', entry, version, watched}, {'replayed', 'removed'|'updated'} (this settle
 -- already ran and its reply was lost), {'lost'} (the lease is not ours: touch
 -- nothing, the outcome is left to verification) or {'gone'}.
 local token, id, outcome, err = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
@@ -56,7 +56,7 @@ if outcome == 'delivered' then
   end
   redis.call('SET', RECEIPT, receipt .. ' removed', 'PX', receipt_ttl)
   reindex()
-  return {'removed', done, bump()}
+  return {'removed', done, bump(), watched()}
 end
 
 local next_status, reason, next_at = nil, nil, nil
@@ -112,4 +112,4 @@ end
 redis.call('DEL', LOCK)
 redis.call('SET', RECEIPT, receipt .. ' updated', 'PX', receipt_ttl)
 reindex()
-return {'updated', new, bump()}
+return {'updated', new, bump(), watched()}
