@@ -17,12 +17,24 @@ $(STAMP): pyproject.toml | $(BIN)/python
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check django_outbox tests
+	$(BIN)/ruff check django_outbox tests example_project
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check django_outbox tests
+	$(BIN)/ruff check django_outbox tests example_project
 	$(BIN)/ruff format --check django_outbox tests
+
+# The whole stack on one machine (README "The demo"): embedded Valkey, a fake opencode
+# agent, uvicorn and a worker under one parent; Ctrl-C stops it all. Data in var/demo/.
+#   make demo                  http://127.0.0.1:8000/, log in as demo / demo
+#   make demo AGENT=opencode   the real `opencode serve` instead of the fake agent
+#   make demo ARGS=--smoke     a scripted run that prints a table and exits 0/1
+# Plain `=`: only the command line overrides these, not a stray AGENT in the environment.
+AGENT = fake
+ARGS =
+
+demo: $(STAMP)
+	$(BIN)/python -m example_project.run --agent $(AGENT) $(ARGS)
 
 # The real opencode server (npm opencode-ai, pinned) for the integration tests,
 # installed into the git-ignored .opencode/ folder.

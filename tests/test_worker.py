@@ -215,3 +215,26 @@ async def test_many_concurrent_deliveries_share_a_bounded_pool(make_outbox, sign
     assert stats.errors == 0 and stats.steps == 600
     assert len(signals_log.ids("delivered")) == 600
     await outbox.aclose()
+
+
+async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
+    # BLPOP must block for less than the client's 5 s socket timeout, whatever the tick.
+    delivered = asyncio.Event()
+
+    async def deliver(entry, **kwargs):
+        delivered.set()
+
+    worker_box, client_box = make_outbox(deliverer=deliver), make_outbox()
+    stop = asyncio.Event()
+    from django_outbox.core.worker import Worker
+
+    worker = Worker(worker_box, None, concurrency=4, tick=30, stop=stop, heartbeat=False)
+    run = asyncio.create_task(worker.run())
+    await asyncio.sleep(6)  # longer than the socket timeout
+    await client_box.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+    await asyncio.wait_for(delivered.wait(), 5)
+    stop.set()
+    await run
+    assert worker.stats.errors == 0
+    await worker_box.aclose()
+    await client_box.aclose()

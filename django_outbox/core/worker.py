@@ -34,6 +34,7 @@ logger = logging.getLogger("django_outbox.worker")
 HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats
 HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
 SCAN_LIMIT = 1000  # workspaces, and sessions per workspace, read per scan
+WAKE_WAIT_MAX = 2.0  # seconds one BLPOP may block
 
 
 @dataclass
@@ -137,7 +138,9 @@ class Worker:
     async def _wake_loop(self) -> None:
         """Wait on the wake list; BLPOP hands each item to exactly one worker."""
         client = self.outbox._aclient()
-        timeout = max(self.tick, 0.01)
+        # Block for less than the client's socket timeout (5 s), whatever the tick:
+        # a longer BLPOP would time out on the socket and count as an error.
+        timeout = min(max(self.tick, 0.01), WAKE_WAIT_MAX)
         while not self.stop.is_set():
             try:
                 item = await client.blpop([self.outbox.keys.wake], timeout=timeout)

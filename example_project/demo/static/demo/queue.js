@@ -1,0 +1,271 @@
+// The demo's queue page: django-outbox's outbox.js plus a little DOM. Every piece of user
+// or server text goes through textContent (never innerHTML).
+import { createOutbox } from "../django_outbox/outbox.js";
+
+const page = JSON.parse(document.getElementById("outbox-page").textContent);
+const $ = (id) => document.getElementById(id);
+
+const LABELS = {
+  queued: "queued",
+  pending: "waiting to retry",
+  delivering: "delivering",
+  verifying: "verifying",
+  sent: "sent",
+  error: "error",
+  parked: "parked",
+  dismissed: "dismissed",
+  finished: "finished",
+  sending: "sending",
+  retrying: "resending",
+};
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key === "onclick") node.addEventListener("click", value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return node;
+}
+
+function getCookie(name) {
+  const found = document.cookie.split(";").map((c) => c.trim()).find((c) => c.startsWith(name + "="));
+  return found ? decodeURIComponent(found.slice(name.length + 1)) : "";
+}
+
+async function postJSON(url, body) {
+  const response = await fetch(url, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json", "X-CSRFToken": getCookie("csrftoken") },
+    body: JSON.stringify(body),
+  });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(data.detail || `HTTP ${response.status}`);
+  return data;
+}
+
+const seconds = (ms) => Math.max(0, Math.round(ms / 1000));
+
+// -- sessions ------------------------------------------------------------------------
+
+$("new-session")?.addEventListener("click", async () => {
+  try {
+    const made = await postJSON(page.sessionsURL, {});
+    const url = new URL(location.href);
+    url.searchParams.set("workspace", page.workspace);
+    url.searchParams.set("session", made.sessionID);
+    location.assign(url);
+  } catch (err) {
+    $("aside-error").hidden = false;
+    $("aside-error").textContent = `Could not make a session: ${err.message}`;
+  }
+});
+
+// -- the queue -------------------------------------------------------------------------
+
+const outbox = createOutbox({
+  baseURL: page.apiBase,
+  storageKey: `django-outbox:${page.userID}`,
+  onEvent(event) {
+    if (event.type === "rejected") {
+      showError(`Refused: “${event.item.text.slice(0, 60)}”: ${event.error.detail || event.error.message}`);
+    }
+  },
+});
+
+let lastView = null;
+
+function showError(message) {
+  const box = $("queue-error");
+  if (!box) return;
+  box.hidden = !message;
+  box.textContent = message || "";
+}
+
+async function act(what, id) {
+  try {
+    await (what === "retry" ? subscription.retry(id) : subscription.dismiss(id));
+    showError("");
+  } catch (err) {
+    const why = err.status === 409 ? "busy: it is being delivered or verified right now" : err.detail || err.message;
+    showError(`Could not ${what}: ${why}`);
+  }
+}
+
+function entryDetails(row, now) {
+  const e = row.entry;
+  const bits = [];
+  if (row.blockedByInFlight) {
+    bits.push(`blocked behind an in-flight message for ${seconds(now - row.inFlightSince)} s`);
+  } else if (row.behind) {
+    bits.push("waits for the message before it (strict FIFO)");
+  }
+  if (e.attempts) bits.push(`failed attempts: ${e.attempts}`);
+  if (e.verifyAttempts) bits.push(`verification passes: ${e.verifyAttempts}`);
+  if (e.nextAttemptAt && (row.state === "pending" || row.state === "verifying")) {
+    const due = Date.parse(e.nextAttemptAt) - now;
+    const what = row.state === "verifying" ? "next check" : "next try";
+    if (due > 0) bits.push(`${what} in ${seconds(due)} s`);
+  }
+  if (e.reason && (row.state === "error" || row.state === "parked")) bits.push(`reason: ${e.reason}`);
+  if (e.lastError && row.state !== "sent") bits.push(`last error: ${e.lastError}`);
+  return bits.join(" · ");
+}
+
+function renderEntry(row, now) {
+  const live = !["sent", "dismissed", "finished"].includes(row.state);
+  const state = row.blockedByInFlight ? "blocked" : row.state;
+  const buttons = el("span", { class: "actions" });
+  if (live && ["error", "pending", "verifying"].includes(row.state)) {
+    buttons.append(el("button", { type: "button", class: "retry", onclick: () => act("retry", row.id) }, "Retry"));
+  }
+  if (live && row.state !== "delivering") {
+    buttons.append(el("button", { type: "button", class: "dismiss", onclick: () => act("dismiss", row.id) }, "Dismiss"));
+  }
+  return el(
+    "li",
+    { class: `entry state-${row.state}`, dataset: { id: row.id, state: row.state, blocked: row.blockedByInFlight ? "1" : "0" } },
+    el("div", { class: "text" }, row.text),
+    el("div", { class: "meta" },
+      el("span", { class: `badge state-${state}` }, row.blockedByInFlight ? "blocked" : LABELS[row.state] || row.state),
+      el("span", { class: "detail" }, entryDetails(row, now)),
+      buttons,
+    ),
+  );
+}
+
+function renderPending(item, now) {
+  const waiting = item.nextAt > now && !item.sending;
+  const state = waiting ? "retrying" : "sending";
+  const detail = waiting
+    ? `not acknowledged yet (${item.lastError}); resending in ${seconds(item.nextAt - now)} s`
+    : item.attempts
+      ? `sending again (attempt ${item.attempts + 1})`
+      : "sending…";
+  return el(
+    "li",
+    { class: `entry local state-${state}`, dataset: { cmid: item.clientMessageID, state } },
+    el("div", { class: "text" }, item.text),
+    el("div", { class: "meta" },
+      el("span", { class: `badge state-${state}` }, LABELS[state]),
+      el("span", { class: "detail" }, detail),
+      el("span", { class: "actions" },
+        el("button", { type: "button", class: "cancel", onclick: () => outbox.cancel(item.clientMessageID) }, "Cancel"),
+      ),
+    ),
+  );
+}
+
+let transcriptTimer = null;
+let sentSeen = 0;
+
+function render(view) {
+  lastView = view;
+  const now = Date.now();
+  const list = $("queue");
+  // The demo runs ORDERING = "strict": nothing passes an earlier message that is backing
+  // off or being verified.
+  let head = false;
+  const entries = view.entries.map((r) => {
+    const behind = head && (r.state === "queued" || r.state === "pending");
+    if (["pending", "verifying", "delivering"].includes(r.state)) head = true;
+    return { ...r, behind };
+  });
+  const rows = [...entries.map((r) => renderEntry(r, now)), ...view.pending.map((p) => renderPending(p, now))];
+  list.replaceChildren(...rows);
+  $("queue-empty").hidden = rows.length > 0;
+  const badge = $("connection");
+  badge.textContent = view.error ? view.error.detail : view.connected ? "live" : "reconnecting…";
+  badge.className = `badge ${view.connected ? "live" : "offline"}`;
+  if (view.error) showError(view.error.detail);
+  const sent = view.entries.filter((r) => r.state === "sent").length;
+  if (sent !== sentSeen) {
+    sentSeen = sent;
+    clearTimeout(transcriptTimer);
+    transcriptTimer = setTimeout(loadTranscript, 300);
+  }
+}
+
+const subscription = page.session ? outbox.subscribe(page.workspace, page.session, render) : null;
+setInterval(() => lastView && render(lastView), 1000); // the "for N s" counters
+
+$("send-form")?.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const box = $("prompt");
+  const text = box.value.trim();
+  if (!text) return;
+  box.value = "";
+  $("send-note").textContent = "";
+  outbox
+    .send(page.workspace, page.session, text)
+    .then((result) => {
+      $("send-note").textContent = result.status === "duplicate" ? "already accepted earlier" : "accepted";
+    })
+    .catch(() => {}); // reported through onEvent ("rejected")
+});
+$("prompt")?.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+    event.preventDefault();
+    $("send-form").requestSubmit();
+  }
+});
+
+// -- what the agent received -------------------------------------------------------------
+
+async function loadTranscript() {
+  const list = $("transcript");
+  if (!list || !page.transcriptURL) return;
+  try {
+    const response = await fetch(page.transcriptURL, { credentials: "same-origin" });
+    const data = await response.json();
+    if (!response.ok) throw new Error(data.detail || `HTTP ${response.status}`);
+    list.replaceChildren(
+      ...data.messages
+        .filter((m) => m.role === "user")
+        .map((m) => el("li", { dataset: { id: m.id } }, m.texts.join(" ⏎ "), m.texts.length > 1 ? el("b", {}, ` (${m.texts.length} parts!)`) : null)),
+    );
+  } catch (err) {
+    list.replaceChildren(el("li", { class: "error" }, `Could not read the transcript: ${err.message}`));
+  }
+}
+$("refresh-transcript")?.addEventListener("click", loadTranscript);
+loadTranscript();
+
+// -- the fake agent's knobs ------------------------------------------------------------------
+
+const panel = $("agent-panel");
+if (panel) {
+  const note = $("agent-note");
+  const latency = $("latency");
+  fetch(page.agentURL, { credentials: "same-origin" })
+    .then((r) => r.json())
+    .then((knobs) => { latency.value = knobs.latency; });
+  latency.addEventListener("change", async () => {
+    try {
+      await postJSON(page.agentURL, { latency: Number(latency.value) });
+      note.textContent = `The agent now thinks ${latency.value} s per prompt.`;
+    } catch (err) {
+      note.textContent = err.message;
+    }
+  });
+  for (const button of panel.querySelectorAll("button[data-rule]")) {
+    button.addEventListener("click", async () => {
+      const rule = { match: "", action: button.dataset.rule, times: 1 };
+      if (rule.action === "delay") rule.seconds = 20;
+      try {
+        await postJSON(page.agentURL, { rules: [rule] });
+        note.textContent = `Armed: the next prompt will be “${button.textContent}”.`;
+      } catch (err) {
+        note.textContent = err.message;
+      }
+    });
+  }
+}
