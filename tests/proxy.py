@@ -24,6 +24,7 @@ class TcpProxy:
         self._server = socket.create_server(("127.0.0.1", self.port))
         self._server.settimeout(0.1)
         self._closing = False
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._thread = threading.Thread(target=self._accept_loop, daemon=True)
 
     @property
@@ -37,6 +38,19 @@ class TcpProxy:
     def drop_reply_to(self, marker: bytes) -> None:
         with self._lock:
             self.marker = marker
+
+    def cut_all(self) -> int:
+        """Cut every open connection at once (both sides see a reset or EOF)."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            for sock in pair:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+        return len(pairs)
 
     def close(self) -> None:
         self._closing = True
@@ -53,6 +67,8 @@ class TcpProxy:
                 return
             client.settimeout(None)
             upstream = socket.create_connection(self.upstream)
+            with self._lock:
+                self._pairs.append((client, upstream))
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
 
     def _take_marker(self, data: bytes) -> bool:
