@@ -123,7 +123,7 @@ def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             checks.Error(
                 f"Valkey's maxmemory-policy is {policy!r}: when memory runs out it evicts keys, "
                 "silently deleting queued messages, leases and dedupe markers.",
-                hint="Run Valkey with 'maxmemory-policy noeviction' (accepts then fail with 503 "
+                hint="Run Valkey with 'maxmemory-policy noeviction' (accepts then get 503 "
                 "when memory is full, and nothing accepted is lost).",
                 id="django_outbox.E003",
             )

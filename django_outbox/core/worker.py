@@ -21,7 +21,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import OutboxUnavailable
@@ -46,7 +46,6 @@ class WorkerStats:
     wakes: int = 0
     scans: int = 0
     errors: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)
 
 
 class Worker:

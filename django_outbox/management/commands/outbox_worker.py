@@ -44,7 +44,7 @@ class Command(BaseCommand):
             "--tick",
             type=float,
             default=config.tick,
-            help=f"seconds between due-index scans (default OUTBOX['TICK'] = {config.tick})",
+            help=f"seconds between due-index scans (default TICK = {config.tick})",
         )
         parser.add_argument(
             "--once", action="store_true", help="deliver what is due now, then exit"
