@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo venv clean opencode
+.PHONY: test lint demo venv clean opencode chaos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ ARGS =
 
 demo: $(STAMP)
 	$(BIN)/python -m example_project.run --agent $(AGENT) $(ARGS)
+
+# The fault suite, long run (a short run is part of make test).
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos
 
 # The real opencode server (npm opencode-ai, pinned) for the integration tests,
 # installed into the git-ignored .opencode/ folder.

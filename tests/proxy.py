@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 from .valkey import free_port
 
@@ -19,6 +20,8 @@ class TcpProxy:
         self.upstream = (host, upstream_port)
         self.port = free_port()
         self.marker: bytes | None = None
+        #: Seconds each client request waits before it is forwarded (a slow network).
+        self.delay = 0.0
         self.dropped = 0
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", self.port))
@@ -101,6 +104,8 @@ class TcpProxy:
                     return
                 if self._take_marker(data):
                     dropping.set()
+                if self.delay:
+                    time.sleep(self.delay)
                 try:
                     upstream.sendall(data)
                 except OSError:

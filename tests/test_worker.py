@@ -238,3 +238,28 @@ async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
     assert worker.stats.errors == 0
     await worker_box.aclose()
     await client_box.aclose()
+
+
+async def test_start_up_waits_for_valkey_to_come_back(tmp_path, make_outbox):
+    from .valkey import ValkeyProcess
+
+    server = ValkeyProcess(tmp_path).start()
+    delivered = asyncio.Event()
+
+    async def deliver(entry, **kwargs):
+        delivered.set()
+
+    outbox = make_outbox(url=server.url, deliverer=deliver)
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+    server.kill()
+    stop = asyncio.Event()
+    run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))
+    await asyncio.sleep(0.5)  # the worker is retrying its start-up
+    assert not run.done()
+    await asyncio.to_thread(server.start)  # same port; nothing persisted, so accept again
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+    await asyncio.wait_for(delivered.wait(), 10)
+    stop.set()
+    await run
+    await outbox.aclose()
+    server.stop()

@@ -35,6 +35,7 @@ HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats
 HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
 SCAN_LIMIT = 1000  # workspaces, and sessions per workspace, read per scan
 WAKE_WAIT_MAX = 2.0  # seconds one BLPOP may block
+STARTUP_PATIENCE = 30.0  # seconds start-up retries while Valkey is unavailable
 
 
 @dataclass
@@ -292,16 +293,14 @@ class Worker:
     async def run(self) -> WorkerStats:
         """Recover, then deliver until stopped; every task is joined before returning."""
         outbox = self.outbox
-        await outbox.aload_scripts()
-        recovered = await outbox.arecover()
+        recovered = await self._patiently(self._start)
         if recovered:
             logger.info("outbox worker %s: recovered %d staged entries", self.id, recovered)
         helpers: list[asyncio.Task[None]] = []
         if self.heartbeat:
-            await self.beat()
             helpers.append(asyncio.create_task(self._heartbeat_loop()))
         if self.once:
-            await self.scan()
+            await self._patiently(self.scan)
         else:
             helpers.append(asyncio.create_task(self._wake_loop()))
             helpers.append(asyncio.create_task(self._tick_loop()))
@@ -325,6 +324,25 @@ class Worker:
                 await self._forget()
             logger.info("outbox worker %s stopped: %s", self.id, self.stats)
         return self.stats
+
+    async def _start(self) -> int:
+        await self.outbox.aload_scripts()
+        return await self.outbox.arecover()
+
+    async def _patiently(self, step: Callable[[], Any]) -> Any:
+        """Run a start-up step, retrying while Valkey is briefly unavailable (a restart,
+        a cut connection) for up to ``STARTUP_PATIENCE`` seconds."""
+        deadline = time.monotonic() + STARTUP_PATIENCE
+        delay = 0.1
+        while True:
+            try:
+                return await step()
+            except OutboxUnavailable as exc:
+                if self.stop.is_set() or time.monotonic() + delay > deadline:
+                    raise
+                logger.warning("outbox worker %s: %s; retrying in %.1fs", self.id, exc, delay)
+                await self._sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _drain(self) -> None:
         """Let in-flight deliveries finish for ``grace`` seconds, then cancel them."""
