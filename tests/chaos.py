@@ -291,7 +291,7 @@ def valkey_restart(tmp: Path, short: bool, fsync: str) -> Row:
 
 
 def proxy_faults(tmp: Path, short: bool) -> Row:
-    """Connections between worker and Valkey cut every 100 ms and delayed by 20 ms."""
+    """Connections between worker and Valkey cut every 250 ms and delayed by 20 ms."""
     from django_outbox.core.service import Outbox as CoreOutbox
     from tests.proxy import TcpProxy
 
@@ -308,8 +308,11 @@ def proxy_faults(tmp: Path, short: bool) -> Row:
         ids = _accept_all(client, sessions, per)
         client.close()
 
-        async def cut():
-            if row.faults < (20 if short else 100):
+        last = [0.0]
+
+        async def cut():  # every 0.25 s at most, so start-up and work get through
+            if row.faults < (20 if short else 100) and time.monotonic() - last[0] > 0.25:
+                last[0] = time.monotonic()
                 row.faults += proxy.cut_all() > 0
 
         async def main():

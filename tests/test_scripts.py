@@ -95,7 +95,7 @@ class TestAccept:
         marker = outbox.keys.dedupe(WS, SES, "k1")
         assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["ok", 1, 0]
         keys = outbox.keys.session(WS, SES)
-        assert r.lrange(keys.queue, 0, -1) == [e.to_json()]
+        assert r.lrange(keys.queue, 0, -1) == [e.evolve(seq=1).to_json()]  # seq: accept order
         assert r.get(marker) == f"{e.id} fp1"
         assert 59_000 < r.pttl(marker) <= 60_000
         assert r.zscore(keys.due, SES) == NOW // 1000
@@ -124,7 +124,7 @@ class TestAccept:
             "conflict",
             e.id,
         ]
-        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["own", 1, 0]
+        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["own", 1, 0, 1]
         full = other.evolve(client_message_id="k2")
         m2 = outbox.keys.dedupe(WS, SES, "k2")
         assert call(outbox, "accept", *accept_args(full, cap=1), extra_keys=[m2]) == ["full"]

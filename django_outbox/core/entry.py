@@ -199,6 +199,7 @@ _STATE_FIELDS = (
     ("verifyAttempts", "verify_attempts"),
     ("transientFails", "transient_fails"),
     ("acceptedAt", "accepted_at"),
+    ("seq", "seq"),
     ("lastAttemptAt", "last_attempt_at"),
     ("nextAttemptAt", "next_attempt_at"),
     ("lastError", "last_error"),
@@ -210,7 +211,14 @@ _CONTENT_FIELDS = (
     ("text", "text"),
     ("model", "model"),
 )
-_ZERO_OMITTED = {"verifyAttempts", "transientFails"}
+_ZERO_OMITTED = {"verifyAttempts", "transientFails", "seq"}
+_STRING_FIELDS = {
+    "reason": "reason",
+    "lastError": "last_error",
+    "userID": "user_id",
+    "text": "text",
+}
+_PARKED_FROM = {"pending", "verifying", "delivering"}
 _KNOWN = {name for name, _ in _STATE_FIELDS + _CONTENT_FIELDS} | {
     "blockedByInFlight",
     "inFlightFor",
@@ -248,6 +256,8 @@ class Entry:
     reason: str | None = None
     parked_from: str | None = None
     delivered_at: str | None = None
+    #: Place in the session's accept order (the session's version at accept).
+    seq: int = 0
     blocked_by_in_flight: bool = False
     in_flight_for: float | None = field(default=None)
 
@@ -295,12 +305,27 @@ class Entry:
         for name, attr in _STATE_FIELDS + _CONTENT_FIELDS:
             if name in data and data[name] is not None:
                 kwargs[attr] = data[name]
+        # Strict types: a state member of the wrong type could make the scripts
+        # mis-split a stored entry (DESIGN section 3).
+        check_identifier("entry ID", kwargs.get("id"))
+        for name, attr in _STRING_FIELDS.items():
+            if attr in kwargs and not isinstance(kwargs[attr], str):
+                raise ValueError(f"{name} must be a string")
+        cmid = kwargs.get("client_message_id")
+        if not isinstance(cmid, str) or not CLIENT_MESSAGE_ID_RE.fullmatch(cmid):
+            raise ValueError("clientMessageID must be 1 to 128 printable ASCII characters")
+        if "model" in kwargs and not isinstance(kwargs["model"], dict):
+            raise ValueError("model must be a JSON object")
+        if kwargs.get("parked_from") not in (None, *_PARKED_FROM):
+            raise ValueError(f"parkedFrom must be one of {sorted(_PARKED_FROM)}")
         try:
             kwargs["status"] = Status(kwargs.get("status", Status.PENDING))
             for attr in ("accepted_at", "last_attempt_at", "next_attempt_at", "delivered_at"):
                 if attr in kwargs:
+                    if not isinstance(kwargs[attr], str):
+                        raise ValueError(f"{attr} must be an RFC 3339 string")
                     kwargs[attr] = canonical_time(kwargs[attr])
-            for attr in ("attempts", "verify_attempts", "transient_fails"):
+            for attr in ("attempts", "verify_attempts", "transient_fails", "seq"):
                 value = kwargs.get(attr, 0)
                 if isinstance(value, float) and value.is_integer():
                     value = int(value)

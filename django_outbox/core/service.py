@@ -225,20 +225,27 @@ class _LeaseKeeper:
         if not batch:
             return
         outbox = self.outbox
-        keys: list[str] = [] if outbox.cluster else [outbox.keys.workspaces_due]
-        args: list[Any] = [len(keys), outbox._now_us(), "", "", "", outbox._lock_ttl_ms]
-        for token, (skeys, workspace_id, session_id) in batch:
-            keys += [skeys.lock, skeys.due]
-            args += [token, session_id, workspace_id]
-        client = self.outbox._aclient()
-        try:
-            result = await self.outbox._aevalsha(client, "renew", keys, args)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise _unavailable(exc) from exc
-        for (token, _), ok in zip(batch, result, strict=True):
-            if not ok and token in self.held:
-                self.lost.add(token)
-                logger.warning("outbox: lease %s lost before the delivery ended", token[:8])
+        # One script call for all leases on a standalone server; on a cluster one
+        # per workspace (its keys share a slot), all in one pipeline.
+        groups: dict[str, list[tuple[str, tuple[SessionKeys, str, str]]]] = {}
+        for item in batch:
+            groups.setdefault(item[1][1] if outbox.cluster else "", []).append(item)
+        calls = []
+        for items in groups.values():
+            keys: list[str] = [] if outbox.cluster else [outbox.keys.workspaces_due]
+            args: list[Any] = [len(keys), outbox._now_us(), "", "", "", outbox._lock_ttl_ms]
+            for token, (skeys, workspace_id, session_id) in items:
+                keys += [skeys.lock, skeys.due]
+                args += [token, session_id, workspace_id]
+            calls.append(_Eval("renew", keys, args))
+        results = await outbox._arun(iter_once(_Pipe(calls)))
+        for items, result in zip(groups.values(), results, strict=True):
+            if isinstance(result, Exception):
+                raise result
+            for (token, _), ok in zip(items, result, strict=True):
+                if not ok and token in self.held:
+                    self.lost.add(token)
+                    logger.warning("outbox: lease %s lost before the delivery ended", token)
 
 
 class Outbox:
@@ -356,14 +363,25 @@ class Outbox:
         return client
 
     def load_scripts(self) -> None:
-        """Load every script into Valkey now (otherwise each loads on first NOSCRIPT)."""
-        for script in self.scripts.values():
-            self._run(iter_once(_Cmd(("SCRIPT", "LOAD", script.text))))
+        """Load every script into Valkey now (otherwise each loads on first NOSCRIPT).
+
+        Uses ``SCRIPT LOAD`` through the client's own method, which a cluster
+        client sends to every primary. Raises :class:`OutboxUnavailable`.
+        """
+        try:
+            for script in self.scripts.values():
+                self.client.script_load(script.text)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise _unavailable(exc) from exc
 
     async def aload_scripts(self) -> None:
         """Async :meth:`load_scripts`."""
-        for script in self.scripts.values():
-            await self._arun(iter_once(_Cmd(("SCRIPT", "LOAD", script.text))))
+        client = self._aclient()
+        try:
+            for script in self.scripts.values():
+                await client.script_load(script.text)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise _unavailable(exc) from exc
 
     def close(self) -> None:
         """Close the sync client's connections."""
@@ -446,6 +464,19 @@ class Outbox:
             await client.script_load(script.text)
             return await client.evalsha(script.sha, len(keys), *keys, *args)
 
+    def _do_one_safely(self, client: Any, call: _Eval | _Cmd) -> Any:
+        try:
+            if isinstance(call, _Eval):
+                return self._evalsha(client, call.script, call.keys, call.args)
+            return client.execute_command(*call.args)
+        except redis.ResponseError as exc:
+            return exc
+
+    async def _ado_one(self, client: Any, call: _Eval | _Cmd) -> Any:
+        if isinstance(call, _Eval):
+            return await self._aevalsha(client, call.script, call.keys, call.args)
+        return await client.execute_command(*call.args)
+
     def _queue(self, pipe: Any, call: _Eval | _Cmd) -> None:
         if isinstance(call, _Eval):
             script = self.scripts[call.script]
@@ -476,6 +507,8 @@ class Outbox:
                 return self._evalsha(client, effect.script, effect.keys, effect.args)
             if isinstance(effect, _Cmd):
                 return client.execute_command(*effect.args)
+            if self.cluster:  # redis-py refuses EVALSHA in cluster pipelines
+                return [self._do_one_safely(client, call) for call in effect.calls]
             for _ in range(2):
                 pipe = client.pipeline(transaction=False)
                 for call in effect.calls:
@@ -511,6 +544,11 @@ class Outbox:
                 return await self._aevalsha(client, effect.script, effect.keys, effect.args)
             if isinstance(effect, _Cmd):
                 return await client.execute_command(*effect.args)
+            if self.cluster:  # redis-py refuses EVALSHA in cluster pipelines
+                return await asyncio.gather(
+                    *(self._ado_one(client, call) for call in effect.calls),
+                    return_exceptions=True,
+                )
             for _ in range(2):
                 pipe = client.pipeline(transaction=False)
                 for call in effect.calls:
@@ -624,6 +662,7 @@ class Outbox:
         status = _text(answer[0])
         if status in ("ok", "own"):
             version, watched = int(answer[1]), bool(answer[2])
+            entry = entry.evolve(seq=version if status == "ok" else int(answer[3]))
             if waits:
                 self._check_waits(results[1:])
             yield _Emit(
@@ -736,7 +775,11 @@ class Outbox:
             if entry.delivered_at is not None:
                 continue  # delivered; only its signal is still owed
             at = next(
-                (i for i, e in enumerate(entries) if e.accepted_at > entry.accepted_at),
+                (
+                    i
+                    for i, e in enumerate(entries)
+                    if (e.seq, e.accepted_at) > (entry.seq, entry.accepted_at)
+                ),
                 len(entries),
             )
             entries.insert(at, entry)
@@ -1079,8 +1122,13 @@ class Outbox:
             extra_args=[entry.to_json(), entry.id, "", 0, 0, "", target],
             extra_keys=[self.keys.dedupe(workspace_id, session_id, "-")],
         )
+        if _text(answer[0]) == "exists":
+            raise ValueError(f"entry {entry.id} is already queued in {workspace_id}/{session_id}")
+        version = int(answer[1])
         yield _Emit(
-            self._events("updated", [entry.to_json()], workspace_id, session_id, int(answer[1]))
+            self._events(
+                "updated", [entry.evolve(seq=version).to_json()], workspace_id, session_id, version
+            )
         )
 
     def seed_entry_for_test(
@@ -1142,10 +1190,13 @@ class Outbox:
     ) -> tuple[str, str]:
         """Call the deliverer; classify its ending as (outcome, error text)."""
         try:
-            async with asyncio.timeout(self.config.delivery_timeout):
-                await self._invoke(
-                    deliverer, entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
-                )
+            if _is_async_callable(deliverer):
+                async with asyncio.timeout(self.config.delivery_timeout):
+                    await deliverer(
+                        entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
+                    )
+            else:
+                await self._invoke_sync_deliverer(deliverer, entry, ws, ses)
         except AmbiguousError as exc:
             outcome = "ambiguous" if self.verifier is not None else "unverifiable"
             return outcome, f"ambiguous: {exc}"
@@ -1159,6 +1210,38 @@ class Outbox:
         except Exception as exc:
             return "failed", f"{type(exc).__name__}: {exc}"
         return "delivered", ""
+
+    async def _invoke_sync_deliverer(
+        self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
+    ) -> None:
+        """Run a sync deliverer in a thread and wait for it to *finish*.
+
+        A thread cannot be interrupted: abandoning it at ``DELIVERY_TIMEOUT``
+        would release the lease while it still sends, and a verification that
+        finds nothing yet would send the message again alongside it. So the
+        lease is kept (renewed) until the call returns, and its real outcome is
+        recorded; overstaying the timeout is logged. Sync deliverers must bound
+        their own I/O (e.g. an HTTP client timeout).
+        """
+        call = asyncio.ensure_future(
+            asyncio.to_thread(
+                deliverer, entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
+            )
+        )
+        done, _ = await asyncio.wait({call}, timeout=self.config.delivery_timeout)
+        if not done:
+            logger.warning(
+                "outbox: sync deliverer for %s/%s %s exceeded DELIVERY_TIMEOUT (%ss); waiting for "
+                "it to return (a thread cannot be interrupted)",
+                ws,
+                ses,
+                entry.id,
+                self.config.delivery_timeout,
+            )
+        result = await asyncio.shield(call)
+        if inspect.isawaitable(result):
+            async with asyncio.timeout(self.config.delivery_timeout):
+                await result
 
     async def _verify(self, entry: Entry, ws: str, ses: str) -> tuple[str, str]:
         verifier = self.verifier

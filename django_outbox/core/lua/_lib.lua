@@ -39,7 +39,7 @@ local MEMBER = (WS or '') .. ' ' .. (SES or '')
 
 local MARK = ',"clientMessageID":'
 local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
-               'transientFails', 'acceptedAt', 'lastAttemptAt', 'nextAttemptAt', 'lastError',
+               'transientFails', 'acceptedAt', 'seq', 'lastAttemptAt', 'nextAttemptAt', 'lastError',
                'deliveredAt'}
 local ZERO_OMITTED = {verifyAttempts = true, transientFails = true}
 
@@ -252,17 +252,30 @@ local function find(key, id)
   return nil
 end
 
--- Insert raw into the queue in accept order (before the first later entry).
-local function insert_ordered(raw, accepted_at)
-  local items = redis.call('LRANGE', Q, 0, -1)
-  for _, other in ipairs(items) do
-    local st = split(other)
-    if st.acceptedAt > accepted_at then
-      redis.call('LINSERT', Q, 'BEFORE', other, raw)
-      return
-    end
+-- Accept order: the per-session sequence number accept.lua gives every entry
+-- (the session's version at that moment). Clocks are not compared: two web
+-- servers' clocks may disagree, and equal timestamps would tie.
+local function later(a, b)
+  local sa, sb = a.seq, b.seq
+  if sa ~= nil and sa ~= cjson.null and sb ~= nil and sb ~= cjson.null then return sa > sb end
+  return a.acceptedAt > b.acceptedAt
+end
+
+-- The queued entry (raw) that an entry with state st goes back in front of,
+-- or nil for the tail. Read-only: call it before any write of the transition.
+local function pivot_for(st)
+  for _, other in ipairs(redis.call('LRANGE', Q, 0, -1)) do
+    if later((split(other)), st) then return other end
   end
-  redis.call('RPUSH', Q, raw)
+  return nil
+end
+
+local function insert_before(pivot, raw)
+  if pivot then
+    redis.call('LINSERT', Q, 'BEFORE', pivot, raw)
+  else
+    redis.call('RPUSH', Q, raw)
+  end
 end
 
 -- Move staged entries left by a holder that is gone back into the queue as
@@ -285,7 +298,7 @@ local function recover_staged()
       st.verifyAttempts = 0
       st.nextAttemptAt = nil
       local new = join(st, content)
-      insert_ordered(new, st.acceptedAt)
+      insert_before(pivot_for(st), new)
       moved[#moved + 1] = new
     end
   end

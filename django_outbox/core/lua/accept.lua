@@ -7,7 +7,8 @@
 -- ARGV[12] 'queue', or 'staging' (seeding a delivery a dead worker left behind)
 -- Returns {'ok', version, watched} | {'own', version, watched} (this very entry was already
 -- written: a replay after a lost reply) | {'duplicate', id} | {'conflict', id}
--- | {'full'}. Nothing is written unless the answer is 'ok'.
+-- | {'full'} | {'exists'} (seeding an ID already queued). Nothing is written
+-- unless the answer is 'ok'. The stored entry gets 'seq' = the returned version.
 local raw, id, fp, cap = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
 local ttl, cmid = tonumber(ARGV[10]), ARGV[11]
 local marker_key = KEYS[EXTRA]
@@ -16,14 +17,25 @@ if cap > 0 then
   local marker = redis.call('GET', marker_key)
   if marker then
     local mid, mfp = string.match(marker, '^(%S+) (%S+)$')
-    if mid == id then return {'own', tonumber(redis.call('GET', VER) or 0), watched()} end
+    if mid == id then
+      local _, mine = find(Q, id)
+      if not mine then _, mine = find(D, id) end
+      local seq = mine and split(mine).seq or 0
+      return {'own', tonumber(redis.call('GET', VER) or 0), watched(), seq}
+    end
     if mfp == fp then return {'duplicate', mid} end
     return {'conflict', mid or marker}
   end
   if redis.call('LLEN', Q) + redis.call('LLEN', D) >= cap then return {'full'} end
 end
 
-redis.call('RPUSH', ARGV[12] == 'staging' and D or Q, raw)
+if cap == 0 and (find(Q, id) or find(D, id)) then return {'exists'} end
+-- The entry's place in the session: its sequence number is the version this
+-- accept gives the session (clocks are never compared for order).
+local st, content = split(raw)
+local version = redis.call('INCR', VER)
+st.seq = version
+redis.call('RPUSH', ARGV[12] == 'staging' and D or Q, join(st, content))
 if cap > 0 then
   redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)
   redis.call('ZREMRANGEBYSCORE', MARKERS, '-inf', NOW_MS)
@@ -40,11 +52,11 @@ end
 -- This keeps accept O(1) instead of re-reading the queue.
 if cap == 0 then
   reindex_and_wake()  -- seeding: the entry may be in any state
-  return {'ok', bump(), watched()}
+  return {'ok', version, watched()}
 end
 local locked = redis.call('EXISTS', LOCK) == 1
 local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
 if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then wake() end
 sync_workspace()
 if G > 0 and locked then redis.call('ZADD', ATTENTION, 'NX', NOW_MS, MEMBER) end  -- blocked
-return {'ok', bump(), watched()}
+return {'ok', version, watched()}

@@ -104,8 +104,9 @@ end
 
 local new = join(st, content)
 if where == D then
+  local pivot = pivot_for(st)  -- every read before the first write
   redis.call('LREM', D, 1, raw)
-  insert_ordered(new, st.acceptedAt)
+  insert_before(pivot, new)
 else
   redis.call('LSET', Q, idx, new)
 end
