@@ -50,6 +50,7 @@ def test_durations_take_timedelta_and_settings_are_reread():
         ({"KEY_PREFIX": "a{b"}, "'KEY_PREFIX'] must not contain"),
         ({"LOCK_TLL": 5}, "'LOCK_TLL'] is not a known setting"),
         ({"CLUSTER": "no"}, "'CLUSTER'] must be True or False"),
+        ({"CLUSTER": True}, "'CLUSTER'] = True is not supported yet"),
         ({"DELIVERER": 42}, "'DELIVERER'] must be a callable or a dotted path"),
         ({"VALKEY_URL": "localhost"}, "'VALKEY_URL'] must be a URL"),
         ({"CONNECTION_ALIAS": "nope"}, "'CONNECTION_ALIAS'] names cache 'nope'"),
