@@ -119,7 +119,8 @@ def kill_workers(tmp: Path, short: bool) -> Row:
         w = Workers(
             server.url,
             tmp,
-            OUTBOX_TEST_TURN="0.05",
+            # turns long enough in the long run that the SIGKILLs land during the work
+            OUTBOX_TEST_TURN="0.05" if short else "0.5",
             OUTBOX_TEST_LOCK_TTL="1",
             OUTBOX_TEST_FAULTS="fail=0.05,ambiguous=0.05,transient=0.05",
         )
@@ -375,7 +376,7 @@ def lost_replies(tmp: Path, short: bool) -> Row:
     ids: dict[str, list[str]] = {"s0": []}
     try:
         outbox.load_scripts()
-        client = CoreOutbox(url=proxy.url)
+        client = CoreOutbox(url=proxy.url, cap=rounds)
         for n in range(rounds):
             proxy.drop_reply_to(outbox.scripts["accept"].sha.encode())
             try:
