@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo venv clean opencode chaos
+.PHONY: test lint demo venv clean opencode chaos bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,16 @@ ARGS =
 
 demo: $(STAMP)
 	$(BIN)/python -m example_project.run --agent $(AGENT) $(ARGS)
+
+# Benchmarks (DESIGN.md section 17, issue 9): our accept/deliver figures next to the raw
+# Valkey limit and peer queues (dramatiq, arq, saq) on a private valkey-server, in one run.
+# Writes bench/results/latest.json and latest.md (~10 min; ARGS=--quick for a ~2-3 min smoke run).
+$(VENV)/.installed-bench: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,demo,bench]'
+	touch $@
+
+bench: $(VENV)/.installed-bench
+	$(BIN)/python -m bench.run $(ARGS)
 
 # The fault suite, long run (a short run is part of make test).
 chaos: $(STAMP)
