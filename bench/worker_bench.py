@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -94,7 +93,9 @@ def throughput(url, sessions=1000, per=20, workers=1, events="1", watched=False)
     deadline = time.monotonic() + 300
     while True:
         remaining = sum(r.zcard(k) for k in [b"outboxdue:{w1}"])
-        if started is None and r.exists("outboxlock:{w1}:s0") or (started is None and remaining < sessions):
+        if (started is None and r.exists("outboxlock:{w1}:s0")) or (
+            started is None and remaining < sessions
+        ):
             started = time.monotonic()
         queued = 0
         if started is not None:
@@ -113,9 +114,11 @@ def throughput(url, sessions=1000, per=20, workers=1, events="1", watched=False)
     after = r.info("commandstats")
     calls = sum(v["calls"] for v in after.values()) - sum(v["calls"] for v in before.values())
     rate = total / elapsed
-    print(f"deliver workers={workers} events={events} watched={watched} messages={total} "
-          f"seconds={elapsed:.2f} "
-          f"rate={rate:.0f}/s valkey_cmds_per_msg={calls / total:.1f}")
+    print(
+        f"deliver workers={workers} events={events} watched={watched} messages={total} "
+        f"seconds={elapsed:.2f} "
+        f"rate={rate:.0f}/s valkey_cmds_per_msg={calls / total:.1f}"
+    )
     return rate
 
 
@@ -131,13 +134,23 @@ def idle(url, sessions=100_000, seconds=30):
     keys_ws = "w1"
     for s in range(sessions):
         status = "error" if s % 2 else "parked"
-        e = Entry(id=new_entry_id(), client_message_id=f"k{s}", user_id="u", text="x",
-                  accepted_at=format_time(now), status=status,
-                  reason="max_attempts" if status == "error" else "hold",
-                  parked_from="pending" if status == "parked" else None)
-        call = ob._session_eval("accept", keys_ws, f"s{s}",
-                                extra_args=[e.to_json(), e.id, "", 0, 0, "", "queue"],
-                                extra_keys=[ob.keys.dedupe(keys_ws, f"s{s}", "-")])
+        e = Entry(
+            id=new_entry_id(),
+            client_message_id=f"k{s}",
+            user_id="u",
+            text="x",
+            accepted_at=format_time(now),
+            status=status,
+            reason="max_attempts" if status == "error" else "hold",
+            parked_from="pending" if status == "parked" else None,
+        )
+        call = ob._session_eval(
+            "accept",
+            keys_ws,
+            f"s{s}",
+            extra_args=[e.to_json(), e.id, "", 0, 0, "", "queue"],
+            extra_keys=[ob.keys.dedupe(keys_ws, f"s{s}", "-")],
+        )
         pipe.evalsha(ob.scripts["accept"].sha, len(call.keys), *call.keys, *call.args)
         if s % 1000 == 999:
             pipe.execute()
@@ -161,8 +174,10 @@ def idle(url, sessions=100_000, seconds=30):
     stop(proc)
     calls = sum(v["calls"] for v in s1.values()) - sum(v["calls"] for v in s0.values())
     calls -= 1  # our own INFO
-    print(f"idle sessions={sessions} seconds={elapsed:.1f} cpu={100 * (c1 - c0) / elapsed:.2f}% "
-          f"valkey_cmds_per_s={calls / elapsed:.1f}")
+    print(
+        f"idle sessions={sessions} seconds={elapsed:.1f} cpu={100 * (c1 - c0) / elapsed:.2f}% "
+        f"valkey_cmds_per_s={calls / elapsed:.1f}"
+    )
 
 
 def long_turns(url, n=5000, sleep=10):
@@ -173,8 +188,14 @@ def long_turns(url, n=5000, sleep=10):
     for i in range(n):
         ob.accept("w1", f"s{i}", user_id="u", client_message_id="k", text="x")
     t0 = time.monotonic()
-    proc = worker(url, "--concurrency", str(n), BENCH_DELIVERER="bench.agents.sleep10",
-                  BENCH_SLEEP=str(sleep), BENCH_EVENTS="0")
+    proc = worker(
+        url,
+        "--concurrency",
+        str(n),
+        BENCH_DELIVERER="bench.agents.sleep10",
+        BENCH_SLEEP=str(sleep),
+        BENCH_EVENTS="0",
+    )
     peak = 0
     while True:
         with open(f"/proc/{proc.pid}/status") as f:
