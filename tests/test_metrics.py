@@ -1,0 +1,53 @@
+"""Worker metrics (prometheus-client): counters fed by step listeners, entries by status."""
+
+import asyncio
+
+from prometheus_client import generate_latest
+
+from django_outbox.errors import AmbiguousError
+from django_outbox.metrics import WorkerMetrics
+
+
+def sample(metrics, name, labels=None):
+    value = metrics.registry.get_sample_value(name, labels or {})
+    return 0 if value is None else value
+
+
+def test_steps_are_counted_by_outcome(make_outbox):
+    calls = iter([None, RuntimeError("500"), AmbiguousError("cut")])
+
+    async def deliver(entry, **kwargs):
+        outcome = next(calls)
+        if outcome is not None:
+            raise outcome
+
+    outbox = make_outbox(deliverer=deliver, retry_backoff=0, max_backoff=0.1)
+    metrics = WorkerMetrics(outbox)
+    outbox.step_listeners.append(metrics.on_step)
+    for key in ("a", "b", "c"):
+        outbox.accept("w1", f"s-{key}", user_id="u", client_message_id=key, text=key)
+
+    async def main():
+        for key in ("a", "b", "c"):
+            await outbox.adeliver_once("w1", f"s-{key}")
+        await outbox.aclose()
+
+    asyncio.run(main())
+    assert sample(metrics, "outbox_delivered_total") == 1
+    assert sample(metrics, "outbox_failed_total", {"outcome": "failed"}) == 1
+    # no verifier: an ambiguous outcome is recorded as unverifiable (an error)
+    assert sample(metrics, "outbox_failed_total", {"outcome": "unverifiable"}) == 1
+    assert sample(metrics, "outbox_delivery_duration_seconds_count", {"step": "deliver"}) == 3
+
+
+def test_entries_by_status(make_outbox):
+    outbox = make_outbox()
+    outbox.accept("w1", "s1", user_id="u", client_message_id="a", text="a")
+    outbox.accept("w1", "s1", user_id="u", client_message_id="b", text="b")
+    outbox.park_workspace("w1", "hold")
+    outbox.accept("w2", "s1", user_id="u", client_message_id="c", text="c")
+    metrics = WorkerMetrics(outbox)
+    text = generate_latest(metrics.registry).decode()
+    assert 'outbox_entries{status="parked"} 2.0' in text
+    assert 'outbox_entries{status="pending"} 1.0' in text
+    assert metrics.count_entries() == {"parked": 2, "pending": 1}
