@@ -47,11 +47,14 @@ class Row:
     replays: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.misordered or self.signal_anomalies) and (
-            self.max_in_flight <= 1
+        return (
+            not (self.lost or self.duplicated or self.misordered or self.signal_anomalies)
+            and self.max_in_flight <= 1
+            and not self.failures
         )
 
     def line(self) -> str:
@@ -59,7 +62,7 @@ class Row:
             f"{self.scenario}: messages={self.messages} faults={self.faults} lost={self.lost} "
             f"duplicated={self.duplicated} misordered={self.misordered} "
             f"max_in_flight={self.max_in_flight} entry_delivered!=1: {self.signal_anomalies} "
-            f"(replays {self.replays}) {self.seconds:.1f}s {'; '.join(self.notes)}"
+            f"(replays {self.replays}) {self.seconds:.1f}s {'; '.join(self.notes + self.failures)}"
         )
 
 
@@ -413,6 +416,148 @@ def lost_replies(tmp: Path, short: bool) -> Row:
     return row
 
 
+def websocket_readers(tmp: Path, short: bool) -> Row:
+    """Abandoned and slow WebSocket readers while messages are accepted and delivered (case 07):
+    the server's memory levels off and group membership shrinks to the live sockets."""
+    import socket as socketlib
+    import subprocess
+
+    import websockets
+    from django.test import override_settings
+
+    from django_outbox.events import group_name
+    from tests.valkey import free_port, wait_until
+
+    abandoned, slow, window = (60, 10, 6) if short else (300, 50, 60)
+    row = Row("7 abandoned and slow WebSocket readers (case 07)")
+    server = _valkey(tmp / "valkey-ws")
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "tests.ws_settings",
+        "OUTBOX_VALKEY_URL": server.url,
+    }
+    log = open(tmp / "uvicorn.log", "wb")
+    web = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "tests.asgi_ws:application",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
+            "--timeout-graceful-shutdown",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    started = time.monotonic()
+
+    def rss_mb() -> float:
+        with open(f"/proc/{web.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def listening() -> bool:
+        with socketlib.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    layers = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [{"address": server.url, "socket_timeout": 30}],
+                "capacity": 100,
+                "expiry": 10,
+            },
+        }
+    }
+    agent, rss = _Agent(), []
+    sessions = [f"s{i}" for i in range(10)]
+    ids: dict[str, list[str]] = {s: [] for s in sessions}
+    try:
+        wait_until(listening, 30, 0.1, message="uvicorn listens")
+
+        async def main():
+            from django_outbox.outbox import Outbox
+
+            url = f"ws://127.0.0.1:{port}/ws/outbox/workspaces/w1/sessions/"
+            keep = []
+            for i in range(abandoned + slow):
+                ws = await websockets.connect(f"{url}{sessions[i % 10]}/", max_queue=4)
+                await ws.recv()  # the snapshot
+                keep.append(ws)
+            rss.append(rss_mb())
+            for ws in keep[:abandoned]:
+                ws.transport.abort()  # gone without a close frame
+            row.faults = abandoned
+            outbox = Outbox(
+                url=server.url, deliverer=agent.deliver, verifier=agent.verify, cap=10_000
+            )
+            stop = asyncio.Event()
+            run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))
+            deadline = time.monotonic() + window
+            n = 0
+            while time.monotonic() < deadline:
+                for ses in sessions:
+                    e = await outbox.aaccept(
+                        "w1", ses, user_id="u", client_message_id=f"k{n}", text=str(n)
+                    )
+                    ids[ses].append(e.id)
+                n += 1
+                rss.append(rss_mb())
+                await asyncio.sleep(0.2)
+            total = sum(len(v) for v in ids.values())
+            end = time.monotonic() + 60
+            while len(set(agent.log)) < total and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+            stop.set()
+            await run
+            await outbox.aclose()
+            await asyncio.sleep(1)
+            rss.append(rss_mb())
+            r = redis.Redis.from_url(server.url)
+            members = sum(r.zcard(f"asgi:group:{group_name('w1', s)}") for s in sessions)
+            r.close()
+            for ws in keep[abandoned:]:
+                ws.transport.abort()
+            return members
+
+        with override_settings(CHANNEL_LAYERS=layers):
+            members = asyncio.run(main())
+        _judge(row, ids, agent.log, None)
+        row.max_in_flight = agent.max_active
+        row.notes.append(
+            f"server RSS {rss[0]:.0f} MB after connecting, peak {max(rss):.0f}, end {rss[-1]:.0f}"
+        )
+        row.notes.append(f"group members after: {members} (live slow readers: {slow})")
+        if members != slow:
+            row.failures.append(f"{members - slow} abandoned sockets still in their group")
+        if rss[-1] > rss[0] + 100:
+            row.failures.append("server RSS grew by more than 100 MB")
+    finally:
+        web.terminate()
+        try:
+            web.wait(10)
+        except subprocess.TimeoutExpired:
+            web.kill()
+            web.wait(5)
+        server.stop()
+    row.seconds = time.monotonic() - started
+    return row
+
+
 SCENARIOS = [
     ("kill", kill_workers),
     ("restart-always", lambda tmp, short: valkey_restart(tmp, short, "always")),
@@ -420,6 +565,7 @@ SCENARIOS = [
     ("proxy", proxy_faults),
     ("stall", agent_stalls),
     ("replies", lost_replies),
+    ("websockets", websocket_readers),
 ]
 
 
