@@ -542,7 +542,9 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
             f"server RSS {rss[0]:.0f} MB after connecting, peak {max(rss):.0f}, end {rss[-1]:.0f}"
         )
         row.notes.append(f"group members after: {members} (live slow readers: {slow})")
-        if members != slow:
+        # The server may also drop slow readers that stop answering its pings (uvicorn
+        # does after about 40 s), so fewer members is fine; more would be a leak.
+        if members > slow:
             row.failures.append(f"{members - slow} abandoned sockets still in their group")
         if rss[-1] > rss[0] + 100:
             row.failures.append("server RSS grew by more than 100 MB")
