@@ -86,7 +86,7 @@ STATUS_VAR, SEARCH_VAR, PAGE_VAR = "status", "q", "p"
 
 def visible(text: str | None, limit: int | None = None) -> str:
     """``text`` with control and format characters (RTL overrides, zero-width marks...)
-    shown as ``\\uXXXX`` so they cannot reorder or hide what surrounds them; cut to
+    shown as ``\\u`` escapes so they cannot reorder or hide what surrounds them; cut to
     ``limit`` characters. The result is plain text: templates still escape it.
     """
     if text is None:
@@ -859,30 +859,30 @@ class OutboxEntryAdmin(admin.ModelAdmin):
         shown = ", ".join(refs[:10]) + (f" and {len(refs) - 10} more" if len(refs) > 10 else "")
         self.message_user(request, template.format(n=len(refs), refs=shown), level)
 
-    @admin.action(description="Retry selected entries", permissions=["retry"])
-    def retry_entries(self, request: HttpRequest, refs: list[str], workspaces: list[str]) -> None:
-        outbox = get_outbox()
+    def _per_entry(
+        self,
+        request: HttpRequest,
+        refs: list[str],
+        call: Any,
+        done_result: Any,
+        busy_result: Any,
+        log_flag: int,
+        log_message: str,
+        done_message: str,
+        busy_message: str,
+    ) -> None:
+        """Apply ``call(ws, ses, entry_id)`` to each selected entry, then log what changed
+        and report done, busy and missing entries apart (busy is not missing)."""
         done: list[str] = []
         busy: list[str] = []
         missing: list[str] = []
         for ws, ses, entry_id in self._entry_refs(request, refs):
-            result = outbox.retry(ws, ses, entry_id)
+            result = call(ws, ses, entry_id)
             ref = f"{ws}/{ses}/{entry_id}"
-            {RetryResult.UPDATED: done, RetryResult.BUSY: busy}.get(result, missing).append(ref)
-        self._log(
-            request,
-            [OutboxEntry(ref=r) for r in done],
-            CHANGE,
-            "Retried from the admin: re-armed (due now).",
-        )
-        self._report(request, messages.SUCCESS, "Re-armed {n} entr(ies): {refs}.", done)
-        self._report(
-            request,
-            messages.WARNING,
-            "Busy, not retried ({n}): {refs} — being delivered or verified under a live "
-            "lease, or parked (unpark the workspace instead).",
-            busy,
-        )
+            {done_result: done, busy_result: busy}.get(result, missing).append(ref)
+        self._log(request, [OutboxEntry(ref=r) for r in done], log_flag, log_message)
+        self._report(request, messages.SUCCESS, done_message, done)
+        self._report(request, messages.WARNING, busy_message, busy)
         self._report(
             request,
             messages.ERROR,
@@ -890,34 +890,33 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             missing,
         )
 
+    @admin.action(description="Retry selected entries", permissions=["retry"])
+    def retry_entries(self, request: HttpRequest, refs: list[str], workspaces: list[str]) -> None:
+        self._per_entry(
+            request,
+            refs,
+            get_outbox().retry,
+            RetryResult.UPDATED,
+            RetryResult.BUSY,
+            CHANGE,
+            "Retried from the admin: re-armed (due now).",
+            "Re-armed {n} entr(ies): {refs}.",
+            "Busy, not retried ({n}): {refs} — being delivered or verified under a live "
+            "lease, or parked (unpark the workspace instead).",
+        )
+
     @admin.action(description="Dismiss selected entries", permissions=["dismiss"])
     def dismiss_entries(self, request: HttpRequest, refs: list[str], workspaces: list[str]) -> None:
-        outbox = get_outbox()
-        done: list[str] = []
-        busy: list[str] = []
-        missing: list[str] = []
-        for ws, ses, entry_id in self._entry_refs(request, refs):
-            result = outbox.dismiss(ws, ses, entry_id)
-            ref = f"{ws}/{ses}/{entry_id}"
-            {DismissResult.REMOVED: done, DismissResult.BUSY: busy}.get(result, missing).append(ref)
-        self._log(
+        self._per_entry(
             request,
-            [OutboxEntry(ref=r) for r in done],
+            refs,
+            get_outbox().dismiss,
+            DismissResult.REMOVED,
+            DismissResult.BUSY,
             DELETION,
             "Dismissed from the admin: removed, never to be delivered.",
-        )
-        self._report(request, messages.SUCCESS, "Dismissed {n} entr(ies): {refs}.", done)
-        self._report(
-            request,
-            messages.WARNING,
+            "Dismissed {n} entr(ies): {refs}.",
             "Busy, not dismissed ({n}): {refs} — being delivered or verified under a live lease.",
-            busy,
-        )
-        self._report(
-            request,
-            messages.ERROR,
-            "Not found ({n}): {refs} — delivered, dismissed or cleaned up meanwhile.",
-            missing,
         )
 
     @admin.action(description="Park the workspaces of selected entries…", permissions=["park"])
