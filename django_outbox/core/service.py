@@ -36,7 +36,6 @@ from .entry import (
     LEDGER_STATE_PROMOTED,
     LEDGER_STATE_STALLED,
     LEDGER_STATE_TURN_ENDED,
-    MAX_REASON_CHARS,  # noqa: F401  (re-exported for adapters)
     REASON_UNVERIFIABLE,
     DismissResult,
     Entry,
@@ -924,13 +923,19 @@ class Outbox:
         return sorted(_text(m) for m in members)
 
     def _bulk_plan(self, workspace_id: str, op: str, arg1: str = "") -> Plan:
+        check_identifier("workspace ID", workspace_id)
         total = 0
         for session_id in (yield from self._sessions_plan(workspace_id)):
             _, count, _ = yield from self._operate_plan(workspace_id, session_id, op, arg1)
             total += count
         return total
 
-    _check_reason = staticmethod(check_reason)
+    def _park_plan(self, workspace_id: str, reason: str) -> Plan:
+        return (yield from self._bulk_plan(workspace_id, "park", check_reason(reason)))
+
+    def _unpark_plan(self, workspace_id: str, reason: str | None) -> Plan:
+        arg = "" if reason is None else check_reason(reason)
+        return (yield from self._bulk_plan(workspace_id, "unpark", arg))
 
     def park_workspace(self, workspace_id: str, reason: str) -> int:
         """Park every pending, verifying and delivering entry of the workspace with ``reason``
@@ -939,30 +944,25 @@ class Outbox:
         its outcome is recorded when the delivery ends (a confirmed delivery still
         completes it). Returns the number parked.
         """
-        check_identifier("workspace ID", workspace_id)
-        return self._run(self._bulk_plan(workspace_id, "park", self._check_reason(reason)))
+        return self._run(self._park_plan(workspace_id, reason))
 
     async def apark_workspace(self, workspace_id: str, reason: str) -> int:
         """Async :meth:`park_workspace`."""
-        check_identifier("workspace ID", workspace_id)
-        return await self._arun(self._bulk_plan(workspace_id, "park", self._check_reason(reason)))
+        return await self._arun(self._park_plan(workspace_id, reason))
 
     def unpark_workspace(self, workspace_id: str, reason: str | None = None) -> int:
         """Return parked entries (only those parked with ``reason``, if given) to the state
         they were parked from — pending, or verifying when their last attempt's
         outcome is unknown, so unparking never resends blindly. Returns the count.
         """
-        check_identifier("workspace ID", workspace_id)
-        arg = "" if reason is None else self._check_reason(reason)
-        return self._run(self._bulk_plan(workspace_id, "unpark", arg))
+        return self._run(self._unpark_plan(workspace_id, reason))
 
     async def aunpark_workspace(self, workspace_id: str, reason: str | None = None) -> int:
         """Async :meth:`unpark_workspace`."""
-        check_identifier("workspace ID", workspace_id)
-        arg = "" if reason is None else self._check_reason(reason)
-        return await self._arun(self._bulk_plan(workspace_id, "unpark", arg))
+        return await self._arun(self._unpark_plan(workspace_id, reason))
 
     def _sweep_unverifiable_plan(self, workspace_id: str) -> Plan:
+        check_identifier("workspace ID", workspace_id)
         if self.verifier is None:
             return 0
         return (yield from self._bulk_plan(workspace_id, "rearm_unverifiable"))
@@ -972,15 +972,14 @@ class Outbox:
         verification window (call it when an agent that was unreachable is back).
         Returns the number re-armed; 0 without a verifier. Idempotent.
         """
-        check_identifier("workspace ID", workspace_id)
         return self._run(self._sweep_unverifiable_plan(workspace_id))
 
     async def asweep_workspace_unverifiable(self, workspace_id: str) -> int:
         """Async :meth:`sweep_workspace_unverifiable`."""
-        check_identifier("workspace ID", workspace_id)
         return await self._arun(self._sweep_unverifiable_plan(workspace_id))
 
     def _sweep_parked_plan(self, workspace_id: str) -> Plan:
+        check_identifier("workspace ID", workspace_id)
         probe = self.ledger_probe
         if probe is None:
             return 0
@@ -1034,15 +1033,14 @@ class Outbox:
         raises leaves the entry for the next sweep. Returns the number completed
         or re-armed; 0 without a probe. Idempotent.
         """
-        check_identifier("workspace ID", workspace_id)
         return self._run(self._sweep_parked_plan(workspace_id))
 
     async def asweep_workspace_parked_errors(self, workspace_id: str) -> int:
         """Async :meth:`sweep_workspace_parked_errors`."""
-        check_identifier("workspace ID", workspace_id)
         return await self._arun(self._sweep_parked_plan(workspace_id))
 
     def _cleanup_plan(self, workspace_id: str) -> Plan:
+        check_identifier("workspace ID", workspace_id)
         removed = 0
         for session_id in (yield from self._sessions_plan(workspace_id)):
             keys = self.keys.session(workspace_id, session_id)
@@ -1064,12 +1062,10 @@ class Outbox:
         removed; idempotent. A delivery in flight meanwhile loses its lease and
         settles nothing.
         """
-        check_identifier("workspace ID", workspace_id)
         return self._run(self._cleanup_plan(workspace_id))
 
     async def acleanup_workspace(self, workspace_id: str) -> int:
         """Async :meth:`cleanup_workspace`."""
-        check_identifier("workspace ID", workspace_id)
         return await self._arun(self._cleanup_plan(workspace_id))
 
     # ==================================================================================
