@@ -105,7 +105,7 @@ async def test_connections_cut_again_and_again_lose_nothing(valkey, make_outbox)
     async def deliver(entry, *, workspace_id, session_id, attempt):
         seen.add(entry.id)
         delivered.append((session_id, entry.text))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # long enough that the cuts land mid-run
 
     async def verify(entry, **kwargs):
         return Verdict.DELIVERED if entry.id in seen else Verdict.ABSENT
@@ -130,7 +130,7 @@ async def test_connections_cut_again_and_again_lose_nothing(valkey, make_outbox)
     deadline = time.monotonic() + 60
     while len(set(delivered)) < total:
         assert time.monotonic() < deadline, f"{len(set(delivered))}/{total} delivered"
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
         if cuts < 20:
             cuts += proxy.cut_all() > 0
     stop.set()

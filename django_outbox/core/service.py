@@ -1365,19 +1365,13 @@ class Outbox:
         lease of failures the error propagates (the entry is then recovered as
         verifying once the lease expires — safe, only slower).
         """
-        deadline = time.monotonic() + self.config.lock_ttl / 2
-        delay = 0.05
-        while True:
-            try:
-                return await self._arun(self._settle_plan(ws, ses, token, entry, outcome, error))
-            except OutboxUnavailable as exc:
-                if time.monotonic() + delay > deadline:
-                    raise
-                logger.warning(
-                    "outbox: recording %s for %s failed (%s); retrying", outcome, entry.id, exc
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return await retry_unavailable(
+            lambda: self._arun(self._settle_plan(ws, ses, token, entry, outcome, error)),
+            patience=self.config.lock_ttl / 2,
+            first_delay=0.05,
+            max_delay=1.0,
+            what=f"recording {outcome} for {entry.id}",
+        )
 
     async def _afire_owed(
         self, ws: str, ses: str, keys: SessionKeys, token: str, owed: list[Entry]
@@ -1501,6 +1495,35 @@ class Outbox:
 
     def _release_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
         return (yield self._session_eval("release", ws, ses, extra_args=[token, *acknowledge]))
+
+
+async def retry_unavailable(
+    step: Callable[[], Any],
+    *,
+    patience: float,
+    first_delay: float,
+    max_delay: float,
+    what: str,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+    give_up: Callable[[], bool] = lambda: False,
+) -> Any:
+    """Await ``step()``, retrying while it raises :class:`OutboxUnavailable`.
+
+    Delays start at ``first_delay`` seconds and double up to ``max_delay``; after
+    ``patience`` seconds (or as soon as ``give_up()`` is true) the last error
+    propagates. ``sleep`` may be an interruptible wait.
+    """
+    deadline = time.monotonic() + patience
+    delay = first_delay
+    while True:
+        try:
+            return await step()
+        except OutboxUnavailable as exc:
+            if give_up() or time.monotonic() + delay > deadline:
+                raise
+            logger.warning("outbox: %s failed (%s); retrying in %.2fs", what, exc, delay)
+            await sleep(delay)
+            delay = min(delay * 2, max_delay)
 
 
 def iter_once(effect: Any) -> Plan:

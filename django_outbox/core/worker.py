@@ -332,17 +332,17 @@ class Worker:
     async def _patiently(self, step: Callable[[], Any]) -> Any:
         """Run a start-up step, retrying while Valkey is briefly unavailable (a restart,
         a cut connection) for up to ``STARTUP_PATIENCE`` seconds."""
-        deadline = time.monotonic() + STARTUP_PATIENCE
-        delay = 0.1
-        while True:
-            try:
-                return await step()
-            except OutboxUnavailable as exc:
-                if self.stop.is_set() or time.monotonic() + delay > deadline:
-                    raise
-                logger.warning("outbox worker %s: %s; retrying in %.1fs", self.id, exc, delay)
-                await self._sleep(delay)
-                delay = min(delay * 2, 2.0)
+        from .service import retry_unavailable
+
+        return await retry_unavailable(
+            step,
+            patience=STARTUP_PATIENCE,
+            first_delay=0.1,
+            max_delay=2.0,
+            what=f"worker {self.id} start-up",
+            sleep=self._sleep,
+            give_up=self.stop.is_set,
+        )
 
     async def _drain(self) -> None:
         """Let in-flight deliveries finish for ``grace`` seconds, then cancel them."""
