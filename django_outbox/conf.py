@@ -101,14 +101,6 @@ def _build() -> OutboxSettings:
     cluster = raw.get("CLUSTER", False)
     if not isinstance(cluster, bool):
         raise ImproperlyConfigured("OUTBOX['CLUSTER'] must be True or False")
-    if cluster:
-        # Refuse rather than run half-working: on a cluster the scripts cannot keep
-        # the global indices (workspaces due, wake list) that workers find work by.
-        raise ImproperlyConfigured(
-            "OUTBOX['CLUSTER'] = True is not supported yet: workers would not find work on a "
-            "Valkey Cluster. Use a standalone Valkey (with replicas and WAIT_REPLICAS for "
-            "durability) until cluster support lands."
-        )
     for key in CALLABLE_KEYS:
         value = raw.get(key)
         if value is not None and not isinstance(value, str) and not callable(value):

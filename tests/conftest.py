@@ -10,7 +10,7 @@ import redis
 from django_outbox import conf
 from django_outbox.outbox import Outbox, reset_outbox
 
-from .valkey import ValkeyProcess
+from .valkey import ValkeyProcess, free_port, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -103,3 +103,37 @@ def outbox(make_outbox):
         verify_backoff=0.05,
         max_verify_backoff=0.2,
     )
+
+
+# --- Valkey Cluster ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cluster_node_url(tmp_path_factory):
+    """A one-node Valkey Cluster owning every slot: cheap, for the client-side rules
+    (hints, shards, routing). The three-master cluster is ``valkey_cluster``."""
+    server = ValkeyProcess(
+        tmp_path_factory.mktemp("cluster-node"),
+        cluster_enabled="yes",
+        cluster_config_file="nodes.conf",
+        cluster_port=str(free_port()),  # the default bus port (port + 10000) may not exist
+    ).start()
+    client = redis.Redis(port=server.port)
+    client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+    wait_until(lambda: b"cluster_state:ok" in client.execute_command("CLUSTER", "INFO"))
+    client.close()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def cluster_outbox(cluster_node_url, make_outbox):
+    """Build cluster-mode Outbox instances on the one-node cluster, flushed first."""
+    client = redis.Redis.from_url(cluster_node_url)
+    client.flushall()
+    client.close()
+
+    def make(**kwargs):
+        return make_outbox(url=cluster_node_url, cluster=True, **kwargs)
+
+    return make

@@ -50,7 +50,6 @@ def test_durations_take_timedelta_and_settings_are_reread():
         ({"KEY_PREFIX": "a{b"}, "'KEY_PREFIX'] must not contain"),
         ({"LOCK_TLL": 5}, "'LOCK_TLL'] is not a known setting"),
         ({"CLUSTER": "no"}, "'CLUSTER'] must be True or False"),
-        ({"CLUSTER": True}, "'CLUSTER'] = True is not supported yet"),
         ({"DELIVERER": 42}, "'DELIVERER'] must be a callable or a dotted path"),
         ({"VALKEY_URL": "localhost"}, "'VALKEY_URL'] must be a URL"),
         ({"CONNECTION_ALIAS": "nope"}, "'CONNECTION_ALIAS'] names cache 'nope'"),
@@ -62,6 +61,17 @@ def test_wrong_values_name_the_key_and_the_rule(outbox, message):
         pytest.raises(ImproperlyConfigured, match=message.replace("[", r"\[")),
     ):
         outbox_settings()
+
+
+def test_cluster_settings_reach_the_outbox():
+    with override_settings(OUTBOX={"CLUSTER": True, "CLUSTER_SHARDS": 4}):
+        outbox = get_outbox()
+        assert outbox.cluster is True
+        assert outbox.keys.shards == 4
+        assert outbox.keys.index_keys("wsdue") == [f"outboxwsdue:{{s{k}}}" for k in range(4)]
+    with override_settings(OUTBOX={"CLUSTER_SHARDS": 0}):
+        with pytest.raises(ImproperlyConfigured, match="'CLUSTER_SHARDS'] must be an integer"):
+            outbox_settings()
 
 
 def test_dotted_paths_are_resolved_and_checked():

@@ -204,40 +204,6 @@ async def test_seeding_an_existing_entry_id_makes_it_deliver_twice(make_outbox, 
 # --- 4-6. Valkey Cluster (CLUSTER=True): one node owning all 16384 slots -----------
 
 
-@pytest.fixture(scope="module")
-def cluster_url(tmp_path_factory):
-    import redis
-
-    from .valkey import ValkeyProcess, free_port, wait_until
-
-    server = ValkeyProcess(
-        tmp_path_factory.mktemp("cluster"),
-        cluster_enabled="yes",
-        cluster_config_file="nodes.conf",
-        cluster_port=str(free_port()),  # the default bus port (port + 10000) may not exist
-    ).start()
-    client = redis.Redis(port=server.port)
-    client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-    wait_until(lambda: b"cluster_state:ok" in client.execute_command("CLUSTER", "INFO"))
-    client.close()
-    yield server.url
-    server.stop()
-
-
-@pytest.fixture
-def cluster_outbox(cluster_url, make_outbox):
-    import redis
-
-    client = redis.Redis.from_url(cluster_url)
-    client.flushall()
-    client.close()
-
-    def make(**kwargs):
-        return make_outbox(url=cluster_url, cluster=True, **kwargs)
-
-    return make
-
-
 async def test_worker_cannot_start_on_a_cluster(cluster_outbox):
     """Worker.run() first calls aload_scripts(), which sends ("SCRIPT", "LOAD", text)
     through execute_command; RedisCluster cannot route a keyless command and
@@ -259,16 +225,14 @@ async def test_worker_cannot_start_on_a_cluster(cluster_outbox):
     assert delivered == [entry.id]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 8: cluster-wide indices are not kept on a cluster yet"
-)
-async def test_worker_finds_no_work_on_a_cluster(cluster_outbox, monkeypatch):
-    """Even with scripts loaded lazily (NOSCRIPT path), a cluster worker never finds work.
+async def test_worker_finds_work_on_a_cluster(cluster_outbox, monkeypatch):
+    """Even with scripts loaded lazily (NOSCRIPT path), a cluster worker finds work.
 
-    On a cluster the scripts get G=0 global keys, so accept.lua never SADDs the
-    workspaces SET and never pushes the wake list; but Worker.scan() (cluster
-    branch) and Outbox.recover() enumerate exactly that SET. It is always empty:
-    accepted messages are never delivered by arun()/outbox_worker.
+    On a cluster the scripts get no global keys (they live in other slots), so
+    accept.lua once never added the workspace anywhere a worker looks and
+    accepted messages were never delivered by arun()/outbox_worker. Now each
+    script reports an index hint that the client applies to the workspace's
+    shard (issue 8).
     """
     delivered = []
 

@@ -47,6 +47,9 @@ class Config:
     wait_replicas: int = 0
     wait_aof: bool = False
     wait_timeout: float = 1.0
+    #: On a cluster: how many shards each global index is split into. Every
+    #: process of a deployment must use the same number.
+    cluster_shards: int = 8
 
     DURATIONS: ClassVar[set[str]] = {
         "dedupe_ttl",
@@ -68,6 +71,7 @@ class Config:
         "max_transient_failures",
         "max_text_bytes",
         "concurrency",
+        "cluster_shards",
     }
     #: Durations that may be zero (everything else must be > 0).
     ZERO_OK: ClassVar[set[str]] = {"retry_backoff", "verify_delay", "verify_backoff"}

@@ -7,9 +7,14 @@ Identifiers are checked against the allow-list before they reach a key name.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from .entry import check_identifier
+
+#: The indices that live outside any workspace's slot (one copy on a standalone
+#: server, ``shards`` copies on a cluster), in the order of ``global_keys()``.
+INDEX_NAMES = ("wsdue", "workspaces", "wake", "allsessions", "attention")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,7 @@ class SessionKeys:
     due: str  # ZSET of the workspace: session -> due time (ms)
     sessions: str  # SET of the workspace's sessions
     watch: str  # STRING: number of WebSocket clients watching (events are skipped at 0)
+    attention: str  # ZSET of the workspace: session -> since (ms); kept on a cluster only
 
     def script_keys(self) -> list[str]:
         return [
@@ -37,14 +43,24 @@ class SessionKeys:
             self.due,
             self.sessions,
             self.watch,
+            self.attention,
         ]
 
 
 class KeySpace:
-    """Builds key names under a prefix (``KEY_PREFIX``, default ``"outbox"``)."""
+    """Builds key names under a prefix (``KEY_PREFIX``, default ``"outbox"``).
 
-    def __init__(self, prefix: str = "outbox") -> None:
+    ``shards`` is 0 on a standalone server: the global indices are single keys
+    that the scripts keep exact. On a cluster it is ``CLUSTER_SHARDS``: each
+    global index is split into that many copies, ``<prefix><index>:{s<k>}``,
+    and a workspace belongs to shard ``crc32(ws) % shards`` (see
+    :meth:`shard_of`). The ``{s<k>}`` hash tag puts every index of one shard in
+    one slot, so the per-shard index script (``index.lua``) is legal there.
+    """
+
+    def __init__(self, prefix: str = "outbox", shards: int = 0) -> None:
         self.prefix = prefix
+        self.shards = shards
         #: ZSET workspace -> earliest due time (ms) of its sessions.
         self.workspaces_due = f"{prefix}wsdue"
         #: SET of every workspace with sessions (recover() walks it, never SCAN).
@@ -76,6 +92,7 @@ class KeySpace:
             due=self.due(ws),
             sessions=self.sessions(ws),
             watch=f"{p}watch:{{{ws}}}:{ses}",
+            attention=f"{p}attn:{{{ws}}}",
         )
 
     def dedupe(self, workspace_id: str, session_id: str, client_message_id: str) -> str:
@@ -95,6 +112,32 @@ class KeySpace:
     def global_keys(self) -> list[str]:
         """Keys outside any workspace's slot, passed to scripts on a standalone server."""
         return [self.workspaces_due, self.workspaces, self.wake, self.all_sessions, self.attention]
+
+    # -- cluster shards of the global indices ----------------------------------------
+
+    def shard_of(self, workspace_id: str) -> int:
+        """The shard (0 .. shards-1) of a workspace; 0 on a standalone server."""
+        if not self.shards:
+            return 0
+        return zlib.crc32(workspace_id.encode("utf-8")) % self.shards
+
+    def shard_keys(self, shard: int) -> list[str]:
+        """One shard's copies of the global indices, in ``INDEX_NAMES`` order, plus the
+        attention-version HASH (session -> version of the last attention verdict)."""
+        tag = f"{{s{shard}}}"
+        return [f"{self.prefix}{name}:{tag}" for name in (*INDEX_NAMES, "attnver")]
+
+    def index(self, name: str, shard: int = 0) -> str:
+        """Key of global index ``name`` (one of ``INDEX_NAMES``) in ``shard``."""
+        if not self.shards:
+            return self.global_keys()[INDEX_NAMES.index(name)]
+        return self.shard_keys(shard)[INDEX_NAMES.index(name)]
+
+    def index_keys(self, name: str) -> list[str]:
+        """Every copy of global index ``name``: one key standalone, one per shard on a cluster."""
+        if not self.shards:
+            return [self.index(name)]
+        return [self.index(name, k) for k in range(self.shards)]
 
     def heartbeat(self, worker_id: str) -> str:
         return f"{self.heartbeat_prefix}{worker_id}"

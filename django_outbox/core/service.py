@@ -59,10 +59,12 @@ from .errors import (
     TransientDeliveryError,
 )
 from .keys import KeySpace, SessionKeys
-from .scripts import Script, load_scripts
+from .scripts import HINTED, Script, load_scripts
 
 logger = logging.getLogger("django_outbox")
 
+#: Most items a cluster shard's wake list holds (the standalone list's cap is in _lib.lua).
+MAX_WAKE_ITEMS = 10000
 #: How long a settle receipt is kept so a replayed settle recognises its own write (ms).
 RECEIPT_TTL_MS = 10 * 60 * 1000
 MAX_ERROR_CHARS = 2000
@@ -170,6 +172,18 @@ def _is_unavailable_reply(exc: Exception) -> bool:
         return True
     text = str(exc)
     return any(text.startswith(code) for code in _UNAVAILABLE_REPLIES) or "maxmemory" in text
+
+
+def _waits_for_replication(calls: list[Any]) -> bool:
+    return any(isinstance(c, _Cmd) and c.args[0] in ("WAIT", "WAITAOF") for c in calls)
+
+
+def _is_hinted(call: Any, result: Any) -> bool:
+    return isinstance(call, _Eval) and call.script in HINTED and not isinstance(result, Exception)
+
+
+def _first_key(calls: list[Any]) -> str:
+    return next(c.keys[0] for c in calls if isinstance(c, _Eval))
 
 
 def _text(value: Any) -> Any:
@@ -283,7 +297,7 @@ class Outbox:
         self.ledger_probe = ledger_probe
         self.cluster = cluster
         self.clock = clock
-        self.keys = KeySpace(self.config.key_prefix)
+        self.keys = KeySpace(self.config.key_prefix, self.config.cluster_shards if cluster else 0)
         self.scripts = load_scripts()
         options = {
             "socket_connect_timeout": 2.0,
@@ -450,18 +464,93 @@ class Outbox:
     def _evalsha(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self.scripts[name]
         try:
-            return client.evalsha(script.sha, len(keys), *keys, *args)
+            result = client.evalsha(script.sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
             client.script_load(script.text)
-            return client.evalsha(script.sha, len(keys), *keys, *args)
+            result = client.evalsha(script.sha, len(keys), *keys, *args)
+        if self.cluster and name in HINTED:
+            return self._hinted(name, args, result)
+        return result
 
     async def _aevalsha(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self.scripts[name]
         try:
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
+            result = await client.evalsha(script.sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
             await client.script_load(script.text)
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
+            result = await client.evalsha(script.sha, len(keys), *keys, *args)
+        if self.cluster and name in HINTED:
+            return await self._ahinted(name, args, result)
+        return result
+
+    # -- cluster index hints -----------------------------------------------------------
+    #
+    # On a cluster a per-session script answers {reply, hint}: what the global
+    # indices of its workspace's shard need (see _lib.lua and index.lua). The
+    # hint is applied before the reply reaches the plan. If that fails, an
+    # accept raises OutboxUnavailable(accepted=True) — the client's retry with
+    # the same key replays the accept, which reports the hint again; any other
+    # transition logs it: the worker's index repair finds the workspace later.
+
+    def _hint_call(self, args: list[Any], hint: list[Any]) -> _Eval | None:
+        due, wake, attention, new, gone, empty, version = (int(h) for h in hint[:7])
+        if due < 0 and not wake and attention < 0 and not new and not gone and not empty:
+            return None
+        session_id, workspace_id = _text(args[2]), _text(args[3])
+        keys = self.keys.shard_keys(self.keys.shard_of(workspace_id))
+        now_ms = self._now_us() // 1000
+        return _Eval(
+            "index",
+            keys,
+            ["hint", workspace_id, session_id, due, wake, attention, new, gone, empty, version,
+             now_ms, MAX_WAKE_ITEMS],
+        )  # fmt: skip
+
+    def _hint_failed(self, name: str, exc: Exception) -> None:
+        if name == "accept":
+            raise OutboxUnavailable(
+                f"accepted, but the cluster index update failed: {exc}; retry with the same "
+                "clientMessageID",
+                accepted=True,
+            ) from exc
+        logger.warning("outbox: cluster index update after %s failed: %s", name, exc)
+
+    def _hinted(self, name: str, args: list[Any], result: Any) -> Any:
+        reply, hint = result
+        call = self._hint_call(args, hint)
+        if call is not None:
+            try:
+                if _text(self._evalsha(self.client, "index", call.keys, call.args)) == "recheck":
+                    self._recheck_workspace(_text(args[3]))
+            except redis.RedisError as exc:
+                self._hint_failed(name, exc)
+        return reply
+
+    async def _ahinted(self, name: str, args: list[Any], result: Any) -> Any:
+        reply, hint = result
+        call = self._hint_call(args, hint)
+        if call is not None:
+            client = self._aclient()
+            try:
+                if _text(await self._aevalsha(client, "index", call.keys, call.args)) == "recheck":
+                    await self._arecheck_workspace(_text(args[3]))
+            except redis.RedisError as exc:
+                self._hint_failed(name, exc)
+        return reply
+
+    def _recheck_workspace(self, workspace_id: str) -> None:
+        """After dropping an emptied workspace from its shard: re-add it if a session
+        was accepted there meanwhile (remove, then re-check, never check-then-remove)."""
+        if self.client.exists(self.keys.sessions(workspace_id)):
+            self.client.sadd(self._workspaces_key(workspace_id), workspace_id)
+
+    async def _arecheck_workspace(self, workspace_id: str) -> None:
+        client = self._aclient()
+        if await client.exists(self.keys.sessions(workspace_id)):
+            await client.sadd(self._workspaces_key(workspace_id), workspace_id)
+
+    def _workspaces_key(self, workspace_id: str) -> str:
+        return self.keys.index("workspaces", self.keys.shard_of(workspace_id))
 
     def _do_one_safely(self, client: Any, call: _Eval | _Cmd) -> Any:
         try:
@@ -490,6 +579,53 @@ class Outbox:
         """True if the pipeline must be re-run after loading scripts."""
         return any(isinstance(r, redis.exceptions.NoScriptError) for r in results)
 
+    # WAIT / WAITAOF count acknowledgements of the *connection's* last write, so on
+    # a cluster they must follow the script on the same connection to the node that
+    # holds its slot (a cluster client would send them to every primary).
+
+    def _node_pipe(self, client: Any, calls: list[_Eval | _Cmd]) -> list[Any]:
+        node = client.get_node_from_key(_first_key(calls))
+        for _ in range(2):
+            pipe = node.redis_connection.pipeline(transaction=False)
+            for call in calls:
+                self._queue(pipe, call)
+            results = pipe.execute(raise_on_error=False)
+            if not self._check_pipe(results):
+                break
+            for script in self._pipe_scripts(calls):
+                client.script_load(script.text)
+        return [
+            self._hinted(call.script, call.args, result) if _is_hinted(call, result) else result
+            for call, result in zip(calls, results, strict=True)
+        ]
+
+    async def _anode_pipe(self, client: Any, calls: list[_Eval | _Cmd]) -> list[Any]:
+        from redis.asyncio.cluster import PipelineCommand
+
+        await client.initialize()  # no-op once the slot map is loaded
+        node = client.get_node_from_key(_first_key(calls))
+        for _ in range(2):
+            commands = []
+            for i, call in enumerate(calls):
+                if isinstance(call, _Eval):
+                    sha = self.scripts[call.script].sha
+                    args = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+                else:
+                    args = call.args
+                commands.append(PipelineCommand(i, *args))
+            await node.execute_pipeline(commands)
+            results = [c.result for c in commands]
+            if not self._check_pipe(results):
+                break
+            for script in self._pipe_scripts(calls):
+                await client.script_load(script.text)
+        out = []
+        for call, result in zip(calls, results, strict=True):
+            if _is_hinted(call, result):
+                result = await self._ahinted(call.script, call.args, result)
+            out.append(result)
+        return out
+
     def _do(self, effect: Any) -> Any:
         if isinstance(effect, _Emit):
             for event in effect.events:
@@ -506,6 +642,8 @@ class Outbox:
                 return self._evalsha(client, effect.script, effect.keys, effect.args)
             if isinstance(effect, _Cmd):
                 return client.execute_command(*effect.args)
+            if self.cluster and _waits_for_replication(effect.calls):
+                return self._node_pipe(client, effect.calls)
             if self.cluster:  # redis-py refuses EVALSHA in cluster pipelines
                 return [self._do_one_safely(client, call) for call in effect.calls]
             for _ in range(2):
@@ -543,6 +681,8 @@ class Outbox:
                 return await self._aevalsha(client, effect.script, effect.keys, effect.args)
             if isinstance(effect, _Cmd):
                 return await client.execute_command(*effect.args)
+            if self.cluster and _waits_for_replication(effect.calls):
+                return await self._anode_pipe(client, effect.calls)
             if self.cluster:  # redis-py refuses EVALSHA in cluster pipelines
                 return await asyncio.gather(
                     *(self._ado_one(client, call) for call in effect.calls),
@@ -1073,8 +1213,14 @@ class Outbox:
     # ==================================================================================
 
     def _workspaces_plan(self) -> Plan:
-        members = yield _Cmd(("SMEMBERS", self.keys.workspaces))
-        return sorted(_text(m) for m in members)
+        """Every workspace with sessions, sorted (one SMEMBERS per shard on a cluster)."""
+        answers = yield _Pipe([_Cmd(("SMEMBERS", k)) for k in self.keys.index_keys("workspaces")])
+        members = set()
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+            members.update(_text(m) for m in answer)
+        return sorted(members)
 
     def _recover_plan(self) -> Plan:
         recovered = 0

@@ -36,6 +36,8 @@ HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat k
 SCAN_LIMIT = 1000  # workspaces, and sessions per workspace, read per scan
 WAKE_WAIT_MAX = 2.0  # seconds one BLPOP may block
 STARTUP_PATIENCE = 30.0  # seconds start-up retries while Valkey is unavailable
+REPAIR_INTERVAL = 10.0  # seconds between passes of the cluster index repair
+REPAIR_BATCH = 100  # workspaces per shard per repair pass (SSCAN COUNT hint)
 
 
 @dataclass
@@ -109,41 +111,69 @@ class Worker:
             self._changed.set()
 
     async def scan(self) -> int:
-        """Offer every session due now; return how many were found."""
+        """Offer every session due now; return how many were found.
+
+        Reads the workspaces-due index (every shard of it on a cluster), then the
+        due sessions of each due workspace. On a cluster a shard's score may be
+        early (see index.lua); a workspace found with nothing due gets its true
+        earliest time back with :meth:`_raise_scores`.
+        """
         outbox = self.outbox
         now_ms = outbox._now_us() // 1000
         client = outbox._aclient()
-        if outbox.cluster:
-            workspaces = await outbox._arun(outbox._workspaces_plan())
-        else:
-            workspaces = [
-                w.decode()
-                for w in await client.zrangebyscore(
-                    outbox.keys.workspaces_due, "-inf", now_ms, start=0, num=SCAN_LIMIT
-                )
-            ]
-        found = 0
+        pipe = client.pipeline(transaction=False)
+        for key in outbox.keys.index_keys("wsdue"):
+            pipe.zrangebyscore(key, "-inf", now_ms, start=0, num=SCAN_LIMIT, withscores=True)
+        workspaces = {
+            ws.decode(): int(score) for shard in await pipe.execute() for ws, score in shard
+        }
+        self.stats.scans += 1
         if not workspaces:
             return 0
+        found = 0
+        idle: dict[str, int] = {}
         pipe = client.pipeline(transaction=False)
         for ws in workspaces:
             pipe.zrangebyscore(outbox.keys.due(ws), "-inf", now_ms, start=0, num=SCAN_LIMIT)
         for ws, sessions in zip(workspaces, await pipe.execute(), strict=True):
+            if not sessions:
+                idle[ws] = workspaces[ws]
             for ses in sessions:
                 self._offer(ws, ses.decode())
                 found += 1
-        self.stats.scans += 1
+        if idle and outbox.cluster:
+            await self._raise_scores(idle)
         return found
 
-    async def _wake_loop(self) -> None:
-        """Wait on the wake list; BLPOP hands each item to exactly one worker."""
+    async def _raise_scores(self, idle: dict[str, int]) -> None:
+        """Cluster only: move workspaces whose shard score was early to their true
+        earliest due time. Remove-then-recheck: drop the score only if it is still
+        the one read (index.lua 'drop'), then read the workspace's own due index and
+        add its earliest time back with ZADD LT, so a hint that arrived meanwhile
+        is never overwritten by a later time."""
+        outbox = self.outbox
+        client = outbox._aclient()
+        keys = outbox.keys
+
+        async def one(ws: str, score: int) -> None:
+            shard = keys.shard_keys(keys.shard_of(ws))
+            await outbox._aevalsha(client, "index", shard, ["drop", ws, score])
+            first = await client.zrange(keys.due(ws), 0, 0, withscores=True)
+            if first:
+                await client.zadd(shard[0], {ws: int(first[0][1])}, lt=True)
+
+        await asyncio.gather(*(one(ws, score) for ws, score in idle.items()))
+
+    async def _wake_loop(self, key: str) -> None:
+        """Wait on one wake list; BLPOP hands each item to exactly one worker. (A
+        cluster has one wake list per shard and every worker waits on each.)"""
         client = self.outbox._aclient()
         # Block for less than the client's socket timeout (5 s), whatever the tick:
         # a longer BLPOP would time out on the socket and count as an error.
         timeout = min(max(self.tick, 0.01), WAKE_WAIT_MAX)
         while not self.stop.is_set():
             try:
-                item = await client.blpop([self.outbox.keys.wake], timeout=timeout)
+                item = await client.blpop([key], timeout=timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -273,6 +303,55 @@ class Worker:
         except Exception:
             pass
 
+    async def repair_indices(self, cursors: dict[int, int] | None = None) -> int:
+        """Cluster only: one paced pass of the index repair; returns workspaces checked.
+
+        A shard's workspaces-due score is written by the client *after* the
+        script (the hint). A client that dies between the two (and whose caller
+        never retries) leaves a workspace due in its own index but not in the
+        shard's. This walks each shard's workspaces SET with SSCAN, at most
+        ``REPAIR_BATCH`` workspaces per shard per pass, and adds each one's
+        earliest due time with ZADD LT (never later than it is). ``cursors``
+        carries the SSCAN positions from pass to pass.
+        """
+        outbox = self.outbox
+        client = outbox._aclient()
+        keys = outbox.keys
+        cursors = {} if cursors is None else cursors
+        checked = 0
+        for shard in range(keys.shards):
+            shard_keys = keys.shard_keys(shard)
+            cursor, members = await client.sscan(
+                shard_keys[1], cursors.get(shard, 0), count=REPAIR_BATCH
+            )
+            cursors[shard] = cursor
+            workspaces = [m.decode() for m in members]
+            if not workspaces:
+                continue
+            pipe = client.pipeline(transaction=False)
+            for ws in workspaces:
+                pipe.zrange(keys.due(ws), 0, 0, withscores=True)
+            earliest = {
+                ws: int(first[0][1])
+                for ws, first in zip(workspaces, await pipe.execute(), strict=True)
+                if first
+            }
+            if earliest:
+                await client.zadd(shard_keys[0], earliest, lt=True)
+            checked += len(workspaces)
+        return checked
+
+    async def _repair_loop(self) -> None:
+        cursors: dict[int, int] = {}
+        while not self.stop.is_set():
+            await self._sleep(REPAIR_INTERVAL)
+            if self.stop.is_set():
+                return
+            try:
+                await self.repair_indices(cursors)
+            except Exception as exc:
+                logger.warning("outbox worker %s: index repair failed: %s", self.id, exc)
+
     async def _parked_sweep_loop(self) -> None:
         outbox = self.outbox
         interval = outbox.config.parked_sweep_interval
@@ -302,7 +381,10 @@ class Worker:
         if self.once:
             await self._patiently(self.scan)
         else:
-            helpers.append(asyncio.create_task(self._wake_loop()))
+            for key in outbox.keys.index_keys("wake"):
+                helpers.append(asyncio.create_task(self._wake_loop(key)))
+            if outbox.cluster:
+                helpers.append(asyncio.create_task(self._repair_loop()))
             helpers.append(asyncio.create_task(self._tick_loop()))
             if outbox.ledger_probe is not None:
                 helpers.append(asyncio.create_task(self._parked_sweep_loop()))

@@ -10,7 +10,9 @@
 --   KEYS[7] due       ZSET   of the workspace: session -> due time (ms)
 --   KEYS[8] sessions  SET    of the workspace's sessions
 --   KEYS[9] watch     STRING number of WebSocket clients watching the session
---   KEYS[10..14]      (standalone servers only) global keys: workspaces-due ZSET,
+--   KEYS[10] attn     ZSET   of the workspace: session -> since (ms), the sessions that
+--                     need an operator's eye (kept on a cluster only, see HINT below)
+--   KEYS[11..15]      (standalone servers only) global keys: workspaces-due ZSET,
 --                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLPOP),
 --                     all-sessions ZSET ("<ws> <ses>" -> first accept, ms) and
 --                     attention ZSET ("<ws> <ses>" -> since, ms: sessions holding
@@ -22,16 +24,30 @@
 --   ARGV[3] session ID   ARGV[4] workspace ID   ARGV[5] ordering: "strict" or "due"
 -- Script-specific KEYS start at EXTRA, script-specific ARGV at 6.
 --
+-- On a cluster (G = 0) a script cannot touch the global indices: they live in
+-- other slots. It records in HINT what it would have written there instead,
+-- and core/scripts.py wraps its reply as {reply, HINT}; the client then applies
+-- HINT to the workspace's shard with index.lua (see that script for the rules
+-- that keep the shard right whatever order hints arrive in).
+--
 -- Entries are edited without re-encoding client content: split() cuts the
 -- state members off at the first structural ',"clientMessageID":' and join()
 -- re-encodes only the state, in a fixed member order.
 
 local Q, D, LOCK, VER, MARKERS, RECEIPT, DUE, SESSIONS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local WATCH = KEYS[9]
+local WATCH, WS_ATTENTION = KEYS[9], KEYS[10]
 local G = tonumber(ARGV[1])
-local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local MAX_WAKE_ITEMS = 10000
-local EXTRA = 10 + G
+local EXTRA = 11 + G
+-- Cluster only: what the global indices need, reported to the client.
+--   [1] the workspace's earliest due time (ms) when it moved earlier, else -1
+--   [2] 1: wake a worker for this session   [3] attention: 1 in, 0 out, -1 unchanged
+--   [4] 1: the session is new (or a replay: re-add it)   [5] 1: the session was deleted
+--   [6] 1: the workspace has no session left   [7] the session's version
+--   [8] 1: a replay, report the due time even if it did not move (a crashed
+--       client may never have applied the first report)
+local HINT = {-1, 0, -1, 0, 0, 0, 0, 0}
 local NOW = tonumber(ARGV[2])
 local NOW_MS = math.floor(NOW / 1000)
 local SES, WS, ORDERING = ARGV[3], ARGV[4], ARGV[5]
@@ -159,7 +175,11 @@ end
 -- Tell an idle worker at once that this session has work due now (workers
 -- also find it on their next tick through the due index; this only cuts latency).
 local function wake()
-  if G == 0 or redis.call('EXISTS', LOCK) == 1 then return end
+  if redis.call('EXISTS', LOCK) == 1 then return end
+  if G == 0 then
+    HINT[2] = 1
+    return
+  end
   if redis.call('LLEN', WAKE) < MAX_WAKE_ITEMS then
     redis.call('RPUSH', WAKE, WS .. ' ' .. SES)
   end
@@ -180,6 +200,33 @@ local function needs_attention(items, locked, staged)
   return false
 end
 
+-- Put the session in (or out of) the admin's attention index. On a cluster
+-- the workspace's own attention ZSET is exact and a change is reported in HINT.
+local function set_attention(needed)
+  if G > 0 then
+    if needed then
+      redis.call('ZADD', ATTENTION, 'NX', NOW_MS, MEMBER)
+    else
+      redis.call('ZREM', ATTENTION, MEMBER)
+    end
+    return
+  end
+  local changed
+  if needed then
+    changed = redis.call('ZADD', WS_ATTENTION, 'NX', NOW_MS, SES)
+  else
+    changed = redis.call('ZREM', WS_ATTENTION, SES)
+  end
+  if changed == 1 then HINT[3] = needed and 1 or 0 end
+end
+
+-- The workspace's earliest due time (ms), or nil.
+local function earliest_due()
+  local first = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+  if first[2] then return tonumber(first[2]) end
+  return nil
+end
+
 -- Keep the due index exact for this session and (on standalone) its workspace,
 -- and the admin's attention index.
 local function reindex()
@@ -196,13 +243,7 @@ local function reindex()
     local idx, due = find_head(items)
     if idx ~= nil then score = NOW_MS elseif due ~= nil then score = math.floor(due / 1000) end
   end
-  if G > 0 then
-    if needs_attention(items, locked, staged) then
-      redis.call('ZADD', ATTENTION, 'NX', NOW_MS, MEMBER)
-    else
-      redis.call('ZREM', ATTENTION, MEMBER)
-    end
-  end
+  set_attention(needs_attention(items, locked, staged))
   if score then
     redis.call('ZADD', DUE, score, SES)
   else

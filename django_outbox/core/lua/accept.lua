@@ -17,6 +17,9 @@ if cap > 0 then
   local marker = redis.call('GET', marker_key)
   if marker then
     local mid, mfp = string.match(marker, '^(%S+) (%S+)$')
+    -- A replay (or a resend after the first reply was lost): report the indices
+    -- again on a cluster, in case the first caller died before applying them.
+    HINT[4], HINT[8] = 1, 1
     if mid == id then
       local _, mine = find(Q, id)
       if not mine then _, mine = find(D, id) end
@@ -41,7 +44,7 @@ if cap > 0 then
   redis.call('ZREMRANGEBYSCORE', MARKERS, '-inf', NOW_MS)
   redis.call('ZADD', MARKERS, NOW_MS + ttl, cmid)
 end
-redis.call('SADD', SESSIONS, SES)
+if redis.call('SADD', SESSIONS, SES) == 1 then HINT[4] = 1 end
 if G > 0 then
   redis.call('SADD', WORKSPACES, WS)
   redis.call('ZADD', ALL_SESSIONS, 'NX', NOW_MS, MEMBER)
@@ -58,5 +61,5 @@ local locked = redis.call('EXISTS', LOCK) == 1
 local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
 if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then wake() end
 sync_workspace()
-if G > 0 and locked then redis.call('ZADD', ATTENTION, 'NX', NOW_MS, MEMBER) end  -- blocked
+if locked then set_attention(true) end  -- blocked behind the lease
 return {'ok', version, watched()}

@@ -15,10 +15,13 @@ end
 if redis.call('ZCARD', MARKERS) > 0 then return {'again', removed} end
 local shared_before = redis.call('EXISTS', SESSIONS, DUE)
 removed = removed + had_markers + redis.call('DEL', Q, D, LOCK, VER, RECEIPT)
+redis.call('ZREM', WS_ATTENTION, SES)
 redis.call('SREM', SESSIONS, SES)
 redis.call('ZREM', DUE, SES)
 removed = removed + shared_before - redis.call('EXISTS', SESSIONS, DUE)
 sync_workspace()
+HINT[5] = 1
+HINT[6] = 1 - redis.call('EXISTS', SESSIONS)
 if G > 0 then
   redis.call('ZREM', ALL_SESSIONS, MEMBER)
   redis.call('ZREM', ATTENTION, MEMBER)

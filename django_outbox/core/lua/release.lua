@@ -14,6 +14,7 @@ if owner == nil or owner == ARGV[6] then
   end
 end
 if owner ~= ARGV[6] then
+  HINT[8] = 1  -- perhaps a replay of our own release: report the indices again
   if #ARGV > 6 and owner == nil then reindex() end
   return 0
 end

@@ -1,0 +1,285 @@
+"""Valkey Cluster (issue 8, DESIGN sections 3 and 6): one slot per script, sharded
+global indices kept by index hints, workers that find and wake on work in every shard.
+
+Each test runs twice: on a one-node cluster (every slot on one server) and on
+three masters with a replica each (tests/cluster.py); the failover test is
+tests/test_cluster_failover.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.cluster import RedisCluster, key_slot
+
+from django_outbox import Status
+from django_outbox.core.errors import Duplicate, OutboxUnavailable
+from django_outbox.core.scripts import SCRIPT_NAMES
+from django_outbox.core.worker import Worker
+from django_outbox.errors import AmbiguousError
+
+from .cluster import ValkeyCluster
+
+pytestmark = pytest.mark.cluster
+
+
+async def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def accept(outbox, ws, ses, key, text=None):
+    return await outbox.aaccept(ws, ses, user_id="u", client_message_id=key, text=text or key)
+
+
+@pytest.fixture(scope="module", params=["one node", "three masters"])
+def cluster_url(request, tmp_path_factory):
+    if request.param == "one node":
+        yield request.getfixturevalue("cluster_node_url")
+        return
+    with ValkeyCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster.startup_url
+
+
+@pytest.fixture
+def node(cluster_url):
+    """A cluster client for looking at keys directly (flushes every master first)."""
+    client = RedisCluster.from_url(cluster_url, decode_responses=True)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def cluster_outbox(cluster_url, node, make_outbox):
+    """Overrides conftest's: cluster-mode outboxes on this module's cluster."""
+
+    def make(**kwargs):
+        return make_outbox(url=cluster_url, cluster=True, **kwargs)
+
+    return make
+
+
+async def test_every_script_call_keeps_its_keys_in_one_slot(cluster_outbox, monkeypatch):
+    """Run every transition on a cluster and check each script's KEYS share a slot
+    (the cluster would refuse the call otherwise, but this names the script)."""
+    calls: list[tuple[str, list[str]]] = []
+    outbox = cluster_outbox(retry_backoff=0, verify_delay=0, verify_backoff=0, lock_ttl=0.3)
+    real = outbox._aevalsha
+
+    async def recording(client, name, keys, args):
+        calls.append((name, list(keys)))
+        return await real(client, name, keys, args)
+
+    monkeypatch.setattr(outbox, "_aevalsha", recording)
+
+    async def fails(entry, **kwargs):
+        raise RuntimeError("no")
+
+    async def unsure(entry, **kwargs):
+        raise AmbiguousError("timed out")
+
+    async def slow(entry, **kwargs):
+        await asyncio.sleep(0.25)  # long enough for one lease renewal
+
+    for ws in ("wa", "wb", "wc"):
+        for i in range(3):
+            await accept(outbox, ws, "s1", f"{ws}-{i}")
+    await outbox.adeliver_once("wa", "s1", slow)
+    await outbox.adeliver_once("wa", "s1", fails)
+    await outbox.adeliver_once("wb", "s1", unsure)
+    [first, *_] = await outbox.alist("wa", "s1")
+    await outbox.aretry("wa", "s1", first.id)
+    await outbox.apark_workspace("wc", "mode_transition")
+    await outbox.aunpark_workspace("wc")
+    await outbox.adismiss("wc", "s1", (await outbox.alist("wc", "s1"))[0].id)
+    await outbox.arecover()
+    await outbox.acleanup_workspace("wc")
+    worker = Worker(outbox, slow, concurrency=4, tick=1, stop=asyncio.Event(), heartbeat=False)
+    await worker.scan()
+    await outbox.aclose()
+
+    assert {name for name, _ in calls} >= set(SCRIPT_NAMES) - {"snapshot"}
+    for name, keys in calls:
+        assert len({key_slot(k.encode()) for k in keys}) == 1, (name, keys)
+
+
+async def test_worker_delivers_every_workspace_in_fifo_order(cluster_outbox, signals_log):
+    log: list[tuple[str, str, int]] = []
+
+    async def deliver(entry, *, workspace_id, session_id, attempt):
+        log.append((workspace_id, session_id, int(entry.text)))
+
+    outbox = cluster_outbox(deliverer=deliver, cluster_shards=4)
+    for i in range(4):
+        for w in range(30):
+            for s in range(2):
+                await accept(outbox, f"w{w}", f"s{s}", f"k{w}-{s}-{i}", str(i))
+    stop = asyncio.Event()
+    run = asyncio.create_task(outbox.arun(stop=stop, tick=0.2, concurrency=16, heartbeat=False))
+    await wait_for(lambda: asyncio.sleep(0, len(log) == 240), timeout=30)
+    stop.set()
+    await run
+    await outbox.aclose()
+    for w in range(30):
+        for s in range(2):
+            assert [i for ws, ses, i in log if (ws, ses) == (f"w{w}", f"s{s}")] == [0, 1, 2, 3]
+    assert len(set(signals_log.ids("delivered"))) == len(signals_log.ids("delivered")) == 240
+
+
+async def test_an_accept_wakes_an_idle_cluster_worker(cluster_outbox):
+    delivered = asyncio.Event()
+
+    async def deliver(entry, **kwargs):
+        delivered.set()
+
+    worker_box = cluster_outbox(deliverer=deliver, cluster_shards=3)
+    client_box = cluster_outbox(cluster_shards=3)
+    stop = asyncio.Event()
+    worker = Worker(worker_box, None, concurrency=4, tick=30, stop=stop, heartbeat=False)
+    run = asyncio.create_task(worker.run())
+    # The first scan runs at start; after it only a wake (or the 30 s tick) finds work.
+    await wait_for(lambda: asyncio.sleep(0, worker.stats.scans >= 1))
+    for n in range(3):  # one accept lands in each shard's wake list in turn
+        delivered.clear()
+        ws = next(w for w in (f"x{i}" for i in range(100)) if client_box.keys.shard_of(w) == n)
+        await accept(client_box, ws, "s1", f"k{n}")
+        await asyncio.wait_for(delivered.wait(), 5)  # far below the 30 s tick
+    assert worker.stats.wakes >= 3
+    stop.set()
+    await run
+    await worker_box.aclose()
+    await client_box.aclose()
+
+
+async def test_a_shard_score_only_moves_earlier_and_workers_raise_it(cluster_outbox, node):
+    """The hint may leave a workspace early in its shard, never late; a worker that
+    finds nothing due there moves it to the workspace's true earliest due time."""
+    gate = asyncio.Event()
+
+    async def waits(entry, **kwargs):
+        await gate.wait()
+
+    outbox = cluster_outbox(lock_ttl=30)
+    wsdue = outbox.keys.index("wsdue", outbox.keys.shard_of("w1"))
+    await accept(outbox, "w1", "s1", "k1")
+    accepted_score = float(node.zscore(wsdue, "w1"))
+    delivering = asyncio.create_task(outbox.adeliver_once("w1", "s1", waits))
+    await wait_for(lambda: asyncio.sleep(0, node.exists(outbox.keys.session("w1", "s1").lock)))
+    # The claim moved the session to its lease's expiry; the shard still says "now".
+    assert float(node.zscore(wsdue, "w1")) == accepted_score
+    worker = Worker(outbox, waits, concurrency=1, tick=1, stop=asyncio.Event(), heartbeat=False)
+    assert await worker.scan() == 0
+    lease_expiry = float(node.zscore(outbox.keys.due("w1"), "s1"))
+    assert float(node.zscore(wsdue, "w1")) == lease_expiry > accepted_score
+    gate.set()
+    assert await delivering
+    await outbox.aclose()
+
+
+async def test_out_of_order_hints_never_hide_work_or_attention(cluster_outbox, node):
+    outbox = cluster_outbox()
+    shard = outbox.keys.shard_keys(outbox.keys.shard_of("w1"))
+    wsdue, attention = shard[0], shard[4]
+
+    def hint(due=-1, attention=-1, version=0):
+        return outbox._evalsha(
+            outbox.client,
+            "index",
+            shard,
+            ["hint", "w1", "s1", due, 0, attention, 0, 0, 0, version, 1000, 10],
+        )
+
+    hint(due=500)
+    hint(due=900)  # a stale, later report arrives last: the earlier time stands
+    assert node.zscore(wsdue, "w1") == 500
+    hint(attention=1, version=7)
+    hint(attention=0, version=5)  # an older verdict arriving late is ignored
+    assert node.zscore(attention, "w1 s1") is not None
+    hint(attention=0, version=8)
+    assert node.zscore(attention, "w1 s1") is None
+    # 'drop' removes a workspace only if its score is still the one the worker read.
+    assert outbox._evalsha(outbox.client, "index", shard, ["drop", "w1", 400]) == 0
+    assert outbox._evalsha(outbox.client, "index", shard, ["drop", "w1", 500]) == 1
+    assert node.zscore(wsdue, "w1") is None
+
+
+async def test_attention_and_sessions_reach_the_shards(cluster_outbox, node):
+    async def fails(entry, **kwargs):
+        raise RuntimeError("no")
+
+    outbox = cluster_outbox(max_attempts=1)
+    await accept(outbox, "w1", "s1", "k1")
+    shard = outbox.keys.shard_of("w1")
+    assert node.sismember(outbox.keys.index("workspaces", shard), "w1")
+    assert node.zscore(outbox.keys.index("allsessions", shard), "w1 s1") is not None
+    await outbox.adeliver_once("w1", "s1", fails)
+    [entry] = await outbox.alist("w1", "s1")
+    assert entry.status is Status.ERROR
+    assert node.zscore(outbox.keys.index("attention", shard), "w1 s1") is not None
+    await outbox.adismiss("w1", "s1", entry.id)
+    assert node.zscore(outbox.keys.index("attention", shard), "w1 s1") is None
+    await outbox.acleanup_workspace("w1")
+    assert not node.sismember(outbox.keys.index("workspaces", shard), "w1")
+    assert node.zscore(outbox.keys.index("allsessions", shard), "w1 s1") is None
+    await outbox.aclose()
+
+
+async def test_a_lost_hint_is_repaired(cluster_outbox, node):
+    """A web process that dies between the accept script and its hint leaves the
+    workspace out of its shard; the caller's retry, or else the worker's paced
+    index repair, puts it back."""
+    delivered = []
+
+    async def deliver(entry, **kwargs):
+        delivered.append(entry.text)
+
+    outbox = cluster_outbox(deliverer=deliver)
+    shard = outbox.keys.shard_keys(outbox.keys.shard_of("w1"))
+    entry = await accept(outbox, "w1", "s1", "k1")
+    node.delete(*shard)  # as if the hint had never been applied
+    with pytest.raises(Duplicate) as caught:
+        await accept(outbox, "w1", "s1", "k1")  # the client's retry
+    assert caught.value.accepted_id == entry.id
+    assert node.zscore(shard[0], "w1") is not None
+    assert node.sismember(shard[1], "w1")
+
+    node.delete(shard[0])  # lost again, and this time nobody retries
+    worker = Worker(outbox, deliver, concurrency=1, tick=1, stop=asyncio.Event(), heartbeat=False)
+    assert await worker.scan() == 0
+    assert await worker.repair_indices() == 1
+    assert await worker.scan() == 1
+    await outbox.aclose()
+
+
+async def test_wait_replicas_on_a_cluster_waits_on_the_slot_owner(cluster_outbox, cluster_url):
+    """WAIT counts the acknowledgements of the connection's own last write, so it is
+    sent after the accept on the same connection to the node holding the slot. With
+    a replica per master the accept is acknowledged; on the one-node cluster it is
+    stored but not acknowledged (503 over HTTP), and the retry with the same key
+    finds it."""
+    outbox = cluster_outbox(wait_replicas=1, wait_timeout=0.5)
+    sync_outbox = cluster_outbox(wait_replicas=1, wait_timeout=0.5)
+    has_replicas = all(
+        int(primary.redis_connection.info("replication")["connected_slaves"]) >= 1
+        for primary in sync_outbox.client.get_primaries()
+    )
+    if has_replicas:
+        for w in range(20):  # workspaces on every master
+            await accept(outbox, f"w{w}", "s1", "k1")
+            sync_outbox.accept(f"w{w}", "s2", user_id="u", client_message_id="k2", text="t")
+        assert len(sync_outbox.list("w19", "s2")) == 1
+    else:
+        with pytest.raises(OutboxUnavailable) as caught:
+            await accept(outbox, "w1", "s1", "k1")
+        assert caught.value.accepted
+        with pytest.raises(Duplicate):
+            await accept(outbox, "w1", "s1", "k1")
+        with pytest.raises(OutboxUnavailable):
+            sync_outbox.accept("w1", "s2", user_id="u", client_message_id="k2", text="t")
+        assert [e.text for e in sync_outbox.list("w1", "s2")] == ["t"]
+    await outbox.aclose()
