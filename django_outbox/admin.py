@@ -3,26 +3,29 @@
 The data lives in Valkey, so the admin follows the django-rq pattern: the
 unmanaged :class:`~django_outbox.models.OutboxEntry` gives a content type and
 permissions, and :class:`OutboxEntryAdmin` replaces the ORM changelist with
-views that read Valkey through the global indices the Lua scripts keep exact:
+views that read Valkey through the global indices (``KeySpace.index_keys``: one
+key on a standalone server, kept exact by the Lua scripts; one copy per shard
+on Valkey Cluster, kept by the client's index hints, so eventually consistent
+there while each workspace's own keys stay exact). One code path serves both:
 
 * a page is a page of *sessions* of one index: the attention ZSET (sessions
   holding error, parked or verifying entries, pending ones blocked behind a
   lease, or staging without a lease; oldest first) for the default view and the
   attention-like filters, the all-sessions ZSET (newest first) otherwise. One
-  pipelined round trip reads the index page, its size and the global counts;
-  a second reads the page's sessions (one ``snapshot`` script each, the same
-  reading ``Outbox.list`` does) and the workers' heartbeats. Two round trips
-  and ``O(page)`` commands, however many sessions are stored;
+  pipelined round trip reads the index page from every copy, the sizes and the
+  global counts (the copies' pages are merged by score, see
+  :func:`merge_index_pages`); a second reads the page's sessions (one
+  ``snapshot`` script each, the same reading ``Outbox.list`` does) and the
+  workers' heartbeats. Two round trips and ``O(page)`` commands on a standalone
+  server, however many sessions are stored; on a cluster ``O(shards)`` more
+  commands, and page ``p`` reads ``p`` pages from each shard;
 * a search names a workspace, a session or an entry and is answered from the
-  workspace SET and the per-workspace session SETs, never by SCAN (see
+  workspace SETs and the per-workspace session SETs, never by SCAN (see
   :meth:`OutboxEntryAdmin.search` for the forms and their cost);
 * every action is a CSRF-protected POST back to the changelist (admin
   actions), checked against the user's permissions, answered through the
   messages framework and logged as a ``LogEntry`` of the ``OutboxEntry``
   content type.
-
-The global indices exist on a standalone server only; on Valkey Cluster the
-page says so and a workspace search still works.
 """
 
 from __future__ import annotations
@@ -152,8 +155,18 @@ class SessionView:
 
 
 def run_pipeline(outbox: Outbox, calls: list[tuple[Any, ...]]) -> list[Any]:
-    """Send plain commands in one round trip (``Outbox.execute_many``)."""
-    return outbox.execute_many(calls)
+    """Send plain commands in one round trip (``Outbox.execute_many``); a failed
+    command raises its error rather than passing for an answer.
+
+    Every command must name one key (or keys of one slot): on a cluster each is
+    routed to the node holding its key, so a multi-key command such as MGET of
+    keys in different slots would be refused.
+    """
+    answers = outbox.execute_many(calls)
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer
+    return answers
 
 
 def read_sessions(outbox: Outbox, pairs: list[tuple[str, str, float | None]]) -> list[SessionView]:
@@ -195,6 +208,36 @@ class Worker:
     @property
     def seen_ago(self) -> str:
         return duration(time.time() - self.last_seen_ms / 1000)
+
+
+#: The global counts of the page header: (command, index) read from every copy.
+COUNTED_INDEXES = (("SCARD", "workspaces"), ("ZCARD", "allsessions"), ("ZCARD", "attention"))
+
+
+def _split(answers: list[Any], *sizes: int) -> list[list[Any]]:
+    """``answers`` cut into consecutive runs of ``sizes``, then the rest."""
+    runs, at = [], 0
+    for size in sizes:
+        runs.append(answers[at : at + size])
+        at += size
+    return [*runs, answers[at:]]
+
+
+def in_index_order(
+    found: list[tuple[str, str, float | None]], descending: bool
+) -> list[tuple[str, str, float | None]]:
+    """``(ws, ses, score)`` sorted as one index ZSET holding them all would list them:
+    by score, then member ``"<ws> <ses>"`` (ZRANGE), or both reversed (ZREVRANGE)."""
+    return sorted(found, key=lambda t: (t[2] or 0.0, f"{t[0]} {t[1]}"), reverse=descending)
+
+
+def merge_index_pages(answers: list[Any], descending: bool) -> list[tuple[str, str, float | None]]:
+    """Merge ZRANGE (or ZREVRANGE) ... WITHSCORES answers, one per copy of an index,
+    into one list in index order. If each copy gave its first ``n`` members, the
+    first ``n`` of the merge are exactly the first ``n`` of the whole index."""
+    return in_index_order(
+        [triple for answer in answers for triple in _members(_pairs(answer))], descending
+    )
 
 
 def _members(values: list[Any]) -> list[tuple[str, str, float | None]]:
@@ -464,7 +507,9 @@ class OutboxEntryAdmin(admin.ModelAdmin):
         paginator = Paginator(range(page.total), self.sessions_per_page)
         page_links = []
         if paginator.num_pages > 1:
-            for number in paginator.get_elided_page_range(page_number, on_each_side=2):
+            # A page past the end (the index shrank, or a typed URL) links back to the last.
+            near = min(page_number, paginator.num_pages)
+            for number in paginator.get_elided_page_range(near, on_each_side=2):
                 url = None
                 if isinstance(number, int) and number != page_number:
                     url = self._changelist_url(
@@ -495,7 +540,6 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             page_counts=sorted(counts.items()),
             action_choices=action_choices if len(action_choices) > 1 else [],
             workspace_tools=self._workspace_tools(request, page.workspace_id),
-            cluster=outbox.cluster,
             next_url=request.get_full_path(),
         )
         return TemplateResponse(request, self.change_list_template, context)
@@ -542,65 +586,81 @@ class OutboxEntryAdmin(admin.ModelAdmin):
 
     def read_page(self, outbox: Outbox, status_filter: str, query: str, page_number: int) -> Page:
         """Read one page: the index page (or the search's sessions), the global counts,
-        the page's sessions and the workers. See the module docstring for the cost."""
+        the page's sessions and the workers. See the module docstring for the cost.
+
+        Each index has ``n`` copies (one standalone, one per shard on a cluster). Page
+        ``p`` is read as the first ``p * per_page`` members of every copy, merged by
+        score and cut to the page; with one copy the skip happens in Valkey.
+        """
         keys = outbox.keys
-        index = keys.attention if status_filter in ATTENTION_FILTERS else keys.all_sessions
-        descending = index == keys.all_sessions
+        name = "attention" if status_filter in ATTENTION_FILTERS else "allsessions"
+        descending = name == "allsessions"
+        copies = keys.index_keys(name)
         page = Page()
         per_page = self.sessions_per_page
         start = (page_number - 1) * per_page
         stats = [
-            ("SCARD", keys.workspaces),
-            ("ZCARD", keys.all_sessions),
-            ("ZCARD", keys.attention),
+            *(
+                (command, key)
+                for command, index in COUNTED_INDEXES
+                for key in keys.index_keys(index)
+            ),
             ("ZRANGE", keys.workers, 0, -1, "WITHSCORES"),
         ]
         scope = self.search(outbox, query, page) if query else None
         if scope is None:
-            # Round trip 1: the index page and its size, with the global counts.
-            order = ("ZREVRANGE",) if descending else ("ZRANGE",)
-            answers = run_pipeline(
-                outbox,
-                [
-                    ("ZCARD", index),
-                    (*order, index, start, start + per_page - 1, "WITHSCORES"),
-                    *stats,
-                ],
+            # Round trip 1: the index page of every copy and the sizes, with the global counts.
+            skip = start if len(copies) == 1 else 0
+            order = "ZREVRANGE" if descending else "ZRANGE"
+            sizes, ranges, stat_answers = _split(
+                run_pipeline(
+                    outbox,
+                    [
+                        *(("ZCARD", key) for key in copies),
+                        *((order, key, skip, start + per_page - 1, "WITHSCORES") for key in copies),
+                        *stats,
+                    ],
+                ),
+                len(copies),
+                len(copies),
             )
-            page.total = int(answers[0])
-            chosen = _members(_pairs(answers[1]))
-            stat_answers = answers[2:]
-        elif page.exact or outbox.cluster:
-            # An entry search resolved to sessions (or a cluster, where the global
-            # indices are not kept): show them whatever the index says.
+            page.total = sum(int(n) for n in sizes)
+            chosen = merge_index_pages(ranges, descending)[start - skip : start - skip + per_page]
+        elif page.exact:
+            # An entry search resolved to sessions: show them whatever the index says.
             stat_answers = run_pipeline(outbox, stats)
             page.total = len(scope)
             chosen = [(ws, ses, None) for ws, ses in scope[start : start + per_page]]
         else:
-            # A search: keep the candidates the filter's index holds, in its order.
-            members = [f"{ws} {ses}" for ws, ses in scope]
-            answers = run_pipeline(
-                outbox, [("ZMSCORE", index, *members), *stats] if members else stats
-            )
-            scores = answers[0] if members else []
-            stat_answers = answers[1:] if members else answers
+            # A search: keep the candidates the filter's index holds, in its order; one
+            # ZMSCORE per copy, asking it about the sessions of its own workspaces.
+            groups: dict[str, list[tuple[str, str]]] = {}
+            for ws, ses in scope:
+                groups.setdefault(keys.index(name, keys.shard_of(ws)), []).append((ws, ses))
+            probes = [
+                ("ZMSCORE", key, *(f"{ws} {ses}" for ws, ses in members))
+                for key, members in groups.items()
+            ]
+            scores, stat_answers = _split(run_pipeline(outbox, [*probes, *stats]), len(probes))
             found = [
                 (ws, ses, float(score))
-                for (ws, ses), score in zip(scope, scores, strict=True)
+                for members, answer in zip(groups.values(), scores, strict=True)
+                for (ws, ses), score in zip(members, answer, strict=True)
                 if score is not None
             ]
-            found.sort(key=lambda t: (-t[2] if descending else t[2], t[0], t[1]))
             page.total = len(found)
-            chosen = found[start : start + per_page]
-        page.workspaces = int(stat_answers[0])
-        page.sessions_total = int(stat_answers[1])
-        page.attention_total = int(stat_answers[2])
-        worker_members = [(_text(m), float(s)) for m, s in _pairs(stat_answers[3])]
-        # Round trip 2: the page's sessions and the workers' heartbeats.
-        heartbeat_keys = [keys.heartbeat(wid) for wid, _ in worker_members]
-        extra = [("MGET", *heartbeat_keys)] if heartbeat_keys else []
+            chosen = in_index_order(found, descending)[start : start + per_page]
+        shards = len(keys.index_keys("workspaces"))
+        *counts, (workers,) = _split(stat_answers, *(shards for _ in COUNTED_INDEXES))
+        page.workspaces, page.sessions_total, page.attention_total = (
+            sum(int(n) for n in run) for run in counts
+        )
+        worker_members = [(_text(m), float(s)) for m, s in _pairs(workers)]
+        # Round trip 2: the page's sessions and the workers' heartbeats (one GET each:
+        # the heartbeat keys are in different slots on a cluster).
+        extra = [("GET", keys.heartbeat(wid)) for wid, _ in worker_members]
         page.sessions, rest = read_sessions_and(outbox, chosen, extra)
-        heartbeats = [None if v is None else _text(v) for v in rest[0]] if rest else []
+        heartbeats = [None if v is None else _text(v) for v in rest]
         page.workers = []
         for (wid, seen), raw in zip(worker_members, heartbeats, strict=True):
             record: dict[str, Any] = {}
@@ -688,26 +748,26 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             views = read_sessions(outbox, [(ws, s, None) for s in names])
             return [(v.workspace_id, v.session_id) for v in views if second in v.raw]
         (word,) = parts
-        # The workspace SET is kept on a standalone server only.
-        probe = (
-            ("EXISTS", keys.sessions(word))
-            if outbox.cluster
-            else ("SISMEMBER", keys.workspaces, word)
+        # The word's own session SET says exactly whether it is a workspace (a shard's
+        # workspace SET may lag behind on a cluster); the workspace SETs of every
+        # shard name the workspaces that may hold a session called ``word``.
+        own, *workspace_sets = run_pipeline(
+            outbox,
+            [
+                ("SMEMBERS", keys.sessions(word)),
+                *(("SMEMBERS", key) for key in keys.index_keys("workspaces")),
+            ],
         )
-        is_workspace, workspaces = run_pipeline(outbox, [probe, ("SMEMBERS", keys.workspaces)])
-        names = sorted(_text(w) for w in workspaces)
-        calls = [("SISMEMBER", keys.sessions(w), word) for w in names]
-        if int(is_workspace):
-            calls.append(("SMEMBERS", keys.sessions(word)))
-        answers = run_pipeline(outbox, calls)
-        scope = [(w, word) for w, hit in zip(names, answers, strict=False) if int(hit)]
-        if int(is_workspace):
+        names = sorted({_text(w) for members in workspace_sets for w in members})
+        hits = run_pipeline(outbox, [("SISMEMBER", keys.sessions(w), word) for w in names])
+        scope = [(w, word) for w, hit in zip(names, hits, strict=True) if int(hit)]
+        if own:
             page.workspace_id = word
-            scope += sorted((word, _text(s)) for s in answers[-1])
+            scope += sorted((word, _text(s)) for s in own)
         if not scope:
             page.entry_id = word  # looked up in the index page's sessions
             return None
-        return scope
+        return list(dict.fromkeys(scope))  # a session named after its own workspace once
 
     # -- the entry page ------------------------------------------------------------------
 

@@ -272,6 +272,28 @@ def test_wait_replicas_without_replicas_is_unavailable(make_outbox):
         accept(outbox)
 
 
+async def test_an_unreplicated_claim_does_not_reach_the_agent(make_outbox):
+    """With WAIT_REPLICAS the claim must reach the replicas before the agent is called:
+    a claim lost in a failover would make the entry look untried and it would be
+    sent again unverified. Unacknowledged, the entry goes back pending as a
+    failure in which nothing was attempted (transientFails), and nothing is sent."""
+    sent = []
+
+    async def deliver(entry, **kwargs):
+        sent.append(entry.id)
+
+    outbox = make_outbox(wait_replicas=1, wait_timeout=0.05, retry_backoff=0)
+    with pytest.raises(OutboxUnavailable) as caught:
+        await outbox.aaccept("w1", "s1", user_id="u", client_message_id="k", text="t")
+    assert caught.value.accepted
+    assert await outbox.adeliver_once("w1", "s1", deliver)
+    [entry] = await outbox.alist("w1", "s1")
+    assert sent == []
+    assert (entry.status, entry.transient_fails, entry.attempts) == (Status.PENDING, 1, 0)
+    assert "did not acknowledge the claim" in entry.last_error
+    await outbox.aclose()
+
+
 async def test_async_twin(outbox):
     entry = await outbox.aaccept("w1", "s1", user_id="u", client_message_id="k", text="t")
     assert [e.id for e in await outbox.alist("w1", "s1")] == [entry.id]

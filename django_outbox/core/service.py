@@ -26,6 +26,7 @@ import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .config import Config
@@ -152,6 +153,15 @@ class _Call:
 
 Plan = Generator[Any, Any, Any]
 
+#: Errors that mean "Valkey cannot be reached right now": a cut connection, a
+#: timeout, or a cluster between topologies (a failover, slots not yet covered).
+_UNREACHABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterError,
+    RedisClusterException,
+)
+
 _UNAVAILABLE_REPLIES = (
     "OOM",
     "READONLY",
@@ -160,6 +170,7 @@ _UNAVAILABLE_REPLIES = (
     "BUSY",
     "NOREPLICAS",
     "TRYAGAIN",
+    "CLUSTERDOWN",
 )
 
 
@@ -384,7 +395,7 @@ class Outbox:
         try:
             for script in self.scripts.values():
                 self.client.script_load(script.text)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except _UNREACHABLE as exc:
             raise _unavailable(exc) from exc
 
     async def aload_scripts(self) -> None:
@@ -393,7 +404,7 @@ class Outbox:
         try:
             for script in self.scripts.values():
                 await client.script_load(script.text)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except _UNREACHABLE as exc:
             raise _unavailable(exc) from exc
 
     def close(self) -> None:
@@ -522,7 +533,7 @@ class Outbox:
             try:
                 if _text(self._evalsha(self.client, "index", call.keys, call.args)) == "recheck":
                     self._recheck_workspace(_text(args[3]))
-            except redis.RedisError as exc:
+            except (redis.RedisError, RedisClusterException) as exc:
                 self._hint_failed(name, exc)
         return reply
 
@@ -534,7 +545,7 @@ class Outbox:
             try:
                 if _text(await self._aevalsha(client, "index", call.keys, call.args)) == "recheck":
                     await self._arecheck_workspace(_text(args[3]))
-            except redis.RedisError as exc:
+            except (redis.RedisError, RedisClusterException) as exc:
                 self._hint_failed(name, exc)
         return reply
 
@@ -656,7 +667,7 @@ class Outbox:
                 for script in self._pipe_scripts(effect.calls):
                     client.script_load(script.text)
             return results
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except _UNREACHABLE as exc:
             raise _unavailable(exc) from exc
         except redis.ResponseError as exc:
             if _is_unavailable_reply(exc):
@@ -698,7 +709,7 @@ class Outbox:
                 for script in self._pipe_scripts(effect.calls):
                     await client.script_load(script.text)
             return results
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except _UNREACHABLE as exc:
             raise _unavailable(exc) from exc
         except redis.ResponseError as exc:
             if _is_unavailable_reply(exc):
@@ -788,22 +799,13 @@ class Outbox:
                 "queue",
             ],
         )
-        waits = self._durability_waits()
-        if waits:
-            results = yield _Pipe([call, *waits])
-            for r in results:
-                if isinstance(r, Exception):
-                    if r is results[0]:
-                        raise r
-            answer = results[0]
-        else:
-            answer = yield call
+        answer, unacknowledged = yield from self._durably(call)
         status = _text(answer[0])
         if status in ("ok", "own"):
             version, watched = int(answer[1]), bool(answer[2])
             entry = entry.evolve(seq=version if status == "ok" else int(answer[3]))
-            if waits:
-                self._check_waits(results[1:])
+            if unacknowledged is not None:
+                raise unacknowledged
             yield _Emit(
                 [
                     OutboxEvent(
@@ -819,6 +821,23 @@ class Outbox:
         if status == "full":
             raise OutboxFull(self.config.cap)
         raise AssertionError(f"unexpected accept answer {answer!r}")  # pragma: no cover
+
+    def _durably(self, call: _Eval) -> Plan:
+        """Run ``call``; with ``WAIT_REPLICAS`` / ``WAIT_AOF`` follow it with the wait,
+        pipelined on the same connection (the wait counts that connection's writes).
+        Returns ``(answer, None)``, or ``(answer, OutboxUnavailable)`` when the write
+        was made but not acknowledged in time; raises if the call itself failed."""
+        waits = self._durability_waits()
+        if not waits:
+            return (yield call), None
+        results = yield _Pipe([call, *waits])
+        if isinstance(results[0], Exception):
+            raise results[0]
+        try:
+            self._check_waits(results[1:])
+        except OutboxUnavailable as exc:
+            return results[0], exc
+        return results[0], None
 
     def _durability_waits(self) -> list[_Cmd]:
         timeout_ms = max(1, int(self.config.wait_timeout * 1000))
@@ -1457,6 +1476,16 @@ class Outbox:
         if kind == "owed":
             await self._afire_owed(ws, ses, keys, token, claimed)
             return True, None
+        if kind == "unreplicated":
+            # The claim is not known to the replicas: do not call the agent. The
+            # entry goes back as a failure in which nothing was attempted.
+            error = (
+                "transient: replicas did not acknowledge the claim within "
+                f"{self.config.wait_timeout}s"
+            )
+            result = await self._asettle(ws, ses, token, claimed, "transient", error)
+            self._tell_listeners("deliver", "transient", result, 0.0)
+            return True, None
         if kind not in ("deliver", "verify"):
             return False, None
         entry: Entry = claimed
@@ -1581,10 +1610,16 @@ class Outbox:
         return await worker.run()
 
     def _claim_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
-        answer = yield self._session_eval(
+        call = self._session_eval(
             "claim", ws, ses, extra_args=[token, self._lock_ttl_ms, *acknowledge]
         )
+        # With WAIT_REPLICAS / WAIT_AOF the claim must be durable before the agent
+        # is called: a claim lost in a failover would make the entry look never
+        # tried, and it would be sent again without verification.
+        answer, unacknowledged = yield from self._durably(call)
         kind = _text(answer[0])
+        if unacknowledged is not None and kind == "deliver":  # (a verification sends nothing)
+            kind = "unreplicated"
         if kind == "busy":
             return ("busy", None, 0)
         if kind == "owed":
@@ -1593,6 +1628,8 @@ class Outbox:
         recovered = answer[4:]
         events = self._events("updated", recovered, ws, ses, version, None, watched)
         entry = Entry.from_json(answer[1]) if answer[1] else None
+        if kind == "unreplicated":
+            return (kind, entry, len(recovered))
         if kind == "deliver" and entry is not None:
             events.append(OutboxEvent("staged", "delivering", entry, ws, ses, version, watched))
             events.append(OutboxEvent("updated", "delivering", entry, ws, ses, version, watched))
@@ -1603,9 +1640,15 @@ class Outbox:
     def _settle_plan(
         self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
     ) -> Plan:
-        answer = yield self._session_eval(
-            "settle", ws, ses, extra_args=self._settle_args(token, entry.id, outcome, error)
+        # Durable before entry_delivered fires: a delivered-settle lost in a
+        # failover would be verified again and fire the signal a second time.
+        answer, unacknowledged = yield from self._durably(
+            self._session_eval(
+                "settle", ws, ses, extra_args=self._settle_args(token, entry.id, outcome, error)
+            )
         )
+        if unacknowledged is not None:
+            logger.warning("outbox: settle of %s: %s", entry.id, unacknowledged)
         kind = _text(answer[0])
         if kind == "removed" or (kind == "replayed" and _text(answer[1]) == "removed"):
             # Delivered. The lease is still ours and the entry stays staged as
