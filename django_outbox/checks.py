@@ -10,8 +10,14 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``W002`` no DELIVERER is configured (``outbox_worker`` will refuse to start)
 - ``W003`` (deploy) Valkey persists nothing: neither AOF nor RDB snapshots
 - ``W004`` (deploy) ``appendfsync no``: the OS decides when the AOF reaches the disk
+- ``E005`` ``WAIT_AOF`` is on but the server has no AOF or ``appendfsync no`` (every
+  accept would be stored but answered 503)
 - ``W005`` Valkey is unreachable (a warning, so ``migrate`` works while it is down;
   accepts answer 503 and ``outbox_worker`` refuses to start until it is back)
+- ``W006`` ``CLUSTER`` with redis-py older than 7.2 (its async cluster client does not
+  reconnect after a failover)
+
+On a cluster the Valkey checks run on every primary.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
 
 CONNECT_TIMEOUT = 1.0
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException)
 
 
 def _settings_or_error(errors: list[checks.CheckMessage]):
@@ -82,20 +89,43 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return errors
 
 
-def _valkey_info(url: str, errors: list[checks.CheckMessage]) -> dict[str, Any] | None:
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
-    )
+def _node_info(client: redis.Redis) -> dict[str, Any]:
+    info = client.info("memory")
+    info.update(client.info("persistence"))
     try:
-        info = client.info("memory")
-        info.update(client.info("persistence"))
+        info["appendfsync"] = client.config_get("appendfsync").get("appendfsync")
+        info["save"] = client.config_get("save").get("save")
+    except redis.ResponseError:
+        pass  # CONFIG may be disabled on managed services
+    return info
+
+
+def _valkey_infos(conf: Any, errors: list[checks.CheckMessage]) -> dict[str, dict[str, Any]]:
+    """``{node: INFO memory + persistence (+ appendfsync, save)}``: the server, or every
+    primary of a cluster. Appends W005 and returns ``{}`` when Valkey is unreachable."""
+    options = {"socket_connect_timeout": CONNECT_TIMEOUT, "socket_timeout": CONNECT_TIMEOUT}
+    url = conf.valkey_url
+    try:
+        if conf.cluster:
+            from redis.cluster import RedisCluster
+
+            cluster = RedisCluster.from_url(url, **options)
+            try:
+                return {
+                    node.name: _node_info(node.redis_connection) for node in cluster.get_primaries()
+                }
+            finally:
+                cluster.close()
+        client = redis.Redis.from_url(url, **options)
         try:
-            info["appendfsync"] = client.config_get("appendfsync").get("appendfsync")
-            info["save"] = client.config_get("save").get("save")
-        except redis.ResponseError:
-            pass  # CONFIG may be disabled on managed services
-        return info
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+            return {url: _node_info(client)}
+        finally:
+            client.close()
+    except (
+        redis.ConnectionError,
+        redis.TimeoutError,
+        redis.exceptions.RedisClusterException,
+    ) as exc:
         errors.append(
             checks.Warning(
                 f"Valkey at {url} is unreachable: {exc}",
@@ -103,64 +133,85 @@ def _valkey_info(url: str, errors: list[checks.CheckMessage]) -> dict[str, Any] 
                 id="django_outbox.W005",
             )
         )
-        return None
-    finally:
-        client.close()
+        return {}
 
 
 @checks.register("outbox")
 def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     conf = _settings_or_error([])
-    if conf is None or conf.cluster:
+    if conf is None:
         return errors
-    info = _valkey_info(conf.valkey_url, errors)
-    if info is None:
-        return errors
-    policy = info.get("maxmemory_policy")
-    if policy is not None and policy != "noeviction":
+    if conf.cluster and _version(redis.__version__) < (7, 2):
         errors.append(
-            checks.Error(
-                f"Valkey's maxmemory-policy is {policy!r}: when memory runs out it evicts keys, "
-                "silently deleting queued messages, leases and dedupe markers.",
-                hint="Run Valkey with 'maxmemory-policy noeviction' (accepts then get 503 "
-                "when memory is full, and nothing accepted is lost).",
-                id="django_outbox.E003",
+            checks.Warning(
+                f"redis-py {redis.__version__} with OUTBOX['CLUSTER'] = True: its async cluster "
+                "client never reconnects once a failover made every node unreachable for a "
+                "moment (redis-py issue 3917), so workers stop finding work.",
+                hint="Install redis>=7.2.",
+                id="django_outbox.W006",
             )
         )
+    for node, info in _valkey_infos(conf, errors).items():
+        policy = info.get("maxmemory_policy")
+        if policy is not None and policy != "noeviction":
+            errors.append(
+                checks.Error(
+                    f"Valkey's maxmemory-policy is {policy!r} on {node}: when memory runs out "
+                    "it evicts keys, silently deleting queued messages, leases and dedupe "
+                    "markers.",
+                    hint="Run Valkey with 'maxmemory-policy noeviction' (accepts then get 503 "
+                    "when memory is full, and nothing accepted is lost).",
+                    id="django_outbox.E003",
+                )
+            )
+        aof = str(info.get("aof_enabled", "0")) == "1"
+        if conf.config.wait_aof and (not aof or info.get("appendfsync") == "no"):
+            errors.append(
+                checks.Error(
+                    f"OUTBOX['WAIT_AOF'] = True but {node} runs with "
+                    f"{'appendfsync no' if aof else 'appendonly no'}: WAITAOF can never be "
+                    "acknowledged, so every accept would be stored but answered 503.",
+                    hint="Run Valkey with 'appendonly yes' and 'appendfsync everysec' (or "
+                    "'always'), or set WAIT_AOF to False.",
+                    id="django_outbox.E005",
+                )
+            )
     return errors
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
 
 
 @checks.register("outbox", deploy=True)
 def check_persistence(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     conf = _settings_or_error([])
-    if conf is None or conf.cluster:
+    if conf is None:
         return errors
-    info = _valkey_info(conf.valkey_url, [])
-    if info is None:
-        return errors
-    aof = str(info.get("aof_enabled", "0")) == "1"
-    rdb = bool(info.get("save"))
-    if not aof and not rdb:
-        errors.append(
-            checks.Warning(
-                "Valkey persists nothing (appendonly no, no save points): a restart loses every "
-                "queued message.",
-                hint="Turn on the append-only file: 'appendonly yes' with 'appendfsync everysec' "
-                "(or 'always'; or OUTBOX['WAIT_AOF'] = True for per-accept fsync).",
-                id="django_outbox.W003",
+    for node, info in _valkey_infos(conf, []).items():
+        aof = str(info.get("aof_enabled", "0")) == "1"
+        rdb = bool(info.get("save"))
+        if not aof and not rdb:
+            errors.append(
+                checks.Warning(
+                    f"Valkey persists nothing on {node} (appendonly no, no save points): a "
+                    "restart loses every queued message.",
+                    hint="Turn on the append-only file: 'appendonly yes' with 'appendfsync "
+                    "everysec' (or 'always').",
+                    id="django_outbox.W003",
+                )
             )
-        )
-    if aof and info.get("appendfsync") == "no":
-        errors.append(
-            checks.Warning(
-                "Valkey runs with 'appendfsync no': accepted messages reach the disk when the OS "
-                "decides (often 30 s later).",
-                hint="Use 'appendfsync everysec' (or OUTBOX['WAIT_AOF'] = True) or 'always'.",
-                id="django_outbox.W004",
+        if aof and info.get("appendfsync") == "no":
+            errors.append(
+                checks.Warning(
+                    f"Valkey runs with 'appendfsync no' on {node}: accepted messages reach the "
+                    "disk when the OS decides (often 30 s later).",
+                    hint="Use 'appendfsync everysec' or 'always' (WAIT_AOF needs one of them).",
+                    id="django_outbox.W004",
+                )
             )
-        )
     return errors
 
 

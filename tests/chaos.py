@@ -66,10 +66,15 @@ class Row:
         )
 
 
+_started: list = []  # every valkey-server of the run, stopped at its end whatever happened
+
+
 def _valkey(tmp: Path, **config: str):
     from tests.valkey import ValkeyProcess
 
-    return ValkeyProcess(tmp, **config).start()
+    server = ValkeyProcess(tmp, **config)
+    _started.append(server)
+    return server.start()
 
 
 def _accept_all(outbox, sessions: int, per: int) -> dict[str, list[str]]:
@@ -193,11 +198,19 @@ class _Agent:
         return Verdict.DELIVERED if entry.id in self.seen else Verdict.ABSENT
 
 
-async def _run_until_done(outbox, total: int, agent: _Agent, timeout: float, during=None):
+def _settled(agent: _Agent, signals: list[str], total: int) -> bool:
+    """The agent saw every message and each was settled (a turn that timed out after the
+    agent stored it is still being verified until its entry_delivered fires)."""
+    return len(set(agent.log)) >= total and len(set(signals)) >= total
+
+
+async def _run_until_done(
+    outbox, total: int, agent: _Agent, signals: list[str], timeout: float, during=None
+):
     stop = asyncio.Event()
     run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))
     deadline = time.monotonic() + timeout
-    while len(set(agent.log)) < total and time.monotonic() < deadline:
+    while not _settled(agent, signals, total) and time.monotonic() < deadline:
         if during is not None:
             await during()
         await asyncio.sleep(0.05)
@@ -273,7 +286,7 @@ def valkey_restart(tmp: Path, short: bool, fsync: str) -> Row:
         await asyncio.gather(produce(), kill())
         total = sessions * per
         deadline = time.monotonic() + 60
-        while len(set(agent.log)) < total and time.monotonic() < deadline:
+        while not _settled(agent, signals, total) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         stop.set()
         await run
@@ -320,7 +333,7 @@ def proxy_faults(tmp: Path, short: bool) -> Row:
                 row.faults += proxy.cut_all() > 0
 
         async def main():
-            await _run_until_done(outbox, sessions * per, agent, 120, during=cut)
+            await _run_until_done(outbox, sessions * per, agent, signals, 120, during=cut)
             await outbox.aclose()
 
         asyncio.run(main())
@@ -349,7 +362,7 @@ def agent_stalls(tmp: Path, short: bool) -> Row:
         client.close()
 
         async def main():
-            await _run_until_done(outbox, sessions * per, agent, 120)
+            await _run_until_done(outbox, sessions * per, agent, signals, 120)
             await outbox.aclose()
 
         asyncio.run(main())
@@ -358,6 +371,136 @@ def agent_stalls(tmp: Path, short: bool) -> Row:
         row.max_in_flight = agent.max_active
         row.notes.append("timed-out turns were verified, not resent")
     finally:
+        server.stop()
+    row.seconds = time.monotonic() - started
+    return row
+
+
+def client_disconnects(tmp: Path, short: bool) -> Row:
+    """Clients send a complete accept POST to uvicorn and go away without reading the reply
+    (case 09), in waves of 50: all at once, each gone 0-50 ms after sending, then one after
+    another, each gone 0-20 ms after sending (while its accept runs); half close with a FIN,
+    half with an RST. Every key is then POSTed again, and two outbox_worker processes deliver
+    what was stored."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.disconnects import asgi_server, check_resend, cut_post, settled
+    from tests.test_worker_processes import Workers
+
+    waves, sessions = (2, 5) if short else (6, 10)
+    row = Row("5 clients gone mid-POST under uvicorn (case 09)")
+    server = _valkey(tmp / "valkey")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    rng = random.Random(5)
+    names = [f"s{i}" for i in range(sessions)]
+    posts = [(names[i % sessions], f"k{i}", str(i)) for i in range(50 * waves)]
+    started = time.monotonic()
+
+    def path(ses: str) -> str:
+        return f"/outbox/api/workspaces/alice/sessions/{ses}/messages/"
+
+    try:
+        with asgi_server(server.url, tmp / "web") as web:
+            # Logged in through a session: Basic auth would spend ~0.2 s of CPU hashing the
+            # password on every request, and the cuts would land in that, not in the accept.
+            def cut(post: tuple[str, str, str], after: float, reset: bool) -> bool:
+                ses, key, text = post
+                body = json.dumps({"clientMessageID": key, "text": text}).encode()
+                return cut_post(web.port, path(ses), body, after, reset=reset, headers=web.session)
+
+            gone: dict[tuple[str, str], bool] = {}  # cut before the reply began?
+            with ThreadPoolExecutor(50) as pool:
+                for w in range(waves):
+                    wave = posts[50 * w : 50 * (w + 1)]
+                    if w % 2 == 0:  # 50 clients at once, each gone 0-50 ms after sending
+                        plan = [(p, rng.uniform(0, 0.05), rng.random() < 0.5) for p in wave]
+                        cuts = list(pool.map(lambda a: cut(*a), plan))
+                    else:  # one after another, each gone 0-20 ms after sending: mid-accept
+                        cuts = [cut(p, rng.uniform(0, 0.02), rng.random() < 0.5) for p in wave]
+                    gone.update(
+                        ((ses, key), c) for (ses, key, _), c in zip(wave, cuts, strict=True)
+                    )
+            row.faults = sum(gone.values())
+
+            answers: Counter[int] = Counter()
+            problems: list[str] = []
+            with httpx.Client(base_url=web.base, headers=web.session, timeout=10) as c:
+
+                def listed() -> dict[tuple[str, str], str]:
+                    return {
+                        (ses, e["clientMessageID"]): e["id"]
+                        for ses in names
+                        for e in c.get(path(ses)).json()["entries"]
+                    }
+
+                stored = settled(listed)  # accepts still running for gone clients end
+                for ses, key, text in posts:  # every client comes back with the same key
+                    reply = c.post(path(ses), json={"clientMessageID": key, "text": text})
+                    answers[reply.status_code] += 1
+                    problem = check_resend(reply, stored.get((ses, key)))
+                    if problem:
+                        problems.append(f"{ses}/{key}: {problem}")
+                queues = {ses: c.get(path(ses)).json()["entries"] for ses in names}
+
+                # every key exactly once in its session's queue
+                ids: dict[str, list[str]] = {}
+                rank: dict[str, dict[str, int]] = {}
+                for ses in names:
+                    keys = Counter(e["clientMessageID"] for e in queues[ses])
+                    wanted = {key for s, key, _ in posts if s == ses}
+                    row.lost += len(wanted - set(keys))
+                    doubled = sum(n - 1 for n in keys.values())
+                    strays = len(set(keys) - wanted)
+                    if doubled or strays:
+                        problems.append(f"{ses}: {doubled} keys stored twice, {strays} never sent")
+                    first: dict[str, dict] = {}
+                    for e in queues[ses]:
+                        first.setdefault(e["clientMessageID"], e)
+                    firsts = list(first.values())
+                    ids[ses] = [e["id"] for e in firsts]
+                    rank[ses] = {e["text"]: n for n, e in enumerate(firsts)}
+
+                # two workers deliver what was stored, in queue order
+                w = Workers(server.url, tmp, OUTBOX_TEST_TURN="0.01")
+                try:
+                    for _ in range(2):
+                        w.start("--tick", "0.1")
+                    total = sum(len(v) for v in ids.values())
+                    deadline = time.monotonic() + 60
+                    while _delivered(r) < total and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                finally:
+                    w.stop_all()
+                left = sum(len(c.get(path(ses)).json()["entries"]) for ses in names)
+
+        if "Traceback" in web.log.read_text(errors="replace"):
+            row.failures.append("uvicorn logged a traceback")
+        delivered = []
+        for line in r.lrange("test:log", 0, -1):
+            ses, text = line.split(" ", 1)
+            if text not in rank.get(ses, {}):
+                problems.append(f"delivered {line!r}, which no queue listed")
+                continue
+            delivered.append((ses, rank[ses][text]))
+        signals = [x.split()[0] for x in r.lrange("test:delivered", 0, -1)]
+        _judge(row, ids, delivered, signals)  # adds to the keys missing from the queues
+        row.max_in_flight = 2 if r.llen("test:violations") else 1
+        if left:
+            problems.append(f"{left} entries still queued after delivery")
+        row.failures += problems[:3] + [f"and {len(problems) - 3} more"] * (len(problems) > 3)
+        fives = sum(n for code, n in answers.items() if code >= 500)
+        unaware = sum(1 for k in stored if gone.get(k))
+        row.notes.append(
+            f"{row.faults} of {len(posts)} clients gone before the reply began; first POSTs "
+            f"stored {len(stored)} ({unaware} of them after their client was gone); "
+            f"second POSTs {dict(sorted(answers.items()))}"
+            + (f"; {fives} answered 5xx" if fives else "")
+        )
+    finally:
+        r.close()
         server.stop()
     row.seconds = time.monotonic() - started
     return row
@@ -566,6 +709,7 @@ SCENARIOS = [
     ("restart-everysec", lambda tmp, short: valkey_restart(tmp, short, "everysec")),
     ("proxy", proxy_faults),
     ("stall", agent_stalls),
+    ("disconnects", client_disconnects),
     ("replies", lost_replies),
     ("websockets", websocket_readers),
 ]
@@ -608,12 +752,16 @@ def run(short: bool, only: list[str] | None = None) -> list[Row]:
     django.setup()
     rows = []
     with tempfile.TemporaryDirectory(prefix="outbox-chaos-") as tmp:
-        for name, scenario in SCENARIOS:
-            if only and name not in only:
-                continue
-            row = scenario(Path(tmp) / name, short)
-            print(row.line(), flush=True)
-            rows.append(row)
+        try:
+            for name, scenario in SCENARIOS:
+                if only and name not in only:
+                    continue
+                row = scenario(Path(tmp) / name, short)
+                print(row.line(), flush=True)
+                rows.append(row)
+        finally:  # a scenario that raised before its own cleanup leaves no server behind
+            while _started:
+                _started.pop().stop()
     print()
     print(table(rows))
     return rows

@@ -87,3 +87,38 @@ def test_routed_consumer_without_channel_layer_is_an_error(valkey):
         OUTBOX=GOOD, ASGI_APPLICATION="tests.asgi_with_consumer.application", CHANNEL_LAYERS=layers
     ):
         assert ids() == []
+
+
+def test_wait_aof_without_an_aof_is_an_error(valkey, tmp_path, monkeypatch):
+    # The test server runs with appendonly no: WAITAOF could never be acknowledged.
+    with override_settings(OUTBOX={**GOOD, "WAIT_AOF": True}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E005"]
+    assert "appendonly no" in messages[0].msg
+    server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="no").start()
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", server.url)
+    try:
+        with override_settings(OUTBOX={**GOOD, "WAIT_AOF": True}):
+            assert ids() == ["django_outbox.E005"]
+        with override_settings(OUTBOX=GOOD):
+            assert ids() == []
+    finally:
+        server.stop()
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_every_primary_is_checked(cluster_node_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", cluster_node_url)
+    node = redis.Redis.from_url(cluster_node_url)
+    node.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with override_settings(OUTBOX={**GOOD, "CLUSTER": True}):
+            monkeypatch.setattr(redis, "__version__", "8.1.0")
+            messages = checks.run_checks(tags=["outbox"])
+            assert [m.id for m in messages] == ["django_outbox.E003"]
+            assert f"127.0.0.1:{node.connection_pool.connection_kwargs['port']}" in messages[0].msg
+            monkeypatch.setattr(redis, "__version__", "5.3.1")
+            assert ids() == ["django_outbox.E003", "django_outbox.W006"]
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
+        node.close()

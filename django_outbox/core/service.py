@@ -178,6 +178,17 @@ def _unavailable(exc: Exception) -> OutboxUnavailable:
     return OutboxUnavailable(f"Valkey unavailable: {type(exc).__name__}: {exc}")
 
 
+def _classified(result: Any) -> Any:
+    """A pipeline's per-command result, with "Valkey unavailable" errors (a cut
+    connection, a cluster between topologies, OOM, READONLY, ...) turned into
+    :class:`OutboxUnavailable` like the drivers do for single calls."""
+    if isinstance(result, _UNREACHABLE) or (
+        isinstance(result, redis.ResponseError) and _is_unavailable_reply(result)
+    ):
+        return _unavailable(result)
+    return result
+
+
 def _is_unavailable_reply(exc: Exception) -> bool:
     if isinstance(exc, redis.OutOfMemoryError | redis.ReadOnlyError | redis.BusyLoadingError):
         return True
@@ -606,7 +617,9 @@ class Outbox:
             for script in self._pipe_scripts(calls):
                 client.script_load(script.text)
         return [
-            self._hinted(call.script, call.args, result) if _is_hinted(call, result) else result
+            self._hinted(call.script, call.args, result)
+            if _is_hinted(call, result)
+            else _classified(result)
             for call, result in zip(calls, results, strict=True)
         ]
 
@@ -634,7 +647,7 @@ class Outbox:
         for call, result in zip(calls, results, strict=True):
             if _is_hinted(call, result):
                 result = await self._ahinted(call.script, call.args, result)
-            out.append(result)
+            out.append(_classified(result))
         return out
 
     def _do(self, effect: Any) -> Any:
