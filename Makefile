@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo venv clean opencode chaos bench
+.PHONY: test test-cluster lint demo venv clean opencode chaos bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check django_outbox tests example_project
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The Valkey Cluster tests only (a one-node cluster, three masters with replicas, a failover);
+# they also run inside make test.
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check django_outbox tests example_project
