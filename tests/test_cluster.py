@@ -75,7 +75,14 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(cluster_outbox, monk
         calls.append((name, list(keys)))
         return await real(client, name, keys, args)
 
+    real_pipe = outbox._acluster_pipe
+
+    async def recording_pipe(client, pipe_calls):
+        calls.extend((c.script, list(c.keys)) for c in pipe_calls if hasattr(c, "script"))
+        return await real_pipe(client, pipe_calls)
+
     monkeypatch.setattr(outbox, "_aevalsha", recording)
+    monkeypatch.setattr(outbox, "_acluster_pipe", recording_pipe)
 
     async def fails(entry, **kwargs):
         raise RuntimeError("no")
@@ -103,7 +110,7 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(cluster_outbox, monk
     await worker.scan()
     await outbox.aclose()
 
-    assert {name for name, _ in calls} >= set(SCRIPT_NAMES) - {"snapshot"}
+    assert {name for name, _ in calls} == set(SCRIPT_NAMES)
     for name, keys in calls:
         assert len({key_slot(k.encode()) for k in keys}) == 1, (name, keys)
 
@@ -282,4 +289,32 @@ async def test_wait_replicas_on_a_cluster_waits_on_the_slot_owner(cluster_outbox
         with pytest.raises(OutboxUnavailable):
             sync_outbox.accept("w1", "s2", user_id="u", client_message_id="k2", text="t")
         assert [e.text for e in sync_outbox.list("w1", "s2")] == ["t"]
+    await outbox.aclose()
+
+
+async def test_batched_reads_take_one_pipeline_per_node(cluster_outbox, monkeypatch):
+    """snapshots()/execute_many() group their calls by the node owning each slot: one
+    pipeline per node, whatever the number of sessions (the admin reads pages so)."""
+    outbox = cluster_outbox()
+    pairs = [(f"w{w}", "s1") for w in range(40)]
+    for ws, ses in pairs:
+        outbox.accept(ws, ses, user_id="u", client_message_id="k", text=f"text {ws}")
+    pipelines = []
+    real = outbox._node_groups
+
+    def counting(client, calls):
+        groups = real(client, calls)
+        pipelines.extend(node.name for node, _ in groups)
+        return groups
+
+    monkeypatch.setattr(outbox, "_node_groups", counting)
+    snapshots = outbox.snapshots(pairs)
+    assert [s.entries[0].text for s in snapshots] == [f"text {ws}" for ws, _ in pairs]
+    masters = len(outbox.client.get_primaries())
+    assert len(pipelines) == len(set(pipelines)) == masters
+    answers = outbox.execute_many(
+        [("LLEN", outbox.keys.session(ws, ses).queue) for ws, ses in pairs]
+    )
+    assert answers == [1] * len(pairs)
+    assert await outbox.asnapshots(pairs[:3]) == snapshots[:3]
     await outbox.aclose()

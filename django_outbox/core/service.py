@@ -182,7 +182,7 @@ def _classified(result: Any) -> Any:
     """A pipeline's per-command result, with "Valkey unavailable" errors (a cut
     connection, a cluster between topologies, OOM, READONLY, ...) turned into
     :class:`OutboxUnavailable` like the drivers do for single calls."""
-    if isinstance(result, _UNREACHABLE) or (
+    if isinstance(result, (*_UNREACHABLE, redis.exceptions.AskError)) or (
         isinstance(result, redis.ResponseError) and _is_unavailable_reply(result)
     ):
         return _unavailable(result)
@@ -196,16 +196,12 @@ def _is_unavailable_reply(exc: Exception) -> bool:
     return any(text.startswith(code) for code in _UNAVAILABLE_REPLIES) or "maxmemory" in text
 
 
-def _waits_for_replication(calls: list[Any]) -> bool:
-    return any(isinstance(c, _Cmd) and c.args[0] in ("WAIT", "WAITAOF") for c in calls)
+def _moved(result: Any) -> bool:
+    return isinstance(result, redis.exceptions.AskError)  # MovedError is an AskError
 
 
 def _is_hinted(call: Any, result: Any) -> bool:
     return isinstance(call, _Eval) and call.script in HINTED and not isinstance(result, Exception)
-
-
-def _first_key(calls: list[Any]) -> str:
-    return next(c.keys[0] for c in calls if isinstance(c, _Eval))
 
 
 def _text(value: Any) -> Any:
@@ -574,19 +570,6 @@ class Outbox:
     def _workspaces_key(self, workspace_id: str) -> str:
         return self.keys.index("workspaces", self.keys.shard_of(workspace_id))
 
-    def _do_one_safely(self, client: Any, call: _Eval | _Cmd) -> Any:
-        try:
-            if isinstance(call, _Eval):
-                return self._evalsha(client, call.script, call.keys, call.args)
-            return client.execute_command(*call.args)
-        except redis.ResponseError as exc:
-            return exc
-
-    async def _ado_one(self, client: Any, call: _Eval | _Cmd) -> Any:
-        if isinstance(call, _Eval):
-            return await self._aevalsha(client, call.script, call.keys, call.args)
-        return await client.execute_command(*call.args)
-
     def _queue(self, pipe: Any, call: _Eval | _Cmd) -> None:
         if isinstance(call, _Eval):
             script = self.scripts[call.script]
@@ -601,21 +584,51 @@ class Outbox:
         """True if the pipeline must be re-run after loading scripts."""
         return any(isinstance(r, redis.exceptions.NoScriptError) for r in results)
 
-    # WAIT / WAITAOF count acknowledgements of the *connection's* last write, so on
-    # a cluster they must follow the script on the same connection to the node that
-    # holds its slot (a cluster client would send them to every primary).
+    # Pipelines on a cluster. redis-py's cluster pipeline refuses EVALSHA, so the
+    # calls are grouped by the node that owns each one's slot and every group is
+    # one pipeline on one connection to that node. WAIT / WAITAOF count the
+    # acknowledgements of *that connection's* writes, so they go with the script
+    # before them (a cluster client would send them to every primary). A group
+    # answered MOVED/ASK (the slot map changed: a failover, a reshard) is re-run
+    # once on a fresh map; scripts are replay-safe.
 
-    def _node_pipe(self, client: Any, calls: list[_Eval | _Cmd]) -> list[Any]:
-        node = client.get_node_from_key(_first_key(calls))
-        for _ in range(2):
-            pipe = node.redis_connection.pipeline(transaction=False)
-            for call in calls:
-                self._queue(pipe, call)
-            results = pipe.execute(raise_on_error=False)
-            if not self._check_pipe(results):
+    def _node_groups(self, client: Any, calls: list[_Eval | _Cmd]) -> list[tuple[Any, list[int]]]:
+        anchor: str | None = None
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, call in enumerate(calls):
+            if isinstance(call, _Eval):
+                key = anchor = call.keys[0]
+            elif call.args[0] in ("WAIT", "WAITAOF"):
+                key = anchor
+            else:
+                key = call.args[1] if len(call.args) > 1 else None
+            if key is None:
+                raise ValueError(f"cannot route {call.args[0]!r} in a cluster pipeline")
+            node = client.get_node_from_key(key)
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        return list(groups.values())
+
+    def _cluster_pipe(self, client: Any, calls: list[_Eval | _Cmd]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        for attempt in range(2):
+            todo = [i for i, r in enumerate(results) if r is None or _moved(r)]
+            if not todo:
                 break
-            for script in self._pipe_scripts(calls):
-                client.script_load(script.text)
+            if attempt:
+                client.nodes_manager.initialize()
+            for node, indices in self._node_groups(client, [calls[i] for i in todo]):
+                group = [calls[todo[j]] for j in indices]
+                for _ in range(2):
+                    pipe = node.redis_connection.pipeline(transaction=False)
+                    for call in group:
+                        self._queue(pipe, call)
+                    answers = pipe.execute(raise_on_error=False)
+                    if not self._check_pipe(answers):
+                        break
+                    for script in self._pipe_scripts(group):
+                        client.script_load(script.text)
+                for j, answer in zip(indices, answers, strict=True):
+                    results[todo[j]] = answer
         return [
             self._hinted(call.script, call.args, result)
             if _is_hinted(call, result)
@@ -623,26 +636,42 @@ class Outbox:
             for call, result in zip(calls, results, strict=True)
         ]
 
-    async def _anode_pipe(self, client: Any, calls: list[_Eval | _Cmd]) -> list[Any]:
+    async def _acluster_pipe(self, client: Any, calls: list[_Eval | _Cmd]) -> list[Any]:
         from redis.asyncio.cluster import PipelineCommand
 
         await client.initialize()  # no-op once the slot map is loaded
-        node = client.get_node_from_key(_first_key(calls))
-        for _ in range(2):
-            commands = []
-            for i, call in enumerate(calls):
-                if isinstance(call, _Eval):
-                    sha = self.scripts[call.script].sha
-                    args = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
-                else:
-                    args = call.args
-                commands.append(PipelineCommand(i, *args))
-            await node.execute_pipeline(commands)
-            results = [c.result for c in commands]
-            if not self._check_pipe(results):
+        results: list[Any] = [None] * len(calls)
+
+        async def run(node: Any, indices: list[int]) -> None:
+            group = [calls[i] for i in indices]
+            for _ in range(2):
+                commands = []
+                for n, call in enumerate(group):
+                    if isinstance(call, _Eval):
+                        sha = self.scripts[call.script].sha
+                        args = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+                    else:
+                        args = call.args
+                    commands.append(PipelineCommand(n, *args))
+                await node.execute_pipeline(commands)
+                answers = [c.result for c in commands]
+                if not self._check_pipe(answers):
+                    break
+                for script in self._pipe_scripts(group):
+                    await client.script_load(script.text)
+            for i, answer in zip(indices, answers, strict=True):
+                results[i] = answer
+
+        for attempt in range(2):
+            todo = [i for i, r in enumerate(results) if r is None or _moved(r)]
+            if not todo:
                 break
-            for script in self._pipe_scripts(calls):
-                await client.script_load(script.text)
+            if attempt:
+                await client.nodes_manager.initialize()
+            groups = self._node_groups(client, [calls[i] for i in todo])
+            await asyncio.gather(
+                *(run(node, [todo[j] for j in indices]) for node, indices in groups)
+            )
         out = []
         for call, result in zip(calls, results, strict=True):
             if _is_hinted(call, result):
@@ -666,10 +695,8 @@ class Outbox:
                 return self._evalsha(client, effect.script, effect.keys, effect.args)
             if isinstance(effect, _Cmd):
                 return client.execute_command(*effect.args)
-            if self.cluster and _waits_for_replication(effect.calls):
-                return self._node_pipe(client, effect.calls)
-            if self.cluster:  # redis-py refuses EVALSHA in cluster pipelines
-                return [self._do_one_safely(client, call) for call in effect.calls]
+            if self.cluster:
+                return self._cluster_pipe(client, effect.calls)
             for _ in range(2):
                 pipe = client.pipeline(transaction=False)
                 for call in effect.calls:
@@ -705,13 +732,8 @@ class Outbox:
                 return await self._aevalsha(client, effect.script, effect.keys, effect.args)
             if isinstance(effect, _Cmd):
                 return await client.execute_command(*effect.args)
-            if self.cluster and _waits_for_replication(effect.calls):
-                return await self._anode_pipe(client, effect.calls)
-            if self.cluster:  # redis-py refuses EVALSHA in cluster pipelines
-                return await asyncio.gather(
-                    *(self._ado_one(client, call) for call in effect.calls),
-                    return_exceptions=True,
-                )
+            if self.cluster:
+                return await self._acluster_pipe(client, effect.calls)
             for _ in range(2):
                 pipe = client.pipeline(transaction=False)
                 for call in effect.calls:
