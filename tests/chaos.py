@@ -48,9 +48,14 @@ class Row:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    #: Losses the configuration allows and the row states (appendfsync everysec
+    #: without WAIT_AOF when Valkey postponed its AOF write): not a failure.
+    stated: bool = False
 
     @property
     def ok(self) -> bool:
+        if self.stated:
+            return self.misordered == 0 and self.max_in_flight <= 1 and not self.failures
         return (
             not (self.lost or self.duplicated or self.misordered or self.signal_anomalies)
             and self.max_in_flight <= 1
@@ -242,17 +247,34 @@ def _outbox(url: str, agent: _Agent, signals: list[str], **tunables):
     )
 
 
-def valkey_restart(tmp: Path, short: bool, fsync: str) -> Row:
-    """Valkey SIGKILLed and restarted from its AOF while the worker delivers."""
+#: What Valkey logs when, at appendfsync everysec, a slow fsync makes it postpone the AOF
+#: write() itself (up to 2 s) while it keeps answering: a process kill then loses those writes.
+POSTPONED_WRITE = b"Asynchronous AOF fsync is taking too long"
+
+
+def valkey_restart(tmp: Path, short: bool, fsync: str, wait_aof: bool = False) -> Row:
+    """Valkey SIGKILLed and restarted from its AOF while the worker delivers.
+
+    At ``everysec`` Valkey may answer writes it has not even written yet: when an
+    fsync is slow (a busy disk) it postpones the AOF write() for up to 2 s. A process
+    kill then rolls the queue back — accepted messages vanish and delivered ones come
+    back untried (sent again). That row states those losses when, and only when,
+    Valkey logged the postponement; otherwise they count as failures. With
+    ``WAIT_AOF`` accepts, claims and delivered-settles wait for their fsync, so the
+    row must show none whatever the disk does.
+    """
     from django_outbox.core.service import Outbox as CoreOutbox
     from django_outbox.errors import Duplicate, OutboxUnavailable
 
     sessions, per, kills = (10, 10, 2) if short else (50, 20, 5)
-    row = Row(f"2 Valkey SIGKILL+restart, appendfsync {fsync}")
-    server = _valkey(tmp / f"valkey-{fsync}", appendonly="yes", appendfsync=fsync)
+    suffix = " + WAIT_AOF" if wait_aof else ""
+    row = Row(f"2 Valkey SIGKILL+restart, appendfsync {fsync}{suffix}")
+    workdir = tmp / f"valkey-{fsync}{'-waitaof' if wait_aof else ''}"
+    server = _valkey(workdir, appendonly="yes", appendfsync=fsync)
+    tunables = {"wait_aof": True, "wait_timeout": 2.0} if wait_aof else {}
     agent, signals = _Agent(), []
-    outbox = _outbox(server.url, agent, signals)
-    client = CoreOutbox(url=server.url)
+    outbox = _outbox(server.url, agent, signals, **tunables)
+    client = CoreOutbox(url=server.url, **tunables)
     started = time.monotonic()
     ids: dict[str, list[str]] = {f"s{i}": [] for i in range(sessions)}
 
@@ -297,10 +319,20 @@ def valkey_restart(tmp: Path, short: bool, fsync: str) -> Row:
         asyncio.run(main())
         _judge(row, ids, agent.log, signals)
         row.max_in_flight = agent.max_active
-        row.notes.append(
-            "a process kill loses nothing even at everysec: the kernel holds the "
-            "writes; everysec's window (≤1 s) is a machine crash, not shown here"
-        )
+        postponed = POSTPONED_WRITE in (workdir / "valkey.log").read_bytes()
+        if fsync == "everysec" and not wait_aof and postponed:
+            row.stated = True
+            row.scenario += " (postponed AOF write: losses stated)"
+            row.notes.append(
+                "Valkey logged a postponed AOF write (slow fsync): up to 2 s of answered "
+                "writes were lost by the kill — stated, not hidden; use WAIT_AOF or always"
+            )
+        elif fsync == "everysec" and not wait_aof:
+            row.notes.append(
+                "no postponed AOF write this run: the kernel held every answered write"
+            )
+        elif wait_aof and postponed:
+            row.notes.append("Valkey postponed AOF writes; WAIT_AOF lost nothing")
     finally:
         server.stop()
     row.seconds = time.monotonic() - started
@@ -707,6 +739,10 @@ SCENARIOS = [
     ("kill", kill_workers),
     ("restart-always", lambda tmp, short: valkey_restart(tmp, short, "always")),
     ("restart-everysec", lambda tmp, short: valkey_restart(tmp, short, "everysec")),
+    (
+        "restart-everysec-waitaof",
+        lambda tmp, short: valkey_restart(tmp, short, "everysec", wait_aof=True),
+    ),
     ("proxy", proxy_faults),
     ("stall", agent_stalls),
     ("disconnects", client_disconnects),
