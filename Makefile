@@ -20,10 +20,16 @@ test: $(STAMP)
 	$(BIN)/ruff check django_outbox tests example_project
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The Valkey Cluster tests only (a one-node cluster, three masters with replicas, a failover);
-# they also run inside make test.
+# Valkey Cluster: the cluster tests (one-node and three-master clusters, a failover; these
+# also run inside make test), then the core and worker suites again with every Outbox in
+# cluster mode on a three-master cluster (OUTBOX_TEST_CLUSTER=1).
+CORE_SUITES = tests/test_accept.py tests/test_scripts.py tests/test_worker.py \
+	tests/test_delivery.py tests/test_operator.py tests/test_recovery.py tests/test_entry.py \
+	tests/test_regressions.py tests/test_metrics.py
+
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
+	OUTBOX_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CORE_SUITES) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check django_outbox tests example_project
@@ -50,6 +56,14 @@ $(VENV)/.installed-bench: pyproject.toml $(STAMP)
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.run $(ARGS)
+
+# Valkey Cluster (issue 8): messages/s at 1, 2 and 4 worker processes on a local cluster
+# (3 masters + 3 replicas, temp dir) next to one valkey-server at the same shape, and Valkey
+# bytes and keys per queued message. Writes bench/results/cluster-latest.json and .md
+# (~3 min; ARGS=--quick for a ~30 s smoke run).
+.PHONY: bench-cluster
+bench-cluster: $(VENV)/.installed-bench
+	$(BIN)/python -m bench.cluster_bench $(ARGS)
 
 # The fault suite, long run (a short run is part of make test).
 chaos: $(STAMP)

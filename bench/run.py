@@ -358,20 +358,27 @@ def long_turns(url: str, n: int, sleep: float) -> tuple[float, float]:
     return done, rss
 
 
-def memory_per_message(url: str, n: int = 10_000) -> float:
+def memory_per_message(url: str, n: int = 10_000, sessions: int = 100) -> tuple[float, float]:
+    """Valkey used_memory and DBSIZE growth per queued 1 KiB message: (bytes, keys).
+
+    ``n`` messages over ``sessions`` sessions in 10 workspaces: 100 sessions hold n/100
+    messages each; ``sessions=n`` is one message per session.
+    """
     client = redis.Redis.from_url(url)
     client.flushall()
     ob = _outbox(url)
     text = "m" * 1024
     time.sleep(0.2)
-    before = client.info("memory")["used_memory"]
+    before, keys_before = client.info("memory")["used_memory"], client.dbsize()
     for i in range(n):
-        ob.accept(f"w{i % 10}", f"s{i % 100}", user_id="u", client_message_id=f"k{i}", text=text)
-    after = client.info("memory")["used_memory"]
+        ob.accept(
+            f"w{i % 10}", f"s{i % sessions}", user_id="u", client_message_id=f"k{i}", text=text
+        )
+    after, keys_after = client.info("memory")["used_memory"], client.dbsize()
     ob.close()
     client.flushall()
     client.close()
-    return (after - before) / n
+    return (after - before) / n, (keys_after - keys_before) / n
 
 
 # --- 9: peers ------------------------------------------------------------------------------
@@ -494,6 +501,7 @@ UNITS = {
     "http_baseline": "requests/s",
     "deliver": "messages/s",
     "deliver_2w": "messages/s",
+    "deliver_4w": "messages/s",
     "wake_latency_p50": "ms",
     "wake_latency_p99": "ms",
     "idle_cpu": "% of a core",
@@ -501,6 +509,9 @@ UNITS = {
     "long_turns_done": "s",
     "long_turns_peak_rss": "MB",
     "memory_per_message": "bytes per 1 KiB message",
+    "keys_per_message": "keys per message (100 sessions)",
+    "memory_per_message_1ps": "bytes per 1 KiB message, 1 per session",
+    "keys_per_message_1ps": "keys per message, 1 per session",
     "dramatiq_enqueue": "jobs/s",
     "dramatiq_e2e": "jobs/s",
     "arq_enqueue": "jobs/s",
@@ -518,6 +529,7 @@ RATIOS = {
     "deliver_vs_arq": ("deliver", "arq_e2e", 3.0),
     "deliver_vs_saq": ("deliver", "saq_e2e", 3.0),
     "deliver_2w_vs_1w": ("deliver_2w", "deliver", 1.7),
+    "deliver_4w_vs_1w": ("deliver_4w", "deliver", None),
     "accept_sync_vs_dramatiq_enqueue": ("accept_sync", "dramatiq_enqueue", None),
     "accept_async_vs_arq_enqueue": ("accept_async", "arq_enqueue", None),
     "accept_async_vs_saq_enqueue": ("accept_async", "saq_enqueue", None),
@@ -765,13 +777,14 @@ def main(argv: list[str] | None = None) -> int:
                         (("saq_enqueue", "saq_e2e"), peer_saq, (url, pn, pt)),
                     ]
                 if "deliver" in groups:
-                    order.append(
-                        (
-                            ("deliver_2w",),
-                            deliver,
-                            (url, s["deliver_sessions"], s["deliver_per"], 2),
+                    for w in (2, 4):
+                        order.append(
+                            (
+                                (f"deliver_{w}w",),
+                                deliver,
+                                (url, s["deliver_sessions"], s["deliver_per"], w),
+                            )
                         )
-                    )
                 if flip:
                     order.reverse()
                 for keys, fn, args in order:
@@ -781,7 +794,18 @@ def main(argv: list[str] | None = None) -> int:
                     rnd, ("wake_latency_p50", "wake_latency_p99"), wake_latency, url, s["latency_n"]
                 )
             if "memory" in groups:
-                rec.measure(rnd, "memory_per_message", memory_per_message, url, s["memory_n"])
+                mn = s["memory_n"]
+                rec.measure(
+                    rnd, ("memory_per_message", "keys_per_message"), memory_per_message, url, mn
+                )
+                rec.measure(
+                    rnd,
+                    ("memory_per_message_1ps", "keys_per_message_1ps"),
+                    memory_per_message,
+                    url,
+                    mn,
+                    mn,
+                )
         # absolute, costly: one run each
         if "idle" in groups:
             rec.measure(

@@ -12,13 +12,41 @@ from django_outbox.outbox import Outbox, reset_outbox
 
 from .valkey import ValkeyProcess, free_port, wait_until
 
+#: ``OUTBOX_TEST_CLUSTER=1`` (``make test-cluster``) runs the suites that use these fixtures
+#: on a three-master Valkey Cluster, every Outbox in cluster mode.
+ON_CLUSTER = os.environ.get("OUTBOX_TEST_CLUSTER") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not ON_CLUSTER:
+        return
+    skip = pytest.mark.skip(reason="looks at a standalone server's own keys or processes")
+    for item in items:
+        if "standalone" in item.keywords:
+            item.add_marker(skip)
+
+
+def _plain_client(url: str, **kwargs):
+    if ON_CLUSTER:
+        from redis.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, **kwargs)
+    return redis.Redis.from_url(url, **kwargs)
+
 
 @pytest.fixture(scope="session")
 def valkey(tmp_path_factory):
-    """The session's Valkey: ``OUTBOX_TEST_VALKEY_URL`` if set, else a fresh server."""
+    """The session's Valkey: ``OUTBOX_TEST_VALKEY_URL`` if set, else a fresh server (or a
+    fresh three-master cluster with ``OUTBOX_TEST_CLUSTER=1``)."""
     url = os.environ.get("OUTBOX_TEST_VALKEY_URL")
     if url:
         yield url
+        return
+    if ON_CLUSTER:
+        from .cluster import ValkeyCluster
+
+        with ValkeyCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+            yield cluster.startup_url
         return
     server = ValkeyProcess(tmp_path_factory.mktemp("valkey")).start()
     yield server.url
@@ -28,8 +56,11 @@ def valkey(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _clean_valkey(valkey, monkeypatch):
     monkeypatch.setenv("OUTBOX_VALKEY_URL", valkey)
-    client = redis.Redis.from_url(valkey)
-    client.flushall()
+    client = _plain_client(valkey)
+    if ON_CLUSTER:
+        client.flushall(target_nodes=client.PRIMARIES)
+    else:
+        client.flushall()
     client.close()
     conf._cached = None
     reset_outbox()
@@ -41,7 +72,7 @@ def _clean_valkey(valkey, monkeypatch):
 @pytest.fixture
 def r(valkey):
     """A plain redis-py client on the test Valkey (for looking at keys directly)."""
-    client = redis.Redis.from_url(valkey, decode_responses=True)
+    client = _plain_client(valkey, decode_responses=True)
     yield client
     client.close()
 
@@ -85,6 +116,7 @@ def make_outbox(valkey):
 
     def make(**kwargs) -> Outbox:
         kwargs.setdefault("url", valkey)
+        kwargs.setdefault("cluster", ON_CLUSTER)
         outbox = Outbox(**kwargs)
         made.append(outbox)
         return outbox

@@ -6,15 +6,18 @@ HANG_ON_TEXT it logs "<text>:started" and hangs inside the deliverer.
 """
 
 import asyncio
+import os
 import sys
 
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 from django_outbox.core.service import Outbox
 
 
 async def main(url: str, ws: str, ses: str, lock_ttl: float, hang_on: str) -> None:
-    log = redis.asyncio.Redis.from_url(url)
+    cluster = os.environ.get("OUTBOX_TEST_CLUSTER") == "1"  # as tests/conftest.py
+    log = (RedisCluster if cluster else redis.asyncio.Redis).from_url(url)
 
     async def deliver(entry, *, workspace_id, session_id, attempt):
         if entry.text == hang_on:
@@ -22,7 +25,7 @@ async def main(url: str, ws: str, ses: str, lock_ttl: float, hang_on: str) -> No
             await asyncio.Event().wait()
         await log.rpush("test:log", entry.text)
 
-    outbox = Outbox(url=url, deliverer=deliver, lock_ttl=lock_ttl)
+    outbox = Outbox(url=url, deliverer=deliver, lock_ttl=lock_ttl, cluster=cluster)
     while True:
         if not await outbox.adeliver_once(ws, ses):
             await asyncio.sleep(0.01)

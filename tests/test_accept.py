@@ -266,12 +266,14 @@ def test_wait_aof_with_aof_on(tmp_path):
         server.stop()
 
 
+@pytest.mark.standalone
 def test_wait_replicas_without_replicas_is_unavailable(make_outbox):
     outbox = make_outbox(wait_replicas=1, wait_timeout=0.1)
     with pytest.raises(OutboxUnavailable, match="replicas"):
         accept(outbox)
 
 
+@pytest.mark.standalone
 async def test_an_unreplicated_claim_does_not_reach_the_agent(make_outbox):
     """With WAIT_REPLICAS the claim must reach the replicas before the agent is called:
     a claim lost in a failover would make the entry look untried and it would be

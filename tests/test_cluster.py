@@ -318,3 +318,24 @@ async def test_batched_reads_take_one_pipeline_per_node(cluster_outbox, monkeypa
     assert answers == [1] * len(pairs)
     assert await outbox.asnapshots(pairs[:3]) == snapshots[:3]
     await outbox.aclose()
+
+
+async def test_hundreds_of_concurrent_deliveries_never_run_out_of_connections(
+    cluster_outbox, signals_log
+):
+    """redis-py's async cluster client has no blocking pool: at its connection cap it
+    raises instead of waiting, which failed settles of deliveries that had happened
+    (found by the cluster bench at --concurrency 256). The worker's cluster client is
+    left uncapped; it holds about CONCURRENCY + CLUSTER_SHARDS + 4 connections a node."""
+
+    async def deliver(entry, **kwargs):
+        await asyncio.sleep(0.01)
+
+    outbox = cluster_outbox(deliverer=deliver)
+    for i in range(300):
+        await accept(outbox, f"w{i % 30}", f"s{i}", "a")
+        await accept(outbox, f"w{i % 30}", f"s{i}", "b")
+    stats = await outbox.arun(once=True, concurrency=300, heartbeat=False)
+    assert stats.errors == 0 and stats.steps == 600
+    assert len(signals_log.ids("delivered")) == 600
+    await outbox.aclose()

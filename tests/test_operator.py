@@ -291,6 +291,7 @@ async def test_snapshot_names_the_lease_holder(make_outbox):
     await outbox.aclose()
 
 
+@pytest.mark.standalone
 def test_seeded_stuck_entries_are_indexed_for_attention(outbox, r):
     from django_outbox import Entry
     from django_outbox.core.entry import format_time, new_entry_id

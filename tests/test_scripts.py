@@ -84,6 +84,7 @@ def test_every_script_carries_the_shebang():
 
 
 class TestAccept:
+    @pytest.mark.standalone
     def test_ok_writes_entry_marker_and_indices(self, outbox, r):
         e = Entry(
             id=new_entry_id(),
@@ -339,6 +340,7 @@ class TestSettle:
 
 
 class TestRenewAndRelease:
+    @pytest.mark.standalone
     def test_renew_extends_only_own_leases(self, outbox, r):
         seed(outbox)
         seed(outbox, ses="s2")
@@ -413,6 +415,7 @@ class TestSnapshotAndOperate:
         assert outbox.list(WS, SES)[0].status == "pending"
 
 
+@pytest.mark.standalone
 def test_cleanup_asks_again_when_markers_arrive(outbox, r):
     e = Entry(
         id=new_entry_id(),
@@ -430,6 +433,7 @@ def test_cleanup_asks_again_when_markers_arrive(outbox, r):
     assert r.keys("*") == ["outboxwake"]  # wake-up hints are global, not workspace data
 
 
+@pytest.mark.standalone
 class TestAdminIndices:
     def test_every_session_is_indexed_once_until_cleanup(self, outbox, r):
         seed(outbox)

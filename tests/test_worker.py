@@ -200,6 +200,7 @@ def test_bad_arguments():
         Worker(outbox, None, concurrency=1, tick=0, stop=asyncio.Event())
 
 
+@pytest.mark.standalone
 async def test_many_concurrent_deliveries_share_a_bounded_pool(make_outbox, signals_log):
     # 300 sessions at once with a pool of 16 connections: callers wait for a
     # connection instead of failing a settle (which would leave a delivered
@@ -240,6 +241,7 @@ async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
     await client_box.aclose()
 
 
+@pytest.mark.standalone
 async def test_start_up_waits_for_valkey_to_come_back(tmp_path, make_outbox):
     from .valkey import ValkeyProcess
 

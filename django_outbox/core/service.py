@@ -329,6 +329,7 @@ class Outbox:
         }
         options.update(client_options or {})
         self._client_options = options
+        self._explicit_options = set(client_options or ())
         self._client: redis.Redis | None = None
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
@@ -384,6 +385,12 @@ class Outbox:
 
                 kwargs = self._client_kwargs(asynchronous=True)
                 kwargs.pop("timeout", None)
+                if "max_connections" not in self._explicit_options:
+                    # redis-py's async cluster client has no blocking pool: at the cap it
+                    # raises MaxConnectionsError instead of waiting, which would fail
+                    # settles of deliveries that happened. Uncapped, a worker holds about
+                    # CONCURRENCY + CLUSTER_SHARDS + 4 connections per node.
+                    kwargs.pop("max_connections", None)
                 client = RedisCluster.from_url(self.url, **kwargs)
             else:
                 pool = redis.asyncio.BlockingConnectionPool.from_url(
