@@ -325,8 +325,9 @@ async def test_hundreds_of_concurrent_deliveries_never_run_out_of_connections(
 ):
     """redis-py's async cluster client has no blocking pool: at its connection cap it
     raises instead of waiting, which failed settles of deliveries that had happened
-    (found by the cluster bench at --concurrency 256). The worker's cluster client is
-    left uncapped; it holds about CONCURRENCY + CLUSTER_SHARDS + 4 connections a node."""
+    (found by the cluster bench at --concurrency 256; redis-py 6+ caps it at 100 a node
+    by default). The cap is now Valkey's own maxclients; a worker holds about
+    CONCURRENCY + CLUSTER_SHARDS + 4 connections a node."""
 
     async def deliver(entry, **kwargs):
         await asyncio.sleep(0.01)

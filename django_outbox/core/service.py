@@ -64,6 +64,8 @@ from .scripts import HINTED, Script, load_scripts
 
 logger = logging.getLogger("django_outbox")
 
+#: Per-node connection cap of the async cluster client (Valkey's default maxclients).
+CLUSTER_MAX_CONNECTIONS = 10_000
 #: Most items a cluster shard's wake list holds (the standalone list's cap is in _lib.lua).
 MAX_WAKE_ITEMS = 10000
 #: How long a settle receipt is kept so a replayed settle recognises its own write (ms).
@@ -388,9 +390,10 @@ class Outbox:
                 if "max_connections" not in self._explicit_options:
                     # redis-py's async cluster client has no blocking pool: at the cap it
                     # raises MaxConnectionsError instead of waiting, which would fail
-                    # settles of deliveries that happened. Uncapped, a worker holds about
-                    # CONCURRENCY + CLUSTER_SHARDS + 4 connections per node.
-                    kwargs.pop("max_connections", None)
+                    # settles of deliveries that happened (its default cap is 100 per node
+                    # from redis-py 6). A worker holds about CONCURRENCY + CLUSTER_SHARDS + 4
+                    # connections per node, so the cap is only Valkey's own maxclients.
+                    kwargs["max_connections"] = CLUSTER_MAX_CONNECTIONS
                 client = RedisCluster.from_url(self.url, **kwargs)
             else:
                 pool = redis.asyncio.BlockingConnectionPool.from_url(
