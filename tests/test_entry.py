@@ -165,3 +165,27 @@ def test_model_depth_is_bounded():
 def test_stored_form_omits_zero_counters():
     assert '"verifyAttempts"' not in make().to_json()
     assert '"transientFails"' not in make().to_json()
+
+
+@pytest.mark.parametrize(
+    "text, model",
+    [
+        ("hello", None),
+        ('quote " backslash \\ slash / NUL \x00 RTL \u202e ZWJ \u200d 🙂', None),
+        ("t", {"a": [], "b": {}, "n": 12345678901234567, "u": "é"}),
+    ],
+)
+def test_fresh_entry_json_is_to_json_of_a_fresh_entry(text, model):
+    from django_outbox.core.entry import fresh_entry_json
+
+    entry = Entry(
+        id=new_entry_id(),
+        client_message_id="k-1",
+        user_id="42",
+        text=text,
+        model=model,
+        accepted_at=format_time(1_764_466_959_123_456),
+    )
+    assert (
+        fresh_entry_json(entry.id, entry.accepted_at, "k-1", "42", text, model) == entry.to_json()
+    )

@@ -226,8 +226,9 @@ _KNOWN = {name for name, _ in _STATE_FIELDS + _CONTENT_FIELDS} | {
 CONTENT_MARKER = ',"clientMessageID":'
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+#: The stored JSON encoding, built once (``json.dumps(**options)`` builds an encoder per call).
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_fingerprint_dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,5 +388,28 @@ def validate_content(
 
 def fingerprint(text: str, model: dict[str, Any] | None) -> str:
     """Digest of what an idempotency key protects: the text and the model (key order ignored)."""
-    payload = json.dumps([text, model], ensure_ascii=False, sort_keys=True).encode("utf-8")
+    payload = _fingerprint_dumps([text, model]).encode("utf-8")
     return hashlib.sha256(payload).hexdigest()[:32]
+
+
+def fresh_entry_json(
+    entry_id: str,
+    accepted_at: str,
+    client_message_id: str,
+    user_id: str,
+    text: str,
+    model: dict[str, Any] | None,
+) -> str:
+    """``Entry(...).to_json()`` of a just-accepted entry (pending, no attempts), without
+    building the Entry: the accept path's hot spot. ``entry_id`` comes from
+    :func:`new_entry_id` and ``accepted_at`` from :func:`format_time`, neither needing
+    JSON escapes. A test pins it byte-equal to ``to_json``."""
+    content: dict[str, Any] = {
+        "clientMessageID": client_message_id,
+        "userID": user_id,
+        "text": text,
+    }
+    if model is not None:
+        content["model"] = model
+    head = f'{{"id":"{entry_id}","status":"pending","attempts":0,"acceptedAt":"{accepted_at}"'
+    return f"{head},{_dumps(content)[1:]}"

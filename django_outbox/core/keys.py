@@ -14,6 +14,8 @@ from .entry import check_identifier
 
 #: The indices that live outside any workspace's slot (one copy on a standalone
 #: server, ``shards`` copies on a cluster), in the order of ``global_keys()``.
+#: How many sessions' key sets KeySpace.session keeps (cleared, not evicted, when full).
+SESSION_CACHE_SIZE = 4096
 INDEX_NAMES = ("wsdue", "workspaces", "wake", "allsessions", "attention")
 
 
@@ -61,6 +63,7 @@ class KeySpace:
     def __init__(self, prefix: str = "outbox", shards: int = 0) -> None:
         self.prefix = prefix
         self.shards = shards
+        self._sessions: dict[tuple[str, str], SessionKeys] = {}
         #: ZSET workspace -> earliest due time (ms) of its sessions.
         self.workspaces_due = f"{prefix}wsdue"
         #: SET of every workspace with sessions (recover() walks it, never SCAN).
@@ -79,8 +82,22 @@ class KeySpace:
         self.heartbeat_prefix = f"{prefix}worker:"
 
     def session(self, workspace_id: str, session_id: str) -> SessionKeys:
+        """The keys of one session (cached: the hot paths ask for the same ones again).
+
+        Raises :class:`~django_outbox.core.errors.InvalidIdentifier` for an ID that
+        breaks the allow-list (checked before it is cached)."""
+        if type(workspace_id) is str and type(session_id) is str:  # (unhashable input: no)
+            cached = self._sessions.get((workspace_id, session_id))
+            if cached is not None:
+                return cached
         ws = check_identifier("workspace ID", workspace_id)
         ses = check_identifier("session ID", session_id)
+        if len(self._sessions) >= SESSION_CACHE_SIZE:
+            self._sessions.clear()
+        keys = self._sessions[(ws, ses)] = self._build_session(ws, ses)
+        return keys
+
+    def _build_session(self, ws: str, ses: str) -> SessionKeys:
         p = self.prefix
         return SessionKeys(
             queue=f"{p}q:{{{ws}}}:{ses}",

@@ -26,7 +26,7 @@ import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import RedisClusterException
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from .config import Config
@@ -47,6 +47,7 @@ from .entry import (
     check_reason,
     fingerprint,
     format_time,
+    fresh_entry_json,
     new_entry_id,
     validate_content,
 )
@@ -64,6 +65,8 @@ from .scripts import HINTED, Script, load_scripts
 
 logger = logging.getLogger("django_outbox")
 
+#: Sessions whose key names are kept ready (KeySpace.session, script KEYS lists).
+KEY_CACHE_SIZE = 4096
 #: Per-node connection cap of the async cluster client (Valkey's default maxclients).
 CLUSTER_MAX_CONNECTIONS = 10_000
 #: Most items a cluster shard's wake list holds (the standalone list's cap is in _lib.lua).
@@ -216,6 +219,72 @@ def _is_async_callable(fn: Any) -> bool:
     )
 
 
+class _Batcher:
+    """Auto-pipelining for one event loop (standalone servers).
+
+    Script calls that concurrent tasks make within one turn of the loop go out
+    together as one non-transactional pipeline (at most ``MAX``): each is still
+    its own atomic script, and each caller gets its own answer or error. One
+    session's calls keep their order, because its task awaits each answer before
+    it makes the next call. A caller cancelled while waiting may still see its
+    script run — as with any command already sent.
+    """
+
+    MAX = 128
+
+    def __init__(self, outbox: Outbox, loop: asyncio.AbstractEventLoop) -> None:
+        self.outbox = outbox
+        self.loop = loop
+        self.pending: list[tuple[_Eval, asyncio.Future[Any]]] = []
+        self.scheduled = False
+        self.sending: set[asyncio.Task[None]] = set()
+
+    def submit(self, call: _Eval) -> asyncio.Future[Any]:
+        future = self.loop.create_future()
+        self.pending.append((call, future))
+        if len(self.pending) >= self.MAX:
+            self._flush()
+        elif not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        task = self.loop.create_task(self._send(batch))
+        self.sending.add(task)
+        task.add_done_callback(self.sending.discard)
+
+    async def _send(self, batch: list[tuple[_Eval, asyncio.Future[Any]]]) -> None:
+        outbox = self.outbox
+        try:
+            if len(batch) == 1:
+                results = [await outbox._ado(batch[0][0], batch=False)]
+            else:
+                results = await outbox._ado(_Pipe([call for call, _ in batch]), batch=False)
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException as exc:  # cancelled with the loop: the callers are told
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(OutboxUnavailable(f"cancelled: {exc!r}"))
+            raise
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():  # its caller was cancelled
+                continue
+            result = _classified(result)
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+
 class _LeaseKeeper:
     """Renews every lease held on one event loop, in one script call per round.
 
@@ -339,7 +408,14 @@ class Outbox:
         self._keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LeaseKeeper] = (
             weakref.WeakKeyDictionary()
         )
+        self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batcher] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
+        self._dedupe_ttl_ms = int(self.config.dedupe_ttl * 1000)
+        self._global_keys = [] if cluster else self.keys.global_keys()
+        #: SessionKeys -> the KEYS list of its scripts (shared, never mutated).
+        self._script_keys: dict[SessionKeys, list[str]] = {}
         #: Names this process in lease tokens ("<owner>.<random>"), so the admin
         #: can tell who holds a lease. The worker sets it to its worker ID.
         self.owner = f"{socket.gethostname()}-{os.getpid()}"
@@ -403,6 +479,13 @@ class Outbox:
             self._aclients[loop] = client
         return client
 
+    def _abatcher(self) -> _Batcher:
+        loop = asyncio.get_running_loop()
+        batcher = self._batchers.get(loop)
+        if batcher is None:
+            batcher = self._batchers[loop] = _Batcher(self, loop)
+        return batcher
+
     def load_scripts(self) -> None:
         """Load every script into Valkey now (otherwise each loads on first NOSCRIPT).
 
@@ -442,11 +525,24 @@ class Outbox:
     def _now_us(self) -> int:
         return int(self.clock() * 1_000_000)
 
-    def _session_args(self, keys: SessionKeys, workspace_id: str, session_id: str) -> tuple:
-        global_keys = [] if self.cluster else self.keys.global_keys()
+    def _session_args(
+        self, keys: SessionKeys, workspace_id: str, session_id: str, now_us: int | None = None
+    ) -> tuple[list[str], list[Any]]:
+        """(KEYS, ARGV prefix) of a per-session script (the layout of ``_lib.lua``)."""
+        script_keys = self._script_keys.get(keys)
+        if script_keys is None:
+            if len(self._script_keys) >= KEY_CACHE_SIZE:
+                self._script_keys.clear()
+            script_keys = self._script_keys[keys] = keys.script_keys() + self._global_keys
         return (
-            keys.script_keys() + global_keys,
-            [len(global_keys), self._now_us(), session_id, workspace_id, self.config.ordering],
+            script_keys,
+            [
+                len(self._global_keys),
+                self._now_us() if now_us is None else now_us,
+                session_id,
+                workspace_id,
+                self.config.ordering,
+            ],
         )
 
     def _session_eval(
@@ -588,7 +684,10 @@ class Outbox:
             pipe.execute_command(*call.args)
 
     def _pipe_scripts(self, calls: list[_Eval | _Cmd]) -> list[Script]:
-        return [self.scripts[c.script] for c in calls if isinstance(c, _Eval)]
+        """The distinct scripts the calls use."""
+        return list(
+            {c.script: self.scripts[c.script] for c in calls if isinstance(c, _Eval)}.values()
+        )
 
     def _check_pipe(self, results: list[Any]) -> bool:
         """True if the pipeline must be re-run after loading scripts."""
@@ -707,14 +806,21 @@ class Outbox:
                 return client.execute_command(*effect.args)
             if self.cluster:
                 return self._cluster_pipe(client, effect.calls)
+            calls = effect.calls
+            results: list[Any] = [None] * len(calls)
+            todo = list(range(len(calls)))
             for _ in range(2):
                 pipe = client.pipeline(transaction=False)
-                for call in effect.calls:
-                    self._queue(pipe, call)
-                results = pipe.execute(raise_on_error=False)
-                if not self._check_pipe(results):
-                    return results
-                for script in self._pipe_scripts(effect.calls):
+                for i in todo:
+                    self._queue(pipe, calls[i])
+                for i, answer in zip(todo, pipe.execute(raise_on_error=False), strict=True):
+                    results[i] = answer
+                todo = [i for i in todo if isinstance(results[i], NoScriptError)]
+                if not todo:
+                    break
+                for script in {
+                    calls[i].script: self.scripts[calls[i].script] for i in todo
+                }.values():
                     client.script_load(script.text)
             return results
         except _UNREACHABLE as exc:
@@ -724,7 +830,7 @@ class Outbox:
                 raise _unavailable(exc) from exc
             raise
 
-    async def _ado(self, effect: Any) -> Any:
+    async def _ado(self, effect: Any, batch: bool = True) -> Any:
         if isinstance(effect, _Emit):
             for event in effect.events:
                 await self._safe_aemit(event)
@@ -736,6 +842,8 @@ class Outbox:
             if inspect.isawaitable(result):
                 result = await result
             return result
+        if isinstance(effect, _Eval) and batch and not self.cluster:
+            return await self._abatcher().submit(effect)
         client = self._aclient()
         try:
             if isinstance(effect, _Eval):
@@ -744,14 +852,23 @@ class Outbox:
                 return await client.execute_command(*effect.args)
             if self.cluster:
                 return await self._acluster_pipe(client, effect.calls)
+            calls = effect.calls
+            results: list[Any] = [None] * len(calls)
+            todo = list(range(len(calls)))
             for _ in range(2):
                 pipe = client.pipeline(transaction=False)
-                for call in effect.calls:
-                    self._queue(pipe, call)
-                results = await pipe.execute(raise_on_error=False)
-                if not self._check_pipe(results):
-                    return results
-                for script in self._pipe_scripts(effect.calls):
+                for i in todo:
+                    self._queue(pipe, calls[i])
+                for i, answer in zip(todo, await pipe.execute(raise_on_error=False), strict=True):
+                    results[i] = answer
+                # Re-run only the calls that found their script missing (a restarted
+                # server): the others ran, and must not run twice.
+                todo = [i for i in todo if isinstance(results[i], NoScriptError)]
+                if not todo:
+                    break
+                for script in {
+                    calls[i].script: self.scripts[calls[i].script] for i in todo
+                }.values():
                     await client.script_load(script.text)
             return results
         except _UNREACHABLE as exc:
@@ -821,25 +938,19 @@ class Outbox:
         if not isinstance(user_id, str) or len(user_id) > 255:
             raise ValueError("user_id must be a string of at most 255 characters")
         now_us = self._now_us()
-        entry = Entry(
-            id=new_entry_id(now_us // 1000),
-            client_message_id=client_message_id,
-            user_id=user_id,
-            text=text,
-            model=model,
-            accepted_at=format_time(now_us),
-        )
-        script_keys, args = self._session_args(keys, workspace_id, session_id)
+        entry_id = new_entry_id(now_us // 1000)
+        accepted_at = format_time(now_us)
+        script_keys, args = self._session_args(keys, workspace_id, session_id, now_us)
         call = _Eval(
             "accept",
             [*script_keys, self.keys.dedupe(workspace_id, session_id, client_message_id)],
             [
                 *args,
-                entry.to_json(),
-                entry.id,
+                fresh_entry_json(entry_id, accepted_at, client_message_id, user_id, text, model),
+                entry_id,
                 fingerprint(text, model),
                 self.config.cap,
-                int(self.config.dedupe_ttl * 1000),
+                self._dedupe_ttl_ms,
                 client_message_id,
                 "queue",
             ],
@@ -848,7 +959,15 @@ class Outbox:
         status = _text(answer[0])
         if status in ("ok", "own"):
             version, watched = int(answer[1]), bool(answer[2])
-            entry = entry.evolve(seq=version if status == "ok" else int(answer[3]))
+            entry = Entry(
+                id=entry_id,
+                client_message_id=client_message_id,
+                user_id=user_id,
+                text=text,
+                model=model,
+                accepted_at=accepted_at,
+                seq=version if status == "ok" else int(answer[3]),
+            )
             if unacknowledged is not None:
                 raise unacknowledged
             yield _Emit(
