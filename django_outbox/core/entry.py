@@ -149,9 +149,22 @@ def parse_time(value: str) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+#: The fixed-width form format_time() writes (and the Lua scripts' iso()).
+_FIXED_WIDTH_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
 def canonical_time(value: str | None) -> str | None:
-    """Normalise a timestamp to the fixed-width form (None stays None)."""
-    return None if value is None else format_time(parse_time(value))
+    """Normalise a timestamp to the fixed-width form (None stays None).
+
+    A value already in that form is only validated (a C-speed ``fromisoformat``):
+    every entry read back from Valkey is, and the worker reads two per message.
+    """
+    if value is None:
+        return None
+    if _FIXED_WIDTH_TIME.fullmatch(value):
+        datetime.fromisoformat(value)  # ValueError for e.g. month 13
+        return value
+    return format_time(parse_time(value))
 
 
 # --- entry IDs ----------------------------------------------------------------
