@@ -265,3 +265,35 @@ async def test_start_up_waits_for_valkey_to_come_back(tmp_path, make_outbox):
     await run
     await outbox.aclose()
     server.stop()
+
+
+async def test_a_full_scan_page_is_followed_at_once_not_at_the_next_tick(make_outbox, r):
+    """A worker starting on a backlog (no wake items, a long tick) reads due sessions in
+    pages of SCAN_LIMIT; a page of mostly new work is followed by another scan at once,
+    so 2,500 waiting sessions all start within a moment, not one page per tick."""
+    from django_outbox.core.worker import SCAN_LIMIT, Worker
+
+    started = set()
+    release = asyncio.Event()
+
+    async def deliver(entry, *, session_id, **kwargs):
+        started.add(session_id)
+        await release.wait()
+
+    outbox = make_outbox(deliverer=deliver)
+    sessions = 2 * SCAN_LIMIT + 500
+    pipe_calls = [
+        outbox.aaccept(WS, f"s{i}", user_id="u", client_message_id="k", text="t")
+        for i in range(sessions)
+    ]
+    await asyncio.gather(*pipe_calls)
+    r.delete(outbox.keys.wake)  # only the scan can find them
+    stop = asyncio.Event()
+    worker = Worker(outbox, None, concurrency=sessions, tick=30, stop=stop, heartbeat=False)
+    run = asyncio.create_task(worker.run())
+    await wait_for(lambda: asyncio.sleep(0, len(started) == sessions), timeout=15)
+    assert worker.stats.scans >= 3  # three pages, well before the 30 s tick
+    release.set()
+    stop.set()
+    await run
+    await outbox.aclose()

@@ -35,6 +35,8 @@ HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats
 HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
 SCAN_LIMIT = 1000  # workspaces, and sessions per workspace, read per scan
 WAKE_WAIT_MAX = 2.0  # seconds one BLPOP may block
+WAKE_BATCH = 100  # wake items taken at once after a BLPOP returns (LPOP count)
+SCAN_AGAIN_AFTER = 0.05  # seconds before the next scan when one returned a full page
 STARTUP_PATIENCE = 30.0  # seconds start-up retries while Valkey is unavailable
 REPAIR_INTERVAL = 10.0  # seconds between passes of the cluster index repair
 REPAIR_BATCH = 100  # workspaces per shard per repair pass (SSCAN COUNT hint)
@@ -98,10 +100,13 @@ class Worker:
         self._dirty: set[tuple[str, str]] = set()
         self._slots = asyncio.Semaphore(concurrency)
         self._changed = asyncio.Event()
+        #: Sessions the last scan offered that were neither queued nor running.
+        self.fresh = 0
 
     # -- finding work ----------------------------------------------------------------
 
-    def _offer(self, ws: str, ses: str) -> None:
+    def _offer(self, ws: str, ses: str) -> bool:
+        """Queue a session for delivery; True if it was neither queued nor running."""
         key = (ws, ses)
         if key in self._running:
             self._dirty.add(key)  # look again when the running task is done
@@ -109,6 +114,8 @@ class Worker:
             self._queued.add(key)
             self._ready.put_nowait(key)
             self._changed.set()
+            return True
+        return False
 
     async def scan(self) -> int:
         """Offer every session due now; return how many were found.
@@ -128,6 +135,7 @@ class Worker:
             ws.decode(): int(score) for shard in await pipe.execute() for ws, score in shard
         }
         self.stats.scans += 1
+        self.fresh = 0
         if not workspaces:
             return 0
         found = 0
@@ -139,7 +147,7 @@ class Worker:
             if not sessions:
                 idle[ws] = workspaces[ws]
             for ses in sessions:
-                self._offer(ws, ses.decode())
+                self.fresh += self._offer(ws, ses.decode())
                 found += 1
         if idle and outbox.cluster:
             await self._raise_scores(idle)
@@ -183,18 +191,32 @@ class Worker:
                 continue
             if item is None:
                 continue
-            ws, _, ses = item[1].decode().partition(" ")
-            if ws and ses:
-                self.stats.wakes += 1
-                self._offer(ws, ses)
+            items = [item[1]]
+            try:  # a burst of accepts: take what else is waiting in one round trip
+                items += await client.lpop(key, WAKE_BATCH) or []
+            except Exception as exc:  # the items already taken are still offered
+                logger.warning("outbox worker %s: wake read failed: %s", self.id, exc)
+            for raw in items:
+                ws, _, ses = raw.decode().partition(" ")
+                if ws and ses:
+                    self.stats.wakes += 1
+                    self._offer(ws, ses)
 
     async def _tick_loop(self) -> None:
         while not self.stop.is_set():
             try:
-                await self.scan()
+                found = await self.scan()
             except Exception as exc:
                 self.stats.errors += 1
                 logger.warning("outbox worker %s: scan failed: %s", self.id, exc)
+                found = 0
+            if found >= SCAN_LIMIT and self.fresh >= SCAN_LIMIT // 2:
+                # Mostly new work in a full page: more may be due behind it (a start
+                # after a burst of accepts). Look again as soon as the sessions just
+                # offered are claimed (their scores then move on). A backlog that only
+                # waits for free slots finds few new sessions and keeps the tick.
+                await self._sleep(SCAN_AGAIN_AFTER)
+                continue
             await self._sleep(self.tick)
 
     async def _sleep(self, seconds: float) -> None:
