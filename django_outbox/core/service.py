@@ -65,6 +65,8 @@ from .scripts import HINTED, Script, load_scripts
 
 logger = logging.getLogger("django_outbox")
 
+#: Sessions recovered per pipeline by recover().
+RECOVER_PAGE = 500
 #: Sessions whose key names are kept ready (KeySpace.session, script KEYS lists).
 KEY_CACHE_SIZE = 4096
 #: Per-node connection cap of the async cluster client (Valkey's default maxclients).
@@ -1468,9 +1470,31 @@ class Outbox:
         now_ms = self._now_us() // 1000
         for workspace_id in (yield from self._workspaces_plan()):
             due = yield _Cmd(("ZRANGEBYSCORE", self.keys.due(workspace_id), "-inf", now_ms))
-            for session_id in sorted(_text(s) for s in due):
-                _, count, _ = yield from self._operate_plan(workspace_id, session_id, "recover")
-                recovered += count
+            sessions = sorted(_text(s) for s in due)
+            # One pipeline per page of sessions (each script still atomic on its own):
+            # a worker starting on a backlog must not spend a round trip per session.
+            for start in range(0, len(sessions), RECOVER_PAGE):
+                page = sessions[start : start + RECOVER_PAGE]
+                answers = yield _Pipe(
+                    [
+                        self._session_eval(
+                            "operate", workspace_id, ses, extra_args=["recover", "", ""]
+                        )
+                        for ses in page
+                    ]
+                )
+                events: list[OutboxEvent] = []
+                for session_id, answer in zip(page, answers, strict=True):
+                    if isinstance(answer, Exception):
+                        raise answer
+                    version, count = int(answer[1]), int(answer[2])
+                    watched, changed = bool(answer[3]), answer[4:]
+                    recovered += count
+                    events += self._events(
+                        "updated", changed, workspace_id, session_id, version, None, watched
+                    )
+                if events:
+                    yield _Emit(events)
         return recovered
 
     def recover(self) -> int:
