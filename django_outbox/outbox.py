@@ -21,6 +21,11 @@ class Outbox(CoreOutbox):
     ledger_probe=..., **tunables)``.
     """
 
+    def listening(self, kind: str, watched: bool) -> bool:
+        """Events are built when a WebSocket client watches the session or the kind's
+        signal has receivers (Django checks its receiver list, no call is made)."""
+        return watched or _SIGNALS[kind].has_listeners(sender=Outbox)
+
     def emit(self, event: OutboxEvent) -> None:
         _SIGNALS[event.kind].send(sender=Outbox, **_signal_kwargs(event))
         events.publish(event)

@@ -297,3 +297,26 @@ async def test_a_full_scan_page_is_followed_at_once_not_at_the_next_tick(make_ou
     stop.set()
     await run
     await outbox.aclose()
+
+
+async def test_events_nobody_listens_to_are_not_built(make_outbox, signals_log, monkeypatch):
+    """The Django outbox builds an event only for a watched session or a signal with
+    receivers: the worker then skips parsing entries just to drop them."""
+    from django_outbox.outbox import Outbox as DjangoOutbox
+
+    outbox = make_outbox(deliverer=lambda entry, **kwargs: None)
+    assert outbox.listening("delivered", watched=False)  # signals_log is a receiver
+    signals_log.close()
+    assert not outbox.listening("delivered", watched=False)
+    assert outbox.listening("delivered", watched=True)
+    seen = []
+
+    async def aemit(self, event):
+        seen.append(event.kind)
+
+    monkeypatch.setattr(DjangoOutbox, "aemit", aemit)
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+    assert seen == []
+    assert await outbox.adeliver_once(WS, "s1")
+    assert seen == []
+    await outbox.aclose()

@@ -960,8 +960,17 @@ class Outbox:
         except Exception:
             logger.exception("outbox: event listener failed for %s", event.kind)
 
-    @staticmethod
+    def listening(self, kind: str, watched: bool) -> bool:
+        """Whether events of ``kind`` (``"staged"``, ``"delivered"``, ``"updated"``) have an
+        observer; ``watched`` is True when a WebSocket client watches the session. When
+        this answers False the event is not built at all (the worker's hot path parses
+        entries only for it). The base class listens if :meth:`emit` or :meth:`aemit`
+        is overridden; the Django outbox asks its signals and the watchers."""
+        cls = type(self)
+        return cls.emit is not Outbox.emit or cls.aemit is not Outbox.aemit
+
     def _events(
+        self,
         kind: str,
         raws: Iterable[Any],
         ws: str,
@@ -970,6 +979,8 @@ class Outbox:
         state: str | None = None,
         watched: bool = True,
     ) -> list[OutboxEvent]:
+        if not raws or not self.listening(kind, watched):
+            return []
         events = []
         for raw in raws:
             entry = Entry.from_json(raw)
@@ -1030,13 +1041,11 @@ class Outbox:
             )
             if unacknowledged is not None:
                 raise unacknowledged
-            yield _Emit(
-                [
-                    OutboxEvent(
-                        "updated", "queued", entry, workspace_id, session_id, version, watched
-                    )
-                ]
-            )
+            if self.listening("updated", watched):
+                event = OutboxEvent(
+                    "updated", "queued", entry, workspace_id, session_id, version, watched
+                )
+                yield _Emit([event])
             return entry
         if status == "duplicate":
             raise Duplicate(_text(answer[1]))
@@ -1881,8 +1890,11 @@ class Outbox:
         if kind == "unreplicated":
             return (kind, entry, len(recovered))
         if kind == "deliver" and entry is not None:
-            events.append(OutboxEvent("staged", "delivering", entry, ws, ses, version, watched))
-            events.append(OutboxEvent("updated", "delivering", entry, ws, ses, version, watched))
+            for event_kind in ("staged", "updated"):
+                if self.listening(event_kind, watched):
+                    events.append(
+                        OutboxEvent(event_kind, "delivering", entry, ws, ses, version, watched)
+                    )
         if events:
             yield _Emit(events)
         return (kind, entry, len(recovered))
@@ -1904,19 +1916,18 @@ class Outbox:
             # Delivered. The lease is still ours and the entry stays staged as
             # delivered until its receivers ran: acknowledge it afterwards, so a
             # crash in between leaves the signal owed to the next claimer.
-            watched = True
-            if kind == "removed":
-                version, watched = int(answer[2]), bool(answer[3])
-                done = Entry.from_json(answer[1])
-            else:  # our settle ran but its reply was lost
-                version = (yield from self._snapshot_plan(ws, ses)).version
-                done = entry
-            yield _Emit(
-                [
-                    OutboxEvent("delivered", "sent", done, ws, ses, version, watched),
-                    OutboxEvent("updated", "sent", done, ws, ses, version, watched),
-                ]
-            )
+            watched = True if kind != "removed" else bool(answer[3])
+            kinds = [k for k in ("delivered", "updated") if self.listening(k, watched)]
+            if kinds:
+                if kind == "removed":
+                    version = int(answer[2])
+                    done = Entry.from_json(answer[1])
+                else:  # our settle ran but its reply was lost
+                    version = (yield from self._snapshot_plan(ws, ses)).version
+                    done = entry
+                yield _Emit(
+                    [OutboxEvent(k, "sent", done, ws, ses, version, watched) for k in kinds]
+                )
             kind = "removed"  # the caller acknowledges (release, or the next claim)
         elif kind == "updated":
             yield _Emit(
