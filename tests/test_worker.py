@@ -267,6 +267,7 @@ async def test_start_up_waits_for_valkey_to_come_back(tmp_path, make_outbox):
     server.stop()
 
 
+@pytest.mark.standalone  # empties the standalone wake list; 2,500 connections on a cluster
 async def test_a_full_scan_page_is_followed_at_once_not_at_the_next_tick(make_outbox, r):
     """A worker starting on a backlog (no wake items, a long tick) reads due sessions in
     pages of SCAN_LIMIT; a page of mostly new work is followed by another scan at once,
