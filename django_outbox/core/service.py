@@ -533,16 +533,22 @@ class Outbox:
         self._last_loop, self._last_client = loop, client
         return client
 
-    def _abatcher(self) -> _Batcher:
+    def _loop_local(self, last: str, table: weakref.WeakKeyDictionary, make: Callable) -> Any:
+        """The running loop's object in ``table`` (made by ``make(loop)`` on first use),
+        remembered in attribute ``last``: a worker runs one loop, and WeakKeyDictionary
+        lookups showed in its profile."""
         loop = asyncio.get_running_loop()
-        batcher = self._last_batcher
-        if batcher is not None and batcher.loop is loop:
-            return batcher
-        batcher = self._batchers.get(loop)
-        if batcher is None:
-            batcher = self._batchers[loop] = _Batcher(self, loop)
-        self._last_batcher = batcher
-        return batcher
+        value = getattr(self, last)
+        if value is not None and value.loop is loop:
+            return value
+        value = table.get(loop)
+        if value is None:
+            value = table[loop] = make(loop)
+        setattr(self, last, value)
+        return value
+
+    def _abatcher(self) -> _Batcher:
+        return self._loop_local("_last_batcher", self._batchers, lambda loop: _Batcher(self, loop))
 
     def load_scripts(self) -> None:
         """Load every script into Valkey now (otherwise each loads on first NOSCRIPT).
@@ -1568,15 +1574,9 @@ class Outbox:
     # ==================================================================================
 
     def _keeper(self) -> _LeaseKeeper:
-        loop = asyncio.get_running_loop()
-        keeper = self._last_keeper
-        if keeper is not None and keeper.loop is loop:
-            return keeper
-        keeper = self._keepers.get(loop)
-        if keeper is None:
-            keeper = self._keepers[loop] = _LeaseKeeper(self, loop)
-        self._last_keeper = keeper
-        return keeper
+        return self._loop_local(
+            "_last_keeper", self._keepers, lambda loop: _LeaseKeeper(self, loop)
+        )
 
     def _settle_args(self, token: str, entry_id: str, outcome: str, error: str) -> list[Any]:
         c = self.config
