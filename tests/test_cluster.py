@@ -340,3 +340,32 @@ async def test_hundreds_of_concurrent_deliveries_never_run_out_of_connections(
     assert stats.errors == 0 and stats.steps == 600
     assert len(signals_log.ids("delivered")) == 600
     await outbox.aclose()
+
+
+async def test_a_node_pipeline_reruns_only_the_calls_whose_script_was_missing(cluster_outbox, node):
+    """A failed-over or restarted node has no scripts: in a node's pipeline only the
+    calls answered NOSCRIPT are sent again, never the ones that already ran."""
+    import inspect
+
+    from django_outbox.core.service import _Cmd, _Pipe, iter_once
+
+    outbox = cluster_outbox()
+    outbox.accept("w1", "s1", user_id="u", client_message_id="k1", text="t")
+    counter = outbox.keys.session("w1", "s1").queue + ":test-ran"  # same slot as w1
+    for run in (outbox._run, outbox._arun):
+        node.script_flush()  # every primary
+        node.delete(counter)
+        pipe = _Pipe(
+            [
+                _Cmd(("INCR", counter)),
+                outbox._session_eval("snapshot", "w1", "s1"),
+                _Cmd(("INCR", counter)),
+            ]
+        )
+        answers = run(iter_once(pipe))
+        if inspect.isawaitable(answers):  # the async driver
+            answers = await answers
+        assert answers[0] == 1 and answers[2] == 2
+        assert int(node.get(counter)) == 2
+        assert outbox._snapshot_from(answers[1]).entries[0].text == "t"
+    await outbox.aclose()

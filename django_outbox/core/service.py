@@ -755,9 +755,55 @@ class Outbox:
             {c.script: self.scripts[c.script] for c in calls if isinstance(c, _Eval)}.values()
         )
 
-    def _check_pipe(self, results: list[Any]) -> bool:
-        """True if the pipeline must be re-run after loading scripts."""
-        return any(isinstance(r, redis.exceptions.NoScriptError) for r in results)
+    # One pipeline's calls, sent by ``send(calls) -> answers`` (a standalone pipeline
+    # or one node's). Calls that found their script missing (a restarted server)
+    # are re-sent once after loading it; the others ran and must not run twice.
+
+    def _pipelined(self, client: Any, send: Callable, calls: list[_Eval | _Cmd]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(2):
+            for i, answer in zip(todo, send([calls[i] for i in todo]), strict=True):
+                results[i] = answer
+            todo = [i for i in todo if isinstance(results[i], NoScriptError)]
+            if not todo:
+                break
+            for script in self._pipe_scripts([calls[i] for i in todo]):
+                client.script_load(script.text)
+        return results
+
+    async def _apipelined(
+        self, client: Any, send: Callable, calls: list[_Eval | _Cmd]
+    ) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(2):
+            for i, answer in zip(todo, await send([calls[i] for i in todo]), strict=True):
+                results[i] = answer
+            todo = [i for i in todo if isinstance(results[i], NoScriptError)]
+            if not todo:
+                break
+            for script in self._pipe_scripts([calls[i] for i in todo]):
+                await client.script_load(script.text)
+        return results
+
+    def _pipeline_sender(self, pipeline: Callable[[], Any]) -> Callable:
+        def send(calls: list[_Eval | _Cmd]) -> list[Any]:
+            pipe = pipeline()
+            for call in calls:
+                self._queue(pipe, call)
+            return pipe.execute(raise_on_error=False)
+
+        return send
+
+    def _apipeline_sender(self, pipeline: Callable[[], Any]) -> Callable:
+        async def send(calls: list[_Eval | _Cmd]) -> list[Any]:
+            pipe = pipeline()
+            for call in calls:
+                self._queue(pipe, call)
+            return await pipe.execute(raise_on_error=False)
+
+        return send
 
     # Pipelines on a cluster. redis-py's cluster pipeline refuses EVALSHA, so the
     # calls are grouped by the node that owns each one's slot and every group is
@@ -793,15 +839,10 @@ class Outbox:
                 client.nodes_manager.initialize()
             for node, indices in self._node_groups(client, [calls[i] for i in todo]):
                 group = [calls[todo[j]] for j in indices]
-                for _ in range(2):
-                    pipe = node.redis_connection.pipeline(transaction=False)
-                    for call in group:
-                        self._queue(pipe, call)
-                    answers = pipe.execute(raise_on_error=False)
-                    if not self._check_pipe(answers):
-                        break
-                    for script in self._pipe_scripts(group):
-                        client.script_load(script.text)
+                send = self._pipeline_sender(
+                    lambda node=node: node.redis_connection.pipeline(transaction=False)
+                )
+                answers = self._pipelined(client, send, group)
                 for j, answer in zip(indices, answers, strict=True):
                     results[todo[j]] = answer
         return [
@@ -818,8 +859,7 @@ class Outbox:
         results: list[Any] = [None] * len(calls)
 
         async def run(node: Any, indices: list[int]) -> None:
-            group = [calls[i] for i in indices]
-            for _ in range(2):
+            async def send(group: list[_Eval | _Cmd]) -> list[Any]:
                 commands = []
                 for n, call in enumerate(group):
                     if isinstance(call, _Eval):
@@ -829,11 +869,9 @@ class Outbox:
                         args = call.args
                     commands.append(PipelineCommand(n, *args))
                 await node.execute_pipeline(commands)
-                answers = [c.result for c in commands]
-                if not self._check_pipe(answers):
-                    break
-                for script in self._pipe_scripts(group):
-                    await client.script_load(script.text)
+                return [c.result for c in commands]
+
+            answers = await self._apipelined(client, send, [calls[i] for i in indices])
             for i, answer in zip(indices, answers, strict=True):
                 results[i] = answer
 
@@ -872,23 +910,8 @@ class Outbox:
                 return client.execute_command(*effect.args)
             if self.cluster:
                 return self._cluster_pipe(client, effect.calls)
-            calls = effect.calls
-            results: list[Any] = [None] * len(calls)
-            todo = list(range(len(calls)))
-            for _ in range(2):
-                pipe = client.pipeline(transaction=False)
-                for i in todo:
-                    self._queue(pipe, calls[i])
-                for i, answer in zip(todo, pipe.execute(raise_on_error=False), strict=True):
-                    results[i] = answer
-                todo = [i for i in todo if isinstance(results[i], NoScriptError)]
-                if not todo:
-                    break
-                for script in {
-                    calls[i].script: self.scripts[calls[i].script] for i in todo
-                }.values():
-                    client.script_load(script.text)
-            return results
+            send = self._pipeline_sender(lambda: client.pipeline(transaction=False))
+            return self._pipelined(client, send, effect.calls)
         except _UNREACHABLE as exc:
             raise _unavailable(exc) from exc
         except redis.ResponseError as exc:
@@ -918,25 +941,8 @@ class Outbox:
                 return await client.execute_command(*effect.args)
             if self.cluster:
                 return await self._acluster_pipe(client, effect.calls)
-            calls = effect.calls
-            results: list[Any] = [None] * len(calls)
-            todo = list(range(len(calls)))
-            for _ in range(2):
-                pipe = client.pipeline(transaction=False)
-                for i in todo:
-                    self._queue(pipe, calls[i])
-                for i, answer in zip(todo, await pipe.execute(raise_on_error=False), strict=True):
-                    results[i] = answer
-                # Re-run only the calls that found their script missing (a restarted
-                # server): the others ran, and must not run twice.
-                todo = [i for i in todo if isinstance(results[i], NoScriptError)]
-                if not todo:
-                    break
-                for script in {
-                    calls[i].script: self.scripts[calls[i].script] for i in todo
-                }.values():
-                    await client.script_load(script.text)
-            return results
+            send = self._apipeline_sender(lambda: client.pipeline(transaction=False))
+            return await self._apipelined(client, send, effect.calls)
         except _UNREACHABLE as exc:
             raise _unavailable(exc) from exc
         except redis.ResponseError as exc:
