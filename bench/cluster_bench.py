@@ -48,6 +48,7 @@ RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
+from bench.common import CHILDREN, fmt, reap_children, stop  # noqa: E402
 from tests.cluster import ValkeyCluster  # noqa: E402
 from tests.valkey import ValkeyProcess  # noqa: E402
 
@@ -61,30 +62,9 @@ CONCURRENCY = 64
 POLL = 0.05  # seconds between completion polls
 SAMPLE_EVERY = 20  # the cheap poll reads the queues of every 20th workspace
 
-CHILDREN: list[subprocess.Popen] = []
-
 
 def log(msg: str) -> None:
     print(f"[cluster-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def reap_children() -> None:
-    for proc in CHILDREN:
-        try:
-            stop(proc, 10)
-        except Exception as exc:  # keep stopping the others
-            log(f"could not stop worker {proc.pid}: {exc}")
-    CHILDREN.clear()
 
 
 def start_worker(url: str, concurrency: int, **env: str) -> subprocess.Popen:
@@ -366,12 +346,6 @@ def summarize(runs: dict[str, dict[int, list[dict]]], worker_counts: list[int]) 
     return out
 
 
-def fmt(v: float | None) -> str:
-    if v is None:
-        return "—"
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
-
-
 def markdown(result: dict, meta: dict) -> str:
     w, s, p = meta["shape"]
     lines = [
@@ -480,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     deliver(store, (20, shape[1], shape[2]), 1, a.concurrency, a.timeout)
                 finally:
-                    reap_children()
+                    reap_children(log)
                 log(f"{store.name}: warm-up fill and drain in {time.monotonic() - t:.1f} s")
             i = 0
             for rnd in range(repeats):
@@ -496,13 +470,13 @@ def main(argv: list[str] | None = None) -> int:
                             missing[f"{store.name} {n}w round {rnd + 1}"] = reason
                             continue
                         finally:
-                            reap_children()
+                            reap_children(log)
                         runs[store.name].setdefault(n, []).append(r)
                         print(f"round {rnd + 1} {line(store.name, n, r)}", flush=True)
         except KeyboardInterrupt:
             log("interrupted; writing what was measured")
         finally:
-            reap_children()
+            reap_children(log)
             for store in stores:
                 store.close()
             cluster.stop()

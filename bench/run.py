@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
 from bench import worker_bench  # noqa: E402
+from bench.common import CHILDREN, fmt, reap_children, stop  # noqa: E402
 
 RAW = (
     "redis.call('RPUSH', KEYS[1], ARGV[1]); redis.call('SET', KEYS[2], ARGV[2]); "
@@ -47,9 +48,6 @@ RAW = (
 )
 PAYLOAD = "x" * 100
 TASKS = 64
-
-# Every child process we start, so an exception or Ctrl-C never leaves one behind.
-CHILDREN: list[subprocess.Popen] = []
 
 
 def log(msg: str) -> None:
@@ -60,23 +58,6 @@ def spawn(args, **kw) -> subprocess.Popen:
     proc = subprocess.Popen(args, **kw)
     CHILDREN.append(proc)
     return proc
-
-
-def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def reap_children() -> None:
-    for proc in CHILDREN:
-        with contextlib.suppress(Exception):
-            stop(proc, 10)
-    CHILDREN.clear()
 
 
 # worker_bench starts workers with Popen; record them too (its functions are unchanged).
@@ -636,14 +617,6 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             vs[pkg] = None
     return vs
-
-
-def fmt(v: float | None) -> str:
-    if v is None:
-        return "—"
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    return f"{v:.2f}"
 
 
 def markdown(result: dict, meta: dict) -> str:
