@@ -251,20 +251,22 @@ async def test_start_up_waits_for_valkey_to_come_back(tmp_path, make_outbox):
     async def deliver(entry, **kwargs):
         delivered.set()
 
-    outbox = make_outbox(url=server.url, deliverer=deliver)
-    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
-    server.kill()
-    stop = asyncio.Event()
-    run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))
-    await asyncio.sleep(0.5)  # the worker is retrying its start-up
-    assert not run.done()
-    await asyncio.to_thread(server.start)  # same port; nothing persisted, so accept again
-    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
-    await asyncio.wait_for(delivered.wait(), 10)
-    stop.set()
-    await run
-    await outbox.aclose()
-    server.stop()
+    try:  # a failure must not leave the server running past the test
+        outbox = make_outbox(url=server.url, deliverer=deliver)
+        await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+        server.kill()
+        stop = asyncio.Event()
+        run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))
+        await asyncio.sleep(0.5)  # the worker is retrying its start-up
+        assert not run.done()
+        await asyncio.to_thread(server.start)  # same port; nothing persisted, so accept again
+        await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+        await asyncio.wait_for(delivered.wait(), 10)
+        stop.set()
+        await run
+        await outbox.aclose()
+    finally:
+        server.stop()
 
 
 @pytest.mark.standalone  # empties the standalone wake list; 2,500 connections on a cluster
