@@ -51,8 +51,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
-from .core.entry import DismissResult, Entry, RetryResult, Status, check_identifier, parse_time
+from .core.entry import DismissResult, Entry, RetryResult, Status, parse_time
 from .core.errors import InvalidIdentifier, OutboxUnavailable
+from .core.rules import check_identifier
 from .models import OutboxEntry
 from .outbox import Outbox, get_outbox
 

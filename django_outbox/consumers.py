@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .conf import outbox_settings
-from .core.entry import IDENTIFIER_RE
+from .core.rules import IDENTIFIER_RE
 from .errors import OutboxUnavailable
 from .events import group_name
 from .outbox import get_outbox
@@ -32,10 +32,6 @@ CLOSE_TOO_BIG = 1009
 CLOSE_FORBIDDEN = 4403
 CLOSE_INVALID = 4400
 CLOSE_UNAVAILABLE = 4503
-#: Seconds a session's watcher count outlives its last change: counts left by a
-#: server that died without disconnecting expire (meanwhile events are only
-#: published needlessly, never skipped wrongly).
-WATCH_TTL = 24 * 3600
 
 
 class OutboxConsumer(AsyncWebsocketConsumer):
@@ -58,7 +54,6 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             return
         # Count this client before joining the group and reading the snapshot, so
         # every change is either in the snapshot or published (see events.py).
-        self.watch_key = get_outbox().keys.session(self.workspace_id, self.session_id).watch
         try:
             await self._watch(+1)
         except Exception as exc:
@@ -107,13 +102,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     # -- helpers -----------------------------------------------------------------
 
     async def _watch(self, delta: int) -> None:
-        client = get_outbox()._aclient()
-        async with client.pipeline(transaction=True) as pipe:
-            pipe.incrby(self.watch_key, delta)
-            pipe.expire(self.watch_key, WATCH_TTL)
-            count, _ = await pipe.execute()
-        if count <= 0:
-            await client.delete(self.watch_key)
+        await get_outbox().awatch(self.workspace_id, self.session_id, delta)
 
     @sync_to_async
     def _allowed(self, user: Any) -> bool:

@@ -1,14 +1,16 @@
 """The outbox's exceptions (see :mod:`django_outbox.core.errors`).
 
-``ContentTooLarge`` is the ``ValueError`` that ``accept`` raises for text over
-``MAX_TEXT_BYTES`` or a model over 16 KiB (HTTP 413).
+``InvalidContent`` (a ``ValueError``) is what ``accept`` raises for text, model or
+key that break a rule (HTTP 400); its subclass ``ContentTooLarge`` is for text
+over ``MAX_TEXT_BYTES`` or a model over 16 KiB (HTTP 413).
 """
 
-from .core.entry import ContentTooLarge
 from .core.errors import (
     AmbiguousError,
+    ContentTooLarge,
     Duplicate,
     IdempotencyConflict,
+    InvalidContent,
     InvalidIdentifier,
     OutboxError,
     OutboxFull,
@@ -22,6 +24,7 @@ __all__ = [
     "ContentTooLarge",
     "Duplicate",
     "IdempotencyConflict",
+    "InvalidContent",
     "InvalidIdentifier",
     "OutboxError",
     "OutboxFull",

@@ -95,7 +95,7 @@ class WorkerMetrics:
         client = outbox.client
         counts: dict[str, int] = {}
         seen = 0
-        for ws in outbox._run(outbox._workspaces_plan()):
+        for ws in outbox.workspaces():
             sessions = [m.decode() for m in client.smembers(outbox.keys.sessions(ws))]
             pipe = client.pipeline(transaction=False)
             for ses in sessions:

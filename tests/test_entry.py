@@ -8,13 +8,12 @@ from django_outbox import Entry, Status
 from django_outbox.core.entry import (
     CONTENT_MARKER,
     canonical_time,
-    check_identifier,
     fingerprint,
     format_time,
     new_entry_id,
     parse_time,
-    validate_content,
 )
+from django_outbox.core.rules import check_identifier, validate_content
 from django_outbox.errors import InvalidIdentifier
 
 HOSTILE_MODEL = {
@@ -143,7 +142,7 @@ def test_status_values():
 
 
 def test_size_rules_raise_content_too_large():
-    from django_outbox.core.entry import ContentTooLarge
+    from django_outbox.core.errors import ContentTooLarge
 
     with pytest.raises(ContentTooLarge) as info:
         validate_content("x" * 11, None, "k", max_text_bytes=10)

@@ -18,13 +18,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import ProhibitNullCharactersValidator
 
-from ..core.entry import (
-    CLIENT_MESSAGE_ID_RE,
-    IDENTIFIER_RE,
-    MAX_MODEL_BYTES,
-    MAX_REASON_CHARS,
-    Status,
-)
+from ..core.entry import Status
+from ..core.rules import CLIENT_MESSAGE_ID_RE, IDENTIFIER_RE, MAX_MODEL_BYTES, MAX_REASON_CHARS
 
 #: OpenAPI pattern of workspace, session and entry IDs (anchored: JSON Schema patterns search).
 IDENTIFIER_PATTERN = f"^{IDENTIFIER_RE.pattern}$"

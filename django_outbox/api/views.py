@@ -48,7 +48,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from ..core.entry import DismissResult, RetryResult, check_identifier
+from ..core.entry import DismissResult, RetryResult
+from ..core.rules import check_identifier
 from ..errors import (
     Duplicate,
     IdempotencyConflict,

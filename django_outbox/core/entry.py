@@ -23,46 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import InvalidIdentifier
-
-IDENTIFIER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-#: Characters a clientMessageID may use: printable ASCII, 1..128 of them.
-CLIENT_MESSAGE_ID_RE = re.compile(r"[\x20-\x7e]{1,128}")
-MAX_MODEL_BYTES = 16 * 1024
-MAX_MODEL_DEPTH = 32
-MAX_REASON_CHARS = 200
-
-
-class ContentTooLarge(ValueError):
-    """Text or model is larger than allowed (HTTP 413); ``size`` and ``limit`` in bytes."""
-
-    def __init__(self, what: str, size: int, limit: int) -> None:
-        super().__init__(f"{what} is {size} UTF-8 bytes; the limit is {limit}")
-        self.what = what
-        self.size = size
-        self.limit = limit
-
-
-def check_reason(reason: object) -> str:
-    """A park reason: a non-blank string of at most 200 characters; else ``ValueError``."""
-    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
-        raise ValueError(
-            f"reason must be a non-empty string of at most {MAX_REASON_CHARS} characters"
-        )
-    return reason
-
-
-def _depth(value: Any, limit: int) -> int:
-    """Nesting depth of a JSON value, counting no further than ``limit + 1``."""
-    if isinstance(value, dict):
-        children = value.values()
-    elif isinstance(value, list):
-        children = value
-    else:
-        return 0
-    if limit < 0:
-        return 1
-    return 1 + max((_depth(c, limit - 1) for c in children), default=0)
+from .rules import CLIENT_MESSAGE_ID_RE, check_identifier, encode_stored
 
 
 class Status(enum.StrEnum):
@@ -111,18 +72,6 @@ LEDGER_STATE_FAILED = "LEDGER_STATE_FAILED"
 REASON_MAX_ATTEMPTS = "max_attempts"
 REASON_UNVERIFIABLE = "unverifiable"
 REASON_TRANSIENT_EXHAUSTED = "transient_exhausted"
-
-
-def check_identifier(kind: str, value: object) -> str:
-    """Return ``value`` if it is a valid workspace/session/entry ID, else raise.
-
-    Raises :class:`InvalidIdentifier`. The allow-list (DESIGN section 3) keeps
-    ``:``, ``{``, ``}``, ``*``, whitespace and newlines out of key names, so no
-    input can alias another session's keys or act as a pattern.
-    """
-    if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
-        raise InvalidIdentifier(kind, value)
-    return value
 
 
 # --- timestamps -------------------------------------------------------------
@@ -240,7 +189,7 @@ CONTENT_MARKER = ',"clientMessageID":'
 
 
 #: The stored JSON encoding, built once (``json.dumps(**options)`` builds an encoder per call).
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_dumps = encode_stored
 _fingerprint_dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 
 
@@ -358,45 +307,6 @@ class Entry:
     def evolve(self, **changes: Any) -> Entry:
         """Return a copy with ``changes`` applied (entries are immutable)."""
         return replace(self, **changes)
-
-
-def validate_content(
-    text: object, model: object, client_message_id: object, max_text_bytes: int
-) -> None:
-    """Check what a client sends; raise ``ValueError`` naming the rule that failed.
-
-    Rules (DESIGN sections 4 and 10): text is a str of 1..``max_text_bytes``
-    UTF-8 bytes with no lone surrogates; model is None or a JSON object of at
-    most 16 KiB (encoded) and 32 levels, with finite numbers; clientMessageID
-    is 1..128 printable ASCII characters. Size rules raise
-    :class:`ContentTooLarge` (a ``ValueError``; HTTP 413).
-    """
-    if not isinstance(client_message_id, str) or not CLIENT_MESSAGE_ID_RE.fullmatch(
-        client_message_id
-    ):
-        raise ValueError("clientMessageID must be 1 to 128 printable ASCII characters")
-    if not isinstance(text, str):
-        raise ValueError("text must be a string")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (it contains a lone surrogate)") from None
-    if size == 0:
-        raise ValueError("text must not be empty")
-    if size > max_text_bytes:
-        raise ContentTooLarge("text", size, max_text_bytes)
-    if model is None:
-        return
-    if not isinstance(model, dict):
-        raise ValueError("model must be a JSON object")
-    if _depth(model, MAX_MODEL_DEPTH) > MAX_MODEL_DEPTH:
-        raise ValueError(f"model must not nest deeper than {MAX_MODEL_DEPTH} levels")
-    try:
-        encoded = _dumps(model).encode("utf-8")
-    except (TypeError, ValueError, UnicodeEncodeError) as exc:
-        raise ValueError(f"model must be plain JSON: {exc}") from None
-    if len(encoded) > MAX_MODEL_BYTES:
-        raise ContentTooLarge("model", len(encoded), MAX_MODEL_BYTES)
 
 
 def fingerprint(text: str, model: dict[str, Any] | None) -> str:

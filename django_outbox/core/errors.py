@@ -53,6 +53,21 @@ class InvalidIdentifier(OutboxError, ValueError):
         self.value = value
 
 
+class InvalidContent(OutboxError, ValueError):
+    """Text, model, idempotency key, user ID or park reason breaks a rule of
+    :mod:`django_outbox.core.rules` (HTTP 400); the message names the rule."""
+
+
+class ContentTooLarge(InvalidContent):
+    """Text or model is larger than allowed (HTTP 413); ``size`` and ``limit`` in bytes."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(f"{what} is {size} UTF-8 bytes; the limit is {limit}")
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+
 class OutboxUnavailable(OutboxError):
     """Valkey was unreachable, refused the write (OOM, read-only) or a durability wait timed out.
 

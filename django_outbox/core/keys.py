@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from .entry import check_identifier
+from .rules import check_identifier
 
 #: The indices that live outside any workspace's slot (one copy on a standalone
 #: server, ``shards`` copies on a cluster), in the order of ``global_keys()``.

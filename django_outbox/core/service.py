@@ -43,13 +43,10 @@ from .entry import (
     RetryResult,
     Status,
     Verdict,
-    check_identifier,
-    check_reason,
     fingerprint,
     format_time,
     fresh_entry_json,
     new_entry_id,
-    validate_content,
 )
 from .errors import (
     AmbiguousError,
@@ -61,6 +58,7 @@ from .errors import (
     TransientDeliveryError,
 )
 from .keys import KeySpace, SessionKeys
+from .rules import check_identifier, check_reason, check_user_id, validate_content
 from .scripts import HINTED, Script, load_scripts
 
 logger = logging.getLogger("django_outbox")
@@ -76,6 +74,8 @@ MAX_WAKE_ITEMS = 10000
 #: How long a settle receipt is kept so a replayed settle recognises its own write (ms).
 RECEIPT_TTL_MS = 10 * 60 * 1000
 MAX_ERROR_CHARS = 2000
+#: Seconds a session's watcher count outlives its last change (see Outbox.awatch).
+WATCH_TTL = 24 * 3600
 
 
 # --- events -------------------------------------------------------------------
@@ -1016,10 +1016,7 @@ class Outbox:
     ) -> Plan:
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
-        if isinstance(user_id, int) and not isinstance(user_id, bool):
-            user_id = str(user_id)
-        if not isinstance(user_id, str) or len(user_id) > 255:
-            raise ValueError("user_id must be a string of at most 255 characters")
+        user_id = check_user_id(user_id)
         now_us = self._now_us()
         entry_id = new_entry_id(now_us // 1000)
         accepted_at = format_time(now_us)
@@ -1518,6 +1515,17 @@ class Outbox:
                     yield _Emit(events)
         return recovered
 
+    def workspaces(self) -> list[str]:
+        """Every workspace that has sessions, sorted (one ``SMEMBERS`` per shard).
+
+        Raises :class:`OutboxUnavailable`.
+        """
+        return self._run(self._workspaces_plan())
+
+    async def aworkspaces(self) -> list[str]:
+        """Async :meth:`workspaces`."""
+        return await self._arun(self._workspaces_plan())
+
     def recover(self) -> int:
         """Return staged entries whose lease is gone (a crashed or cut-off worker) to their
         queue as ``verifying`` — the interrupted attempt's outcome is unknown.
@@ -1532,6 +1540,31 @@ class Outbox:
     async def arecover(self) -> int:
         """Async :meth:`recover`."""
         return await self._arun(self._recover_plan())
+
+    # ==================================================================================
+    # watchers
+    # ==================================================================================
+
+    async def awatch(self, workspace_id: str, session_id: str, delta: int) -> int:
+        """Count a WebSocket watcher of the session in (``delta`` +1) or out (-1); return
+        the count after the change.
+
+        The scripts report the count to their callers (``watched``), which skip
+        building events nobody would see. The count expires ``WATCH_TTL`` seconds
+        after its last change, so one left by a server that died without
+        disconnecting does not last (meanwhile events are only published
+        needlessly, never skipped wrongly). Raises :class:`OutboxUnavailable`.
+        """
+        key = self.keys.session(workspace_id, session_id).watch
+        answers = await self._arun(
+            iter_once(_Pipe([_Cmd(("INCRBY", key, delta)), _Cmd(("EXPIRE", key, WATCH_TTL))]))
+        )
+        count = answers[0]
+        if isinstance(count, Exception):
+            raise count
+        if int(count) <= 0:
+            await self._arun(iter_once(_Cmd(("DEL", key))))
+        return int(count)
 
     # ==================================================================================
     # testing

@@ -382,7 +382,7 @@ class Worker:
             if self.stop.is_set():
                 return
             try:
-                for ws in await outbox._arun(outbox._workspaces_plan()):
+                for ws in await outbox.aworkspaces():
                     swept = await outbox.asweep_workspace_parked_errors(ws)
                     if swept:
                         logger.info("outbox worker %s: ledger sweep of %s: %d", self.id, ws, swept)

@@ -1,0 +1,129 @@
+"""What callers may send: identifiers, idempotency keys, text, model and park reasons.
+
+One place for the input rules (no Django imports). The core applies them before
+anything reaches Valkey; adapters (the REST serializers, the WebSocket consumer,
+the admin) import them rather than restating them, so a rule changes in one
+place. Breaking a rule raises a typed error from :mod:`django_outbox.core.errors`:
+:class:`InvalidIdentifier` (HTTP 400), :class:`InvalidContent` (400) or its
+subclass :class:`ContentTooLarge` (413). Both content errors are ``ValueError``\\s.
+
+The identifier allow-list keeps ``:``, ``{``, ``}``, ``*``, whitespace and
+newlines out of key names, so no input can alias another session's keys or act
+as a pattern (README "Keys and identifiers").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier
+
+IDENTIFIER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Characters a clientMessageID may use: printable ASCII, 1..128 of them.
+CLIENT_MESSAGE_ID_RE = re.compile(r"[\x20-\x7e]{1,128}")
+MAX_MODEL_BYTES = 16 * 1024
+MAX_MODEL_DEPTH = 32
+MAX_REASON_CHARS = 200
+MAX_USER_ID_CHARS = 255
+
+#: The encoding entries are stored in (also :mod:`django_outbox.core.entry`'s): a model
+#: must encode this way to be accepted.
+encode_stored = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def check_identifier(kind: str, value: object) -> str:
+    """Return ``value`` if it is a valid workspace, session or entry ID, else raise.
+
+    ``kind`` names the value in the message (``"workspace ID"``). Raises
+    :class:`InvalidIdentifier` unless ``value`` is a str matching
+    ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``.
+    """
+    if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
+        raise InvalidIdentifier(kind, value)
+    return value
+
+
+def check_reason(reason: object) -> str:
+    """Return a park reason: a non-blank str of at most 200 characters.
+
+    Raises :class:`InvalidContent` otherwise.
+    """
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise InvalidContent(
+            f"reason must be a non-empty string of at most {MAX_REASON_CHARS} characters"
+        )
+    return reason
+
+
+def check_user_id(user_id: object) -> str:
+    """Return the accepting user's ID as a str (an int is converted).
+
+    Raises :class:`InvalidContent` unless it is a str (or int) of at most 255 characters.
+    """
+    if isinstance(user_id, int) and not isinstance(user_id, bool):
+        user_id = str(user_id)
+    if not isinstance(user_id, str) or len(user_id) > MAX_USER_ID_CHARS:
+        raise InvalidContent(f"user_id must be a string of at most {MAX_USER_ID_CHARS} characters")
+    return user_id
+
+
+def json_depth(value: Any, limit: int = MAX_MODEL_DEPTH) -> int:
+    """Nesting depth of a JSON value (a scalar is 0, ``{}`` is 1), counting no further
+    than ``limit + 1`` so a hostile value costs at most ``limit`` levels of recursion."""
+    if isinstance(value, dict):
+        children = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return 0
+    if limit < 0:
+        return 1
+    return 1 + max((json_depth(c, limit - 1) for c in children), default=0)
+
+
+def validate_content(
+    text: object, model: object, client_message_id: object, max_text_bytes: int
+) -> None:
+    """Check what a client sends with a prompt; raise naming the rule that failed.
+
+    Rules: ``client_message_id`` is 1..128 printable ASCII characters; ``text``
+    is a str of 1..``max_text_bytes`` UTF-8 bytes with no lone surrogates;
+    ``model`` is None or a JSON object of at most 16 KiB (encoded) and 32
+    levels, with finite numbers. Size rules raise :class:`ContentTooLarge`
+    (HTTP 413), the others :class:`InvalidContent` (HTTP 400).
+    """
+    if not isinstance(client_message_id, str) or not CLIENT_MESSAGE_ID_RE.fullmatch(
+        client_message_id
+    ):
+        raise InvalidContent("clientMessageID must be 1 to 128 printable ASCII characters")
+    if not isinstance(text, str):
+        raise InvalidContent("text must be a string")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidContent("text must be valid Unicode (it contains a lone surrogate)") from None
+    if size == 0:
+        raise InvalidContent("text must not be empty")
+    if size > max_text_bytes:
+        raise ContentTooLarge("text", size, max_text_bytes)
+    if model is None:
+        return
+    check_model(model)
+
+
+def check_model(model: object) -> None:
+    """Check a per-prompt model selector: a JSON object of at most 16 KiB (encoded) and
+    32 levels with finite numbers. Raises :class:`InvalidContent` or
+    :class:`ContentTooLarge`."""
+    if not isinstance(model, dict):
+        raise InvalidContent("model must be a JSON object")
+    if json_depth(model, MAX_MODEL_DEPTH) > MAX_MODEL_DEPTH:
+        raise InvalidContent(f"model must not nest deeper than {MAX_MODEL_DEPTH} levels")
+    try:
+        encoded = encode_stored(model).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise InvalidContent(f"model must be plain JSON: {exc}") from None
+    if len(encoded) > MAX_MODEL_BYTES:
+        raise ContentTooLarge("model", len(encoded), MAX_MODEL_BYTES)
