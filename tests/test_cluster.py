@@ -347,7 +347,7 @@ async def test_a_node_pipeline_reruns_only_the_calls_whose_script_was_missing(cl
     calls answered NOSCRIPT are sent again, never the ones that already ran."""
     import inspect
 
-    from django_outbox.core.service import _Cmd, _Pipe, iter_once
+    from django_outbox.core.plans import Cmd, Pipe, iter_once
 
     outbox = cluster_outbox()
     outbox.accept("w1", "s1", user_id="u", client_message_id="k1", text="t")
@@ -355,11 +355,11 @@ async def test_a_node_pipeline_reruns_only_the_calls_whose_script_was_missing(cl
     for run in (outbox._run, outbox._arun):
         node.script_flush()  # every primary
         node.delete(counter)
-        pipe = _Pipe(
+        pipe = Pipe(
             [
-                _Cmd(("INCR", counter)),
+                Cmd(("INCR", counter)),
                 outbox._session_eval("snapshot", "w1", "s1"),
-                _Cmd(("INCR", counter)),
+                Cmd(("INCR", counter)),
             ]
         )
         answers = run(iter_once(pipe))

@@ -4,7 +4,7 @@ the bytes on the wire must be exactly redis-py's own."""
 import pytest
 import redis.asyncio
 
-from django_outbox.core.service import _with_hiredis_packing
+from django_outbox.core.transport import with_hiredis_packing
 
 hiredis = pytest.importorskip("hiredis")  # in the test extra; optional for users
 
@@ -20,7 +20,7 @@ hiredis = pytest.importorskip("hiredis")  # in the test extra; optional for user
     ],
 )
 def test_hiredis_packing_sends_the_same_bytes(command):
-    fast = _with_hiredis_packing(redis.asyncio.Connection)()
+    fast = with_hiredis_packing(redis.asyncio.Connection)()
     plain = redis.asyncio.Connection()
     assert fast is not plain and type(fast) is not redis.asyncio.Connection
     assert b"".join(fast.pack_command(*command)) == b"".join(

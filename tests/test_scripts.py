@@ -491,17 +491,17 @@ async def test_a_pipeline_reloads_missing_scripts_and_reruns_only_those_calls(ou
     again once their script is loaded; the calls that ran are not sent twice."""
     import inspect
 
-    from django_outbox.core.service import _Cmd, _Pipe, iter_once
+    from django_outbox.core.plans import Cmd, Pipe, iter_once
 
     outbox.accept(WS, SES, user_id="u", client_message_id="k1", text="t")
     for run in (outbox._run, outbox._arun):
         r.script_flush()
         r.delete("test:ran")
-        pipe = _Pipe(
+        pipe = Pipe(
             [
-                _Cmd(("INCR", "test:ran")),
+                Cmd(("INCR", "test:ran")),
                 outbox._session_eval("snapshot", WS, SES),
-                _Cmd(("INCR", "test:ran")),
+                Cmd(("INCR", "test:ran")),
             ]
         )
         answers = run(iter_once(pipe))

@@ -336,3 +336,50 @@ def fresh_entry_json(
         content["model"] = model
     head = f'{{"id":"{entry_id}","status":"pending","attempts":0,"acceptedAt":"{accepted_at}"'
     return f"{head},{_dumps(content)[1:]}"
+
+
+# --- what the service reports ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    """Something happened to an entry.
+
+    ``kind`` is ``"staged"``, ``"delivered"`` or ``"updated"`` (every state
+    change, including accept and dismissal); ``state`` is the queue-UI state of
+    DESIGN section 9 (``queued``, ``delivering``, ``verifying``, ``sent``,
+    ``error``, ``parked``, ``pending``, ``dismissed``); ``version`` is the
+    session's version counter after the change.
+    """
+
+    kind: str
+    state: str
+    entry: Entry
+    workspace_id: str
+    session_id: str
+    version: int
+    #: False when no WebSocket client watches the session: publishing can be skipped.
+    watched: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who holds a session's delivery lease: ``owner`` (a worker ID, or host-pid),
+    ``acquired_at`` (RFC 3339), ``entry_id`` it was taken for, ``held_for`` (seconds).
+    """
+
+    owner: str
+    acquired_at: str
+    entry_id: str | None
+    held_for: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A session's queue at one instant: its ``version``, ``entries`` in FIFO order and
+    the ``lease`` if one is held.
+    """
+
+    version: int
+    entries: list[Entry]
+    lease: Lease | None = None

@@ -14,7 +14,6 @@ indexed at the lease's expiry), so recovery is continuous, not only at start.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -22,12 +21,12 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .config import Config
 from .errors import OutboxUnavailable
-
-if TYPE_CHECKING:
-    from .service import Outbox
+from .keys import KeySpace
+from .transport import retry_unavailable
 
 logger = logging.getLogger("django_outbox.worker")
 
@@ -53,6 +52,32 @@ class WorkerStats:
     errors: int = 0
 
 
+class WorkerOutbox(Protocol):
+    """What a :class:`Worker` needs of the outbox: public members only (the core
+    :class:`~django_outbox.core.service.Outbox` provides them)."""
+
+    config: Config
+    keys: KeySpace
+    cluster: bool
+    deliverer: Callable[..., Any] | None
+    ledger_probe: Callable[..., Any] | None
+    owner: str
+
+    async def astep(
+        self, workspace_id: str, session_id: str, deliverer: Callable[..., Any], carry: Any = None
+    ) -> tuple[bool, Any]: ...
+    async def arelease(self, workspace_id: str, session_id: str, carry: Any) -> None: ...
+    async def adue_sessions(self, limit: int) -> list[tuple[str, str]]: ...
+    async def await_wake(self, key: str, block: float, batch: int) -> list[tuple[str, str]]: ...
+    async def arepair_indices(self, cursors: dict[int, int], batch: int) -> int: ...
+    async def abeat(self, worker_id: str, record: dict[str, Any], ttl: float) -> None: ...
+    async def aforget_worker(self, worker_id: str) -> None: ...
+    async def aworkspaces(self) -> list[str]: ...
+    async def asweep_workspace_parked_errors(self, workspace_id: str) -> int: ...
+    async def aload_scripts(self) -> None: ...
+    async def arecover(self) -> int: ...
+
+
 class Worker:
     """Runs deliveries until ``stop`` is set (or, with ``once``, until nothing is due).
 
@@ -65,7 +90,7 @@ class Worker:
 
     def __init__(
         self,
-        outbox: Outbox,
+        outbox: WorkerOutbox,
         deliverer: Callable[..., Any] | None,
         *,
         concurrency: int,
@@ -120,68 +145,25 @@ class Worker:
     async def scan(self) -> int:
         """Offer every session due now; return how many were found.
 
-        Reads the workspaces-due index (every shard of it on a cluster), then the
-        due sessions of each due workspace. On a cluster a shard's score may be
-        early (see index.lua); a workspace found with nothing due gets its true
-        earliest time back with :meth:`_raise_scores`.
+        Reads the workspaces-due index, then the due sessions of each due
+        workspace (:meth:`~django_outbox.core.base.OutboxBase.adue_sessions`).
         """
-        outbox = self.outbox
-        now_ms = outbox._now_us() // 1000
-        client = outbox._aclient()
-        pipe = client.pipeline(transaction=False)
-        for key in outbox.keys.index_keys("wsdue"):
-            pipe.zrangebyscore(key, "-inf", now_ms, start=0, num=SCAN_LIMIT, withscores=True)
-        workspaces = {
-            ws.decode(): int(score) for shard in await pipe.execute() for ws, score in shard
-        }
+        due = await self.outbox.adue_sessions(SCAN_LIMIT)
         self.stats.scans += 1
         self.fresh = 0
-        if not workspaces:
-            return 0
-        found = 0
-        idle: dict[str, int] = {}
-        pipe = client.pipeline(transaction=False)
-        for ws in workspaces:
-            pipe.zrangebyscore(outbox.keys.due(ws), "-inf", now_ms, start=0, num=SCAN_LIMIT)
-        for ws, sessions in zip(workspaces, await pipe.execute(), strict=True):
-            if not sessions:
-                idle[ws] = workspaces[ws]
-            for ses in sessions:
-                self.fresh += self._offer(ws, ses.decode())
-                found += 1
-        if idle and outbox.cluster:
-            await self._raise_scores(idle)
-        return found
-
-    async def _raise_scores(self, idle: dict[str, int]) -> None:
-        """Cluster only: move workspaces whose shard score was early to their true
-        earliest due time. Remove-then-recheck: drop the score only if it is still
-        the one read (index.lua 'drop'), then read the workspace's own due index and
-        add its earliest time back with ZADD LT, so a hint that arrived meanwhile
-        is never overwritten by a later time."""
-        outbox = self.outbox
-        client = outbox._aclient()
-        keys = outbox.keys
-
-        async def one(ws: str, score: int) -> None:
-            shard = keys.shard_keys(keys.shard_of(ws))
-            await outbox._aevalsha(client, "index", shard, ["drop", ws, score])
-            first = await client.zrange(keys.due(ws), 0, 0, withscores=True)
-            if first:
-                await client.zadd(shard[0], {ws: int(first[0][1])}, lt=True)
-
-        await asyncio.gather(*(one(ws, score) for ws, score in idle.items()))
+        for ws, ses in due:
+            self.fresh += self._offer(ws, ses)
+        return len(due)
 
     async def _wake_loop(self, key: str) -> None:
         """Wait on one wake list; BLPOP hands each item to exactly one worker. (A
         cluster has one wake list per shard and every worker waits on each.)"""
-        client = self.outbox._aclient()
         # Block for less than the client's socket timeout (5 s), whatever the tick:
         # a longer BLPOP would time out on the socket and count as an error.
-        timeout = min(max(self.tick, 0.01), WAKE_WAIT_MAX)
+        block = min(max(self.tick, 0.01), WAKE_WAIT_MAX)
         while not self.stop.is_set():
             try:
-                item = await client.blpop([key], timeout=timeout)
+                pairs = await self.outbox.await_wake(key, block, WAKE_BATCH)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -189,18 +171,9 @@ class Worker:
                 logger.warning("outbox worker %s: wake wait failed: %s", self.id, exc)
                 await self._sleep(self.tick)
                 continue
-            if item is None:
-                continue
-            items = [item[1]]
-            try:  # a burst of accepts: take what else is waiting in one round trip
-                items += await client.lpop(key, WAKE_BATCH) or []
-            except Exception as exc:  # the items already taken are still offered
-                logger.warning("outbox worker %s: wake read failed: %s", self.id, exc)
-            for raw in items:
-                ws, _, ses = raw.decode().partition(" ")
-                if ws and ses:
-                    self.stats.wakes += 1
-                    self._offer(ws, ses)
+            for ws, ses in pairs:
+                self.stats.wakes += 1
+                self._offer(ws, ses)
 
     async def _tick_loop(self) -> None:
         while not self.stop.is_set():
@@ -232,7 +205,7 @@ class Worker:
         carry = None
         try:
             while not self.stop.is_set():
-                took, carry = await self.outbox._astep(ws, ses, self.deliverer, carry)
+                took, carry = await self.outbox.astep(ws, ses, self.deliverer, carry)
                 if took:
                     self.stats.steps += 1
                     continue
@@ -250,7 +223,7 @@ class Worker:
         finally:
             if carry is not None:  # a delivered entry's lease, still ours: hand it back
                 try:
-                    await self.outbox._arun(self.outbox._release_plan(ws, ses, *carry))
+                    await self.outbox.arelease(ws, ses, carry)
                 except Exception as exc:
                     logger.warning("outbox worker %s: release failed: %s", self.id, exc)
             self._running.pop(key, None)
@@ -298,16 +271,8 @@ class Worker:
         }
 
     async def beat(self) -> None:
-        outbox = self.outbox
-        client = outbox._aclient()
-        record = self.heartbeat_record()
-        pipe = client.pipeline(transaction=False)
-        pipe.set(outbox.keys.heartbeat(self.id), json.dumps(record), px=int(HEARTBEAT_TTL * 1000))
-        pipe.zadd(outbox.keys.workers, {self.id: int(record["last_seen"] * 1000)})
-        pipe.zremrangebyscore(
-            outbox.keys.workers, "-inf", int((time.time() - 10 * HEARTBEAT_TTL) * 1000)
-        )
-        await pipe.execute()
+        """Publish this worker's heartbeat (read by the admin and ``outbox_worker --check``)."""
+        await self.outbox.abeat(self.id, self.heartbeat_record(), HEARTBEAT_TTL)
 
     async def _heartbeat_loop(self) -> None:
         while not self.stop.is_set():
@@ -318,50 +283,16 @@ class Worker:
             await self._sleep(HEARTBEAT_INTERVAL)
 
     async def _forget(self) -> None:
-        client = self.outbox._aclient()
         try:
-            await client.delete(self.outbox.keys.heartbeat(self.id))
-            await client.zrem(self.outbox.keys.workers, self.id)
+            await self.outbox.aforget_worker(self.id)
         except Exception:
             pass
 
     async def repair_indices(self, cursors: dict[int, int] | None = None) -> int:
-        """Cluster only: one paced pass of the index repair; returns workspaces checked.
-
-        A shard's workspaces-due score is written by the client *after* the
-        script (the hint). A client that dies between the two (and whose caller
-        never retries) leaves a workspace due in its own index but not in the
-        shard's. This walks each shard's workspaces SET with SSCAN, at most
-        ``REPAIR_BATCH`` workspaces per shard per pass, and adds each one's
-        earliest due time with ZADD LT (never later than it is). ``cursors``
-        carries the SSCAN positions from pass to pass.
-        """
-        outbox = self.outbox
-        client = outbox._aclient()
-        keys = outbox.keys
-        cursors = {} if cursors is None else cursors
-        checked = 0
-        for shard in range(keys.shards):
-            shard_keys = keys.shard_keys(shard)
-            cursor, members = await client.sscan(
-                shard_keys[1], cursors.get(shard, 0), count=REPAIR_BATCH
-            )
-            cursors[shard] = cursor
-            workspaces = [m.decode() for m in members]
-            if not workspaces:
-                continue
-            pipe = client.pipeline(transaction=False)
-            for ws in workspaces:
-                pipe.zrange(keys.due(ws), 0, 0, withscores=True)
-            earliest = {
-                ws: int(first[0][1])
-                for ws, first in zip(workspaces, await pipe.execute(), strict=True)
-                if first
-            }
-            if earliest:
-                await client.zadd(shard_keys[0], earliest, lt=True)
-            checked += len(workspaces)
-        return checked
+        """Cluster only: one paced pass of the index repair (at most ``REPAIR_BATCH``
+        workspaces per shard); returns workspaces checked. ``cursors`` carries the
+        scan positions from pass to pass."""
+        return await self.outbox.arepair_indices({} if cursors is None else cursors, REPAIR_BATCH)
 
     async def _repair_loop(self) -> None:
         cursors: dict[int, int] = {}
@@ -436,8 +367,6 @@ class Worker:
     async def _patiently(self, step: Callable[[], Any]) -> Any:
         """Run a start-up step, retrying while Valkey is briefly unavailable (a restart,
         a cut connection) for up to ``STARTUP_PATIENCE`` seconds."""
-        from .service import retry_unavailable
-
         return await retry_unavailable(
             step,
             patience=STARTUP_PATIENCE,

@@ -1,0 +1,446 @@
+"""What every outbox operation stands on: configuration, script arguments, durability,
+events, session snapshots and the due index.
+
+:class:`OutboxBase` extends the :class:`~django_outbox.core.transport.Transport`
+with what is shared by the operations (:mod:`~django_outbox.core.service`), the
+delivery step (:mod:`~django_outbox.core.delivery`) and the worker loop
+(:mod:`~django_outbox.core.worker`): the KEYS/ARGV prefix of the per-session
+scripts (the layout of ``_lib.lua``), ``WAIT_REPLICAS``/``WAIT_AOF`` waits,
+building events only when someone listens, atomic snapshots of a session, and
+the reads and waits a worker uses to find due sessions (README "Architecture").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .config import Config
+from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
+from .errors import OutboxUnavailable
+from .keys import KeySpace, SessionKeys
+from .plans import Cmd, Eval, Pipe, Plan, iter_once
+from .transport import Transport, as_text
+
+logger = logging.getLogger("django_outbox")
+
+#: Sessions whose key names are kept ready (KeySpace.session, script KEYS lists).
+KEY_CACHE_SIZE = 4096
+
+
+class OutboxBase(Transport):
+    """The shared floor of :class:`~django_outbox.core.service.Outbox`.
+
+    ``OutboxBase(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=...,
+    ledger_probe=..., **tunables)`` where tunables are the snake_case names of
+    :class:`~django_outbox.core.config.Config` (durations in seconds), or
+    ``config=Config(...)``. ``clock`` returns seconds since the epoch (injectable
+    for tests). ``cluster=True`` uses Valkey Cluster clients. Raises
+    :class:`~django_outbox.core.config.ConfigError` for invalid tunables and
+    ``TypeError`` if both ``config`` and tunables are given.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        deliverer: Callable[..., Any] | None = None,
+        verifier: Callable[..., Any] | None = None,
+        ledger_probe: Callable[..., Any] | None = None,
+        cluster: bool = False,
+        clock: Callable[[], float] = time.time,
+        client_options: dict[str, Any] | None = None,
+        config: Config | None = None,
+        **tunables: Any,
+    ) -> None:
+        if config is not None and tunables:
+            raise TypeError("pass either config or tunables, not both")
+        self.config = config or Config.from_mapping(tunables)
+        super().__init__(
+            url or "redis://127.0.0.1:6379/0",
+            cluster=cluster,
+            keys=KeySpace(self.config.key_prefix, self.config.cluster_shards if cluster else 0),
+            clock=clock,
+            client_options=client_options,
+        )
+        self.deliverer = deliverer
+        self.verifier = verifier
+        self.ledger_probe = ledger_probe
+        self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
+        self._dedupe_ttl_ms = int(self.config.dedupe_ttl * 1000)
+        self._global_keys = [] if cluster else self.keys.global_keys()
+        #: SessionKeys -> the KEYS list of its scripts (shared, never mutated).
+        self._script_keys: dict[SessionKeys, list[str]] = {}
+
+    # -- script arguments ------------------------------------------------------------------
+
+    def _session_args(
+        self, keys: SessionKeys, workspace_id: str, session_id: str, now_us: int | None = None
+    ) -> tuple[list[str], list[Any]]:
+        """(KEYS, ARGV prefix) of a per-session script (the layout of ``_lib.lua``)."""
+        script_keys = self._script_keys.get(keys)
+        if script_keys is None:
+            if len(self._script_keys) >= KEY_CACHE_SIZE:
+                self._script_keys.clear()
+            script_keys = self._script_keys[keys] = keys.script_keys() + self._global_keys
+        return (
+            script_keys,
+            [
+                len(self._global_keys),
+                self._now_us() if now_us is None else now_us,
+                session_id,
+                workspace_id,
+                self.config.ordering,
+            ],
+        )
+
+    def _session_eval(
+        self,
+        name: str,
+        workspace_id: str,
+        session_id: str,
+        extra_args: Iterable[Any] = (),
+        extra_keys: Iterable[str] = (),
+    ) -> Eval:
+        keys = self.keys.session(workspace_id, session_id)
+        script_keys, args = self._session_args(keys, workspace_id, session_id)
+        return Eval(name, script_keys + list(extra_keys), args + list(extra_args))
+
+    # -- durability -------------------------------------------------------------------------
+
+    def _durably(self, call: Eval) -> Plan:
+        """Run ``call``; with ``WAIT_REPLICAS`` / ``WAIT_AOF`` follow it with the wait,
+        pipelined on the same connection (the wait counts that connection's writes).
+        Returns ``(answer, None)``, or ``(answer, OutboxUnavailable)`` when the write
+        was made but not acknowledged in time; raises if the call itself failed."""
+        waits = self._durability_waits()
+        if not waits:
+            return (yield call), None
+        results = yield Pipe([call, *waits])
+        if isinstance(results[0], Exception):
+            raise results[0]
+        try:
+            self._check_waits(results[1:])
+        except OutboxUnavailable as exc:
+            return results[0], exc
+        return results[0], None
+
+    def _durability_waits(self) -> list[Cmd]:
+        timeout_ms = max(1, int(self.config.wait_timeout * 1000))
+        if self.config.wait_aof:
+            return [Cmd(("WAITAOF", 1, self.config.wait_replicas, timeout_ms))]
+        if self.config.wait_replicas:
+            return [Cmd(("WAIT", self.config.wait_replicas, timeout_ms))]
+        return []
+
+    def _check_waits(self, results: list[Any]) -> None:
+        for r in results:
+            if isinstance(r, Exception):
+                raise OutboxUnavailable(
+                    f"accepted, but the durability wait failed: {r}", accepted=True
+                )
+            if isinstance(r, list):  # WAITAOF: [local fsynced, replicas fsynced]
+                ok = int(r[0]) >= 1 and int(r[1]) >= self.config.wait_replicas
+            else:
+                ok = int(r) >= self.config.wait_replicas
+            if not ok:
+                raise OutboxUnavailable(
+                    "accepted, but not acknowledged by the required replicas/AOF within "
+                    f"{self.config.wait_timeout}s (WAIT answered {r!r}); retry with the same "
+                    "clientMessageID",
+                    accepted=True,
+                )
+
+    # -- events -------------------------------------------------------------------------------
+
+    def listening(self, kind: str, watched: bool) -> bool:
+        """Whether events of ``kind`` (``"staged"``, ``"delivered"``, ``"updated"``) have an
+        observer; ``watched`` is True when a WebSocket client watches the session. When
+        this answers False the event is not built at all (the worker's hot path parses
+        entries only for it). The base class listens if :meth:`emit` or :meth:`aemit`
+        is overridden; the Django outbox asks its signals and the watchers."""
+        cls = type(self)
+        return cls.emit is not Transport.emit or cls.aemit is not Transport.aemit
+
+    def _events(
+        self,
+        kind: str,
+        raws: Iterable[Any],
+        ws: str,
+        ses: str,
+        version: int,
+        state: str | None = None,
+        watched: bool = True,
+    ) -> list[OutboxEvent]:
+        if not raws or not self.listening(kind, watched):
+            return []
+        events = []
+        for raw in raws:
+            entry = Entry.from_json(raw)
+            events.append(
+                OutboxEvent(kind, state or str(entry.status), entry, ws, ses, version, watched)
+            )
+        return events
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def _snapshot_plan(self, workspace_id: str, session_id: str) -> Plan:
+        answer = yield self._session_eval("snapshot", workspace_id, session_id)
+        return self._snapshot_from(answer)
+
+    def _snapshots_plan(self, pairs: Iterable[tuple[str, str]]) -> Plan:
+        calls = [self._session_eval("snapshot", ws, ses) for ws, ses in pairs]
+        if not calls:
+            return []
+        answers = yield Pipe(list(calls))
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return [self._snapshot_from(answer) for answer in answers]
+
+    def _snapshot_from(self, answer: list[Any]) -> Snapshot:
+        version, queued, staged, lock, _pttl = answer
+        entries = [Entry.from_json(raw) for raw in queued]
+        for raw in staged:
+            entry = Entry.from_json(raw)
+            if entry.delivered_at is not None:
+                continue  # delivered; only its signal is still owed
+            at = next(
+                (
+                    i
+                    for i, e in enumerate(entries)
+                    if (e.seq, e.accepted_at) > (entry.seq, entry.accepted_at)
+                ),
+                len(entries),
+            )
+            entries.insert(at, entry)
+        lease = None
+        if lock:
+            token, acquired, *rest = as_text(lock).split()
+            acquired_ms = int(acquired)
+            held_for = max(0.0, (self._now_us() // 1000 - acquired_ms) / 1000)
+            lease = Lease(
+                owner=token.rsplit(".", 1)[0],
+                acquired_at=format_time(acquired_ms * 1000),
+                entry_id=rest[0] if rest else None,
+                held_for=held_for,
+            )
+            entries = [
+                e.evolve(blocked_by_in_flight=True, in_flight_for=held_for)
+                if e.status is Status.PENDING
+                else e
+                for e in entries
+            ]
+        return Snapshot(int(version), entries, lease)
+
+    def snapshot(self, workspace_id: str, session_id: str) -> Snapshot:
+        """The session's ``version``, entries (FIFO, staged ones included) and lease, read
+        atomically. Raises :class:`InvalidIdentifier` or :class:`OutboxUnavailable`.
+        """
+        return self._run(self._snapshot_plan(workspace_id, session_id))
+
+    async def asnapshot(self, workspace_id: str, session_id: str) -> Snapshot:
+        """Async :meth:`snapshot`."""
+        return await self._arun(self._snapshot_plan(workspace_id, session_id))
+
+    def snapshots(self, pairs: Iterable[tuple[str, str]]) -> list[Snapshot]:
+        """:meth:`snapshot` of many ``(workspace_id, session_id)`` pairs in one round trip
+        (each still atomic on its own), in the order given.
+        """
+        return self._run(self._snapshots_plan(list(pairs)))
+
+    async def asnapshots(self, pairs: Iterable[tuple[str, str]]) -> list[Snapshot]:
+        """Async :meth:`snapshots`."""
+        return await self._arun(self._snapshots_plan(list(pairs)))
+
+    def list(self, workspace_id: str, session_id: str) -> list[Entry]:
+        """The session's entries in FIFO order, staged (delivering) ones included.
+
+        Pending entries waiting behind a held lease carry ``blocked_by_in_flight``
+        and ``in_flight_for`` (seconds the lease has been held). Raises
+        :class:`InvalidIdentifier` or :class:`OutboxUnavailable`.
+        """
+        return self.snapshot(workspace_id, session_id).entries
+
+    async def alist(self, workspace_id: str, session_id: str) -> list[Entry]:
+        """Async :meth:`list`."""
+        return (await self.asnapshot(workspace_id, session_id)).entries
+
+    # -- the indices a worker reads ---------------------------------------------------------
+
+    def _workspaces_plan(self) -> Plan:
+        """Every workspace with sessions, sorted (one SMEMBERS per shard on a cluster)."""
+        answers = yield Pipe([Cmd(("SMEMBERS", k)) for k in self.keys.index_keys("workspaces")])
+        members = set()
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+            members.update(as_text(m) for m in answer)
+        return sorted(members)
+
+    def workspaces(self) -> list[str]:
+        """Every workspace that has sessions, sorted (one ``SMEMBERS`` per shard).
+
+        Raises :class:`OutboxUnavailable`.
+        """
+        return self._run(self._workspaces_plan())
+
+    async def aworkspaces(self) -> list[str]:
+        """Async :meth:`workspaces`."""
+        return await self._arun(self._workspaces_plan())
+
+    async def adue_sessions(self, limit: int) -> list[tuple[str, str]]:
+        """``(workspace_id, session_id)`` of sessions due now, at most ``limit``
+        workspaces (every shard of the workspaces-due index on a cluster) and
+        ``limit`` sessions of each, in two pipelined round trips.
+
+        On a cluster a shard's score may be early (see ``index.lua``): a workspace
+        found with nothing due gets its true earliest due time back. Raises
+        :class:`OutboxUnavailable`.
+        """
+        now_ms = self._now_us() // 1000
+        answers = await self._arun(
+            iter_once(
+                Pipe(
+                    [
+                        Cmd(("ZRANGEBYSCORE", key, "-inf", now_ms, "WITHSCORES", "LIMIT", 0, limit))
+                        for key in self.keys.index_keys("wsdue")
+                    ]
+                )
+            )
+        )
+        workspaces: dict[str, int] = {}
+        for shard in answers:
+            if isinstance(shard, Exception):
+                raise shard
+            for ws, score in _score_pairs(shard):
+                workspaces[as_text(ws)] = int(float(score))
+        if not workspaces:
+            return []
+        answers = await self._arun(
+            iter_once(
+                Pipe(
+                    [
+                        Cmd(("ZRANGEBYSCORE", self.keys.due(ws), "-inf", now_ms, "LIMIT", 0, limit))
+                        for ws in workspaces
+                    ]
+                )
+            )
+        )
+        due: list[tuple[str, str]] = []
+        idle: dict[str, int] = {}
+        for ws, sessions in zip(workspaces, answers, strict=True):
+            if isinstance(sessions, Exception):
+                raise sessions
+            if not sessions:
+                idle[ws] = workspaces[ws]
+            due += [(ws, as_text(ses)) for ses in sessions]
+        if idle and self.cluster:
+            await self._araise_scores(idle)
+        return due
+
+    async def _araise_scores(self, idle: dict[str, int]) -> None:
+        """Cluster only: move workspaces whose shard score was early to their true
+        earliest due time. Remove-then-recheck: drop the score only if it is still
+        the one read (index.lua 'drop'), then read the workspace's own due index and
+        add its earliest time back with ZADD LT, so a hint that arrived meanwhile
+        is never overwritten by a later time."""
+        client = self._aclient()
+        keys = self.keys
+
+        async def one(ws: str, score: int) -> None:
+            shard = keys.shard_keys(keys.shard_of(ws))
+            await self._aevalsha(client, "index", shard, ["drop", ws, score])
+            first = await client.zrange(keys.due(ws), 0, 0, withscores=True)
+            if first:
+                await client.zadd(shard[0], {ws: int(first[0][1])}, lt=True)
+
+        await asyncio.gather(*(one(ws, score) for ws, score in idle.items()))
+
+    async def await_wake(self, key: str, block: float, batch: int) -> list[tuple[str, str]]:
+        """Wait up to ``block`` seconds on wake list ``key`` (one of
+        ``keys.index_keys("wake")``); return the ``(workspace_id, session_id)`` pairs
+        taken: the first one BLPOP hands to exactly this caller, then up to ``batch``
+        more in one LPOP (a burst of accepts). ``[]`` when the wait timed out. Raises
+        what the BLPOP raises; a failed LPOP is logged and the pairs already taken
+        are returned.
+        """
+        client = self._aclient()
+        item = await client.blpop([key], timeout=block)
+        if item is None:
+            return []
+        items = [item[1]]
+        try:
+            items += await client.lpop(key, batch) or []
+        except Exception as exc:
+            logger.warning("outbox: wake read failed: %s", exc)
+        pairs = []
+        for raw in items:
+            ws, _, ses = as_text(raw).partition(" ")
+            if ws and ses:
+                pairs.append((ws, ses))
+        return pairs
+
+    async def arepair_indices(self, cursors: dict[int, int], batch: int) -> int:
+        """Cluster only: one paced pass of the index repair; returns workspaces checked.
+
+        A shard's workspaces-due score is written by the client *after* the
+        script (the hint). A client that dies between the two (and whose caller
+        never retries) leaves a workspace due in its own index but not in the
+        shard's. This walks each shard's workspaces SET with SSCAN, at most
+        ``batch`` workspaces per shard per pass, and adds each one's earliest
+        due time with ZADD LT (never later than it is). ``cursors`` carries the
+        SSCAN positions from pass to pass (updated in place).
+        """
+        client = self._aclient()
+        keys = self.keys
+        checked = 0
+        for shard in range(keys.shards):
+            shard_keys = keys.shard_keys(shard)
+            cursor, members = await client.sscan(shard_keys[1], cursors.get(shard, 0), count=batch)
+            cursors[shard] = cursor
+            workspaces = [as_text(m) for m in members]
+            if not workspaces:
+                continue
+            pipe = client.pipeline(transaction=False)
+            for ws in workspaces:
+                pipe.zrange(keys.due(ws), 0, 0, withscores=True)
+            earliest = {
+                ws: int(first[0][1])
+                for ws, first in zip(workspaces, await pipe.execute(), strict=True)
+                if first
+            }
+            if earliest:
+                await client.zadd(shard_keys[0], earliest, lt=True)
+            checked += len(workspaces)
+        return checked
+
+    # -- worker heartbeats ------------------------------------------------------------------
+
+    async def abeat(self, worker_id: str, record: dict[str, Any], ttl: float) -> None:
+        """Publish worker ``worker_id``'s heartbeat ``record`` (JSON-able) for ``ttl``
+        seconds, index it by time, and forget workers silent for ``10 * ttl``."""
+        now_ms = int(time.time() * 1000)  # read against the readers' own clocks
+        client = self._aclient()
+        pipe = client.pipeline(transaction=False)
+        pipe.set(self.keys.heartbeat(worker_id), json.dumps(record), px=int(ttl * 1000))
+        pipe.zadd(self.keys.workers, {worker_id: now_ms})
+        pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - int(10 * ttl * 1000))
+        await pipe.execute()
+
+    async def aforget_worker(self, worker_id: str) -> None:
+        """Remove worker ``worker_id``'s heartbeat (a clean stop)."""
+        client = self._aclient()
+        await client.delete(self.keys.heartbeat(worker_id))
+        await client.zrem(self.keys.workers, worker_id)
+
+
+def _score_pairs(reply: list[Any]) -> list[tuple[Any, Any]]:
+    """``[(member, score), ...]`` of a WITHSCORES reply, flat (RESP2) or paired (RESP3)."""
+    if reply and isinstance(reply[0], list | tuple):
+        return [(m, s) for m, s in reply]
+    return list(zip(reply[::2], reply[1::2], strict=True))

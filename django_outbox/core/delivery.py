@@ -1,0 +1,534 @@
+"""The delivery step: claim a session's lease, deliver or verify its head, settle.
+
+:class:`OutboxDelivery` adds to :class:`~django_outbox.core.base.OutboxBase`
+the step a worker takes for one session (README "How delivery works"):
+
+1. ``claim.lua`` takes the session's lease (``LOCK_TTL``) and stages its head
+   entry, or answers that the session is busy, has nothing due, or owes an
+   ``entry_delivered`` that a dead holder could not acknowledge;
+2. the deliverer (or, for an entry whose last outcome is unknown, the
+   verifier) is called while :class:`LeaseKeeper` renews the lease every third
+   of ``LOCK_TTL``; its ending is classified into an outcome;
+3. ``settle.lua`` records the outcome and releases the lease in one script; a
+   delivered entry stays staged until ``entry_delivered`` ran, and is
+   acknowledged by the release (or by the next claim, which reuses the lease:
+   the *carry*).
+
+:meth:`OutboxDelivery.arecover` returns staged entries whose lease is gone to
+their queue as verifying. Deliverers answer by returning or by raising one of
+the three outcome errors of :mod:`~django_outbox.core.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import secrets
+import socket
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .base import OutboxBase
+from .entry import Entry, OutboxEvent, Verdict
+from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
+from .keys import SessionKeys
+from .plans import Cmd, Emit, Eval, Pipe, Plan, iter_once
+from .transport import as_text, is_async_callable, retry_unavailable
+
+logger = logging.getLogger("django_outbox")
+
+#: Sessions recovered per pipeline by recover().
+RECOVER_PAGE = 500
+#: How long a settle receipt is kept so a replayed settle recognises its own write (ms).
+RECEIPT_TTL_MS = 10 * 60 * 1000
+MAX_ERROR_CHARS = 2000
+
+#: ``(lease token, entry IDs)``: a lease still held after a delivery whose
+#: ``entry_delivered`` already fired, and the entries its release (or the next
+#: claim) must acknowledge.
+Carry = tuple[str, list[str]]
+
+
+class LeaseKeeper:
+    """Renews every lease held on one event loop, in one script call per round.
+
+    A lease is renewed every third of ``LOCK_TTL`` (DESIGN section 6); one
+    background task serves all deliveries of the loop and ends when none is held.
+    """
+
+    def __init__(self, outbox: OutboxDelivery, loop: asyncio.AbstractEventLoop) -> None:
+        self.outbox = outbox
+        self.loop = loop
+        self.held: dict[str, tuple[SessionKeys, str, str]] = {}
+        self.lost: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    def hold(self, token: str, keys: SessionKeys, workspace_id: str, session_id: str) -> None:
+        self.held[token] = (keys, workspace_id, session_id)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def drop(self, token: str) -> bool:
+        """Stop renewing; return True if the lease was seen lost meanwhile."""
+        self.held.pop(token, None)
+        if token in self.lost:
+            self.lost.discard(token)
+            return True
+        return False
+
+    async def _run(self) -> None:
+        interval = self.outbox.config.lock_ttl / 3
+        while self.held:
+            await asyncio.sleep(interval)
+            if not self.held:
+                return
+            try:
+                await self.renew_now()
+            except Exception:  # keep renewing: a lost round only shortens the lease
+                logger.warning("outbox: lease renewal failed", exc_info=True)
+
+    async def renew_now(self) -> None:
+        batch = list(self.held.items())
+        if not batch:
+            return
+        outbox = self.outbox
+        # One script call for all leases on a standalone server; on a cluster one
+        # per workspace (its keys share a slot), all in one pipeline.
+        groups: dict[str, list[tuple[str, tuple[SessionKeys, str, str]]]] = {}
+        for item in batch:
+            groups.setdefault(item[1][1] if outbox.cluster else "", []).append(item)
+        calls = []
+        for items in groups.values():
+            keys: list[str] = [] if outbox.cluster else [outbox.keys.workspaces_due]
+            args: list[Any] = [len(keys), outbox._now_us(), "", "", "", outbox._lock_ttl_ms]
+            for token, (skeys, workspace_id, session_id) in items:
+                keys += [skeys.lock, skeys.due]
+                args += [token, session_id, workspace_id]
+            calls.append(Eval("renew", keys, args))
+        results = await outbox._arun(iter_once(Pipe(calls)))
+        for items, result in zip(groups.values(), results, strict=True):
+            if isinstance(result, Exception):
+                raise result
+            for (token, _), ok in zip(items, result, strict=True):
+                if not ok and token in self.held:
+                    self.lost.add(token)
+                    logger.warning("outbox: lease %s lost before the delivery ended", token)
+
+
+class OutboxDelivery(OutboxBase):
+    """The delivery step and recovery (see the module docstring); constructed like
+    :class:`~django_outbox.core.base.OutboxBase`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LeaseKeeper] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._last_keeper: LeaseKeeper | None = None
+        #: Names this process in lease tokens ("<owner>.<random>"), so the admin
+        #: can tell who holds a lease. The worker sets it to its worker ID.
+        self.owner = f"{socket.gethostname()}-{os.getpid()}"
+        #: Callables ``(step, outcome, result, seconds)`` told about every delivery
+        #: step: ``step`` is "deliver" or "verify", ``outcome`` the classified
+        #: ending (delivered, failed, ambiguous, ...), ``result`` what the settle
+        #: script answered (removed, updated, lost, ...). A claim that recovered
+        #: a dead holder's staging reports ("recover", "recovered", count, 0).
+        self.step_listeners: list[Callable[[str, str, str, float], None]] = []
+
+    # -- one step ---------------------------------------------------------------------------
+
+    async def adeliver_once(
+        self,
+        workspace_id: str,
+        session_id: str,
+        deliverer: Callable[..., Any] | None = None,
+    ) -> bool:
+        """Take one step for one session: claim its lease, then deliver or verify its next entry.
+
+        Returns True if a step was taken (an entry was delivered, verified or
+        failed), False if the session was busy (another holder's lease) or had
+        nothing due. The lease is renewed every ``LOCK_TTL / 3`` while the
+        deliverer runs; the deliverer is bounded by ``DELIVERY_TIMEOUT`` (a
+        timeout is an ambiguous outcome). The outcome is recorded by one script
+        that also releases the lease; if the lease was lost meanwhile nothing is
+        recorded and the entry is left to verification. Cancelling this coroutine
+        mid-delivery records the attempt as ambiguous.
+
+        ``deliverer`` overrides the configured one; raises ``ValueError`` if
+        neither is set, :class:`OutboxUnavailable` if Valkey cannot be reached.
+        """
+        deliverer = deliverer or self.deliverer
+        if deliverer is None:
+            raise ValueError("no deliverer: pass one or configure DELIVERER")
+        took, carry = await self.astep(workspace_id, session_id, deliverer)
+        if carry is not None:
+            await self.arelease(workspace_id, session_id, carry)
+        return took
+
+    async def astep(
+        self,
+        ws: str,
+        ses: str,
+        deliverer: Callable[..., Any],
+        carry: Carry | None = None,
+    ) -> tuple[bool, Carry | None]:
+        """One step (see :meth:`adeliver_once`); returns ``(step taken, carry)``.
+
+        ``carry`` (a :data:`Carry`) is what the previous step of the same session
+        returned: the next claim acknowledges its entries and reuses its lease,
+        which saves a round trip per message in the worker loop. Whoever ends the
+        loop must hand a carry back with :meth:`arelease`. Raises
+        :class:`~django_outbox.core.errors.OutboxUnavailable`.
+        """
+        keys = self.keys.session(ws, ses)
+        token, ack = carry if carry is not None else (self._new_token(), [])
+        answer = await self._arun(self._claim_plan(ws, ses, token, ack))
+        kind, claimed, recovered = answer
+        if recovered:
+            self._tell_listeners("recover", "recovered", str(recovered), 0.0)
+        if kind == "owed":
+            await self._afire_owed(ws, ses, keys, token, claimed)
+            return True, None
+        if kind == "unreplicated":
+            # The claim is not known to the replicas: do not call the agent. The
+            # entry goes back as a failure in which nothing was attempted.
+            error = (
+                "transient: replicas did not acknowledge the claim within "
+                f"{self.config.wait_timeout}s"
+            )
+            result = await self._asettle(ws, ses, token, claimed, "transient", error)
+            self._tell_listeners("deliver", "transient", result, 0.0)
+            return True, None
+        if kind not in ("deliver", "verify"):
+            return False, None
+        entry: Entry = claimed
+        keeper = self._keeper()
+        keeper.hold(token, keys, ws, ses)
+        started = time.monotonic()
+        try:
+            if kind == "deliver":
+                outcome, error = await self._deliver(deliverer, entry, ws, ses)
+            else:
+                outcome, error = await self._verify(entry, ws, ses)
+        except asyncio.CancelledError:
+            keeper.drop(token)
+            if kind == "deliver":
+                await asyncio.shield(
+                    self._arun(self._settle_plan(ws, ses, token, entry, "ambiguous", "cancelled"))
+                )
+            else:
+                await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
+            raise
+        try:
+            result = await self._asettle(ws, ses, token, entry, outcome, error)
+        finally:
+            if keeper.drop(token):
+                logger.warning("outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id)
+        seconds = time.monotonic() - started
+        step = "deliver" if kind == "deliver" else "verify"
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "outbox %s ws=%s ses=%s entry=%s attempt=%d outcome=%s result=%s duration=%.3fs%s",
+                step,
+                ws,
+                ses,
+                entry.id,
+                entry.attempts + 1,
+                outcome,
+                result,
+                seconds,
+                f" error={error!r}" if error else "",
+            )
+        self._tell_listeners(step, outcome, result, seconds)
+        delivered = result == "removed"
+        return True, ((token, [entry.id]) if delivered else None)
+
+    async def arelease(self, workspace_id: str, session_id: str, carry: Carry) -> None:
+        """Hand back the lease of a ``carry`` and acknowledge its delivered entries
+        (their ``entry_delivered`` has fired). Raises
+        :class:`~django_outbox.core.errors.OutboxUnavailable`; a carry that is not
+        released expires with its lease and its entries' signals are fired again
+        by the next claimer (at-least-once, never lost)."""
+        await self._arun(self._release_plan(workspace_id, session_id, *carry))
+
+    def _new_token(self) -> str:
+        return f"{self.owner}.{secrets.token_hex(8)}"
+
+    def _keeper(self) -> LeaseKeeper:
+        return self._loop_local("_last_keeper", self._keepers, lambda loop: LeaseKeeper(self, loop))
+
+    # -- the claim, the call and the settle ------------------------------------------------
+
+    def _claim_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
+        call = self._session_eval(
+            "claim", ws, ses, extra_args=[token, self._lock_ttl_ms, *acknowledge]
+        )
+        # With WAIT_REPLICAS / WAIT_AOF the claim must be durable before the agent
+        # is called: a claim lost in a failover would make the entry look never
+        # tried, and it would be sent again without verification.
+        answer, unacknowledged = yield from self._durably(call)
+        kind = as_text(answer[0])
+        if unacknowledged is not None and kind == "deliver":  # (a verification sends nothing)
+            kind = "unreplicated"
+        if kind == "busy":
+            return ("busy", None, 0)
+        if kind == "owed":
+            return ("owed", [Entry.from_json(raw) for raw in answer[4:]], 0)
+        version, watched = int(answer[2]), bool(answer[3])
+        recovered = answer[4:]
+        events = self._events("updated", recovered, ws, ses, version, None, watched)
+        entry = Entry.from_json(answer[1]) if answer[1] else None
+        if kind == "unreplicated":
+            return (kind, entry, len(recovered))
+        if kind == "deliver" and entry is not None:
+            for event_kind in ("staged", "updated"):
+                if self.listening(event_kind, watched):
+                    events.append(
+                        OutboxEvent(event_kind, "delivering", entry, ws, ses, version, watched)
+                    )
+        if events:
+            yield Emit(events)
+        return (kind, entry, len(recovered))
+
+    async def _deliver(
+        self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
+    ) -> tuple[str, str]:
+        """Call the deliverer; classify its ending as (outcome, error text)."""
+        try:
+            if is_async_callable(deliverer):
+                async with asyncio.timeout(self.config.delivery_timeout):
+                    await deliverer(
+                        entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
+                    )
+            else:
+                await self._invoke_sync_deliverer(deliverer, entry, ws, ses)
+        except AmbiguousError as exc:
+            outcome = "ambiguous" if self.verifier is not None else "unverifiable"
+            return outcome, f"ambiguous: {exc}"
+        except TimeoutError as exc:
+            outcome = "ambiguous" if self.verifier is not None else "unverifiable"
+            return outcome, f"timed out after {self.config.delivery_timeout}s: {exc}".rstrip(": ")
+        except TransientDeliveryError as exc:
+            return "transient", f"transient: {exc}"
+        except PriorAttemptPendingError as exc:
+            return "prior_pending", f"prior attempt pending: {exc}"
+        except Exception as exc:
+            return "failed", f"{type(exc).__name__}: {exc}"
+        return "delivered", ""
+
+    async def _invoke_sync_deliverer(
+        self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
+    ) -> None:
+        """Run a sync deliverer in a thread and wait for it to *finish*.
+
+        A thread cannot be interrupted: abandoning it at ``DELIVERY_TIMEOUT``
+        would release the lease while it still sends, and a verification that
+        finds nothing yet would send the message again alongside it. So the
+        lease is kept (renewed) until the call returns, and its real outcome is
+        recorded; overstaying the timeout is logged. Sync deliverers must bound
+        their own I/O (e.g. an HTTP client timeout).
+        """
+        call = asyncio.ensure_future(
+            asyncio.to_thread(
+                deliverer, entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
+            )
+        )
+        done, _ = await asyncio.wait({call}, timeout=self.config.delivery_timeout)
+        if not done:
+            logger.warning(
+                "outbox: sync deliverer for %s/%s %s exceeded DELIVERY_TIMEOUT (%ss); waiting for "
+                "it to return (a thread cannot be interrupted)",
+                ws,
+                ses,
+                entry.id,
+                self.config.delivery_timeout,
+            )
+        result = await asyncio.shield(call)
+        if inspect.isawaitable(result):
+            async with asyncio.timeout(self.config.delivery_timeout):
+                await result
+
+    async def _verify(self, entry: Entry, ws: str, ses: str) -> tuple[str, str]:
+        verifier = self.verifier
+        if verifier is None:
+            return "unverifiable", "outcome unknown and no verifier is configured"
+        try:
+            async with asyncio.timeout(self.config.delivery_timeout):
+                verdict = await self._invoke(verifier, entry, workspace_id=ws, session_id=ses)
+        except Exception as exc:
+            return "inconclusive", f"verifier failed: {type(exc).__name__}: {exc}"
+        if verdict is Verdict.DELIVERED:
+            return "delivered", ""
+        if verdict is Verdict.ABSENT:
+            return "absent", "verifier: not in the agent's transcript"
+        if verdict is not Verdict.INCONCLUSIVE:
+            logger.warning("outbox: verifier returned %r, not a Verdict", verdict)
+        return "inconclusive", "verifier: inconclusive"
+
+    async def _invoke(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if is_async_callable(fn):
+            return await fn(*args, **kwargs)
+        result = await asyncio.to_thread(fn, *args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def _settle_args(self, token: str, entry_id: str, outcome: str, error: str) -> list[Any]:
+        c = self.config
+        us = 1_000_000
+        return [
+            token,
+            entry_id,
+            outcome,
+            error[:MAX_ERROR_CHARS],
+            c.max_attempts,
+            int(c.retry_backoff * us),
+            int(c.max_backoff * us),
+            c.max_transient_failures,
+            int(c.verify_delay * us),
+            int(c.verify_backoff * us),
+            int(c.max_verify_backoff * us),
+            c.max_verify_attempts,
+            RECEIPT_TTL_MS,
+        ]
+
+    async def _asettle(
+        self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
+    ) -> str:
+        """Record an outcome, retrying while Valkey is briefly unavailable.
+
+        The outcome is known here; losing it to a hiccup would leave the entry to
+        verification. The lease keeper goes on renewing meanwhile; after half a
+        lease of failures the error propagates (the entry is then recovered as
+        verifying once the lease expires — safe, only slower).
+        """
+        return await retry_unavailable(
+            lambda: self._arun(self._settle_plan(ws, ses, token, entry, outcome, error)),
+            patience=self.config.lock_ttl / 2,
+            first_delay=0.05,
+            max_delay=1.0,
+            what=f"recording {outcome} for {entry.id}",
+        )
+
+    def _settle_plan(
+        self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
+    ) -> Plan:
+        # Durable before entry_delivered fires: a delivered-settle lost in a
+        # failover would be verified again and fire the signal a second time.
+        answer, unacknowledged = yield from self._durably(
+            self._session_eval(
+                "settle", ws, ses, extra_args=self._settle_args(token, entry.id, outcome, error)
+            )
+        )
+        if unacknowledged is not None:
+            logger.warning("outbox: settle of %s: %s", entry.id, unacknowledged)
+        kind = as_text(answer[0])
+        if kind == "removed" or (kind == "replayed" and as_text(answer[1]) == "removed"):
+            # Delivered. The lease is still ours and the entry stays staged as
+            # delivered until its receivers ran: acknowledge it afterwards, so a
+            # crash in between leaves the signal owed to the next claimer.
+            watched = True if kind != "removed" else bool(answer[3])
+            kinds = [k for k in ("delivered", "updated") if self.listening(k, watched)]
+            if kinds:
+                if kind == "removed":
+                    version = int(answer[2])
+                    done = Entry.from_json(answer[1])
+                else:  # our settle ran but its reply was lost
+                    version = (yield from self._snapshot_plan(ws, ses)).version
+                    done = entry
+                yield Emit([OutboxEvent(k, "sent", done, ws, ses, version, watched) for k in kinds])
+            kind = "removed"  # the caller acknowledges (release, or the next claim)
+        elif kind == "updated":
+            yield Emit(
+                self._events("updated", [answer[1]], ws, ses, int(answer[2]), None, bool(answer[3]))
+            )
+        elif kind == "lost":
+            logger.warning(
+                "outbox: %s/%s %s: lease lost, outcome %s left to verification",
+                ws,
+                ses,
+                entry.id,
+                outcome,
+            )
+        return kind
+
+    def _release_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
+        return (yield self._session_eval("release", ws, ses, extra_args=[token, *acknowledge]))
+
+    async def _afire_owed(
+        self, ws: str, ses: str, keys: SessionKeys, token: str, owed: list[Entry]
+    ) -> None:
+        """Fire the entry_delivered a dead holder owed, then acknowledge it."""
+        keeper = self._keeper()
+        keeper.hold(token, keys, ws, ses)
+        try:
+            version = (await self.asnapshot(ws, ses)).version
+            await self._arun(
+                iter_once(
+                    Emit([OutboxEvent("delivered", "sent", e, ws, ses, version) for e in owed])
+                )
+            )
+            await self._arun(self._release_plan(ws, ses, token, [e.id for e in owed]))
+        finally:
+            keeper.drop(token)
+        logger.info("outbox: %s/%s fired %d owed entry_delivered", ws, ses, len(owed))
+
+    def _tell_listeners(self, step: str, outcome: str, result: str, seconds: float) -> None:
+        for listener in self.step_listeners:
+            try:
+                listener(step, outcome, result, seconds)
+            except Exception:
+                logger.exception("outbox: step listener failed")
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _recover_plan(self) -> Plan:
+        recovered = 0
+        now_ms = self._now_us() // 1000
+        for workspace_id in (yield from self._workspaces_plan()):
+            due = yield Cmd(("ZRANGEBYSCORE", self.keys.due(workspace_id), "-inf", now_ms))
+            sessions = sorted(as_text(s) for s in due)
+            # One pipeline per page of sessions (each script still atomic on its own):
+            # a worker starting on a backlog must not spend a round trip per session.
+            for start in range(0, len(sessions), RECOVER_PAGE):
+                page = sessions[start : start + RECOVER_PAGE]
+                answers = yield Pipe(
+                    [
+                        self._session_eval(
+                            "operate", workspace_id, ses, extra_args=["recover", "", ""]
+                        )
+                        for ses in page
+                    ]
+                )
+                events: list[OutboxEvent] = []
+                for session_id, answer in zip(page, answers, strict=True):
+                    if isinstance(answer, Exception):
+                        raise answer
+                    version, count = int(answer[1]), int(answer[2])
+                    watched, changed = bool(answer[3]), answer[4:]
+                    recovered += count
+                    events += self._events(
+                        "updated", changed, workspace_id, session_id, version, None, watched
+                    )
+                if events:
+                    yield Emit(events)
+        return recovered
+
+    def recover(self) -> int:
+        """Return staged entries whose lease is gone (a crashed or cut-off worker) to their
+        queue as ``verifying`` — the interrupted attempt's outcome is unknown.
+        Looks only at sessions the due index says are due (a staged session is
+        indexed at its lease's expiry), so the cost follows the work, not the
+        keyspace. Live leases are never taken. Returns the number recovered.
+        Workers also recover continuously: a claim on a session with a dead
+        holder's staging recovers it first.
+        """
+        return self._run(self._recover_plan())
+
+    async def arecover(self) -> int:
+        """Async :meth:`recover`."""
+        return await self._arun(self._recover_plan())

@@ -1,0 +1,65 @@
+"""Plans and their effects: how every outbox operation is written once.
+
+An operation is a *plan*: a generator that yields effects and receives their
+results. :class:`Eval` runs a Lua script, :class:`Cmd` a plain command,
+:class:`Pipe` several of either in one round trip (each answer or error in
+order), :class:`Emit` hands events to the outbox's hooks and :class:`Call`
+calls user code (a ledger probe). The sync and the async driver of
+:class:`~django_outbox.core.transport.Transport` run the same plans, so
+``accept`` and ``aaccept`` share everything but the I/O (README "Architecture").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from .entry import OutboxEvent
+
+
+@dataclass(slots=True)
+class Eval:
+    """Run script ``script`` (a name of :func:`~django_outbox.core.scripts.load_scripts`)."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+
+
+@dataclass(slots=True)
+class Cmd:
+    """Run one Valkey command, e.g. ``Cmd(("ZCARD", key))``."""
+
+    args: tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class Pipe:
+    """Run ``calls`` in one round trip; the result is their answers in order, an
+    error as its exception object (each script still atomic on its own)."""
+
+    calls: list[Eval | Cmd]
+
+
+@dataclass(slots=True)
+class Emit:
+    """Hand ``events`` to the outbox's hooks (``emit`` / ``aemit``)."""
+
+    events: list[OutboxEvent]
+
+
+@dataclass(slots=True)
+class Call:
+    """Call user code (a ledger probe) from a plan."""
+
+    fn: Callable[..., Any]
+    kwargs: dict[str, Any]
+
+
+Plan = Generator[Any, Any, Any]
+
+
+def iter_once(effect: Any) -> Plan:
+    """A plan of one effect, returning its result."""
+    return (yield effect)

@@ -1,0 +1,768 @@
+"""The Valkey transport: clients per event loop and the drivers that run plans.
+
+:class:`Transport` owns the redis-py clients (one sync client; one async client
+per running event loop, as channels-redis keeps them), runs the effects of
+:mod:`~django_outbox.core.plans` with a sync and an async driver, sends
+pipelines (one per node on a cluster, re-running only calls whose script was
+missing), applies cluster index hints, and turns every "Valkey cannot serve
+this now" error (a cut connection, a failover, OOM, READONLY, LOADING, ...)
+into :class:`~django_outbox.core.errors.OutboxUnavailable`. Auto-pipelining
+(:class:`Batcher`) and hiredis command packing make the async path cheap.
+Nothing here knows what a queue is: the operations live in
+:mod:`~django_outbox.core.service` and :mod:`~django_outbox.core.delivery`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import NoScriptError, RedisClusterException
+from redis.retry import Retry
+
+from .entry import OutboxEvent
+from .errors import OutboxUnavailable
+from .keys import KeySpace
+from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
+from .scripts import HINTED, Script, load_scripts
+
+logger = logging.getLogger("django_outbox")
+
+#: Per-node connection cap of the async cluster client (Valkey's default maxclients).
+CLUSTER_MAX_CONNECTIONS = 10_000
+#: Most items a cluster shard's wake list holds (the standalone list's cap is in _lib.lua).
+MAX_WAKE_ITEMS = 10000
+
+#: Errors that mean "Valkey cannot be reached right now": a cut connection, a
+#: timeout, or a cluster between topologies (a failover, slots not yet covered).
+UNREACHABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterError,
+    RedisClusterException,
+)
+
+UNAVAILABLE_REPLIES = (
+    "OOM",
+    "READONLY",
+    "MASTERDOWN",
+    "LOADING",
+    "BUSY",
+    "NOREPLICAS",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+)
+
+
+def unavailable_error(exc: Exception) -> OutboxUnavailable:
+    return OutboxUnavailable(f"Valkey unavailable: {type(exc).__name__}: {exc}")
+
+
+def classified(result: Any) -> Any:
+    """A pipeline's per-command result, with "Valkey unavailable" errors (a cut
+    connection, a cluster between topologies, OOM, READONLY, ...) turned into
+    :class:`OutboxUnavailable` like the drivers do for single calls."""
+    if isinstance(result, (*UNREACHABLE, redis.exceptions.AskError)) or (
+        isinstance(result, redis.ResponseError) and is_unavailable_reply(result)
+    ):
+        return unavailable_error(result)
+    return result
+
+
+def is_unavailable_reply(exc: Exception) -> bool:
+    if isinstance(exc, redis.OutOfMemoryError | redis.ReadOnlyError | redis.BusyLoadingError):
+        return True
+    text = str(exc)
+    return any(text.startswith(code) for code in UNAVAILABLE_REPLIES) or "maxmemory" in text
+
+
+def is_moved(result: Any) -> bool:
+    return isinstance(result, redis.exceptions.AskError)  # MovedError is an AskError
+
+
+def is_hinted(call: Any, result: Any) -> bool:
+    return isinstance(call, Eval) and call.script in HINTED and not isinstance(result, Exception)
+
+
+try:
+    import hiredis
+except ImportError:  # optional: pip install django-outbox[fast]
+    hiredis = None
+
+
+class HiredisPacking:
+    """Mixed into redis-py's async connection classes when hiredis is installed: pack
+    commands in C, as redis-py's sync client already does (its async client packs in
+    Python, a sixth of a worker's CPU). Same bytes on the wire; anything hiredis will
+    not pack falls back to redis-py's own packer."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        head = args[0]
+        if isinstance(head, str):
+            packed = (*head.encode().split(), *args[1:])
+        elif b" " in head:
+            packed = (*head.split(), *args[1:])
+        else:
+            packed = args
+        try:
+            return [hiredis.pack_command(packed)]
+        except (TypeError, hiredis.HiredisError):
+            return super().pack_command(*args)  # type: ignore[misc]
+
+
+PACKING_CLASSES: dict[type, type] = {}
+
+
+def with_hiredis_packing(connection_class: type) -> type:
+    if hiredis is None or not hasattr(hiredis, "pack_command"):
+        return connection_class
+    cls = PACKING_CLASSES.get(connection_class)
+    if cls is None:
+        name = f"HiredisPacking{connection_class.__name__}"
+        cls = PACKING_CLASSES[connection_class] = type(name, (HiredisPacking, connection_class), {})
+    return cls
+
+
+def as_text(value: Any) -> Any:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def is_async_callable(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    )
+
+
+class Batcher:
+    """Auto-pipelining for one event loop (standalone servers).
+
+    Script calls that concurrent tasks make within one turn of the loop go out
+    together as one non-transactional pipeline (at most ``MAX``): each is still
+    its own atomic script, and each caller gets its own answer or error. One
+    session's calls keep their order, because its task awaits each answer before
+    it makes the next call. A caller cancelled while waiting may still see its
+    script run — as with any command already sent.
+    """
+
+    MAX = 128
+
+    def __init__(self, transport: Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self.loop = loop
+        self.pending: list[tuple[Eval, asyncio.Future[Any]]] = []
+        self.scheduled = False
+        self.sending: set[asyncio.Task[None]] = set()
+
+    def submit(self, call: Eval) -> asyncio.Future[Any]:
+        future = self.loop.create_future()
+        self.pending.append((call, future))
+        if len(self.pending) >= self.MAX:
+            self._flush()
+        elif not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        task = self.loop.create_task(self._send(batch))
+        self.sending.add(task)
+        task.add_done_callback(self.sending.discard)
+
+    async def _send(self, batch: list[tuple[Eval, asyncio.Future[Any]]]) -> None:
+        transport = self.transport
+        try:
+            if len(batch) == 1:
+                results = [await transport._ado(batch[0][0], batch=False)]
+            else:
+                results = await transport._ado(Pipe([call for call, _ in batch]), batch=False)
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException as exc:  # cancelled with the loop: the callers are told
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(OutboxUnavailable(f"cancelled: {exc!r}"))
+            raise
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():  # its caller was cancelled
+                continue
+            result = classified(result)
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+
+async def retry_unavailable(
+    step: Callable[[], Any],
+    *,
+    patience: float,
+    first_delay: float,
+    max_delay: float,
+    what: str,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+    give_up: Callable[[], bool] = lambda: False,
+) -> Any:
+    """Await ``step()``, retrying while it raises :class:`OutboxUnavailable`.
+
+    Delays start at ``first_delay`` seconds and double up to ``max_delay``; after
+    ``patience`` seconds (or as soon as ``give_up()`` is true) the last error
+    propagates. ``sleep`` may be an interruptible wait.
+    """
+    deadline = time.monotonic() + patience
+    delay = first_delay
+    while True:
+        try:
+            return await step()
+        except OutboxUnavailable as exc:
+            if give_up() or time.monotonic() + delay > deadline:
+                raise
+            logger.warning("outbox: %s failed (%s); retrying in %.2fs", what, exc, delay)
+            await sleep(delay)
+            delay = min(delay * 2, max_delay)
+
+
+async def awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class Transport:
+    """Clients and drivers for one outbox (see the module docstring).
+
+    ``url`` is a ``redis://`` / ``rediss://`` / ``unix://`` URL; ``cluster=True``
+    uses Valkey Cluster clients; ``client_options`` are redis-py client keyword
+    arguments laid over ours; ``keys`` names the keys; ``clock`` returns seconds
+    since the epoch. Sync methods share one thread-safe client; async ones use the
+    running loop's own client.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cluster: bool,
+        keys: KeySpace,
+        clock: Callable[[], float],
+        client_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.cluster = cluster
+        self.keys = keys
+        self.clock = clock
+        self.scripts = load_scripts()
+        options = {
+            "socket_connect_timeout": 2.0,
+            "socket_timeout": 5.0,
+            "health_check_interval": 30,
+            # A blocking pool: under load callers wait for a connection rather
+            # than failing (a failed settle would turn a known outcome into one
+            # that must be verified).
+            "max_connections": 128,
+            "timeout": 20.0,
+        }
+        options.update(client_options or {})
+        self._client_options = options
+        self._explicit_options = set(client_options or ())
+        self._client: redis.Redis | None = None
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher] = (
+            weakref.WeakKeyDictionary()
+        )
+        # The last loop's client and batcher (a worker runs one loop). These hold
+        # the loop strongly only until another loop asks.
+        self._last_loop: asyncio.AbstractEventLoop | None = None
+        self._last_client: Any = None
+        self._last_batcher: Batcher | None = None
+
+    # -- clients ----------------------------------------------------------------
+
+    def _client_kwargs(self, *, asynchronous: bool = False) -> dict[str, Any]:
+        # Every script is replay-safe (see the scripts' headers), so a command
+        # whose reply was lost may be sent again. The async client needs the
+        # async Retry class: the sync one would not await the attempt.
+        retry_class = AsyncRetry if asynchronous else Retry
+        return {
+            **self._client_options,
+            "retry": retry_class(ExponentialBackoff(cap=0.5, base=0.02), 3),
+            "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        }
+
+    @property
+    def client(self) -> Any:
+        """The sync redis-py client (created on first use)."""
+        if self._client is None:
+            if self.cluster:
+                from redis.cluster import RedisCluster
+
+                kwargs = self._client_kwargs()
+                kwargs.pop("timeout", None)
+                self._client = RedisCluster.from_url(self.url, **kwargs)
+            else:
+                pool = redis.BlockingConnectionPool.from_url(self.url, **self._client_kwargs())
+                self._client = redis.Redis.from_pool(pool)
+        return self._client
+
+    def _aclient(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if loop is self._last_loop and self._last_client is not None:
+            return self._last_client  # (WeakKeyDictionary lookups are hot-path costly)
+        client = self._aclients.get(loop)
+        if client is None:
+            if self.cluster:
+                from redis.asyncio.cluster import RedisCluster
+
+                kwargs = self._client_kwargs(asynchronous=True)
+                kwargs.pop("timeout", None)
+                if "max_connections" not in self._explicit_options:
+                    # redis-py's async cluster client has no blocking pool: at the cap it
+                    # raises MaxConnectionsError instead of waiting, which would fail
+                    # settles of deliveries that happened (its default cap is 100 per node
+                    # from redis-py 6). A worker holds about CONCURRENCY + CLUSTER_SHARDS + 4
+                    # connections per node, so the cap is only Valkey's own maxclients.
+                    kwargs["max_connections"] = CLUSTER_MAX_CONNECTIONS
+                client = RedisCluster.from_url(self.url, **kwargs)
+            else:
+                pool = redis.asyncio.BlockingConnectionPool.from_url(
+                    self.url, **self._client_kwargs(asynchronous=True)
+                )
+                pool.connection_class = with_hiredis_packing(pool.connection_class)
+                client = redis.asyncio.Redis.from_pool(pool)
+            self._aclients[loop] = client
+        self._last_loop, self._last_client = loop, client
+        return client
+
+    def _loop_local(self, last: str, table: weakref.WeakKeyDictionary, make: Callable) -> Any:
+        """The running loop's object in ``table`` (made by ``make(loop)`` on first use),
+        remembered in attribute ``last``: a worker runs one loop, and WeakKeyDictionary
+        lookups showed in its profile."""
+        loop = asyncio.get_running_loop()
+        value = getattr(self, last)
+        if value is not None and value.loop is loop:
+            return value
+        value = table.get(loop)
+        if value is None:
+            value = table[loop] = make(loop)
+        setattr(self, last, value)
+        return value
+
+    def _abatcher(self) -> Batcher:
+        return self._loop_local("_last_batcher", self._batchers, lambda loop: Batcher(self, loop))
+
+    def load_scripts(self) -> None:
+        """Load every script into Valkey now (otherwise each loads on first NOSCRIPT).
+
+        Uses ``SCRIPT LOAD`` through the client's own method, which a cluster
+        client sends to every primary. Raises :class:`OutboxUnavailable`.
+        """
+        try:
+            for script in self.scripts.values():
+                self.client.script_load(script.text)
+        except UNREACHABLE as exc:
+            raise unavailable_error(exc) from exc
+
+    async def aload_scripts(self) -> None:
+        """Async :meth:`load_scripts`."""
+        client = self._aclient()
+        try:
+            for script in self.scripts.values():
+                await client.script_load(script.text)
+        except UNREACHABLE as exc:
+            raise unavailable_error(exc) from exc
+
+    def close(self) -> None:
+        """Close the sync client's connections."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def aclose(self) -> None:
+        """Close the running loop's async client."""
+        loop = asyncio.get_running_loop()
+        if self._last_loop is loop:
+            self._last_loop = self._last_client = None
+        client = self._aclients.pop(loop, None)
+        if client is not None:
+            await client.aclose()
+
+    # -- clock ---------------------------------------------------------------------------
+
+    def _now_us(self) -> int:
+        return int(self.clock() * 1_000_000)
+
+    # -- drivers ---------------------------------------------------------------------
+
+    def _run(self, plan: Plan) -> Any:
+        try:
+            effect = next(plan)
+            while True:
+                try:
+                    result = self._do(effect)
+                except Exception as exc:
+                    effect = plan.throw(exc)
+                else:
+                    effect = plan.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    async def _arun(self, plan: Plan) -> Any:
+        try:
+            effect = next(plan)
+            while True:
+                try:
+                    result = await self._ado(effect)
+                except Exception as exc:
+                    effect = plan.throw(exc)
+                else:
+                    effect = plan.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    def _evalsha(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self.scripts[name]
+        try:
+            result = client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(script.text)
+            result = client.evalsha(script.sha, len(keys), *keys, *args)
+        if self.cluster and name in HINTED:
+            return self._hinted(name, args, result)
+        return result
+
+    async def _aevalsha(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self.scripts[name]
+        try:
+            result = await client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            await client.script_load(script.text)
+            result = await client.evalsha(script.sha, len(keys), *keys, *args)
+        if self.cluster and name in HINTED:
+            return await self._ahinted(name, args, result)
+        return result
+
+    # -- cluster index hints -----------------------------------------------------------
+    #
+    # On a cluster a per-session script answers {reply, hint}: what the global
+    # indices of its workspace's shard need (see _lib.lua and index.lua). The
+    # hint is applied before the reply reaches the plan. If that fails, an
+    # accept raises OutboxUnavailable(accepted=True) — the client's retry with
+    # the same key replays the accept, which reports the hint again; any other
+    # transition logs it: the worker's index repair finds the workspace later.
+
+    def _hint_call(self, args: list[Any], hint: list[Any]) -> Eval | None:
+        due, wake, attention, new, gone, empty, version = (int(h) for h in hint[:7])
+        if due < 0 and not wake and attention < 0 and not new and not gone and not empty:
+            return None
+        session_id, workspace_id = as_text(args[2]), as_text(args[3])
+        keys = self.keys.shard_keys(self.keys.shard_of(workspace_id))
+        now_ms = self._now_us() // 1000
+        return Eval(
+            "index",
+            keys,
+            ["hint", workspace_id, session_id, due, wake, attention, new, gone, empty, version,
+             now_ms, MAX_WAKE_ITEMS],
+        )  # fmt: skip
+
+    def _hint_failed(self, name: str, exc: Exception) -> None:
+        if name == "accept":
+            raise OutboxUnavailable(
+                f"accepted, but the cluster index update failed: {exc}; retry with the same "
+                "clientMessageID",
+                accepted=True,
+            ) from exc
+        logger.warning("outbox: cluster index update after %s failed: %s", name, exc)
+
+    def _hinted(self, name: str, args: list[Any], result: Any) -> Any:
+        reply, hint = result
+        call = self._hint_call(args, hint)
+        if call is not None:
+            try:
+                if as_text(self._evalsha(self.client, "index", call.keys, call.args)) == "recheck":
+                    self._recheck_workspace(as_text(args[3]))
+            except (redis.RedisError, RedisClusterException) as exc:
+                self._hint_failed(name, exc)
+        return reply
+
+    async def _ahinted(self, name: str, args: list[Any], result: Any) -> Any:
+        reply, hint = result
+        call = self._hint_call(args, hint)
+        if call is not None:
+            client = self._aclient()
+            try:
+                if (
+                    as_text(await self._aevalsha(client, "index", call.keys, call.args))
+                    == "recheck"
+                ):
+                    await self._arecheck_workspace(as_text(args[3]))
+            except (redis.RedisError, RedisClusterException) as exc:
+                self._hint_failed(name, exc)
+        return reply
+
+    def _recheck_workspace(self, workspace_id: str) -> None:
+        """After dropping an emptied workspace from its shard: re-add it if a session
+        was accepted there meanwhile (remove, then re-check, never check-then-remove)."""
+        if self.client.exists(self.keys.sessions(workspace_id)):
+            self.client.sadd(self._workspaces_key(workspace_id), workspace_id)
+
+    async def _arecheck_workspace(self, workspace_id: str) -> None:
+        client = self._aclient()
+        if await client.exists(self.keys.sessions(workspace_id)):
+            await client.sadd(self._workspaces_key(workspace_id), workspace_id)
+
+    def _workspaces_key(self, workspace_id: str) -> str:
+        return self.keys.index("workspaces", self.keys.shard_of(workspace_id))
+
+    def _queue(self, pipe: Any, call: Eval | Cmd) -> None:
+        if isinstance(call, Eval):
+            script = self.scripts[call.script]
+            pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+        else:
+            pipe.execute_command(*call.args)
+
+    def _pipe_scripts(self, calls: list[Eval | Cmd]) -> list[Script]:
+        """The distinct scripts the calls use."""
+        return list(
+            {c.script: self.scripts[c.script] for c in calls if isinstance(c, Eval)}.values()
+        )
+
+    # One pipeline's calls, sent by ``send(calls) -> answers`` (a standalone pipeline
+    # or one node's). Calls that found their script missing (a restarted server)
+    # are re-sent once after loading it; the others ran and must not run twice.
+
+    def _pipelined(self, client: Any, send: Callable, calls: list[Eval | Cmd]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(2):
+            for i, answer in zip(todo, send([calls[i] for i in todo]), strict=True):
+                results[i] = answer
+            todo = [i for i in todo if isinstance(results[i], NoScriptError)]
+            if not todo:
+                break
+            for script in self._pipe_scripts([calls[i] for i in todo]):
+                client.script_load(script.text)
+        return results
+
+    async def _apipelined(self, client: Any, send: Callable, calls: list[Eval | Cmd]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(2):
+            for i, answer in zip(todo, await send([calls[i] for i in todo]), strict=True):
+                results[i] = answer
+            todo = [i for i in todo if isinstance(results[i], NoScriptError)]
+            if not todo:
+                break
+            for script in self._pipe_scripts([calls[i] for i in todo]):
+                await client.script_load(script.text)
+        return results
+
+    def _pipeline_sender(self, pipeline: Callable[[], Any]) -> Callable:
+        def send(calls: list[Eval | Cmd]) -> list[Any]:
+            pipe = pipeline()
+            for call in calls:
+                self._queue(pipe, call)
+            return pipe.execute(raise_on_error=False)
+
+        return send
+
+    def _apipeline_sender(self, pipeline: Callable[[], Any]) -> Callable:
+        async def send(calls: list[Eval | Cmd]) -> list[Any]:
+            pipe = pipeline()
+            for call in calls:
+                self._queue(pipe, call)
+            return await pipe.execute(raise_on_error=False)
+
+        return send
+
+    # Pipelines on a cluster. redis-py's cluster pipeline refuses EVALSHA, so the
+    # calls are grouped by the node that owns each one's slot and every group is
+    # one pipeline on one connection to that node. WAIT / WAITAOF count the
+    # acknowledgements of *that connection's* writes, so they go with the script
+    # before them (a cluster client would send them to every primary). A group
+    # answered MOVED/ASK (the slot map changed: a failover, a reshard) is re-run
+    # once on a fresh map; scripts are replay-safe.
+
+    def _node_groups(self, client: Any, calls: list[Eval | Cmd]) -> list[tuple[Any, list[int]]]:
+        anchor: str | None = None
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, call in enumerate(calls):
+            if isinstance(call, Eval):
+                key = anchor = call.keys[0]
+            elif call.args[0] in ("WAIT", "WAITAOF"):
+                key = anchor
+            else:
+                key = call.args[1] if len(call.args) > 1 else None
+            if key is None:
+                raise ValueError(f"cannot route {call.args[0]!r} in a cluster pipeline")
+            node = client.get_node_from_key(key)
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        return list(groups.values())
+
+    def _cluster_pipe(self, client: Any, calls: list[Eval | Cmd]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
+        for attempt in range(2):
+            todo = [i for i, r in enumerate(results) if r is None or is_moved(r)]
+            if not todo:
+                break
+            if attempt:
+                client.nodes_manager.initialize()
+            for node, indices in self._node_groups(client, [calls[i] for i in todo]):
+                group = [calls[todo[j]] for j in indices]
+                send = self._pipeline_sender(
+                    lambda node=node: node.redis_connection.pipeline(transaction=False)
+                )
+                answers = self._pipelined(client, send, group)
+                for j, answer in zip(indices, answers, strict=True):
+                    results[todo[j]] = answer
+        return [
+            self._hinted(call.script, call.args, result)
+            if is_hinted(call, result)
+            else classified(result)
+            for call, result in zip(calls, results, strict=True)
+        ]
+
+    async def _acluster_pipe(self, client: Any, calls: list[Eval | Cmd]) -> list[Any]:
+        from redis.asyncio.cluster import PipelineCommand
+
+        await client.initialize()  # no-op once the slot map is loaded
+        results: list[Any] = [None] * len(calls)
+
+        async def run(node: Any, indices: list[int]) -> None:
+            async def send(group: list[Eval | Cmd]) -> list[Any]:
+                commands = []
+                for n, call in enumerate(group):
+                    if isinstance(call, Eval):
+                        sha = self.scripts[call.script].sha
+                        args = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+                    else:
+                        args = call.args
+                    commands.append(PipelineCommand(n, *args))
+                await node.execute_pipeline(commands)
+                return [c.result for c in commands]
+
+            answers = await self._apipelined(client, send, [calls[i] for i in indices])
+            for i, answer in zip(indices, answers, strict=True):
+                results[i] = answer
+
+        for attempt in range(2):
+            todo = [i for i, r in enumerate(results) if r is None or is_moved(r)]
+            if not todo:
+                break
+            if attempt:
+                await client.nodes_manager.initialize()
+            groups = self._node_groups(client, [calls[i] for i in todo])
+            await asyncio.gather(
+                *(run(node, [todo[j] for j in indices]) for node, indices in groups)
+            )
+        out = []
+        for call, result in zip(calls, results, strict=True):
+            if is_hinted(call, result):
+                result = await self._ahinted(call.script, call.args, result)
+            out.append(classified(result))
+        return out
+
+    def _do(self, effect: Any) -> Any:
+        if isinstance(effect, Emit):
+            for event in effect.events:
+                self._safe_emit(event)
+            return None
+        if isinstance(effect, Call):
+            result = effect.fn(**effect.kwargs)
+            if inspect.isawaitable(result):
+                result = asyncio.run(awaited(result))
+            return result
+        client = self.client
+        try:
+            if isinstance(effect, Eval):
+                return self._evalsha(client, effect.script, effect.keys, effect.args)
+            if isinstance(effect, Cmd):
+                return client.execute_command(*effect.args)
+            if self.cluster:
+                return self._cluster_pipe(client, effect.calls)
+            send = self._pipeline_sender(lambda: client.pipeline(transaction=False))
+            return self._pipelined(client, send, effect.calls)
+        except UNREACHABLE as exc:
+            raise unavailable_error(exc) from exc
+        except redis.ResponseError as exc:
+            if is_unavailable_reply(exc):
+                raise unavailable_error(exc) from exc
+            raise
+
+    async def _ado(self, effect: Any, batch: bool = True) -> Any:
+        if isinstance(effect, Emit):
+            for event in effect.events:
+                await self._safe_aemit(event)
+            return None
+        if isinstance(effect, Call):
+            if is_async_callable(effect.fn):
+                return await effect.fn(**effect.kwargs)
+            result = await asyncio.to_thread(effect.fn, **effect.kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        if isinstance(effect, Eval) and batch and not self.cluster:
+            return await self._abatcher().submit(effect)
+        client = self._aclient()
+        try:
+            if isinstance(effect, Eval):
+                return await self._aevalsha(client, effect.script, effect.keys, effect.args)
+            if isinstance(effect, Cmd):
+                return await client.execute_command(*effect.args)
+            if self.cluster:
+                return await self._acluster_pipe(client, effect.calls)
+            send = self._apipeline_sender(lambda: client.pipeline(transaction=False))
+            return await self._apipelined(client, send, effect.calls)
+        except UNREACHABLE as exc:
+            raise unavailable_error(exc) from exc
+        except redis.ResponseError as exc:
+            if is_unavailable_reply(exc):
+                raise unavailable_error(exc) from exc
+            raise
+
+    def execute_many(self, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
+        """Run plain Valkey commands (tuples such as ``("ZCARD", key)``) in one round trip.
+
+        For reads of the outbox's indices; answers come in
+        order, a failed command's answer is its exception. Connection failures
+        raise :class:`OutboxUnavailable`. Never use it to write queue state: the
+        scripts own every transition.
+        """
+        calls = [Cmd(tuple(c)) for c in commands]
+        return self._run(iter_once(Pipe(calls))) if calls else []
+
+    # -- events ------------------------------------------------------------------------
+
+    def emit(self, event: OutboxEvent) -> None:
+        """Observe an event (sync context). The base class does nothing."""
+
+    async def aemit(self, event: OutboxEvent) -> None:
+        """Observe an event (async context). Defaults to :meth:`emit` in a thread."""
+        if type(self).emit is not Transport.emit:
+            await asyncio.to_thread(self.emit, event)
+
+    def _safe_emit(self, event: OutboxEvent) -> None:
+        try:
+            self.emit(event)
+        except Exception:
+            logger.exception("outbox: event listener failed for %s", event.kind)
+
+    async def _safe_aemit(self, event: OutboxEvent) -> None:
+        try:
+            await self.aemit(event)
+        except Exception:
+            logger.exception("outbox: event listener failed for %s", event.kind)
