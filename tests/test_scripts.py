@@ -1,12 +1,14 @@
 """Each Lua script on its own against a real valkey-server (DESIGN section 3)."""
 
+import dataclasses
 import json
 
 import pytest
 
 from django_outbox import Entry
+from django_outbox.core.delivery import RECEIPT_TTL_MS
 from django_outbox.core.entry import format_time, new_entry_id, parse_time
-from django_outbox.core.scripts import _read, load_scripts
+from django_outbox.core.scripts import _read, accept_argv, load_scripts, renew_call, settle_argv
 
 WS, SES = "w1", "s1"
 NOW = 1_764_466_959_000_000  # microseconds
@@ -42,13 +44,7 @@ def seed(outbox, *, status="pending", accepted=NOW, ses=SES, target="queue", **s
     answer = call(
         outbox,
         "accept",
-        entry.to_json(),
-        entry.id,
-        "",
-        0,
-        0,
-        "",
-        target,
+        *accept_argv(entry.to_json(), entry.id, "", 0, 0, "", target),
         ses=ses,
         extra_keys=[outbox.keys.dedupe(WS, ses, "-")],
     )
@@ -57,7 +53,7 @@ def seed(outbox, *, status="pending", accepted=NOW, ses=SES, target="queue", **s
 
 
 def accept_args(entry, fp="fp1", cap=25, ttl=60_000):
-    return [entry.to_json(), entry.id, fp, cap, ttl, entry.client_message_id, "queue"]
+    return accept_argv(entry.to_json(), entry.id, fp, cap, ttl, entry.client_message_id)
 
 
 def test_cjson_damages_content_so_scripts_never_reencode_it(r):
@@ -198,8 +194,8 @@ class TestClaim:
 
 
 def settle(outbox, token, entry_id, outcome, error="", now=NOW, max_attempts=5):
-    args = outbox._settle_args(token, entry_id, outcome, error)
-    args[4] = max_attempts
+    config = dataclasses.replace(outbox.config, max_attempts=max_attempts)
+    args = settle_argv(token, entry_id, outcome, error, config, RECEIPT_TTL_MS)
     return call(outbox, "settle", *args, now=now)
 
 
@@ -238,7 +234,7 @@ class TestSettle:
         e = self.stage(outbox)
         settle(outbox, "tok", e.id, "delivered")
         r.delete(outbox.keys.session(WS, SES).lock)
-        assert call(outbox, "operate", "recover", "", "")[2] == 0
+        assert call(outbox, "recover")[2] == 0
         assert r.llen(outbox.keys.session(WS, SES).staging) == 1
         assert call(outbox, "operate", "dismiss", e.id, "")[0] == "not_found"
 
@@ -347,12 +343,14 @@ class TestRenewAndRelease:
         call(outbox, "claim", "a", 1_000)
         call(outbox, "claim", "b", 1_000, ses="s2")
         k1, k2 = outbox.keys.session(WS, SES), outbox.keys.session(WS, "s2")
-        result = outbox._evalsha(
-            outbox.client,
-            "renew",
-            [outbox.keys.workspaces_due, k1.lock, k1.due, k2.lock, k2.due],
-            [1, NOW, "", "", "", 60_000, "a", SES, WS, "not-b", "s2", WS],
+        keys, argv = renew_call(
+            [outbox.keys.workspaces_due],
+            NOW,
+            60_000,
+            [(k1.lock, k1.due, "a", SES, WS), (k2.lock, k2.due, "not-b", "s2", WS)],
         )
+        assert argv == [1, NOW, "", "", "", 60_000, "a", SES, WS, "not-b", "s2", WS]
+        result = outbox._evalsha(outbox.client, "renew", keys, argv)
         assert result == [1, 0]
         assert (
             r.zscore(outbox.keys.workspaces_due, WS)
@@ -406,7 +404,7 @@ class TestSnapshotAndOperate:
     def test_recover_leaves_live_leases_alone(self, outbox):
         seed(outbox)
         call(outbox, "claim", "tok", 30_000)
-        assert call(outbox, "operate", "recover", "", "")[2] == 0
+        assert call(outbox, "recover")[2] == 0
 
     def test_ledger_ops_check_the_attempt(self, outbox):
         e = seed(outbox, status="error", reason="max_attempts", attempts=5)

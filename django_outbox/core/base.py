@@ -24,6 +24,7 @@ from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
 from .errors import OutboxUnavailable
 from .keys import KeySpace, SessionKeys
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
+from .scripts import index_drop_argv, session_prefix
 from .transport import Transport, as_text
 
 logger = logging.getLogger("django_outbox")
@@ -87,16 +88,11 @@ class OutboxBase(Transport):
             if len(self._script_keys) >= KEY_CACHE_SIZE:
                 self._script_keys.clear()
             script_keys = self._script_keys[keys] = keys.script_keys() + self._global_keys
-        return (
-            script_keys,
-            [
-                len(self._global_keys),
-                self._now_us() if now_us is None else now_us,
-                session_id,
-                workspace_id,
-                self.config.ordering,
-            ],
+        now_us = self._now_us() if now_us is None else now_us
+        prefix = session_prefix(
+            len(self._global_keys), now_us, session_id, workspace_id, self.config.ordering
         )
+        return script_keys, prefix
 
     def _session_eval(
         self,
@@ -354,7 +350,7 @@ class OutboxBase(Transport):
 
         async def one(ws: str, score: int) -> None:
             shard = keys.shard_keys(keys.shard_of(ws))
-            await self._aevalsha(client, "index", shard, ["drop", ws, score])
+            await self._aevalsha(client, "index", shard, index_drop_argv(ws, score))
             first = await client.zrange(keys.due(ws), 0, 0, withscores=True)
             if first:
                 await client.zadd(shard[0], {ws: int(first[0][1])}, lt=True)

@@ -37,6 +37,7 @@ from .entry import Entry, OutboxEvent, Verdict
 from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
 from .keys import SessionKeys
 from .plans import Cmd, Emit, Eval, Pipe, Plan, iter_once
+from .scripts import claim_argv, release_argv, renew_call, settle_argv
 from .transport import as_text, is_async_callable, retry_unavailable
 
 logger = logging.getLogger("django_outbox")
@@ -101,14 +102,15 @@ class LeaseKeeper:
         groups: dict[str, list[tuple[str, tuple[SessionKeys, str, str]]]] = {}
         for item in batch:
             groups.setdefault(item[1][1] if outbox.cluster else "", []).append(item)
+        global_keys = [] if outbox.cluster else [outbox.keys.workspaces_due]
         calls = []
         for items in groups.values():
-            keys: list[str] = [] if outbox.cluster else [outbox.keys.workspaces_due]
-            args: list[Any] = [len(keys), outbox._now_us(), "", "", "", outbox._lock_ttl_ms]
-            for token, (skeys, workspace_id, session_id) in items:
-                keys += [skeys.lock, skeys.due]
-                args += [token, session_id, workspace_id]
-            calls.append(Eval("renew", keys, args))
+            leases = [
+                (skeys.lock, skeys.due, token, session_id, workspace_id)
+                for token, (skeys, workspace_id, session_id) in items
+            ]
+            keys, argv = renew_call(global_keys, outbox._now_us(), outbox._lock_ttl_ms, leases)
+            calls.append(Eval("renew", keys, argv))
         results = await outbox._arun(iter_once(Pipe(calls)))
         for items, result in zip(groups.values(), results, strict=True):
             if isinstance(result, Exception):
@@ -265,7 +267,7 @@ class OutboxDelivery(OutboxBase):
 
     def _claim_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
         call = self._session_eval(
-            "claim", ws, ses, extra_args=[token, self._lock_ttl_ms, *acknowledge]
+            "claim", ws, ses, extra_args=claim_argv(token, self._lock_ttl_ms, acknowledge)
         )
         # With WAIT_REPLICAS / WAIT_AOF the claim must be durable before the agent
         # is called: a claim lost in a failover would make the entry look never
@@ -377,25 +379,6 @@ class OutboxDelivery(OutboxBase):
             result = await result
         return result
 
-    def _settle_args(self, token: str, entry_id: str, outcome: str, error: str) -> list[Any]:
-        c = self.config
-        us = 1_000_000
-        return [
-            token,
-            entry_id,
-            outcome,
-            error[:MAX_ERROR_CHARS],
-            c.max_attempts,
-            int(c.retry_backoff * us),
-            int(c.max_backoff * us),
-            c.max_transient_failures,
-            int(c.verify_delay * us),
-            int(c.verify_backoff * us),
-            int(c.max_verify_backoff * us),
-            c.max_verify_attempts,
-            RECEIPT_TTL_MS,
-        ]
-
     async def _asettle(
         self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
     ) -> str:
@@ -421,7 +404,12 @@ class OutboxDelivery(OutboxBase):
         # failover would be verified again and fire the signal a second time.
         answer, unacknowledged = yield from self._durably(
             self._session_eval(
-                "settle", ws, ses, extra_args=self._settle_args(token, entry.id, outcome, error)
+                "settle",
+                ws,
+                ses,
+                extra_args=settle_argv(
+                    token, entry.id, outcome, error[:MAX_ERROR_CHARS], self.config, RECEIPT_TTL_MS
+                ),
             )
         )
         if unacknowledged is not None:
@@ -457,7 +445,11 @@ class OutboxDelivery(OutboxBase):
         return kind
 
     def _release_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
-        return (yield self._session_eval("release", ws, ses, extra_args=[token, *acknowledge]))
+        return (
+            yield self._session_eval(
+                "release", ws, ses, extra_args=release_argv(token, acknowledge)
+            )
+        )
 
     async def _afire_owed(
         self, ws: str, ses: str, keys: SessionKeys, token: str, owed: list[Entry]
@@ -497,12 +489,7 @@ class OutboxDelivery(OutboxBase):
             for start in range(0, len(sessions), RECOVER_PAGE):
                 page = sessions[start : start + RECOVER_PAGE]
                 answers = yield Pipe(
-                    [
-                        self._session_eval(
-                            "operate", workspace_id, ses, extra_args=["recover", "", ""]
-                        )
-                        for ses in page
-                    ]
+                    [self._session_eval("recover", workspace_id, ses) for ses in page]
                 )
                 events: list[OutboxEvent] = []
                 for session_id, answer in zip(page, answers, strict=True):

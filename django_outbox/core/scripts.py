@@ -2,7 +2,8 @@
 
 Each transition that touches more than one key, or reads then writes, is one
 script in its own file; ``_lib.lua`` (shared helpers and the KEYS/ARGV layout)
-is prepended to each. The ``#!lua`` shebang makes Valkey refuse a writing
+is prepended to each, and ``_hinted.lua`` wraps the per-session transitions so
+that on a cluster they report index hints. The ``#!lua`` shebang makes Valkey refuse a writing
 script *before* it runs when memory is full, so an OOM can never leave a
 transition half-applied.
 """
@@ -10,9 +11,13 @@ transition half-applied.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
+
+from .config import Config
 
 SCRIPT_NAMES = (
     "accept",
@@ -22,32 +27,15 @@ SCRIPT_NAMES = (
     "release",
     "snapshot",
     "operate",
+    "recover",
     "cleanup",
     "index",
 )
 READ_ONLY = {"snapshot"}
 #: Per-session transitions: on a cluster they answer ``{reply, hint}`` (see _lib.lua).
-HINTED = frozenset({"accept", "claim", "settle", "release", "operate", "cleanup"})
+HINTED = frozenset({"accept", "claim", "settle", "release", "operate", "recover", "cleanup"})
 #: Scripts on a cluster shard's keys, without the per-session library.
 WITHOUT_LIBRARY = frozenset({"index"})
-
-# Wraps a per-session transition so that, on a cluster (G = 0), its reply
-# carries the index hint. DUE_BEFORE/after compare the workspace's earliest due
-# time: only a move earlier needs the shard told (it may only ever be early).
-_HINTED_BODY = """local DUE_BEFORE = G == 0 and earliest_due() or nil
-local function transition()
-{body}
-end
-local reply = transition()
-if G ~= 0 then return reply end
-local due_after = earliest_due()
-if due_after ~= nil and (HINT[8] == 1 or DUE_BEFORE == nil or due_after < DUE_BEFORE) then
-  HINT[1] = due_after
-end
-HINT[7] = tonumber(redis.call('GET', VER) or 0)
-if reply == nil then reply = false end
-return {{reply, HINT}}
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +55,7 @@ def _read(name: str) -> str:
 def load_scripts() -> dict[str, Script]:
     """Assemble every script once per process: ``{name: Script}``."""
     library = _read("_lib")
+    hinted = _read("_hinted")
     scripts = {}
     for name in SCRIPT_NAMES:
         flags = " flags=no-writes" if name in READ_ONLY else ""
@@ -74,9 +63,116 @@ def load_scripts() -> dict[str, Script]:
         if name in WITHOUT_LIBRARY:
             text = f"#!lua{flags}\n-- {name}.lua\n{body}"
         elif name in HINTED:
-            text = f"#!lua{flags}\n{library}\n-- {name}.lua\n{_HINTED_BODY.format(body=body)}"
+            wrapped = hinted.replace("--@transition\n", body.rstrip("\n") + "\n", 1)
+            text = f"#!lua{flags}\n{library}\n-- {name}.lua\n{wrapped}"
         else:
             text = f"#!lua{flags}\n{library}\n-- {name}.lua\n{body}"
         sha = hashlib.sha1(text.encode("utf-8")).hexdigest()
         scripts[name] = Script(name, text, sha)
     return scripts
+
+
+# --- arguments -------------------------------------------------------------------------
+# One builder per script, each giving the script-specific ARGV in the order its
+# header (core/lua/<name>.lua) states; the per-session KEYS and the ARGV[1..5]
+# prefix come from OutboxBase._session_args (the layout of _lib.lua).
+
+
+def session_prefix(
+    global_keys: int, now_us: int, session_id: str, workspace_id: str, ordering: str
+) -> list[Any]:
+    """ARGV[1..5] of every per-session script: the number of global keys passed (0 on
+    a cluster), now in microseconds, session ID, workspace ID, ordering."""
+    return [global_keys, now_us, session_id, workspace_id, ordering]
+
+
+def accept_argv(
+    entry_json: str,
+    entry_id: str,
+    fingerprint: str,
+    cap: int,
+    dedupe_ttl_ms: int,
+    client_message_id: str,
+    target: str = "queue",
+) -> list[Any]:
+    """ARGV[6..12] of ``accept.lua``: the entry's JSON and ID, the content fingerprint,
+    ``CAP`` (0: no cap, no marker: seeding), the dedupe TTL in milliseconds, the
+    clientMessageID, and ``"queue"`` or ``"staging"`` (seeding a dead holder's delivery).
+    KEYS: the session layout, then the dedupe marker key."""
+    return [entry_json, entry_id, fingerprint, cap, dedupe_ttl_ms, client_message_id, target]
+
+
+def claim_argv(token: str, lock_ttl_ms: int, acknowledge: Iterable[str] = ()) -> list[Any]:
+    """ARGV[6..] of ``claim.lua``: lease token, lease TTL in milliseconds, then IDs of
+    delivered entries whose ``entry_delivered`` fired under this lease."""
+    return [token, lock_ttl_ms, *acknowledge]
+
+
+def settle_argv(
+    token: str, entry_id: str, outcome: str, error: str, config: Config, receipt_ttl_ms: int
+) -> list[Any]:
+    """ARGV[6..18] of ``settle.lua``: lease token, entry ID, outcome, error text, then
+    the backoff tunables of ``config`` in microseconds (counts as they are) and the
+    settle receipt's TTL in milliseconds."""
+    c = config
+    us = 1_000_000
+    return [
+        token,
+        entry_id,
+        outcome,
+        error,
+        c.max_attempts,
+        int(c.retry_backoff * us),
+        int(c.max_backoff * us),
+        c.max_transient_failures,
+        int(c.verify_delay * us),
+        int(c.verify_backoff * us),
+        int(c.max_verify_backoff * us),
+        c.max_verify_attempts,
+        receipt_ttl_ms,
+    ]
+
+
+def release_argv(token: str, acknowledge: Iterable[str] = ()) -> list[Any]:
+    """ARGV[6..] of ``release.lua``: lease token, then IDs of delivered entries to
+    acknowledge."""
+    return [token, *acknowledge]
+
+
+def operate_argv(op: str, arg1: str = "", arg2: str = "") -> list[Any]:
+    """ARGV[6..8] of ``operate.lua``: the operation (``retry``, ``dismiss``, ``park``,
+    ``unpark``, ``rearm_unverifiable``, ``ledger_complete``, ``ledger_rearm``) and
+    its two arguments."""
+    return [op, arg1, arg2]
+
+
+def renew_call(
+    global_keys: list[str],
+    now_us: int,
+    lock_ttl_ms: int,
+    leases: Iterable[tuple[str, str, str, str, str]],
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of ``renew.lua`` for ``leases`` given as ``(lock key, due key,
+    token, session ID, workspace ID)``; ``global_keys`` is ``[workspaces-due key]`` on
+    a standalone server, ``[]`` on a cluster (one call per workspace there)."""
+    keys = list(global_keys)
+    argv: list[Any] = [len(keys), now_us, "", "", "", lock_ttl_ms]
+    for lock, due, token, session_id, workspace_id in leases:
+        keys += [lock, due]
+        argv += [token, session_id, workspace_id]
+    return keys, argv
+
+
+def index_hint_argv(
+    workspace_id: str, session_id: str, hint: Iterable[int], now_ms: int, wake_cap: int
+) -> list[Any]:
+    """ARGV of ``index.lua``'s ``hint`` operation: workspace, session, the seven HINT
+    members (due, wake, attention, new, gone, workspace empty, version), now in
+    milliseconds and the wake list's cap. KEYS: the shard's keys."""
+    return ["hint", workspace_id, session_id, *hint, now_ms, wake_cap]
+
+
+def index_drop_argv(workspace_id: str, score_ms: int) -> list[Any]:
+    """ARGV of ``index.lua``'s ``drop`` operation: remove the workspace from the shard's
+    due ZSET only if its score is still ``score_ms``."""
+    return ["drop", workspace_id, score_ms]

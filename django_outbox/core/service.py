@@ -42,6 +42,7 @@ from .entry import (
 from .errors import Duplicate, IdempotencyConflict, OutboxFull
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .rules import check_identifier, check_reason, check_user_id, validate_content
+from .scripts import accept_argv, operate_argv
 from .transport import as_text
 from .worker import Worker, WorkerStats
 
@@ -90,13 +91,16 @@ class Outbox(OutboxDelivery):
             [*script_keys, self.keys.dedupe(workspace_id, session_id, client_message_id)],
             [
                 *args,
-                fresh_entry_json(entry_id, accepted_at, client_message_id, user_id, text, model),
-                entry_id,
-                fingerprint(text, model),
-                self.config.cap,
-                self._dedupe_ttl_ms,
-                client_message_id,
-                "queue",
+                *accept_argv(
+                    fresh_entry_json(
+                        entry_id, accepted_at, client_message_id, user_id, text, model
+                    ),
+                    entry_id,
+                    fingerprint(text, model),
+                    self.config.cap,
+                    self._dedupe_ttl_ms,
+                    client_message_id,
+                ),
             ],
         )
         answer, unacknowledged = yield from self._durably(call)
@@ -182,7 +186,7 @@ class Outbox(OutboxDelivery):
         removed_state: str = "dismissed",
     ) -> Plan:
         answer = yield self._session_eval(
-            "operate", workspace_id, session_id, extra_args=[op, arg1, arg2]
+            "operate", workspace_id, session_id, extra_args=operate_argv(op, arg1, arg2)
         )
         result, version, count = as_text(answer[0]), int(answer[1]), int(answer[2])
         watched, changed = bool(answer[3]), answer[4:]
@@ -464,7 +468,7 @@ class Outbox(OutboxDelivery):
             "accept",
             workspace_id,
             session_id,
-            extra_args=[entry.to_json(), entry.id, "", 0, 0, "", target],
+            extra_args=accept_argv(entry.to_json(), entry.id, "", 0, 0, "", target),
             extra_keys=[self.keys.dedupe(workspace_id, session_id, "-")],
         )
         if as_text(answer[0]) == "exists":

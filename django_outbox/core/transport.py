@@ -33,7 +33,7 @@ from .entry import OutboxEvent
 from .errors import OutboxUnavailable
 from .keys import KeySpace
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
-from .scripts import HINTED, Script, load_scripts
+from .scripts import HINTED, Script, index_hint_argv, load_scripts
 
 logger = logging.getLogger("django_outbox")
 
@@ -472,12 +472,12 @@ class Transport:
         session_id, workspace_id = as_text(args[2]), as_text(args[3])
         keys = self.keys.shard_keys(self.keys.shard_of(workspace_id))
         now_ms = self._now_us() // 1000
+        hint_values = (due, wake, attention, new, gone, empty, version)
         return Eval(
             "index",
             keys,
-            ["hint", workspace_id, session_id, due, wake, attention, new, gone, empty, version,
-             now_ms, MAX_WAKE_ITEMS],
-        )  # fmt: skip
+            index_hint_argv(workspace_id, session_id, hint_values, now_ms, MAX_WAKE_ITEMS),
+        )
 
     def _hint_failed(self, name: str, exc: Exception) -> None:
         if name == "accept":

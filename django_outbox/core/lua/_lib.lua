@@ -268,6 +268,26 @@ local function watched()
   return tonumber(redis.call('GET', WATCH) or 0) > 0 and 1 or 0
 end
 
+local function current_version()
+  return tonumber(redis.call('GET', VER) or 0)
+end
+
+-- The reply of a transition over some of the session's entries:
+-- {result, version, count, watched, changed entries...}. Reindexes, wakes a worker
+-- and bumps the version only if an entry changed.
+local function changed_reply(result, count, changed)
+  local v
+  if #changed > 0 then
+    reindex_and_wake()
+    v = bump()
+  else
+    v = current_version()
+  end
+  local out = {result, v, count, watched()}
+  for _, c in ipairs(changed) do out[#out + 1] = c end
+  return out
+end
+
 -- A staged entry whose delivery is confirmed but whose entry_delivered
 -- receivers have not been acknowledged yet: the signal is still owed.
 local function is_done(st)

@@ -9,7 +9,6 @@
 --   ledger_complete <id> <attempts> error entry confirmed delivered by the ledger -> removed
 --                                  (its entry_delivered is owed; the next claim fires it)
 --   ledger_rearm <id> <attempts>   error entry with no ledger row or a failed one -> pending
---   recover                        staged entries without a lease -> verifying (see _lib.lua)
 -- ARGV[7], ARGV[8]: the op's arguments as above.
 -- An entry staged with a live lease, or the entry the lease is held for, is busy.
 -- Returns {result, version, count, watched, changed entries...}; result is 'updated',
@@ -18,21 +17,10 @@ local op, arg1, arg2 = ARGV[6], ARGV[7], ARGV[8]
 local owner, _, lock_entry = lock_parts()
 local changed = {}
 
-local function version()
-  return tonumber(redis.call('GET', VER) or 0)
-end
+local version = current_version
 
 local function finish(result, count)
-  local v
-  if #changed > 0 then
-    reindex_and_wake()
-    v = bump()
-  else
-    v = version()
-  end
-  local out = {result, v, count, watched()}
-  for _, c in ipairs(changed) do out[#out + 1] = c end
-  return out
+  return changed_reply(result, count, changed)
 end
 
 if op == 'retry' or op == 'dismiss' then
@@ -131,15 +119,6 @@ if op == 'ledger_complete' or op == 'ledger_rearm' then
   redis.call('LSET', Q, idx, new)
   changed[1] = new
   return finish('updated', 1)
-end
-
-if op == 'recover' then
-  -- Staged entries whose lease is gone: back to the queue as verifying.
-  if owner then return {'ok', version(), 0, 0} end
-  local had = redis.call('LLEN', D)
-  changed = recover_staged()
-  if had > 0 and #changed == 0 then reindex_and_wake() end
-  return finish('ok', #changed)
 end
 
 error({err = 'outbox: unknown operation ' .. tostring(op)})
