@@ -40,6 +40,7 @@ def valkey(tmp_path_factory):
     fresh three-master cluster with ``OUTBOX_TEST_CLUSTER=1``)."""
     url = os.environ.get("OUTBOX_TEST_VALKEY_URL")
     if url:
+        _refuse_a_database_in_use(url)
         yield url
         return
     if ON_CLUSTER:
@@ -51,6 +52,25 @@ def valkey(tmp_path_factory):
     server = ValkeyProcess(tmp_path_factory.mktemp("valkey")).start()
     yield server.url
     server.stop()
+
+
+def _refuse_a_database_in_use(url: str) -> None:
+    """The tests flush the keyspace before each test: never do that to a Valkey the
+    user pointed them at while it holds data (django-rq's guard)."""
+    client = _plain_client(url)
+    try:
+        keys = client.dbsize()
+        if isinstance(keys, dict):  # a cluster client answers per node
+            keys = sum(keys.values())
+    finally:
+        client.close()
+    if keys and os.environ.get("OUTBOX_TEST_ALLOW_FLUSH") != "1":
+        pytest.exit(
+            f"OUTBOX_TEST_VALKEY_URL={url} holds {keys} keys, and the tests flush the keyspace "
+            "before every test. Point it at an empty database, or set OUTBOX_TEST_ALLOW_FLUSH=1 "
+            "to let the tests delete them.",
+            returncode=2,
+        )
 
 
 @pytest.fixture(autouse=True)
