@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from .api.views import OutboxSchemaView
+from .api.schema import OutboxSchemaView
 
 app_name = "django_outbox"
 

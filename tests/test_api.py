@@ -6,17 +6,28 @@ import asyncio
 import json
 import socket
 import threading
+from types import SimpleNamespace
 from urllib.parse import quote
 
 import pytest
 from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client, override_settings
 from django.urls import reverse
+from rest_framework import serializers
 from rest_framework.authentication import BasicAuthentication, SessionAuthentication
-from rest_framework.test import APIClient, APIRequestFactory
+from rest_framework.exceptions import ValidationError
+from rest_framework.test import APIClient, APIRequestFactory, force_authenticate
 
 from django_outbox import get_outbox
-from django_outbox.api.views import FULL_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER, MessagesView
+from django_outbox.api.errors import (
+    FULL_RETRY_AFTER,
+    UNAVAILABLE_RETRY_AFTER,
+    outbox_exception_handler,
+)
+from django_outbox.api.serializers import ModelField
+from django_outbox.api.views import MessagesView, WorkspaceParkView, WorkspaceUnparkView
+from django_outbox.core.rules import validate_content
+from django_outbox.errors import ContentTooLarge, InvalidContent
 
 pytestmark = pytest.mark.django_db
 
@@ -596,6 +607,119 @@ def test_model_nested_up_to_the_limit_202(staff):
     response = post_json(staff, messages_url(), body(model=nested(32)))
     assert response.status_code == 202
     assert response.json()["model"] == nested(32)
+
+
+@pytest.mark.parametrize(
+    ("model", "code", "message"),
+    [
+        ("gpt-5", "invalid", "Must be a JSON object."),
+        (nested(33), "too_deep", "Must be nested at most 32 levels deep."),
+        (
+            {"n": float("inf")},
+            "not_json",
+            "Must be plain JSON with finite numbers and valid Unicode.",
+        ),
+        ({"k": "\udc00"}, "not_json", "Must be plain JSON with finite numbers and valid Unicode."),
+        ({"k": "v" * 17_000}, "too_large", "Must be at most 16384 bytes encoded as JSON."),
+    ],
+    ids=["not-object", "too-deep", "infinity", "lone-surrogate", "too-large"],
+)
+def test_model_field_answers_the_core_model_rule_with_its_own_messages(model, code, message):
+    with pytest.raises(ValidationError) as info:
+        ModelField().run_validation(model)
+    assert (info.value.get_codes(), info.value.detail) == ([code], [message])
+
+
+def test_model_field_depth_check_survives_100k_levels():
+    """The parser stops near 1,000 levels, but the field's own walk is bounded too."""
+    deep: object = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValidationError) as info:
+        ModelField().run_validation({"m": deep})
+    assert info.value.get_codes() == ["too_deep"]
+
+
+@pytest.mark.parametrize(
+    ("depth", "code"), [(500, "invalid"), (100_000, "parse_error")], ids=["parsed", "unparsable"]
+)
+def test_deeply_nested_model_body_is_400_never_500(staff, r, depth, code):
+    raw = b'{"clientMessageID":"c","text":"x","model":{"m":' + b"[" * depth + b"]" * depth + b"}}"
+    data = assert_error(staff.post(messages_url(), raw, content_type="application/json"), 400, code)
+    if code == "invalid":
+        assert data["fieldErrors"] == {"model": ["Must be nested at most 32 levels deep."]}
+    assert r.dbsize() == 0
+
+
+# --- the core's content rules, answered by the error contract ------------------------------
+
+
+def test_text_over_the_limit_is_the_cores_content_too_large_answered_413(staff, r):
+    """No view re-checks the size: the core refuses the text and the handler answers 413."""
+    response = post_json(staff, messages_url(), body(text="é" * 51_201))
+    assert response.status_code == 413
+    assert response.json() == {
+        "detail": "text is 102402 UTF-8 bytes; the limit is 102400. Nothing was stored.",
+        "code": "too_large",
+    }
+    assert r.dbsize() == 0
+
+
+def test_content_too_large_from_the_core_is_413_too_large():
+    with pytest.raises(ContentTooLarge) as info:
+        validate_content("x", {"m": "y" * 17_000}, "k", max_text_bytes=10)
+    size = info.value.size
+    response = outbox_exception_handler(info.value, {})
+    assert response is not None and response.status_code == 413
+    assert response.data == {
+        "detail": f"model is {size} UTF-8 bytes; the limit is 16384. Nothing was stored.",
+        "code": "too_large",
+    }
+
+
+def test_invalid_content_from_the_core_is_400_invalid_without_field_errors(r):
+    """A rule only the core checks (a user ID over 255 characters) answers 400 ``invalid``."""
+    user = SimpleNamespace(pk="u" * 256, is_authenticated=True, is_active=True, is_staff=True)
+    request = APIRequestFactory().post(messages_url(), body(), format="json")
+    force_authenticate(request, user=user)
+    response = MessagesView.as_view()(request, workspace_id="alice", session_id="s1")
+    response.render()
+    assert response.status_code == 400
+    assert json.loads(response.content) == {
+        "detail": "user_id must be a string of at most 255 characters",
+        "code": "invalid",
+    }
+    assert r.dbsize() == 0
+
+
+class AnyReasonSerializer(serializers.Serializer):
+    """A park body serializer that lets every string through, so the core's rule decides."""
+
+    reason = serializers.CharField(trim_whitespace=False)
+
+
+@pytest.mark.parametrize("view_class", [WorkspaceParkView, WorkspaceUnparkView])
+@pytest.mark.parametrize("reason", ["x" * 201, "  "], ids=["too-long", "blank"])
+def test_park_reason_the_core_refuses_is_400_invalid(users, view_class, reason):
+    post_json(client_for(users["staff"]), messages_url(), body())
+    view = view_class.as_view(request_serializer=AnyReasonSerializer)
+    request = APIRequestFactory().post(workspace_url(op="park"), {"reason": reason}, format="json")
+    force_authenticate(request, user=users["staff"])
+    response = view(request, workspace_id="alice")
+    response.render()
+    assert response.status_code == 400
+    assert json.loads(response.content) == {
+        "detail": "reason must be a non-empty string of at most 200 characters",
+        "code": "invalid",
+    }
+    assert str(entries()[0].status) == "pending"
+
+
+def test_a_plain_value_error_is_not_mapped_so_it_stays_a_server_error():
+    """Only the core's typed errors are client errors; a bare ValueError is a bug (500)."""
+    assert outbox_exception_handler(ValueError("a server bug"), {}) is None
+    response = outbox_exception_handler(InvalidContent("a rule"), {})
+    assert response is not None and response.status_code == 400
 
 
 def test_printable_ascii_client_message_ids_are_accepted(staff):

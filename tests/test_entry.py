@@ -13,8 +13,14 @@ from django_outbox.core.entry import (
     new_entry_id,
     parse_time,
 )
-from django_outbox.core.rules import check_identifier, validate_content
-from django_outbox.errors import InvalidIdentifier
+from django_outbox.core.rules import (
+    check_identifier,
+    check_model,
+    check_reason,
+    check_user_id,
+    validate_content,
+)
+from django_outbox.errors import ContentTooLarge, InvalidContent, InvalidIdentifier
 
 HOSTILE_MODEL = {
     "a": [],
@@ -123,8 +129,39 @@ def test_identifier_allow_list(bad):
     ],
 )
 def test_content_rules_name_the_rule(text, model, cmid, rule):
-    with pytest.raises(ValueError, match=rule):
+    with pytest.raises(InvalidContent, match=rule):
         validate_content(text, model, cmid, max_text_bytes=10)
+
+
+def test_content_errors_are_value_errors_and_too_large_is_one():
+    assert issubclass(InvalidContent, ValueError)
+    assert issubclass(ContentTooLarge, InvalidContent)
+
+
+@pytest.mark.parametrize("reason", ["", "  ", "\n\t", "x" * 201, None, 5])
+def test_park_reason_rule_raises_invalid_content(reason):
+    with pytest.raises(InvalidContent, match="at most 200 characters"):
+        check_reason(reason)
+
+
+def test_park_reason_and_user_id_rules_accept_the_limits():
+    assert check_reason("x" * 200) == "x" * 200
+    assert check_user_id("u" * 255) == "u" * 255
+    assert check_user_id(42) == "42"
+
+
+@pytest.mark.parametrize("user_id", ["u" * 256, None, True, 1.5])
+def test_user_id_rule_raises_invalid_content(user_id):
+    with pytest.raises(InvalidContent, match="user_id"):
+        check_user_id(user_id)
+
+
+def test_malformed_stored_entry_is_not_a_content_error():
+    """A stored entry that does not parse is corrupt data, not a client's input: it must not
+    look like InvalidContent, or the API would answer it 400 instead of 500."""
+    with pytest.raises(ValueError) as info:
+        Entry.from_dict({"id": "e1", "clientMessageID": "k", "status": "nope"})
+    assert not isinstance(info.value, InvalidContent)
 
 
 def test_limit_is_inclusive():
@@ -155,10 +192,19 @@ def test_model_depth_is_bounded():
     deep = {"a": []}
     for _ in range(40):
         deep = {"a": [deep]}
-    with pytest.raises(ValueError, match="deeper than 32"):
+    with pytest.raises(InvalidContent, match="deeper than 32"):
         validate_content("x", deep, "k", max_text_bytes=10)
     ok = {"a": [[[{"b": [1]}]]]}
     validate_content("x", ok, "k", max_text_bytes=10)
+
+
+def test_model_depth_check_survives_100k_levels():
+    """The depth walk recurses at most MAX_MODEL_DEPTH + 1 levels, whatever the input."""
+    deep: object = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(InvalidContent, match="deeper than 32"):
+        check_model({"m": deep})
 
 
 def test_stored_form_omits_zero_counters():

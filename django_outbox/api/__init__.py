@@ -1,2 +1,6 @@
-"""The REST API of DESIGN section 10: DRF views over the outbox service, OpenAPI via
-drf-spectacular. Mount it with ``path("outbox/", include("django_outbox.urls"))``."""
+"""The REST API (README "REST API"): DRF views over the outbox service, OpenAPI via
+drf-spectacular. Mount it with ``path("outbox/", include("django_outbox.urls"))``.
+
+``base`` (the endpoint base class), ``errors`` (the error contract), ``schema``
+(the OpenAPI document), ``serializers``, ``permissions``, ``views`` and ``urls``.
+"""

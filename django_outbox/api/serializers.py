@@ -1,16 +1,16 @@
-"""Request validation and the documented wire shapes of the REST API (DESIGN sections 4 and 10).
+"""Request validation and the documented wire shapes of the REST API (README "REST API").
 
-Request serializers only check *shapes* (types, required members, lengths) and
-answer 400 with field errors; the byte limit on ``text`` is checked by the view
-(413), and everything the service decides (duplicates, conflicts, the cap) is
-translated by the view. Response serializers are documentation: responses are
-rendered from :meth:`Entry.to_dict`, the one source of the camelCase wire form,
-and the schema test checks the two agree.
+Request serializers check *shapes* (types, required members, lengths) and the
+model rule of :mod:`django_outbox.core.rules`, and answer 400 with field errors.
+The byte limit on ``text`` is the core's (``ContentTooLarge``, answered 413), and
+everything the service decides (duplicates, conflicts, the cap) is translated by
+:mod:`django_outbox.api.errors`. Response serializers are documentation:
+responses are rendered from :meth:`Entry.to_dict`, the one source of the
+camelCase wire form, and the schema test checks the two agree.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.core.validators import RegexValidator
@@ -19,7 +19,16 @@ from rest_framework import serializers
 from rest_framework.fields import ProhibitNullCharactersValidator
 
 from ..core.entry import Status
-from ..core.rules import CLIENT_MESSAGE_ID_RE, IDENTIFIER_RE, MAX_MODEL_BYTES, MAX_REASON_CHARS
+from ..core.rules import (
+    CLIENT_MESSAGE_ID_RE,
+    IDENTIFIER_RE,
+    MAX_MODEL_BYTES,
+    MAX_MODEL_DEPTH,
+    MAX_REASON_CHARS,
+    check_model,
+    json_depth,
+)
+from ..errors import ContentTooLarge, InvalidContent
 
 #: OpenAPI pattern of workspace, session and entry IDs (anchored: JSON Schema patterns search).
 IDENTIFIER_PATTERN = f"^{IDENTIFIER_RE.pattern}$"
@@ -48,32 +57,14 @@ class StrictStringField(serializers.CharField):
         return data
 
 
-#: Deepest nesting of objects/arrays accepted in ``model`` (the model object itself is 1).
-#: Python's JSON codec recurses, so a model nested near the interpreter's limit could be
-#: stored from a shallow stack and then fail to decode in a deeper one, poisoning the queue.
-MAX_MODEL_DEPTH = 32
-
-
-def _nesting_depth(value: Any, limit: int) -> int:
-    """Nesting depth of JSON containers in ``value`` (iterative; stops once over ``limit``)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, level)
-            if deepest > limit:
-                break
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, level + 1) for child in children)
-    return deepest
-
-
 @extend_schema_field({"type": "object", "additionalProperties": {}})
 class ModelField(serializers.Field):
     """The optional per-prompt model selector: a JSON object passed through untouched.
 
-    ``null`` means "no model". Its compact UTF-8 encoding may be at most 16 KiB,
-    with finite numbers only (the core's rule), nested at most ``MAX_MODEL_DEPTH`` deep.
+    ``null`` means "no model". The rule is the core's
+    (:func:`~django_outbox.core.rules.check_model`): a compact UTF-8 encoding of at
+    most 16 KiB, finite numbers only, nested at most ``MAX_MODEL_DEPTH`` (32) deep.
+    A break answers 400 with a field error here rather than the core's 413 for size.
     """
 
     default_error_messages = {
@@ -86,16 +77,15 @@ class ModelField(serializers.Field):
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
             self.fail("invalid")
-        if _nesting_depth(data, MAX_MODEL_DEPTH) > MAX_MODEL_DEPTH:
-            self.fail("too_deep", limit=MAX_MODEL_DEPTH)
         try:
-            encoded = json.dumps(
-                data, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-            ).encode("utf-8")
-        except (TypeError, ValueError, UnicodeEncodeError, RecursionError):
-            self.fail("not_json")
-        if len(encoded) > MAX_MODEL_BYTES:
+            check_model(data)
+        except ContentTooLarge:
             self.fail("too_large", limit=MAX_MODEL_BYTES)
+        except InvalidContent:
+            # check_model tests depth before encoding; json_depth stops past the limit.
+            if json_depth(data, MAX_MODEL_DEPTH) > MAX_MODEL_DEPTH:
+                self.fail("too_deep", limit=MAX_MODEL_DEPTH)
+            self.fail("not_json")
         return data
 
     def to_representation(self, value: Any) -> dict[str, Any]:
@@ -115,8 +105,8 @@ NOT_BLANK_VALIDATOR = RegexValidator(r"\S", message="This field may not be blank
 class AcceptRequestSerializer(serializers.Serializer):
     """POST body of the messages endpoint: ``{clientMessageID, text, model?}``.
 
-    ``text`` must be non-blank; its UTF-8 size limit (``MAX_TEXT_BYTES``,
-    102,400 bytes by default) is enforced by the view with 413, not here.
+    ``text`` must be non-empty; over its UTF-8 size limit (``MAX_TEXT_BYTES``,
+    102,400 bytes by default) the core refuses it and the API answers 413.
     """
 
     clientMessageID = StrictStringField(
@@ -166,7 +156,7 @@ class UnparkRequestSerializer(serializers.Serializer):
 
 
 class EntrySerializer(serializers.Serializer):
-    """One entry in its camelCase wire form (DESIGN section 4). Unset members are omitted."""
+    """One entry in its camelCase wire form. Unset members are omitted."""
 
     id = serializers.CharField(help_text="Entry ID, unique per accept (opaque, URL-safe).")
     status = serializers.ChoiceField(choices=[s.value for s in Status])

@@ -23,7 +23,11 @@ from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier
 IDENTIFIER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: Characters a clientMessageID may use: printable ASCII, 1..128 of them.
 CLIENT_MESSAGE_ID_RE = re.compile(r"[\x20-\x7e]{1,128}")
+#: Largest compact UTF-8 JSON encoding of a model, in bytes.
 MAX_MODEL_BYTES = 16 * 1024
+#: Deepest nesting of objects/arrays in a model (the model object itself is 1). Python's
+#: JSON codec recurses, so a model nested near the interpreter's limit could be stored
+#: from a shallow stack and then fail to decode in a deeper one, poisoning the queue.
 MAX_MODEL_DEPTH = 32
 MAX_REASON_CHARS = 200
 MAX_USER_ID_CHARS = 255
