@@ -150,8 +150,9 @@ class Outbox(OutboxDelivery):
         writes nothing. Raises :class:`Duplicate` (same key, same content; carries
         ``accepted_id``), :class:`IdempotencyConflict` (same key, other content),
         :class:`OutboxFull` (``CAP`` reached), :class:`InvalidIdentifier`,
-        ``ValueError`` (text, model or key breaks a rule of
-        :func:`~django_outbox.core.entry.validate_content`) and
+        :class:`InvalidContent` (text, model, key or user ID breaks a rule of
+        :mod:`~django_outbox.core.rules`; :class:`ContentTooLarge` for sizes; both
+        are ``ValueError``\s) and
         :class:`OutboxUnavailable` (Valkey unreachable, out of memory, or a
         ``WAIT_REPLICAS``/``WAIT_AOF`` wait timed out — then ``accepted`` is True).
         """
