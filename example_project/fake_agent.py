@@ -153,13 +153,16 @@ class FakeAgent(FakeOpencodeServer):
         return super().route(method, parts)
 
     def on_list_sessions(self, request: Request) -> Reply:
+        """``GET /session``: every session object."""
         return json_reply(200, list(self.sessions.values()))
 
     def on_get_session(self, request: Request, sid: str) -> Reply:
+        """``GET /session/{id}``."""
         found = self.sessions.get(sid)
         return json_reply(200, found) if found else not_found(f"Session not found: {sid}")
 
     def on_bad_session_id(self, request: Request) -> Reply:
+        """A message route whose session id does not start with ``ses``: 500."""
         return json_reply(500, {"name": "UnknownError", "data": {"message": "bad id"}})
 
     def knobs(self) -> dict[str, Any]:
@@ -173,9 +176,11 @@ class FakeAgent(FakeOpencodeServer):
         }
 
     def on_knobs(self, request: Request) -> Reply:
+        """``GET /_fake/control``."""
         return json_reply(200, self.knobs())
 
     def on_control(self, request: Request) -> Reply:
+        """``POST /_fake/control``: change the knobs and rules (400 for a bad value)."""
         try:
             body = request.json()
             if not isinstance(body, dict):

@@ -329,12 +329,15 @@ class FakeOpencodeServer:
         return reply
 
     def on_health(self, request: Request) -> Reply:
+        """``GET /global/health``."""
         return json_reply(200, {"healthy": True, "version": "fake"})
 
     def on_create_session(self, request: Request) -> Reply:
+        """``POST /session``: the new session object."""
         return json_reply(200, self.new_session())
 
     async def on_post_message(self, request: Request, sid: str) -> Reply:
+        """``POST /session/{id}/message``: validate, plan the turn, store, run the turn."""
         if sid not in self.transcripts:
             return not_found(f"Session not found: {sid}")
         try:
@@ -362,11 +365,13 @@ class FakeOpencodeServer:
         return json_reply(200, await self._run_turn(sid, mid, turn))
 
     def on_list_messages(self, request: Request, sid: str) -> Reply:
+        """``GET /session/{id}/message``: the whole transcript."""
         if sid not in self.transcripts:
             return not_found(f"Session not found: {sid}")
         return json_reply(200, self.transcripts[sid])
 
     def on_get_message(self, request: Request, sid: str, mid: str) -> Reply:
+        """``GET /session/{id}/message/{messageID}``."""
         for message in self.transcripts.get(sid, []):
             if message["info"]["id"] == mid:
                 return json_reply(200, message)

@@ -42,6 +42,8 @@ from example_project.fake_server import (
 
 @dataclass
 class Fault:
+    """What one route does wrong (``FakeOpencode.faults[route name]``)."""
+
     delay: float = 0.0  #: seconds before answering (POST message: the turn, after storing)
     status: int | None = None  #: answer this status instead (before storing anything)
     cut: str | None = None  #: "before_store" | "after_store": drop the connection
@@ -63,6 +65,7 @@ class FakeOpencode(FakeOpencodeServer):
 
     @property
     def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
         return f"http://127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> FakeOpencode:
@@ -73,6 +76,7 @@ class FakeOpencode(FakeOpencodeServer):
         await self.stop()
 
     async def start(self) -> None:
+        """Listen on ``port`` (a free one the first time when 0)."""
         self._server = await asyncio.start_server(self.serve, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
