@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,15 +41,26 @@ import redis
 from redis.cluster import RedisCluster
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
-from bench.common import CHILDREN, fmt, reap_children, stop  # noqa: E402
+from bench.common import (  # noqa: E402
+    PAYLOAD,
+    RESULTS,
+    child_env,
+    fmt,
+    interrupt_on_sigterm,
+    logger,
+    reap_children,
+    run_meta,
+    server_version,
+    spawn,
+    stop,
+    write_results,
+)
 from tests.cluster import ValkeyCluster  # noqa: E402
 from tests.valkey import ValkeyProcess  # noqa: E402
 
-PAYLOAD = "x" * 100
 ACCEPT_TASKS = 64
 # Sessions delivered at once per worker process: the product default (CONCURRENCY = 64).
 # Not bench/worker_bench.py's 256: on a cluster, the worker's async RedisCluster client
@@ -62,23 +70,19 @@ CONCURRENCY = 64
 POLL = 0.05  # seconds between completion polls
 SAMPLE_EVERY = 20  # the cheap poll reads the queues of every 20th workspace
 
-
-def log(msg: str) -> None:
-    print(f"[cluster-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = logger("cluster-bench")
 
 
 def start_worker(url: str, concurrency: int, **env: str) -> subprocess.Popen:
     """One ``outbox_worker`` process (bench.settings); its stdout (the final stats) is dropped,
     its stderr (warnings, errors) is not."""
     args = ["outbox_worker", "-v", "0", "--concurrency", str(concurrency)]
-    proc = subprocess.Popen(
+    return spawn(
         [sys.executable, "-m", "django", *args],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OUTBOX_VALKEY_URL": url, **env},
+        env=child_env(url, **env),
         stdout=subprocess.DEVNULL,
     )
-    CHILDREN.append(proc)
-    return proc
 
 
 class Store:
@@ -428,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     runs: dict[str, dict[int, list[dict]]] = {"cluster": {}, "standalone": {}}
     missing: dict[str, str] = {}
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    interrupt_on_sigterm()
     valkey_version = None
     with tempfile.TemporaryDirectory(prefix="outbox-cluster-bench-") as tmp:
         cluster = ValkeyCluster(Path(tmp) / "cluster", appendonly="no", save="")
@@ -443,8 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 Store("cluster", cluster.startup_url, cluster.masters(), True),
                 Store("standalone", single.url, [single.port], False),
             ]
-            info = stores[1].masters[0].info("server")
-            valkey_version = info.get("valkey_version") or info.get("redis_version")
+            valkey_version = server_version(stores[1].masters[0].info("server"))
             log(
                 f"valkey {valkey_version}; shape {shape}; workers {worker_counts} "
                 f"x {a.concurrency}; {repeats} rounds"
@@ -487,26 +490,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = summarize(runs, worker_counts)
     result["missing"] = missing
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "argv": sys.argv[1:] if argv is None else argv,
-        "repeats": repeats,
-        "shape": shape,
-        "workers": worker_counts,
-        "concurrency": a.concurrency,
-        "cluster_shards": Config().cluster_shards,
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "valkey": valkey_version,
-        "seconds": time.monotonic() - started,
-    }
-    result["meta"] = meta
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cluster-latest.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = markdown(result, meta)
-    (RESULTS / "cluster-latest.md").write_text(md)
-    print(md)
+    meta = run_meta(
+        argv,
+        started,
+        valkey_version,
+        repeats=repeats,
+        shape=shape,
+        workers=worker_counts,
+        concurrency=a.concurrency,
+        cluster_shards=Config().cluster_shards,
+    )
+    write_results("cluster-latest", result, meta, markdown)
     return 0
 
 

@@ -20,18 +20,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
+from bench import common  # noqa: E402
 
-def worker(url, *args, **env):
-    return subprocess.Popen(
+
+def worker(url: str, *args: str, **env: str) -> subprocess.Popen:
+    """One ``outbox_worker`` process (bench.settings), recorded in common.CHILDREN."""
+    return common.spawn(
         [sys.executable, "-m", "django", "outbox_worker", "-v", "0", *args],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OUTBOX_VALKEY_URL": url, **env},
+        env=common.child_env(url, **env),
     )
 
 
-def stop(proc):
-    proc.terminate()
-    proc.wait(60)
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a worker: SIGTERM, SIGKILL after 60 s."""
+    common.stop(proc, 60)
 
 
 def wait(predicate, timeout, interval=0.01):
