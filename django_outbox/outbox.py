@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import events
 from .core.service import Outbox as CoreOutbox
 from .core.service import OutboxEvent
 from .signals import entry_delivered, entry_staged, entry_updated
+from .ws import publish
 
 _SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": entry_updated}
 
@@ -16,7 +16,7 @@ _SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": ent
 class Outbox(CoreOutbox):
     """:class:`django_outbox.core.service.Outbox` that sends the signals of
     :mod:`django_outbox.signals` for every event and publishes ``queue.update``
-    to the session's Channels group (:mod:`django_outbox.events`). Construct it
+    to the session's Channels group (:mod:`django_outbox.ws.publish`). Construct it
     directly in tests: ``Outbox(url=..., deliverer=..., verifier=...,
     ledger_probe=..., **tunables)``.
     """
@@ -28,11 +28,11 @@ class Outbox(CoreOutbox):
 
     def emit(self, event: OutboxEvent) -> None:
         _SIGNALS[event.kind].send(sender=Outbox, **_signal_kwargs(event))
-        events.publish(event)
+        publish.publish(event)
 
     async def aemit(self, event: OutboxEvent) -> None:
         await _SIGNALS[event.kind].asend(sender=Outbox, **_signal_kwargs(event))
-        await events.apublish(event)
+        await publish.apublish(event)
 
 
 def _signal_kwargs(event: OutboxEvent) -> dict[str, Any]:
