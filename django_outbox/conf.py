@@ -1,9 +1,10 @@
 """The ``OUTBOX`` settings dict: defaults, validation, one immutable object read late.
 
 ``outbox_settings()`` returns the validated :class:`OutboxSettings`, built on
-first use and rebuilt when ``settings.OUTBOX`` changes (``override_settings``
-works). A wrong type or value raises ``ImproperlyConfigured`` naming the key
-and the rule. Keys (DESIGN section 13):
+first use and rebuilt when ``settings.OUTBOX`` or ``CACHES`` changes
+(``override_settings`` works; :func:`reset` forgets it by hand). A wrong type or
+value raises ``ImproperlyConfigured`` naming the key and the rule. Keys
+(README "Settings"):
 
 ``VALKEY_URL`` (default ``redis://127.0.0.1:6379/0``, or the environment's
 ``OUTBOX_VALKEY_URL``), ``CONNECTION_ALIAS`` (use the LOCATION of that
@@ -11,6 +12,9 @@ django-redis cache instead), ``CLUSTER``, ``KEY_PREFIX``, ``DELIVERER``,
 ``VERIFIER``, ``LEDGER_PROBE``, ``ACCESS_POLICY`` (callables or dotted paths),
 and the tunables of :class:`django_outbox.core.config.Config` in upper case
 (durations in seconds or as ``timedelta``).
+
+This module imports nothing of the outbox it configures: caches built from these
+settings (the process-wide outbox, the opencode clients) forget themselves.
 """
 
 from __future__ import annotations
@@ -122,18 +126,28 @@ _cached: OutboxSettings | None = None
 
 
 def outbox_settings() -> OutboxSettings:
-    """The validated ``OUTBOX`` settings (built once, rebuilt after a change)."""
+    """The validated ``OUTBOX`` settings (built once, rebuilt after a change).
+
+    Raises ``ImproperlyConfigured`` naming the first wrong key and its rule.
+    """
     global _cached
     if _cached is None:
         _cached = _build()
     return _cached
 
 
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    global _cached
-    if setting in ("OUTBOX", "CACHES"):
-        _cached = None
-        from . import outbox
+def reset() -> None:
+    """Forget the validated settings; the next :func:`outbox_settings` reads them again.
 
-        outbox.reset_outbox()
+    Django's ``setting_changed`` does this for ``OUTBOX`` and ``CACHES``; call it
+    after changing what they read some other way (e.g. ``OUTBOX_VALKEY_URL``). It
+    does not touch the process-wide outbox (``django_outbox.outbox.reset_outbox``).
+    """
+    global _cached
+    _cached = None
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("OUTBOX", "CACHES"):
+        reset()

@@ -1,13 +1,20 @@
-"""OUTBOX settings: defaults, validation, late reading (DESIGN section 13)."""
+"""OUTBOX settings: defaults, validation, late reading (README "Settings")."""
 
+import ast
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_outbox import get_outbox
+from django_outbox import conf, get_outbox
 from django_outbox.conf import outbox_settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_follow_the_design():
@@ -107,3 +114,50 @@ def test_the_opencode_block_is_accepted():
     }
     with override_settings(OUTBOX=outbox):
         assert callable(get_outbox().deliverer) and callable(get_outbox().verifier)
+
+
+def test_reset_makes_the_next_read_see_the_environment(monkeypatch):
+    before = outbox_settings()
+    assert outbox_settings() is before
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", "redis://127.0.0.1:1/5")
+    assert outbox_settings().valkey_url != "redis://127.0.0.1:1/5"  # still the cached object
+    conf.reset()
+    assert outbox_settings() is not before
+    assert outbox_settings().valkey_url == "redis://127.0.0.1:1/5"
+
+
+def test_a_caches_change_alone_rebuilds_the_outbox():
+    def caches(location):
+        return {
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "valkey": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": location},
+        }
+
+    with override_settings(OUTBOX={"CONNECTION_ALIAS": "valkey"}):
+        with override_settings(CACHES=caches("redis://127.0.0.1:1/3")):
+            assert get_outbox().url == "redis://127.0.0.1:1/3"
+        with override_settings(CACHES=caches("redis://127.0.0.1:1/4")):
+            assert get_outbox().url == "redis://127.0.0.1:1/4"
+
+
+def test_conf_imports_nothing_it_configures():
+    """conf.py sits below the outbox and the deliverers built from it (no import circle)."""
+    tree = ast.parse(Path(conf.__file__).read_text())
+    imported = [
+        ("." * node.level) + (node.module or "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+    ]
+    assert [m for m in imported if m.startswith(".")] == [".core.config"]
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["django_outbox.conf", "django_outbox.outbox", "django_outbox.delivery.opencode"],
+)
+def test_each_settings_reader_imports_first_in_a_fresh_interpreter(module):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], cwd=ROOT, env=env, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr.decode()
