@@ -2,6 +2,7 @@
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -12,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_outbox import conf, get_outbox
-from django_outbox.conf import outbox_settings
+from django_outbox.conf import OpencodeSettings, outbox_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,3 +162,77 @@ def test_each_settings_reader_imports_first_in_a_fresh_interpreter(module):
         [sys.executable, "-c", f"import {module}"], cwd=ROOT, env=env, capture_output=True
     )
     assert done.returncode == 0, done.stderr.decode()
+
+
+# --- OUTBOX["OPENCODE"] --------------------------------------------------------------------------
+
+
+def test_no_opencode_block_reads_as_none():
+    assert outbox_settings().opencode is None
+
+
+def test_the_opencode_block_is_parsed_with_its_defaults():
+    block = {"BASE_URL": "http://127.0.0.1:4096/", "WORKSPACE_URLS": {"w1": "https://a:1/x/"}}
+    with override_settings(OUTBOX={"DELIVERY_TIMEOUT": timedelta(minutes=2), "OPENCODE": block}):
+        assert outbox_settings().opencode == OpencodeSettings(
+            base_url="http://127.0.0.1:4096",
+            workspace_urls={"w1": "https://a:1/x"},
+            username="opencode",
+            password=None,
+            connect_timeout=5.0,
+            timeout=120.0,  # DELIVERY_TIMEOUT unless TIMEOUT is set
+            verify_timeout=30.0,
+            clock_skew=2.0,
+        )
+    block = {
+        "BASE_URL": "http://x",
+        "USERNAME": "me",
+        "PASSWORD": "pw",
+        "CONNECT_TIMEOUT": timedelta(seconds=1),
+        "TIMEOUT": 9,
+        "VERIFY_TIMEOUT": 4.5,
+        "CLOCK_SKEW": 0,
+    }
+    with override_settings(OUTBOX={"OPENCODE": block}):
+        s = outbox_settings().opencode
+        assert (s.username, s.password, s.connect_timeout, s.timeout) == ("me", "pw", 1.0, 9.0)
+        assert (s.verify_timeout, s.clock_skew) == (4.5, 0.0)
+
+
+def route_workspace(workspace_id: str) -> str | None:
+    return {"w2": "http://two/"}.get(workspace_id)
+
+
+async def test_opencode_urls_come_from_workspace_urls_then_base_url():
+    block = {"BASE_URL": "http://base", "WORKSPACE_URLS": "tests.test_conf.route_workspace"}
+    with override_settings(OUTBOX={"OPENCODE": block}):
+        s = outbox_settings().opencode
+        assert s.workspace_urls == "tests.test_conf.route_workspace"  # imported on first use
+        assert await s.aurl_for("w2") == "http://two"
+        assert await s.aurl_for("w1") == "http://base"
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ("http://x", "OUTBOX['OPENCODE'] must be a dict"),
+        ({}, "'BASE_URL'] is required (or WORKSPACE_URLS)"),
+        ({"BASE_URL": "ftp://x"}, "'BASE_URL'] must be an http(s) URL"),
+        ({"BASE_URL": "http://x", "PASWORD": "typo"}, "has unknown keys ['PASWORD']"),
+        ({"BASE_URL": "http://x", "USERNAME": "a:b"}, "'USERNAME'] must be a non-empty string"),
+        ({"BASE_URL": "http://x", "PASSWORD": 1}, "'PASSWORD'] must be a string or None"),
+        ({"BASE_URL": "http://x", "TIMEOUT": 0}, "'TIMEOUT'] must be positive"),
+        ({"BASE_URL": "http://x", "VERIFY_TIMEOUT": float("inf")}, "'VERIFY_TIMEOUT'] must be a"),
+        ({"BASE_URL": "http://x", "CONNECT_TIMEOUT": "5"}, "'CONNECT_TIMEOUT'] must be a number"),
+        ({"BASE_URL": "http://x", "CLOCK_SKEW": -1}, "'CLOCK_SKEW'] must be a finite"),
+        ({"WORKSPACE_URLS": 5}, "'WORKSPACE_URLS'] must be a dict, a callable"),
+        ({"WORKSPACE_URLS": {"w1": "nope"}}, "'WORKSPACE_URLS']['w1'] must be an http(s) URL"),
+    ],
+)
+def test_a_bad_opencode_block_is_reported_by_the_settings(block, message):
+    """Read with the rest of OUTBOX, so system check E001 and get_outbox() report it too."""
+    with override_settings(OUTBOX={"OPENCODE": block}):
+        with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+            outbox_settings()
+        with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+            get_outbox()
