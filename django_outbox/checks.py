@@ -216,7 +216,7 @@ def check_persistence(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 
 
 def _routes_consumer(application: Any, depth: int = 0) -> bool:
-    from .consumers import OutboxConsumer
+    from .ws.consumer import OutboxConsumer
 
     if application is None or depth > 12:
         return False

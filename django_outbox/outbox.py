@@ -1,14 +1,23 @@
-"""The Django-aware outbox: signals on events, and the process-wide instance."""
+"""The Django-aware outbox: signals on events, and the process-wide instance.
+
+:class:`Outbox` adds Django signals and Channels publication to the core service;
+:func:`get_outbox` builds the process-wide one from ``settings.OUTBOX`` (through
+:mod:`django_outbox.conf`) and forgets it when ``OUTBOX`` or ``CACHES`` changes.
+"""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
-from . import events
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .conf import outbox_settings
 from .core.service import Outbox as CoreOutbox
 from .core.service import OutboxEvent
 from .signals import entry_delivered, entry_staged, entry_updated
+from .ws import publish
 
 _SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": entry_updated}
 
@@ -16,7 +25,7 @@ _SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": ent
 class Outbox(CoreOutbox):
     """:class:`django_outbox.core.service.Outbox` that sends the signals of
     :mod:`django_outbox.signals` for every event and publishes ``queue.update``
-    to the session's Channels group (:mod:`django_outbox.events`). Construct it
+    to the session's Channels group (:mod:`django_outbox.ws.publish`). Construct it
     directly in tests: ``Outbox(url=..., deliverer=..., verifier=...,
     ledger_probe=..., **tunables)``.
     """
@@ -28,11 +37,11 @@ class Outbox(CoreOutbox):
 
     def emit(self, event: OutboxEvent) -> None:
         _SIGNALS[event.kind].send(sender=Outbox, **_signal_kwargs(event))
-        events.publish(event)
+        publish.publish(event)
 
     async def aemit(self, event: OutboxEvent) -> None:
         await _SIGNALS[event.kind].asend(sender=Outbox, **_signal_kwargs(event))
-        await events.apublish(event)
+        await publish.apublish(event)
 
 
 def _signal_kwargs(event: OutboxEvent) -> dict[str, Any]:
@@ -58,8 +67,6 @@ def get_outbox() -> Outbox:
     global _instance
     with _lock:
         if _instance is None:
-            from .conf import outbox_settings
-
             s = outbox_settings()
             _instance = Outbox(
                 url=s.valkey_url,
@@ -79,3 +86,11 @@ def reset_outbox() -> None:
         if _instance is not None:
             _instance.close()
         _instance = None
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    # The instance is built from what conf.py reads, which depends on these two settings
+    # (CACHES through CONNECTION_ALIAS); conf.py forgets its own copy on the same signal.
+    if setting in ("OUTBOX", "CACHES"):
+        reset_outbox()

@@ -1,12 +1,10 @@
-"""WebSocket routes: add ``websocket_urlpatterns`` to your ``URLRouter``."""
+"""A re-export of :mod:`django_outbox.ws.routing`, kept so existing ``asgi.py`` files work.
 
-from django.urls import re_path
+Projects written before the WebSocket code moved to :mod:`django_outbox.ws` import
+``from django_outbox.routing import websocket_urlpatterns``; that keeps working and
+gives the same list. New code may import from :mod:`django_outbox.ws.routing`.
+"""
 
-from .consumers import OutboxConsumer
+from .ws.routing import websocket_urlpatterns
 
-websocket_urlpatterns = [
-    re_path(
-        r"^ws/outbox/workspaces/(?P<workspace_id>[^/]+)/sessions/(?P<session_id>[^/]+)/$",
-        OutboxConsumer.as_asgi(),
-    ),
-]
+__all__ = ["websocket_urlpatterns"]

@@ -21,7 +21,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from django_outbox.routing import websocket_urlpatterns  # noqa: E402
+from django_outbox.ws.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

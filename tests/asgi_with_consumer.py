@@ -3,7 +3,7 @@
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 
-from django_outbox.routing import websocket_urlpatterns
+from django_outbox.ws.routing import websocket_urlpatterns
 
 application = ProtocolTypeRouter(
     {"websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns))}

@@ -11,7 +11,7 @@ from django.core.asgi import get_asgi_application
 
 django_app = get_asgi_application()
 
-from django_outbox.routing import websocket_urlpatterns  # noqa: E402
+from django_outbox.ws.routing import websocket_urlpatterns  # noqa: E402
 
 STAFF = SimpleNamespace(is_active=True, is_staff=True, username="chaos", pk=1)
 

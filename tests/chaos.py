@@ -600,7 +600,7 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
     import websockets
     from django.test import override_settings
 
-    from django_outbox.events import group_name
+    from django_outbox.ws.publish import group_name
     from tests.valkey import free_port, wait_until
 
     abandoned, slow, window = (60, 10, 6) if short else (300, 50, 60)

@@ -82,10 +82,10 @@ def _clean_valkey(valkey, monkeypatch):
     else:
         client.flushall()
     client.close()
-    conf._cached = None
+    conf.reset()
     reset_outbox()
     yield
-    conf._cached = None
+    conf.reset()
     reset_outbox()
 
 

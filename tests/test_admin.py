@@ -521,7 +521,7 @@ def test_unreachable_valkey_is_a_clear_503(admin_client, monkeypatch):
     from django_outbox.outbox import reset_outbox
 
     monkeypatch.setenv("OUTBOX_VALKEY_URL", "redis://127.0.0.1:9/0")
-    conf._cached = None
+    conf.reset()
     reset_outbox()
     response = admin_client.get(CHANGELIST)
     assert response.status_code == 503

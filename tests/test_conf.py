@@ -1,13 +1,21 @@
-"""OUTBOX settings: defaults, validation, late reading (DESIGN section 13)."""
+"""OUTBOX settings: defaults, validation, late reading (README "Settings")."""
 
+import ast
+import os
+import re
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_outbox import get_outbox
-from django_outbox.conf import outbox_settings
+from django_outbox import conf, get_outbox
+from django_outbox.conf import OpencodeSettings, outbox_settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_follow_the_design():
@@ -107,3 +115,124 @@ def test_the_opencode_block_is_accepted():
     }
     with override_settings(OUTBOX=outbox):
         assert callable(get_outbox().deliverer) and callable(get_outbox().verifier)
+
+
+def test_reset_makes_the_next_read_see_the_environment(monkeypatch):
+    before = outbox_settings()
+    assert outbox_settings() is before
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", "redis://127.0.0.1:1/5")
+    assert outbox_settings().valkey_url != "redis://127.0.0.1:1/5"  # still the cached object
+    conf.reset()
+    assert outbox_settings() is not before
+    assert outbox_settings().valkey_url == "redis://127.0.0.1:1/5"
+
+
+def test_a_caches_change_alone_rebuilds_the_outbox():
+    def caches(location):
+        return {
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "valkey": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": location},
+        }
+
+    with override_settings(OUTBOX={"CONNECTION_ALIAS": "valkey"}):
+        with override_settings(CACHES=caches("redis://127.0.0.1:1/3")):
+            assert get_outbox().url == "redis://127.0.0.1:1/3"
+        with override_settings(CACHES=caches("redis://127.0.0.1:1/4")):
+            assert get_outbox().url == "redis://127.0.0.1:1/4"
+
+
+def test_conf_imports_nothing_it_configures():
+    """conf.py sits below the outbox and the deliverers built from it (no import circle)."""
+    tree = ast.parse(Path(conf.__file__).read_text())
+    imported = [
+        ("." * node.level) + (node.module or "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+    ]
+    assert [m for m in imported if m.startswith(".")] == [".core.config"]
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["django_outbox.conf", "django_outbox.outbox", "django_outbox.delivery.opencode"],
+)
+def test_each_settings_reader_imports_first_in_a_fresh_interpreter(module):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], cwd=ROOT, env=env, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
+# --- OUTBOX["OPENCODE"] --------------------------------------------------------------------------
+
+
+def test_no_opencode_block_reads_as_none():
+    assert outbox_settings().opencode is None
+
+
+def test_the_opencode_block_is_parsed_with_its_defaults():
+    block = {"BASE_URL": "http://127.0.0.1:4096/", "WORKSPACE_URLS": {"w1": "https://a:1/x/"}}
+    with override_settings(OUTBOX={"DELIVERY_TIMEOUT": timedelta(minutes=2), "OPENCODE": block}):
+        assert outbox_settings().opencode == OpencodeSettings(
+            base_url="http://127.0.0.1:4096",
+            workspace_urls={"w1": "https://a:1/x"},
+            username="opencode",
+            password=None,
+            connect_timeout=5.0,
+            timeout=120.0,  # DELIVERY_TIMEOUT unless TIMEOUT is set
+            verify_timeout=30.0,
+            clock_skew=2.0,
+        )
+    block = {
+        "BASE_URL": "http://x",
+        "USERNAME": "me",
+        "PASSWORD": "pw",
+        "CONNECT_TIMEOUT": timedelta(seconds=1),
+        "TIMEOUT": 9,
+        "VERIFY_TIMEOUT": 4.5,
+        "CLOCK_SKEW": 0,
+    }
+    with override_settings(OUTBOX={"OPENCODE": block}):
+        s = outbox_settings().opencode
+        assert (s.username, s.password, s.connect_timeout, s.timeout) == ("me", "pw", 1.0, 9.0)
+        assert (s.verify_timeout, s.clock_skew) == (4.5, 0.0)
+
+
+def route_workspace(workspace_id: str) -> str | None:
+    return {"w2": "http://two/"}.get(workspace_id)
+
+
+async def test_opencode_urls_come_from_workspace_urls_then_base_url():
+    block = {"BASE_URL": "http://base", "WORKSPACE_URLS": "tests.test_conf.route_workspace"}
+    with override_settings(OUTBOX={"OPENCODE": block}):
+        s = outbox_settings().opencode
+        assert s.workspace_urls == "tests.test_conf.route_workspace"  # imported on first use
+        assert await s.aurl_for("w2") == "http://two"
+        assert await s.aurl_for("w1") == "http://base"
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ("http://x", "OUTBOX['OPENCODE'] must be a dict"),
+        ({}, "'BASE_URL'] is required (or WORKSPACE_URLS)"),
+        ({"BASE_URL": "ftp://x"}, "'BASE_URL'] must be an http(s) URL"),
+        ({"BASE_URL": "http://x", "PASWORD": "typo"}, "has unknown keys ['PASWORD']"),
+        ({"BASE_URL": "http://x", "USERNAME": "a:b"}, "'USERNAME'] must be a non-empty string"),
+        ({"BASE_URL": "http://x", "PASSWORD": 1}, "'PASSWORD'] must be a string or None"),
+        ({"BASE_URL": "http://x", "TIMEOUT": 0}, "'TIMEOUT'] must be positive"),
+        ({"BASE_URL": "http://x", "VERIFY_TIMEOUT": float("inf")}, "'VERIFY_TIMEOUT'] must be a"),
+        ({"BASE_URL": "http://x", "CONNECT_TIMEOUT": "5"}, "'CONNECT_TIMEOUT'] must be a number"),
+        ({"BASE_URL": "http://x", "CLOCK_SKEW": -1}, "'CLOCK_SKEW'] must be a finite"),
+        ({"WORKSPACE_URLS": 5}, "'WORKSPACE_URLS'] must be a dict, a callable"),
+        ({"WORKSPACE_URLS": {"w1": "nope"}}, "'WORKSPACE_URLS']['w1'] must be an http(s) URL"),
+    ],
+)
+def test_a_bad_opencode_block_is_reported_by_the_settings(block, message):
+    """Read with the rest of OUTBOX, so system check E001 and get_outbox() report it too."""
+    with override_settings(OUTBOX={"OPENCODE": block}):
+        with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+            outbox_settings()
+        with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+            get_outbox()

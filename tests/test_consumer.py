@@ -1,4 +1,5 @@
-"""The queue WebSocket on a real channels-redis layer (DESIGN section 9; cases 06, 07, 11)."""
+"""The queue WebSocket on a real channels-redis layer (README "Live updates (WebSocket)";
+cases 06, 07, 11)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from django_outbox import events
-from django_outbox.events import group_name
 from django_outbox.outbox import get_outbox
-from django_outbox.routing import websocket_urlpatterns
+from django_outbox.ws import publish
+from django_outbox.ws.publish import group_name
+from django_outbox.ws.routing import websocket_urlpatterns
 
 ROOT = Path(__file__).resolve().parent.parent
 STAFF = SimpleNamespace(is_active=True, is_staff=True, username="staff")
@@ -177,6 +178,30 @@ async def test_disconnect_discards_the_group(layers, r):
     await close_all()
 
 
+def test_the_old_routing_module_gives_the_same_routes():
+    """README's and users' asgi.py import django_outbox.routing; it re-exports ws.routing."""
+    from django_outbox import routing
+
+    assert routing.websocket_urlpatterns is websocket_urlpatterns
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "django_outbox.routing",
+        "django_outbox.ws.routing",
+        "django_outbox.ws.consumer",
+        "django_outbox.ws.publish",
+    ],
+)
+def test_each_websocket_module_imports_first_in_a_fresh_interpreter(module):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], cwd=ROOT, env=env, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
 def test_group_names_are_short_and_safe():
     name = group_name("w" * 128, "s" * 128)
     assert len(name) < 100 and all(c.isalnum() or c in "._-" for c in name)
@@ -236,10 +261,10 @@ async def test_a_failed_publish_never_fails_the_mutation(valkey, caplog):
     }
     with override_settings(CHANNEL_LAYERS=config):
         watch(get_outbox(), "w1", "s1")
-        before = events.stats.failed
+        before = publish.stats.failed
         entry = await accept("w1", "s1", "k1")
         assert entry.status == "pending"
-        assert events.stats.failed == before + 1
+        assert publish.stats.failed == before + 1
         assert "could not publish" in caplog.text
         await get_outbox().aclose()
 
@@ -252,12 +277,12 @@ def test_sync_mutations_publish_too(valkey, r):
         }
     }
     with override_settings(CHANNEL_LAYERS=config):
-        before = events.stats.published
+        before = publish.stats.published
         get_outbox().accept("w1", "s1", user_id="u", client_message_id="k0", text="t")
-        assert events.stats.published == before  # nobody watches: nothing to publish
+        assert publish.stats.published == before  # nobody watches: nothing to publish
         watch(get_outbox(), "w1", "s1")
         get_outbox().accept("w1", "s1", user_id="u", client_message_id="k", text="t")
-        assert events.stats.published == before + 1
+        assert publish.stats.published == before + 1
 
 
 async def test_clients_are_counted_while_connected(layers, r):

@@ -50,8 +50,6 @@ def make_entry(text: str = "hello", **kwargs) -> Entry:
 async def _opencode_module_state():
     yield
     await opencode.aclose()
-    opencode._settings = None
-    opencode._by_url.clear()
 
 
 @pytest.fixture
@@ -482,6 +480,22 @@ async def test_settings_change_rebuilds_clients(fake):
         assert opencode._retired == [first]
         await opencode.aclose()
         assert opencode._retired == []
+        assert not first.has_clients
+
+
+async def test_clients_are_rebuilt_whenever_conf_rebuilds_its_settings(fake):
+    """The client cache follows conf.py's settings object: one reset drives both."""
+    from django_outbox import conf
+
+    with override_settings(OUTBOX={"OPENCODE": {"BASE_URL": fake.base_url}}):
+        first = await opencode.client_for("w1")
+        assert await opencode.client_for("w1") is first
+        first._client()  # opened on this loop
+        conf.reset()
+        second = await opencode.client_for("w1")
+        assert second is not first and second.base_url == first.base_url
+        assert opencode._retired == [first]
+        await opencode.aclose()
         assert not first.has_clients
 
 

@@ -1,8 +1,9 @@
 """Tunables of the outbox, their defaults and validation (no Django imports).
 
 Durations are seconds (int or float) or ``datetime.timedelta``; they are
-stored as float seconds. Defaults follow the seed except where DESIGN
-section 13 says otherwise (``LOCK_TTL`` is a short, renewed lease).
+stored as float seconds (:func:`duration` is the rule, also used for the
+opencode block's timeouts). The defaults are the table in README "Settings"
+(``LOCK_TTL`` is a short, renewed lease).
 """
 
 from __future__ import annotations
@@ -20,6 +21,24 @@ class ConfigError(ValueError):
         super().__init__(f"OUTBOX[{key!r}] {rule}")
         self.key = key
         self.rule = rule
+
+
+def duration(key: str, value: Any, *, zero_ok: bool = False) -> float:
+    """``value`` as float seconds: an int or float of seconds, or a ``timedelta``.
+
+    It must be finite and positive (or zero, with ``zero_ok``). Raises
+    :class:`ConfigError` with ``key`` (the setting's name) and the rule it breaks.
+    """
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(key, "must be a number of seconds or a timedelta")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(key, "must be a finite, non-negative duration")
+    if value == 0 and not zero_ok:
+        raise ConfigError(key, "must be positive")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +123,7 @@ class Config:
     def _check(cls, name: str, value: Any) -> Any:
         key = cls.setting_name(name)
         if name in cls.DURATIONS:
-            if isinstance(value, timedelta):
-                value = value.total_seconds()
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(key, "must be a number of seconds or a timedelta")
-            value = float(value)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(key, "must be a finite, non-negative duration")
-            if value == 0 and name not in cls.ZERO_OK:
-                raise ConfigError(key, "must be positive")
-            return value
+            return duration(key, value, zero_ok=name in cls.ZERO_OK)
         if name in cls.POSITIVE_INTS:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(key, "must be an integer >= 1")

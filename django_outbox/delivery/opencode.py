@@ -43,23 +43,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import inspect
 import re
 import threading
 import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote, urljoin
 
 import httpx
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-from django.utils.module_loading import import_string
 
+from ..conf import OpencodeSettings, outbox_settings
 from ..core.entry import Entry, Verdict, parse_time
 from ..errors import AmbiguousError, TransientDeliveryError
 
@@ -243,7 +236,7 @@ class OpencodeClient:
         one. Returns when opencode answers 2xx (the turn has ended; the message is
         in the transcript). ``workspace_id`` and ``attempt`` are not sent.
 
-        How an ending is classified (the outcomes are DESIGN section 5's):
+        How an ending is classified (the outcomes of README "What happens to a message"):
 
         * 2xx → returns (delivered). The body is not read: the status is enough.
         * Nothing was sent → :class:`TransientDeliveryError` (``err`` = the httpx
@@ -429,157 +422,25 @@ class OpencodeClient:
 
 # --- settings-driven module functions ---------------------------------------------
 #
-# OUTBOX["OPENCODE"] = {
-#     "BASE_URL": "http://127.0.0.1:4096",          # str; needed unless WORKSPACE_URLS covers all
-#     "WORKSPACE_URLS": {"ws1": "http://a:4096"},   # or a callable / dotted path (ws) -> URL|None
-#     "USERNAME": "opencode", "PASSWORD": None,     # HTTP Basic; None = no auth
-#     "CONNECT_TIMEOUT": 5, "TIMEOUT": <DELIVERY_TIMEOUT or 600>,   # seconds or timedelta
-#     "VERIFY_TIMEOUT": 30, "CLOCK_SKEW": 2,        # seconds or timedelta
-# }
-
-_KEYS = {
-    "BASE_URL",
-    "WORKSPACE_URLS",
-    "USERNAME",
-    "PASSWORD",
-    "CONNECT_TIMEOUT",
-    "TIMEOUT",
-    "VERIFY_TIMEOUT",
-    "CLOCK_SKEW",
-}
-
-
-@dataclass(frozen=True)
-class _Settings:
-    base_url: str | None
-    workspace_urls: Mapping[str, str] | Callable[[str], Any] | None
-    username: str
-    password: str | None
-    connect_timeout: float
-    timeout: float
-    verify_timeout: float
-    clock_skew: float
-
-
-def _name(key: str) -> str:
-    return f"OUTBOX['OPENCODE'][{key!r}]"
-
-
-def _check_url(key: str, value: Any) -> str:
-    if isinstance(value, str):
-        parts = urlsplit(value)
-        if parts.scheme in ("http", "https") and parts.netloc:
-            return value.rstrip("/")
-    raise ImproperlyConfigured(
-        f"{key} must be an http(s) URL such as http://127.0.0.1:4096, got {value!r}"
-    )
-
-
-def _seconds(raw: Mapping[str, Any], key: str, default: float, *, zero_ok: bool = False) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ImproperlyConfigured(f"{_name(key)} must be a number of seconds or a timedelta")
-    if not (value > 0 or (zero_ok and value == 0)) or value == float("inf"):
-        raise ImproperlyConfigured(f"{_name(key)} must be a finite, positive number of seconds")
-    return float(value)
-
-
-def _load_settings() -> _Settings:
-    outbox = getattr(settings, "OUTBOX", None) or {}
-    if not isinstance(outbox, Mapping):
-        raise ImproperlyConfigured("settings.OUTBOX must be a dict")
-    raw = outbox.get("OPENCODE")
-    if raw is None:
-        raise ImproperlyConfigured(
-            "OUTBOX['OPENCODE'] is required by django_outbox.delivery.opencode "
-            "(a dict with at least BASE_URL)"
-        )
-    if not isinstance(raw, Mapping):
-        raise ImproperlyConfigured("OUTBOX['OPENCODE'] must be a dict")
-    unknown = sorted(set(raw) - _KEYS)
-    if unknown:
-        raise ImproperlyConfigured(
-            f"OUTBOX['OPENCODE'] has unknown keys {unknown}; known: {sorted(_KEYS)}"
-        )
-    base_url = raw.get("BASE_URL")
-    if base_url is not None:
-        base_url = _check_url(_name("BASE_URL"), base_url)
-    workspace_urls = raw.get("WORKSPACE_URLS")
-    if isinstance(workspace_urls, str):
-        try:
-            workspace_urls = import_string(workspace_urls)
-        except ImportError as exc:
-            raise ImproperlyConfigured(
-                f"{_name('WORKSPACE_URLS')} cannot be imported: {exc}"
-            ) from exc
-    if isinstance(workspace_urls, Mapping):
-        workspace_urls = {
-            ws: _check_url(f"{_name('WORKSPACE_URLS')}[{ws!r}]", url)
-            for ws, url in workspace_urls.items()
-        }
-    elif workspace_urls is not None and not callable(workspace_urls):
-        raise ImproperlyConfigured(
-            f"{_name('WORKSPACE_URLS')} must be a dict, a callable or a dotted path to one"
-        )
-    if base_url is None and workspace_urls is None:
-        raise ImproperlyConfigured(f"{_name('BASE_URL')} is required (or WORKSPACE_URLS)")
-    username = raw.get("USERNAME", "opencode")
-    if not isinstance(username, str) or not username or ":" in username:
-        raise ImproperlyConfigured(f"{_name('USERNAME')} must be a non-empty string without ':'")
-    password = raw.get("PASSWORD")
-    if password is not None and not isinstance(password, str):
-        raise ImproperlyConfigured(f"{_name('PASSWORD')} must be a string or None")
-    delivery_timeout = outbox.get("DELIVERY_TIMEOUT", 600.0)
-    if isinstance(delivery_timeout, timedelta):
-        delivery_timeout = delivery_timeout.total_seconds()
-    if isinstance(delivery_timeout, bool) or not isinstance(delivery_timeout, int | float):
-        delivery_timeout = 600.0  # conf.py reports a bad DELIVERY_TIMEOUT itself
-    return _Settings(
-        base_url=base_url,
-        workspace_urls=workspace_urls,
-        username=username,
-        password=password,
-        connect_timeout=_seconds(raw, "CONNECT_TIMEOUT", 5.0),
-        timeout=_seconds(raw, "TIMEOUT", float(delivery_timeout)),
-        verify_timeout=_seconds(raw, "VERIFY_TIMEOUT", 30.0),
-        clock_skew=_seconds(raw, "CLOCK_SKEW", 2.0, zero_ok=True),
-    )
-
+# OUTBOX["OPENCODE"] is parsed and validated by django_outbox.conf (OpencodeSettings).
+# The clients below are cached per base URL for the settings object they were made
+# from: when conf.py rebuilds its settings (setting_changed, conf.reset()), the next
+# client_for() sees a new object and retires the old clients, so one place drives it.
 
 _state_lock = threading.Lock()
-_settings: _Settings | None = None
+_made_from: OpencodeSettings | None = None  # the settings the clients in _by_url were made from
 _by_url: dict[str, OpencodeClient] = {}
 _retired: list[OpencodeClient] = []  # clients of replaced settings, closed by aclose()
 
 
-def _current_settings() -> _Settings:
-    global _settings
-    with _state_lock:
-        if _settings is None:
-            _settings = _load_settings()
-        return _settings
-
-
-async def _base_url_for(workspace_id: str) -> str:
-    s = _current_settings()
-    url: Any = None
-    if isinstance(s.workspace_urls, Mapping):
-        url = s.workspace_urls.get(workspace_id)
-    elif s.workspace_urls is not None:
-        url = s.workspace_urls(workspace_id)
-        if inspect.isawaitable(url):
-            url = await url
-        if url is not None:
-            url = _check_url(f"{_name('WORKSPACE_URLS')}({workspace_id!r})", url)
-    url = url or s.base_url
-    if url is None:
+def _opencode_settings() -> OpencodeSettings:
+    block = outbox_settings().opencode
+    if block is None:
         raise ImproperlyConfigured(
-            f"no opencode URL for workspace {workspace_id!r}: {_name('WORKSPACE_URLS')} has "
-            "none and BASE_URL is not set"
+            "OUTBOX['OPENCODE'] is required by django_outbox.delivery.opencode "
+            "(a dict with at least BASE_URL)"
         )
-    return url
+    return block
 
 
 async def client_for(workspace_id: str) -> OpencodeClient:
@@ -588,11 +449,17 @@ async def client_for(workspace_id: str) -> OpencodeClient:
     One client per base URL. Raises ``ImproperlyConfigured`` for bad settings.
     ``WORKSPACE_URLS`` may be a dict, or a callable ``(workspace_id) -> URL | None``
     (sync or async; a sync one must not block) or its dotted path; a missing
-    workspace or ``None`` falls back to ``BASE_URL``.
+    workspace or ``None`` falls back to ``BASE_URL``
+    (:meth:`django_outbox.conf.OpencodeSettings.aurl_for`).
     """
-    url = await _base_url_for(workspace_id)
-    s = _current_settings()
+    global _made_from
+    s = _opencode_settings()
+    url = await s.aurl_for(workspace_id)
     with _state_lock:
+        if s is not _made_from:
+            _retired.extend(c for c in _by_url.values() if c.has_clients)
+            _by_url.clear()
+            _made_from = s
         client = _by_url.get(url)
         if client is None:
             client = _by_url[url] = OpencodeClient(
@@ -635,14 +502,3 @@ async def aclose() -> None:
         await client.aclose()
     with _state_lock:
         _retired[:] = [c for c in _retired if c.has_clients]
-
-
-@receiver(setting_changed)
-def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    global _settings
-    if setting != "OUTBOX":
-        return
-    with _state_lock:
-        _settings = None
-        _retired.extend(c for c in _by_url.values() if c.has_clients)
-        _by_url.clear()

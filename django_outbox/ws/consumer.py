@@ -1,6 +1,7 @@
-"""The queue WebSocket: a snapshot on connect, then every ``queue.update`` (DESIGN section 9).
+"""The queue WebSocket consumer: a snapshot on connect, then every ``queue.update``.
 
-Route: ``ws/outbox/workspaces/<ws>/sessions/<ses>/`` (see :mod:`django_outbox.routing`).
+README "Live updates (WebSocket)" describes the frames. Route:
+``ws/outbox/workspaces/<ws>/sessions/<ses>/`` (see :mod:`django_outbox.ws.routing`).
 The user comes from the scope (``AuthMiddlewareStack``, or any middleware that
 sets ``scope["user"]``, e.g. a token middleware); the access policy decides
 (action ``view``). Frames the client may send: ``{"type": "resync"}`` →
@@ -18,12 +19,13 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from .conf import outbox_settings
-from .core.rules import IDENTIFIER_RE
-from .errors import OutboxUnavailable
-from .events import group_name
-from .outbox import get_outbox
+from ..conf import outbox_settings
+from ..core.rules import IDENTIFIER_RE
+from ..errors import OutboxUnavailable
+from ..outbox import get_outbox
+from .publish import group_name
 
+# The logger keeps the name it had before the module moved into ws/ (logging configs use it).
 logger = logging.getLogger("django_outbox.consumers")
 
 MAX_FRAME_BYTES = 64 * 1024
@@ -40,6 +42,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     group: str | None = None
 
     async def connect(self) -> None:
+        """Check the IDs and the access policy, count the watcher, join the group, send
+        the snapshot. Closes with 4400 (bad ID), 4403 (denied) or 4503 (Valkey down)."""
         kwargs = self.scope["url_route"]["kwargs"]
         self.workspace_id = kwargs.get("workspace_id", "")
         self.session_id = kwargs.get("session_id", "")
@@ -53,7 +57,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         # Count this client before joining the group and reading the snapshot, so
-        # every change is either in the snapshot or published (see events.py).
+        # every change is either in the snapshot or published (see publish.py).
         try:
             await self._watch(+1)
         except Exception as exc:
@@ -66,6 +70,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         await self._send_snapshot()
 
     async def disconnect(self, code: int) -> None:
+        """Leave the group and uncount the watcher (best effort: the count expires)."""
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
             self.group = None
@@ -75,6 +80,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 logger.warning("outbox: cannot unregister a watcher: %s", exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """Answer ``{"type": "resync"}`` with a snapshot; anything else with an error frame."""
         if bytes_data is not None:
             await self.close(code=CLOSE_UNSUPPORTED)
             return

@@ -1,4 +1,6 @@
-"""``queue.update`` events: their shape and their publication to the channel layer (DESIGN 9).
+"""The channel-layer publisher: ``queue.update`` messages, their shape and their sending.
+
+README "Live updates (WebSocket)" gives the message as clients receive it.
 
 Every state change the service makes — in an API process or a worker — is
 published to the Channels group of its session. Group names allow only
@@ -25,8 +27,9 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 
-from .core.service import OutboxEvent
+from ..core.service import OutboxEvent
 
+# The logger keeps the name it had as django_outbox/events.py (logging configs use it).
 logger = logging.getLogger("django_outbox.events")
 
 GROUP_PREFIX = "outbox."
