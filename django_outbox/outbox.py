@@ -14,8 +14,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .conf import outbox_settings
+from .core.entry import OutboxEvent
 from .core.service import Outbox as CoreOutbox
-from .core.service import OutboxEvent
 from .signals import entry_delivered, entry_staged, entry_updated
 from .ws import publish
 

@@ -46,7 +46,7 @@ from .scripts import accept_argv, operate_argv
 from .transport import as_text
 from .worker import Worker, WorkerStats
 
-__all__ = ["Lease", "Outbox", "OutboxEvent", "Snapshot"]
+__all__ = ["Lease", "Outbox", "OutboxEvent", "Snapshot", "WorkerStats"]
 
 logger = logging.getLogger("django_outbox")
 
@@ -152,7 +152,7 @@ class Outbox(OutboxDelivery):
         :class:`OutboxFull` (``CAP`` reached), :class:`InvalidIdentifier`,
         :class:`InvalidContent` (text, model, key or user ID breaks a rule of
         :mod:`~django_outbox.core.rules`; :class:`ContentTooLarge` for sizes; both
-        are ``ValueError``\s) and
+        are ``ValueError`` subclasses) and
         :class:`OutboxUnavailable` (Valkey unreachable, out of memory, or a
         ``WAIT_REPLICAS``/``WAIT_AOF`` wait timed out — then ``accepted`` is True).
         """

@@ -27,7 +27,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 
-from ..core.service import OutboxEvent
+from ..core.entry import OutboxEvent
 
 # The logger keeps the name it had as django_outbox/events.py (logging configs use it).
 logger = logging.getLogger("django_outbox.events")
