@@ -50,7 +50,7 @@ ARGS =
 demo: $(STAMP)
 	$(BIN)/python -m example_project.run --agent $(AGENT) $(ARGS)
 
-# Benchmarks (DESIGN.md section 17, issue 9): our accept/deliver figures next to the raw
+# Benchmarks (README "Performance"): our accept/deliver figures next to the raw
 # Valkey limit and peer queues (dramatiq, arq, saq) on a private valkey-server, in one run.
 # Writes bench/results/latest.json and latest.md (~10 min; ARGS=--quick for a ~2-3 min smoke run).
 $(VENV)/.installed-bench: pyproject.toml $(STAMP)

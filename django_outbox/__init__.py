@@ -1,6 +1,6 @@
 """django-outbox: accept prompts into Valkey, deliver them to an agent from a worker.
 
-Public API (DESIGN section 7)::
+Public API (README "The Python API")::
 
     from django_outbox import get_outbox, Entry, Status, Verdict, RetryResult, DismissResult
 """

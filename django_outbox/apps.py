@@ -1,3 +1,5 @@
+"""The app's configuration: registers the system checks when Django starts."""
+
 from django.apps import AppConfig
 
 

@@ -1,4 +1,4 @@
-"""Only what Django needs for the admin: an unmanaged placeholder model (DESIGN section 11).
+"""Only what Django needs for the admin: an unmanaged placeholder model (README "Admin").
 
 The outbox's data lives in Valkey, not in the database. :class:`OutboxEntry`
 has no table; it exists so the admin gets a content type, real permissions

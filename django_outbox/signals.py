@@ -1,6 +1,6 @@
 """Signals fired by the outbox. Receivers get ``entry`` (an :class:`~django_outbox.Entry`),
 ``workspace_id``, ``session_id``, ``version`` (the session's version after the
-change) and ``state`` (the queue-UI state, DESIGN section 9).
+change) and ``state`` (the queue-UI state, README "Live updates (WebSocket)").
 
 - ``entry_staged``: an entry left the queue to be delivered (state ``delivering``).
 - ``entry_delivered``: an entry was confirmed delivered — by the deliverer

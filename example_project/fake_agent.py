@@ -2,7 +2,7 @@
 
 Run: ``python -m example_project.fake_agent --port 4096 [--state FILE] [--password PW]``.
 
-Routes (as opencode 1.18.33 answers them, see ``opencode-notes.md``): those of
+Routes (as opencode 1.18.33 answers them; README "The built-in opencode deliverer"): those of
 ``example_project/fake_server.py`` (health, create a session, post a prompt, the transcript,
 one message), where a prompt "thinks" for the latency before its answer, plus
 ``GET /session`` / ``GET /session/{id}``; a message route whose session id does not start

@@ -1,6 +1,6 @@
 """The core of the fake ``opencode serve``: HTTP/1.1 on asyncio streams and h11, and the
 opencode routes the outbox uses, with the same JSON shapes as opencode 1.18.33
-(``opencode-notes.md``).
+(README "The built-in opencode deliverer").
 
 Two layers build on :class:`FakeOpencodeServer` and add their own knobs:
 

@@ -57,7 +57,7 @@ Carry = tuple[str, list[str]]
 class LeaseKeeper:
     """Renews every lease held on one event loop, in one script call per round.
 
-    A lease is renewed every third of ``LOCK_TTL`` (DESIGN section 6); one
+    A lease is renewed every third of ``LOCK_TTL`` (README "The worker"); one
     background task serves all deliveries of the loop and ends when none is held.
     """
 

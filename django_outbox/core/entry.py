@@ -5,7 +5,7 @@ runs: the *delivery state* first (``id`` … ``lastError``), then the client's
 *content* from ``"clientMessageID"`` to the end. The Lua scripts edit only
 the state run and copy the content bytes through untouched, because a cjson
 decode/encode would damage content (``[]`` becomes ``{}``, 17-digit integers
-lose digits, DESIGN section 3). The first structural ``,"clientMessageID":``
+lose digits; README "How it is stored"). The first structural ``,"clientMessageID":``
 separates the runs: inside a JSON string every ``"`` is escaped, so that
 sequence cannot occur in a value.
 """
@@ -27,7 +27,7 @@ from .rules import CLIENT_MESSAGE_ID_RE, check_identifier, encode_stored
 
 
 class Status(enum.StrEnum):
-    """Stored entry status (DESIGN section 4)."""
+    """Stored entry status (README "What happens to a message")."""
 
     PENDING = "pending"
     DELIVERING = "delivering"
@@ -195,7 +195,7 @@ _fingerprint_dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One accepted prompt. JSON names are camelCase (DESIGN section 4).
+    """One accepted prompt. JSON names are camelCase (README "The Python API").
 
     Times are RFC 3339 strings in UTC with microseconds. ``delivered_at`` is set
     once delivery is confirmed (the entry is then gone from ``list``; only
@@ -269,7 +269,7 @@ class Entry:
             if name in data and data[name] is not None:
                 kwargs[attr] = data[name]
         # Strict types: a state member of the wrong type could make the scripts
-        # mis-split a stored entry (DESIGN section 3).
+        # mis-split a stored entry (README "How it is stored").
         check_identifier("entry ID", kwargs.get("id"))
         for name, attr in _STRING_FIELDS.items():
             if attr in kwargs and not isinstance(kwargs[attr], str):
@@ -347,7 +347,7 @@ class OutboxEvent:
 
     ``kind`` is ``"staged"``, ``"delivered"`` or ``"updated"`` (every state
     change, including accept and dismissal); ``state`` is the queue-UI state of
-    DESIGN section 9 (``queued``, ``delivering``, ``verifying``, ``sent``,
+    README "Live updates (WebSocket)" (``queued``, ``delivering``, ``verifying``, ``sent``,
     ``error``, ``parked``, ``pending``, ``dismissed``); ``version`` is the
     session's version counter after the change.
     """

@@ -2,7 +2,7 @@
 
 Service errors derive from :class:`OutboxError`. The three delivery
 outcome errors are raised *by deliverers* to tell the worker what happened
-downstream (DESIGN section 5); they wrap the underlying error as ``err``.
+downstream (README "What happens to a message"); they wrap the underlying error as ``err``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every Valkey key name, built in one place (DESIGN section 3).
+"""Every Valkey key name, built in one place (README "How it is stored").
 
 All keys of a workspace carry the hash tag ``{<ws>}`` so one workspace lives
 in one cluster slot and every per-workspace script is legal on Valkey Cluster.

@@ -356,7 +356,7 @@ class Outbox(OutboxDelivery):
 
     def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
         """Ask the ledger probe about each error entry of the workspace and act on the answer
-        (DESIGN section 7): ``TURN_ENDED``/``PROMOTED`` → completed (removed;
+        (README "The Python API"): ``TURN_ENDED``/``PROMOTED`` → completed (removed;
         ``entry_delivered`` fires in the worker that next claims the session);
         no row or ``FAILED`` → re-armed to pending;
         ``LEDGERED``/``ADMITTED``/``STALLED`` → left as they are; a probe that

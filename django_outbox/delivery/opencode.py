@@ -12,9 +12,9 @@ or build an :class:`OpencodeClient` and pass its bound ``deliver`` / ``verify``
 to ``Outbox(deliverer=..., verifier=...)``. The outbox's session ID is the
 opencode session ID (``ses_...``).
 
-Every rule below comes from a real ``opencode serve`` 1.18.33 (the facts are
-written down in ``opencode-notes.md``; ``tests/test_opencode_real.py`` checks
-the ones this module relies on against that server):
+Every rule below comes from a real ``opencode serve`` 1.18.33 (README "The
+built-in opencode deliverer"; ``tests/test_opencode_real.py`` checks the ones
+this module relies on against that server):
 
 * ``POST /session/{id}/message`` stores the user message first, then blocks
   until the assistant turn ends (with no reachable LLM provider: forever). A

@@ -1,5 +1,5 @@
 -- accept: append one entry to a session's queue, atomically with its dedupe
--- marker, cap check and indices (DESIGN sections 3 and 5).
+-- marker, cap check and indices (README "How it is stored").
 -- KEYS: the session layout (see _lib.lua), then KEYS[EXTRA] the dedupe marker.
 -- ARGV[6] entry JSON  ARGV[7] entry ID  ARGV[8] content fingerprint
 -- ARGV[9] cap (0: no cap and no marker, used by seeding)

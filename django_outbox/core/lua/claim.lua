@@ -1,4 +1,4 @@
--- claim: take the session's lease and its next piece of work (DESIGN sections 5 and 6).
+-- claim: take the session's lease and its next piece of work (README "What happens to a message").
 -- ARGV[6] lease token  ARGV[7] lease TTL (ms)
 -- ARGV[8..] IDs of delivered entries whose entry_delivered the caller fired
 --           under this same lease (acknowledged first; see release.lua)

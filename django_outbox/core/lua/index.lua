@@ -1,4 +1,4 @@
--- index: keep one cluster shard's copies of the global indices (DESIGN section 3).
+-- index: keep one cluster shard's copies of the global indices (README "Valkey Cluster").
 -- On a cluster the per-session scripts cannot reach the global indices (other
 -- slots), so each reports a HINT (see _lib.lua) and the client applies it here.
 -- All keys share the shard's {s<k>} hash tag.

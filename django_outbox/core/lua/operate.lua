@@ -1,4 +1,4 @@
--- operate: operator and sweep transitions of one session (DESIGN section 7).
+-- operate: operator and sweep transitions of one session (README "The Python API").
 -- ARGV[6] op, one of:
 --   retry <id> <has_verifier>      error -> pending (unverifiable -> verifying when a
 --                                  verifier exists); pending/verifying -> due now

@@ -1,4 +1,4 @@
--- renew: extend many leases in one round trip (DESIGN section 6).
+-- renew: extend many leases in one round trip (README "The worker").
 -- ARGV[1] G: 1 when KEYS[1] is the global workspaces-due ZSET (standalone), else 0
 -- ARGV[2] now (us)  ARGV[3..5] unused  ARGV[6] lease TTL (ms)
 -- KEYS[G+1..]: pairs (lock, due) per lease; the session layout of _lib.lua is not used.

@@ -1,5 +1,5 @@
 -- settle: record the outcome of the holder's delivery or verification, then
--- release the lease (DESIGN section 5, the outcome table).
+-- release the lease (README "What happens to a message": the outcome table).
 -- ARGV[6] lease token  ARGV[7] entry ID  ARGV[8] outcome: delivered | failed |
 --   absent | transient | prior_pending | ambiguous | inconclusive | unverifiable
 -- ARGV[9] error text ('' keeps lastError)  ARGV[10] MAX_ATTEMPTS
