@@ -58,6 +58,7 @@ from .errors import (
     TransientDeliveryError,
 )
 from .keys import KeySpace, SessionKeys
+from .reads import QueueReads
 from .rules import check_identifier, check_reason, check_user_id, validate_content
 from .scripts import HINTED, Script, load_scripts
 
@@ -394,7 +395,7 @@ class _LeaseKeeper:
                     logger.warning("outbox: lease %s lost before the delivery ended", token)
 
 
-class Outbox:
+class Outbox(QueueReads):
     """The outbox service: one per process, safe for concurrent use.
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,

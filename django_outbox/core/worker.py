@@ -14,7 +14,6 @@ indexed at the lease's expiry), so recovery is continuous, not only at start.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -25,14 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import OutboxUnavailable
+from .reads import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, WorkerHeartbeat
 
 if TYPE_CHECKING:
     from .service import Outbox
 
 logger = logging.getLogger("django_outbox.worker")
 
-HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats
-HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
 SCAN_LIMIT = 1000  # workspaces, and sessions per workspace, read per scan
 WAKE_WAIT_MAX = 2.0  # seconds one BLPOP may block
 WAKE_BATCH = 100  # wake items taken at once after a BLPOP returns (LPOP count)
@@ -286,24 +284,25 @@ class Worker:
 
     # -- liveness ------------------------------------------------------------------------
 
-    def heartbeat_record(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": self.started,
-            "last_seen": time.time(),
-            "in_flight": len(self._running),
-            "concurrency": self.concurrency,
-        }
+    def heartbeat_record(self) -> WorkerHeartbeat:
+        """What this worker publishes now (read back by ``Outbox.workers``)."""
+        return WorkerHeartbeat(
+            id=self.id,
+            last_seen=time.time(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=self.started,
+            in_flight=len(self._running),
+            concurrency=self.concurrency,
+        )
 
     async def beat(self) -> None:
         outbox = self.outbox
         client = outbox._aclient()
         record = self.heartbeat_record()
         pipe = client.pipeline(transaction=False)
-        pipe.set(outbox.keys.heartbeat(self.id), json.dumps(record), px=int(HEARTBEAT_TTL * 1000))
-        pipe.zadd(outbox.keys.workers, {self.id: int(record["last_seen"] * 1000)})
+        pipe.set(outbox.keys.heartbeat(self.id), record.to_json(), px=int(HEARTBEAT_TTL * 1000))
+        pipe.zadd(outbox.keys.workers, {self.id: int(record.last_seen * 1000)})
         pipe.zremrangebyscore(
             outbox.keys.workers, "-inf", int((time.time() - 10 * HEARTBEAT_TTL) * 1000)
         )
