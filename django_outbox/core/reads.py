@@ -298,9 +298,18 @@ def read_server_settings(
         try:
             return _settings_of(client, url, cluster)
         finally:
-            client.close()
+            _close(client, cluster)
     except _UNREACHABLE as exc:
         raise OutboxUnavailable(str(exc)) from exc
+
+
+def _close(client: Any, cluster: bool) -> None:
+    nodes = client.get_nodes() if cluster else []
+    client.close()
+    for node in nodes:
+        # A cluster client's close() leaves its nodes' connection pools open.
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
 
 
 def redis_py_version() -> str:
