@@ -1,4 +1,4 @@
-"""System checks (``manage.py check``, ``--deploy``): DESIGN section 14.
+"""System checks (``manage.py check``, ``--deploy``): README "System checks".
 
 IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 
@@ -17,22 +17,24 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``W006`` ``CLUSTER`` with redis-py older than 7.2 (its async cluster client does not
   reconnect after a failover)
 
-On a cluster the Valkey checks run on every primary.
+On a cluster the Valkey checks run on every primary. The server's settings come
+from the core (``core.reads.read_server_settings``), which the worker's preflight
+reads too (``Outbox.server_settings``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
+from .core.errors import OutboxUnavailable
+from .core.reads import ServerSettings, read_server_settings, redis_py_version
 
 CONNECT_TIMEOUT = 1.0
-_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException)
 
 
 def _settings_or_error(errors: list[checks.CheckMessage]):
@@ -89,43 +91,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return errors
 
 
-def _node_info(client: redis.Redis) -> dict[str, Any]:
-    info = client.info("memory")
-    info.update(client.info("persistence"))
-    try:
-        info["appendfsync"] = client.config_get("appendfsync").get("appendfsync")
-        info["save"] = client.config_get("save").get("save")
-    except redis.ResponseError:
-        pass  # CONFIG may be disabled on managed services
-    return info
-
-
-def _valkey_infos(conf: Any, errors: list[checks.CheckMessage]) -> dict[str, dict[str, Any]]:
-    """``{node: INFO memory + persistence (+ appendfsync, save)}``: the server, or every
-    primary of a cluster. Appends W005 and returns ``{}`` when Valkey is unreachable."""
-    options = {"socket_connect_timeout": CONNECT_TIMEOUT, "socket_timeout": CONNECT_TIMEOUT}
+def _valkey_settings(conf: Any, errors: list[checks.CheckMessage]) -> list[ServerSettings]:
+    """The settings of the server, or of every primary of a cluster. Appends W005 and
+    returns ``[]`` when Valkey is unreachable."""
     url = conf.valkey_url
     try:
-        if conf.cluster:
-            from redis.cluster import RedisCluster
-
-            cluster = RedisCluster.from_url(url, **options)
-            try:
-                return {
-                    node.name: _node_info(node.redis_connection) for node in cluster.get_primaries()
-                }
-            finally:
-                cluster.close()
-        client = redis.Redis.from_url(url, **options)
-        try:
-            return {url: _node_info(client)}
-        finally:
-            client.close()
-    except (
-        redis.ConnectionError,
-        redis.TimeoutError,
-        redis.exceptions.RedisClusterException,
-    ) as exc:
+        return read_server_settings(url, cluster=conf.cluster, timeout=CONNECT_TIMEOUT)
+    except OutboxUnavailable as exc:
         errors.append(
             checks.Warning(
                 f"Valkey at {url} is unreachable: {exc}",
@@ -133,7 +105,7 @@ def _valkey_infos(conf: Any, errors: list[checks.CheckMessage]) -> dict[str, dic
                 id="django_outbox.W005",
             )
         )
-        return {}
+        return []
 
 
 @checks.register("outbox")
@@ -142,18 +114,19 @@ def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     conf = _settings_or_error([])
     if conf is None:
         return errors
-    if conf.cluster and _version(redis.__version__) < (7, 2):
+    version = redis_py_version()
+    if conf.cluster and _version(version) < (7, 2):
         errors.append(
             checks.Warning(
-                f"redis-py {redis.__version__} with OUTBOX['CLUSTER'] = True: its async cluster "
+                f"redis-py {version} with OUTBOX['CLUSTER'] = True: its async cluster "
                 "client never reconnects once a failover made every node unreachable for a "
                 "moment (redis-py issue 3917), so workers stop finding work.",
                 hint="Install redis>=7.2.",
                 id="django_outbox.W006",
             )
         )
-    for node, info in _valkey_infos(conf, errors).items():
-        policy = info.get("maxmemory_policy")
+    for server in _valkey_settings(conf, errors):
+        node, policy = server.node, server.maxmemory_policy
         if policy is not None and policy != "noeviction":
             errors.append(
                 checks.Error(
@@ -165,8 +138,8 @@ def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                     id="django_outbox.E003",
                 )
             )
-        aof = str(info.get("aof_enabled", "0")) == "1"
-        if conf.config.wait_aof and (not aof or info.get("appendfsync") == "no"):
+        aof = server.aof_enabled
+        if conf.config.wait_aof and (not aof or server.appendfsync == "no"):
             errors.append(
                 checks.Error(
                     f"OUTBOX['WAIT_AOF'] = True but {node} runs with "
@@ -190,9 +163,8 @@ def check_persistence(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     conf = _settings_or_error([])
     if conf is None:
         return errors
-    for node, info in _valkey_infos(conf, []).items():
-        aof = str(info.get("aof_enabled", "0")) == "1"
-        rdb = bool(info.get("save"))
+    for server in _valkey_settings(conf, []):
+        node, aof, rdb = server.node, server.aof_enabled, bool(server.save)
         if not aof and not rdb:
             errors.append(
                 checks.Warning(
@@ -203,7 +175,7 @@ def check_persistence(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
                     id="django_outbox.W003",
                 )
             )
-        if aof and info.get("appendfsync") == "no":
+        if aof and server.appendfsync == "no":
             errors.append(
                 checks.Warning(
                     f"Valkey runs with 'appendfsync no' on {node}: accepted messages reach the "

@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from .core.entry import Entry, Status
+from .core.entry import Status
 
 SAMPLE_EVERY = 30.0  # seconds between entries-by-status samples
 SAMPLE_MAX_SESSIONS = 50_000
@@ -91,22 +91,5 @@ class WorkerMetrics:
         return []
 
     def count_entries(self) -> dict[str, int]:
-        outbox = self.outbox
-        client = outbox.client
-        counts: dict[str, int] = {}
-        seen = 0
-        for ws in outbox.workspaces():
-            sessions = [m.decode() for m in client.smembers(outbox.keys.sessions(ws))]
-            pipe = client.pipeline(transaction=False)
-            for ses in sessions:
-                keys = outbox.keys.session(ws, ses)
-                pipe.lrange(keys.queue, 0, -1)
-                pipe.lrange(keys.staging, 0, -1)
-            for items in pipe.execute():
-                for raw in items:
-                    status = str(Entry.from_json(raw).status)
-                    counts[status] = counts.get(status, 0) + 1
-            seen += len(sessions)
-            if seen >= SAMPLE_MAX_SESSIONS:
-                break
-        return counts
+        """Entries by status (``Outbox.entry_counts``, at most ``SAMPLE_MAX_SESSIONS``)."""
+        return self.outbox.entry_counts(SAMPLE_MAX_SESSIONS)

@@ -1,4 +1,4 @@
-"""The outbox admin (django_outbox/admin.py): pages read from Valkey, actions, history."""
+"""The outbox admin (django_outbox/admin/): pages read from Valkey, actions, history."""
 
 from __future__ import annotations
 
@@ -510,7 +510,7 @@ def test_workers_panel_shows_live_workers(admin_client, outbox, r):
 
     response = admin_client.get(CHANGELIST)
     workers = {w.id: w for w in response.context["page"].workers}
-    assert workers["w-live"].live and workers["w-live"].record["concurrency"] == 3
+    assert workers["w-live"].live and workers["w-live"].concurrency == 3
     assert not workers["w-gone"].live
     page = response.content.decode()
     assert "w-live" in page and "0/3 in flight" in page and "w-gone" in page

@@ -17,8 +17,9 @@ from django.test import override_settings
 from redis.cluster import RedisCluster, key_slot
 from redis.exceptions import RedisClusterException
 
-from django_outbox.admin import OutboxEntryAdmin, in_index_order, merge_index_pages
+from django_outbox.admin import OutboxEntryAdmin
 from django_outbox.core.entry import Status
+from django_outbox.core.reads import in_index_order, merge_index_pages
 from django_outbox.core.worker import Worker
 from django_outbox.outbox import get_outbox
 
@@ -276,4 +277,4 @@ def test_workers_panel_reads_heartbeats_in_several_slots(admin_client, boxes, cl
 
     workers = {w.id: w for w in admin_client.get(CHANGELIST).context["page"].workers}
     assert workers["w-a"].live and workers["w-b"].live and not workers["w-c"].live
-    assert workers["w-a"].record["concurrency"] == 2
+    assert workers["w-a"].concurrency == 2

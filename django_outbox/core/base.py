@@ -13,7 +13,6 @@ the reads and waits a worker uses to find due sessions (README "Architecture").
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -414,25 +413,6 @@ class OutboxBase(Transport):
                 await client.zadd(shard_keys[0], earliest, lt=True)
             checked += len(workspaces)
         return checked
-
-    # -- worker heartbeats ------------------------------------------------------------------
-
-    async def abeat(self, worker_id: str, record: dict[str, Any], ttl: float) -> None:
-        """Publish worker ``worker_id``'s heartbeat ``record`` (JSON-able) for ``ttl``
-        seconds, index it by time, and forget workers silent for ``10 * ttl``."""
-        now_ms = int(time.time() * 1000)  # read against the readers' own clocks
-        client = self._aclient()
-        pipe = client.pipeline(transaction=False)
-        pipe.set(self.keys.heartbeat(worker_id), json.dumps(record), px=int(ttl * 1000))
-        pipe.zadd(self.keys.workers, {worker_id: now_ms})
-        pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - int(10 * ttl * 1000))
-        await pipe.execute()
-
-    async def aforget_worker(self, worker_id: str) -> None:
-        """Remove worker ``worker_id``'s heartbeat (a clean stop)."""
-        client = self._aclient()
-        await client.delete(self.keys.heartbeat(worker_id))
-        await client.zrem(self.keys.workers, worker_id)
 
 
 def _score_pairs(reply: list[Any]) -> list[tuple[Any, Any]]:

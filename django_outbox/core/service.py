@@ -41,6 +41,7 @@ from .entry import (
 )
 from .errors import Duplicate, IdempotencyConflict, OutboxFull
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
+from .reads import QueueReads
 from .rules import check_identifier, check_reason, check_user_id, validate_content
 from .scripts import accept_argv, operate_argv
 from .transport import as_text
@@ -54,7 +55,7 @@ logger = logging.getLogger("django_outbox")
 WATCH_TTL = 24 * 3600
 
 
-class Outbox(OutboxDelivery):
+class Outbox(QueueReads, OutboxDelivery):
     """The outbox service: one per process, safe for concurrent use.
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,

@@ -26,12 +26,11 @@ from typing import Any, Protocol
 from .config import Config
 from .errors import OutboxUnavailable
 from .keys import KeySpace
+from .reads import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, WorkerHeartbeat
 from .transport import retry_unavailable
 
 logger = logging.getLogger("django_outbox.worker")
 
-HEARTBEAT_INTERVAL = 5.0  # seconds between heartbeats
-HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
 SCAN_LIMIT = 1000  # workspaces, and sessions per workspace, read per scan
 WAKE_WAIT_MAX = 2.0  # seconds one BLPOP may block
 WAKE_BATCH = 100  # wake items taken at once after a BLPOP returns (LPOP count)
@@ -70,7 +69,7 @@ class WorkerOutbox(Protocol):
     async def adue_sessions(self, limit: int) -> list[tuple[str, str]]: ...
     async def await_wake(self, key: str, block: float, batch: int) -> list[tuple[str, str]]: ...
     async def arepair_indices(self, cursors: dict[int, int], batch: int) -> int: ...
-    async def abeat(self, worker_id: str, record: dict[str, Any], ttl: float) -> None: ...
+    async def abeat(self, record: WorkerHeartbeat, ttl: float) -> None: ...
     async def aforget_worker(self, worker_id: str) -> None: ...
     async def aworkspaces(self) -> list[str]: ...
     async def asweep_workspace_parked_errors(self, workspace_id: str) -> int: ...
@@ -259,20 +258,21 @@ class Worker:
 
     # -- liveness ------------------------------------------------------------------------
 
-    def heartbeat_record(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": self.started,
-            "last_seen": time.time(),
-            "in_flight": len(self._running),
-            "concurrency": self.concurrency,
-        }
+    def heartbeat_record(self) -> WorkerHeartbeat:
+        """What this worker publishes now (read back by ``Outbox.workers``)."""
+        return WorkerHeartbeat(
+            id=self.id,
+            last_seen=time.time(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=self.started,
+            in_flight=len(self._running),
+            concurrency=self.concurrency,
+        )
 
     async def beat(self) -> None:
         """Publish this worker's heartbeat (read by the admin and ``outbox_worker --check``)."""
-        await self.outbox.abeat(self.id, self.heartbeat_record(), HEARTBEAT_TTL)
+        await self.outbox.abeat(self.heartbeat_record(), HEARTBEAT_TTL)
 
     async def _heartbeat_loop(self) -> None:
         while not self.stop.is_set():

@@ -1,9 +1,11 @@
-"""``manage.py outbox_worker``: deliver accepted messages until SIGTERM or SIGINT (DESIGN 12)."""
+"""``manage.py outbox_worker``: deliver accepted messages until SIGTERM or SIGINT.
+
+See README "The worker".
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sys
@@ -12,7 +14,6 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.conf import outbox_settings
-from django_outbox.core.worker import HEARTBEAT_TTL
 from django_outbox.errors import OutboxUnavailable
 from django_outbox.outbox import get_outbox
 
@@ -133,11 +134,12 @@ class Command(BaseCommand):
                 await opencode.aclose()
 
     def _preflight(self, outbox, allow_eviction: bool) -> None:
-        """Refuse to start against an unreachable or evicting Valkey."""
+        """Refuse to start against an unreachable or evicting Valkey (on a cluster, any
+        evicting primary)."""
         delay = 0.2
         for attempt in range(1, CONNECT_ATTEMPTS + 1):
             try:
-                memory = outbox.client.info("memory")
+                servers = outbox.server_settings()
                 break
             except Exception as exc:
                 if attempt == CONNECT_ATTEMPTS:
@@ -150,8 +152,9 @@ class Command(BaseCommand):
                 )
                 time.sleep(delay)
                 delay *= 2
-        policy = memory.get("maxmemory_policy", "unknown")
-        if policy != "noeviction":
+        policies = [server.maxmemory_policy or "unknown" for server in servers]
+        policy = next((p for p in policies if p != "noeviction"), None)
+        if policy is not None:
             message = (
                 f"Valkey's maxmemory-policy is {policy!r}, not 'noeviction': an evicting server "
                 "silently deletes queued messages, leases and dedupe markers. Set "
@@ -166,21 +169,15 @@ class Command(BaseCommand):
 
     def _check(self, outbox) -> None:
         try:
-            client = outbox.client
-            cutoff = int((time.time() - HEARTBEAT_TTL) * 1000)
-            ids = [m.decode() for m in client.zrangebyscore(outbox.keys.workers, cutoff, "+inf")]
-            live = [i for i in ids if client.exists(outbox.keys.heartbeat(i))]
+            live = outbox.live_workers()
         except OutboxUnavailable as exc:
             raise CommandError(str(exc), returncode=1) from exc
         except Exception as exc:
             raise CommandError(f"Valkey unreachable: {exc}", returncode=1) from exc
         if not live:
             raise CommandError("no live outbox worker", returncode=1)
-        for worker_id in live:
-            record = json.loads(client.get(outbox.keys.heartbeat(worker_id)) or "{}")
-            self.stdout.write(
-                f"live: {worker_id} pid={record.get('pid')} in_flight={record.get('in_flight')}"
-            )
+        for worker in live:
+            self.stdout.write(f"live: {worker.id} pid={worker.pid} in_flight={worker.in_flight}")
 
     def _serve_metrics(self, outbox, host: str, port: int) -> None:
         from prometheus_client import start_http_server

@@ -1,0 +1,336 @@
+"""The outbox in the Django admin: find and fix stuck queues (README "Admin").
+
+The data lives in Valkey, so the admin follows the django-rq pattern: the
+unmanaged :class:`~django_outbox.models.OutboxEntry` gives a content type and
+permissions, and :class:`OutboxEntryAdmin` replaces the ORM changelist with
+views over the outbox's read methods (``Outbox.session_page``, ``Outbox.search``,
+``Outbox.snapshot``; see ``django_outbox.core.reads``), which read the global
+indices: one key on a standalone server, kept exact by the Lua scripts; one copy
+per shard on Valkey Cluster, kept by the client's index hints, so eventually
+consistent there while each workspace's own keys stay exact. The admin itself
+sends no command to Valkey.
+
+* a page is a page of *sessions* of one index: the attention ZSET (sessions
+  holding error, parked or verifying entries, pending ones blocked behind a
+  lease, or staging without a lease; oldest first) for the default view and the
+  attention-like filters, the all-sessions ZSET (newest first) otherwise, read
+  with the global counts and the workers' heartbeats in two round trips on a
+  standalone server, however many sessions are stored (``changelist``);
+* a search names a workspace, a session or an entry and is answered from the
+  workspace SETs and the per-workspace session SETs, never by SCAN;
+* every action is a CSRF-protected POST back to the changelist (admin
+  actions), checked against the user's permissions, answered through the
+  messages framework and logged as a ``LogEntry`` of the ``OutboxEntry``
+  content type (``actions``).
+
+This module holds the registration, the permissions, the URLs and the two views.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+
+from ..core.errors import InvalidIdentifier, OutboxUnavailable
+from ..core.rules import check_identifier
+from ..models import OutboxEntry
+from ..outbox import get_outbox
+from .actions import (
+    cleanup_workspaces,
+    dismiss_entries,
+    park_workspaces,
+    retry_entries,
+    unpark_workspaces,
+)
+from .changelist import (
+    ATTENTION,
+    PAGE_VAR,
+    SEARCH_VAR,
+    SESSIONS_PER_PAGE,
+    STATUS_FILTERS,
+    STATUS_VAR,
+    SessionView,
+    derived_state,
+    make_row,
+    page_rows,
+    read_page,
+    visible,
+    worker_panel,
+)
+
+ENTRY_TEMPLATE = "django_outbox/admin/entry_detail.html"
+
+
+@admin.register(OutboxEntry)
+class OutboxEntryAdmin(admin.ModelAdmin):
+    """A changelist-like admin over the outbox in Valkey (no ORM queries)."""
+
+    sessions_per_page = SESSIONS_PER_PAGE
+    actions = [
+        retry_entries,
+        dismiss_entries,
+        park_workspaces,
+        unpark_workspaces,
+        cleanup_workspaces,
+    ]
+    change_list_template = "django_outbox/admin/change_list.html"
+
+    # -- permissions -------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("django_outbox.view_outboxentry")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.retry_outboxentry")
+
+    def has_dismiss_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.dismiss_outboxentry")
+
+    def has_park_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.park_workspace")
+
+    def has_cleanup_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_outbox.cleanup_workspace")
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # Only this admin's actions: the site-wide delete_selected needs the ORM.
+        actions = self._filter_actions_by_permissions(
+            request, [self.get_action(action) for action in self.actions]
+        )
+        return {name: (func, name, desc) for func, name, desc in actions}
+
+    # -- URLs ----------------------------------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        site = self.admin_site
+        return [
+            path("", site.admin_view(self.changelist_view), name="{}_{}_changelist".format(*info)),
+            # Django's own name and shape, so LogEntry.get_admin_url() links here.
+            path(
+                "<path:object_id>/change/",
+                site.admin_view(self.entry_view),
+                name="{}_{}_change".format(*info),
+            ),
+        ]
+
+    def _changelist_url(self, **params: Any) -> str:
+        url = reverse(f"{self.admin_site.name}:django_outbox_outboxentry_changelist")
+        params = {k: v for k, v in params.items() if v not in (None, "")}
+        return f"{url}?{urlencode(params)}" if params else url
+
+    def _entry_url(self, ref: str) -> str:
+        return reverse(
+            f"{self.admin_site.name}:django_outbox_outboxentry_change", args=[quote(ref)]
+        )
+
+    def page_context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        """The context every outbox admin page starts from (the site's, this admin's
+        options and media, the changelist URL), with ``title`` and ``extra``."""
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "media": self.media,
+            "changelist_url": self._changelist_url(),
+            **extra,
+        }
+
+    # -- the changelist ------------------------------------------------------------------
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            return self.run_action(request)
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        status_filter = request.GET.get(STATUS_VAR, ATTENTION)
+        if status_filter not in dict(STATUS_FILTERS):
+            status_filter = ATTENTION
+        query = request.GET.get(SEARCH_VAR, "").strip()
+        try:
+            page_number = max(1, int(request.GET.get(PAGE_VAR, 1)))
+        except ValueError:
+            page_number = 1
+        try:
+            page = read_page(
+                get_outbox(), status_filter, query, page_number, self.sessions_per_page
+            )
+        except OutboxUnavailable as exc:
+            context = self.page_context(
+                request, "Outbox entries", unavailable=str(exc), status_filter=status_filter
+            )
+            return TemplateResponse(request, self.change_list_template, context, status=503)
+        now = datetime.now(UTC)
+        rows, counts, unmatched_sessions = page_rows(page, status_filter, now, self._entry_url)
+        if query and not rows and not page.notes:
+            page.notes.append((messages.WARNING, f"Nothing matches {visible(query, 200)!r}."))
+        paginator = Paginator(range(page.total), self.sessions_per_page)
+        page_links = []
+        if paginator.num_pages > 1:
+            # A page past the end (the index shrank, or a typed URL) links back to the last.
+            near = min(page_number, paginator.num_pages)
+            for number in paginator.get_elided_page_range(near, on_each_side=2):
+                url = None
+                if isinstance(number, int) and number != page_number:
+                    url = self._changelist_url(
+                        **{STATUS_VAR: status_filter, SEARCH_VAR: query, PAGE_VAR: number}
+                    )
+                page_links.append((number, url))
+        filters = [
+            (value, label, value == status_filter, self._changelist_url(status=value, q=query))
+            for value, label in STATUS_FILTERS
+        ]
+        action_choices = self.get_action_choices(request)
+        context = self.page_context(
+            request,
+            "Outbox entries",
+            rows=rows,
+            status_filter=status_filter,
+            status_label=dict(STATUS_FILTERS)[status_filter],
+            filters=filters,
+            query=query,
+            search_var=SEARCH_VAR,
+            page=page,
+            page_number=page_number,
+            page_links=page_links,
+            first_session=(page_number - 1) * self.sessions_per_page + 1,
+            last_session=(page_number - 1) * self.sessions_per_page + len(page.sessions),
+            unmatched_sessions=unmatched_sessions,
+            page_counts=sorted(counts.items()),
+            workers=worker_panel(page.workers, now),
+            action_choices=action_choices if len(action_choices) > 1 else [],
+            workspace_tools=self._workspace_tools(request, page.workspace_id),
+            next_url=request.get_full_path(),
+        )
+        return TemplateResponse(request, self.change_list_template, context)
+
+    def _workspace_tools(self, request: HttpRequest, workspace_id: str | None) -> dict | None:
+        if workspace_id is None:
+            return None
+        return {
+            "workspace_id": workspace_id,
+            "park": self.has_park_permission(request),
+            "cleanup": self.has_cleanup_permission(request),
+        }
+
+    # -- the entry page ------------------------------------------------------------------
+
+    def entry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        ref = unquote(object_id)
+        parts = ref.split("/")
+        try:
+            if len(parts) == 1:  # a workspace (LogEntry links for workspace actions)
+                check_identifier("workspace ID", ref)
+                return HttpResponseRedirect(self._changelist_url(status="all", q=ref))
+            if len(parts) != 3:
+                raise InvalidIdentifier("entry reference", ref)
+            ws, ses, entry_id = parts
+            check_identifier("workspace ID", ws)
+            check_identifier("session ID", ses)
+            check_identifier("entry ID", entry_id)
+        except InvalidIdentifier as exc:
+            context = self.page_context(request, "Outbox entry", invalid=str(exc), ref=ref)
+            return TemplateResponse(request, ENTRY_TEMPLATE, context, status=404)
+        try:
+            view = SessionView.of(ws, ses, get_outbox().snapshot(ws, ses))
+        except OutboxUnavailable as exc:
+            context = self.page_context(request, "Outbox entry", unavailable=str(exc), ref=ref)
+            return TemplateResponse(request, ENTRY_TEMPLATE, context, status=503)
+        entry = next((e for e in view.entries if e.id == entry_id), None)
+        row = None
+        pretty = ""
+        if entry is not None:
+            state = derived_state(entry, view.lease)
+            row = make_row(view, entry, state, datetime.now(UTC), self._entry_url)
+            stored = json.loads(entry.to_json())  # as stored, without the read-time fields
+            pretty = visible(json.dumps(stored, indent=2, ensure_ascii=False))
+        ct = ContentType.objects.get_for_model(OutboxEntry, for_concrete_model=False)
+        history = (
+            LogEntry.objects.filter(content_type=ct, object_id__in=[ref, ws])
+            .select_related("user")
+            .order_by("-action_time")
+        )
+        context = self.page_context(
+            request,
+            f"Outbox entry {entry_id}",
+            ref=ref,
+            workspace_id=ws,
+            session_id=ses,
+            entry_id=entry_id,
+            entry=entry,
+            row=row,
+            view=view,
+            pretty_json=pretty,
+            blocked_by_in_flight=entry.blocked_by_in_flight if entry else False,
+            history=history,
+            can_retry=self.has_retry_permission(request),
+            can_dismiss=self.has_dismiss_permission(request),
+            detail_url=self._entry_url(ref),
+            session_url=self._changelist_url(status="all", q=f"{ws}/{ses}"),
+        )
+        return TemplateResponse(
+            request, ENTRY_TEMPLATE, context, status=200 if entry is not None else 404
+        )
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def run_action(self, request: HttpRequest) -> HttpResponse:
+        """Dispatch a POSTed action (CSRF is checked by ``admin_view``); see ``actions``."""
+        name = request.POST.get("action", "")
+        allowed = self.get_actions(request)
+        if name not in allowed:
+            if name in {action.__name__ for action in self.actions}:
+                raise PermissionDenied  # a known action this user may not run
+            self.message_user(request, "No action selected.", messages.WARNING)
+            return self._back(request)
+        refs = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        workspaces = request.POST.getlist("workspace")
+        if not refs and not workspaces:
+            self.message_user(
+                request,
+                "Items must be selected in order to perform actions on them. "
+                "No items have been changed.",
+                messages.WARNING,
+            )
+            return self._back(request)
+        func = allowed[name][0]
+        try:
+            response = func(self, request, refs, workspaces)
+        except OutboxUnavailable as exc:
+            self.message_user(request, f"Nothing was done: {exc}", messages.ERROR)
+            return self._back(request)
+        return response or self._back(request)
+
+    def _back(self, request: HttpRequest) -> HttpResponse:
+        target = request.POST.get("next") or request.get_full_path()
+        if not url_has_allowed_host_and_scheme(
+            target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            target = self._changelist_url()
+        return HttpResponseRedirect(target)

@@ -1,0 +1,640 @@
+"""Read-only queries for operators: index pages, search, workspace summaries, worker
+heartbeats, entry counts and the server's settings (README "Admin", "System checks").
+
+:class:`QueueReads` is a floor of :class:`~django_outbox.core.service.Outbox`: the
+admin, the system checks, ``manage.py outbox_worker`` and the metrics ask these
+methods rather than sending commands themselves. They never write queue state:
+plain commands go through ``execute_many`` (routed by key on a cluster) and
+session reads through ``snapshots`` (the ``snapshot`` script).
+
+The global indices (``KeySpace.index_keys``) have one key on a standalone server and
+one copy per shard on Valkey Cluster. A page of an index reads the first
+``page * per_page`` members of every copy and merges them by score
+(:func:`merge_index_pages`), so it lists what one ZSET holding them all would list;
+with one copy the skip happens in Valkey and a page costs ``O(per_page)``.
+
+The heartbeat record (:class:`WorkerHeartbeat`) is written (:meth:`QueueReads.abeat`,
+called by ``core.worker.Worker.beat``) and read here: a worker is live while its heartbeat key
+(``KeySpace.heartbeat``, expiring after :data:`HEARTBEAT_TTL`) exists, and the
+``KeySpace.workers`` ZSET remembers when each was last seen.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from .base import OutboxBase
+from .entry import Entry
+from .errors import OutboxUnavailable
+from .rules import check_identifier
+
+HEARTBEAT_INTERVAL = 5.0  # seconds between a worker's heartbeats
+HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
+
+#: An entry-ID search inside a workspace reads at most this many of its sessions.
+SEARCH_MAX_SESSIONS = 1000
+#: Sessions whose entries :meth:`QueueReads.entry_counts` reads at most.
+COUNT_MAX_SESSIONS = 50_000
+#: Seconds the server-settings probe of the system checks waits for Valkey.
+PROBE_TIMEOUT = 1.0
+
+#: The pageable indices and their order: attention oldest first, all sessions newest first.
+PAGED_INDEXES = {"attention": False, "allsessions": True}
+#: The global counts: (command, index) read from every copy.
+COUNTED_INDEXES = (("SCARD", "workspaces"), ("ZCARD", "allsessions"), ("ZCARD", "attention"))
+
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException)
+
+#: A read plan: yields lists of plain commands, is sent their answers, returns its result.
+ReadPlan = Generator[list[tuple[Any, ...]], list[Any], Any]
+
+
+# =====================================================================================
+# value types
+# =====================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHeartbeat:
+    """A worker as its heartbeats show it.
+
+    ``id``; ``last_seen``: epoch seconds of its last beat; ``live``: its heartbeat key
+    still exists (a beat less than :data:`HEARTBEAT_TTL` ago). What that beat
+    published: ``host``, ``pid``, ``started`` (epoch seconds), ``in_flight`` (sessions
+    being delivered) and ``concurrency``; all None once the key has expired.
+    """
+
+    id: str
+    last_seen: float
+    live: bool = True
+    host: str | None = None
+    pid: int | None = None
+    started: float | None = None
+    in_flight: int | None = None
+    concurrency: int | None = None
+
+    def to_json(self) -> str:
+        """The stored record: a JSON object of ``id``, ``host``, ``pid``, ``started``,
+        ``last_seen``, ``in_flight`` and ``concurrency``."""
+        return json.dumps(
+            {
+                "id": self.id,
+                "host": self.host,
+                "pid": self.pid,
+                "started": self.started,
+                "last_seen": self.last_seen,
+                "in_flight": self.in_flight,
+                "concurrency": self.concurrency,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, worker_id: str, last_seen: float, raw: Any) -> WorkerHeartbeat:
+        """A worker from its ZSET member and score (``last_seen``, seconds) and its stored
+        record ``raw`` (None once expired: not live; unreadable JSON: live, no fields)."""
+        if raw is None:
+            return cls(worker_id, last_seen, live=False)
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            return cls(worker_id, last_seen)
+        return cls(
+            worker_id,
+            last_seen,
+            host=record.get("host"),
+            pid=record.get("pid"),
+            started=record.get("started"),
+            in_flight=record.get("in_flight"),
+            concurrency=record.get("concurrency"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class IndexTotals:
+    """The global counts: workspaces with sessions, sessions, sessions needing attention."""
+
+    workspaces: int
+    sessions: int
+    attention: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedSession:
+    """A session of a page: its IDs, its index score (ms; None when it was not read from
+    an index) and its ``Snapshot`` (entries as ``Outbox.list`` gives them, and lease)."""
+
+    workspace_id: str
+    session_id: str
+    score_ms: float | None
+    snapshot: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """What :meth:`QueueReads.session_page` read: ``total`` sessions in the page's source
+    (the index, or the sessions it was asked about), the page's ``sessions`` in order, the
+    global ``totals`` and the ``workers`` (live first, then most recently seen)."""
+
+    total: int
+    sessions: list[IndexedSession]
+    totals: IndexTotals
+    workers: list[WorkerHeartbeat]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSearch:
+    """What a search names (see :meth:`QueueReads.search`).
+
+    ``sessions``: the candidate ``(workspace, session)`` pairs, or None when the query
+    named no workspace and no session (then ``entry_id`` is to be looked for in a page
+    of an index). ``workspace_id``: the workspace the query named. ``entry_id``: the
+    entry it named. ``exact``: ``sessions`` are the named session or the sessions
+    holding the entry, to be shown whatever an index holds. ``workspace_sessions``: how
+    many sessions the workspace had when the entry was looked for in it (at most
+    ``max_sessions`` of them were read).
+    """
+
+    sessions: list[tuple[str, str]] | None
+    workspace_id: str | None = None
+    entry_id: str | None = None
+    exact: bool = False
+    workspace_sessions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """A session as a cleanup would delete it: its ``entries`` (queued and staged) and
+    whether a delivery lease is held on it."""
+
+    session_id: str
+    entries: int
+    leased: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceSummary:
+    """A workspace's sessions (sorted by ID) with their entry counts."""
+
+    workspace_id: str
+    sessions: list[SessionSummary]
+
+    @property
+    def entry_count(self) -> int:
+        return sum(s.entries for s in self.sessions)
+
+    @property
+    def leased(self) -> int:
+        """Sessions with a delivery in flight."""
+        return sum(s.leased for s in self.sessions)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """What a Valkey server is set to keep: ``node`` (the URL, or ``host:port`` of a
+    cluster primary), ``maxmemory_policy``, ``aof_enabled``, and ``appendfsync`` and
+    ``save`` (None where CONFIG GET is refused, as on some managed services)."""
+
+    node: str
+    maxmemory_policy: str | None
+    aof_enabled: bool
+    appendfsync: str | None = None
+    save: str | None = None
+
+
+# =====================================================================================
+# helpers
+# =====================================================================================
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _pairs(values: Any) -> list[Any]:
+    """ZRANGE ... WITHSCORES answers as (member, score) pairs, whatever the client decoded."""
+    values = list(values or [])
+    if values and isinstance(values[0], tuple | list):
+        return values
+    return list(zip(values[::2], values[1::2], strict=True))
+
+
+def _members(values: list[Any]) -> list[tuple[str, str, float | None]]:
+    """``[member, score, ...]`` or ``[(member, score)]`` of "<ws> <ses>" members."""
+    out = []
+    for item in values:
+        member, score = item if isinstance(item, tuple | list) else (item, None)
+        ws, _, ses = _text(member).partition(" ")
+        if ws and ses:
+            out.append((ws, ses, None if score is None else float(score)))
+    return out
+
+
+def in_index_order(
+    found: list[tuple[str, str, float | None]], descending: bool
+) -> list[tuple[str, str, float | None]]:
+    """``(ws, ses, score)`` sorted as one index ZSET holding them all would list them:
+    by score, then member ``"<ws> <ses>"`` (ZRANGE), or both reversed (ZREVRANGE)."""
+    return sorted(found, key=lambda t: (t[2] or 0.0, f"{t[0]} {t[1]}"), reverse=descending)
+
+
+def merge_index_pages(answers: list[Any], descending: bool) -> list[tuple[str, str, float | None]]:
+    """Merge ZRANGE (or ZREVRANGE) ... WITHSCORES answers, one per copy of an index,
+    into one list in index order. If each copy gave its first ``n`` members, the
+    first ``n`` of the merge are exactly the first ``n`` of the whole index."""
+    return in_index_order(
+        [triple for answer in answers for triple in _members(_pairs(answer))], descending
+    )
+
+
+def _node_settings(node: str, client: Any) -> ServerSettings:
+    info = client.info("memory")
+    info.update(client.info("persistence"))
+    appendfsync = save = None
+    try:
+        appendfsync = client.config_get("appendfsync").get("appendfsync")
+        save = client.config_get("save").get("save")
+    except redis.ResponseError:
+        pass  # CONFIG may be disabled on managed services
+    return ServerSettings(
+        node=node,
+        maxmemory_policy=info.get("maxmemory_policy"),
+        aof_enabled=str(info.get("aof_enabled", "0")) == "1",
+        appendfsync=appendfsync,
+        save=save,
+    )
+
+
+def _settings_of(client: Any, url: str, cluster: bool) -> list[ServerSettings]:
+    if cluster:
+        return [_node_settings(n.name, n.redis_connection) for n in client.get_primaries()]
+    return [_node_settings(url, client)]
+
+
+def read_server_settings(
+    url: str, *, cluster: bool = False, timeout: float = PROBE_TIMEOUT
+) -> list[ServerSettings]:
+    """:meth:`QueueReads.server_settings` of the server at ``url`` (every primary with
+    ``cluster``), through a client of its own that waits at most ``timeout`` seconds
+    and is closed afterwards (for the system checks, which build no ``Outbox``).
+
+    Raises :class:`OutboxUnavailable` (its message is the client's) when it cannot be read.
+    """
+    options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+    try:
+        if cluster:
+            from redis.cluster import RedisCluster
+
+            client: Any = RedisCluster.from_url(url, **options)
+        else:
+            client = redis.Redis.from_url(url, **options)
+        try:
+            return _settings_of(client, url, cluster)
+        finally:
+            _close(client, cluster)
+    except _UNREACHABLE as exc:
+        raise OutboxUnavailable(str(exc)) from exc
+
+
+def _close(client: Any, cluster: bool) -> None:
+    nodes = client.get_nodes() if cluster else []
+    client.close()
+    for node in nodes:
+        # A cluster client's close() leaves its nodes' connection pools open.
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
+
+
+def redis_py_version() -> str:
+    """The installed redis-py's version string (the system checks warn about old ones)."""
+    return redis.__version__
+
+
+# =====================================================================================
+# the mixin
+# =====================================================================================
+
+
+class QueueReads(OutboxBase):
+    """Read-only queries of the outbox, and the worker heartbeats they read; a floor of
+    :class:`~django_outbox.core.service.Outbox` (see the module docstring).
+
+    Every method raises :class:`OutboxUnavailable` when Valkey cannot be reached.
+    """
+
+    # -- running read plans ---------------------------------------------------------------
+
+    def _read(self, *plans: ReadPlan) -> list[Any]:
+        """Run read plans side by side: each round trip sends what every unfinished plan
+        asks for next (one ``execute_many``). A failed command raises its error."""
+        results: list[Any] = [None] * len(plans)
+        asked: dict[int, list[tuple[Any, ...]]] = {}
+
+        def advance(i: int, answers: list[Any] | None) -> None:
+            try:
+                asked[i] = plans[i].send(answers)  # type: ignore[arg-type]
+            except StopIteration as done:
+                asked.pop(i, None)
+                results[i] = done.value
+
+        for i in range(len(plans)):
+            advance(i, None)
+        while asked:
+            calls = [call for i in sorted(asked) for call in asked[i]]
+            answers = self.execute_many(calls) if calls else []
+            for answer in answers:
+                if isinstance(answer, Exception):
+                    raise answer
+            at = 0
+            for i in sorted(asked):
+                size = len(asked[i])
+                advance(i, answers[at : at + size])
+                at += size
+        return results
+
+    def _ask(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """One round trip of plain commands; a failed command raises its error."""
+        (answers,) = self._read(_asking(calls))
+        return answers
+
+    # -- index pages ----------------------------------------------------------------------
+
+    def _totals_plan(self) -> ReadPlan:
+        shards = len(self.keys.index_keys("workspaces"))
+        answers = yield [
+            (command, key)
+            for command, index in COUNTED_INDEXES
+            for key in self.keys.index_keys(index)
+        ]
+        counts = [
+            sum(int(n) for n in answers[i : i + shards]) for i in range(0, len(answers), shards)
+        ]
+        return IndexTotals(*counts)
+
+    def _index_page_plan(self, index: str, start: int, per_page: int) -> ReadPlan:
+        descending = PAGED_INDEXES[index]
+        copies = self.keys.index_keys(index)
+        skip = start if len(copies) == 1 else 0  # with one copy the skip happens in Valkey
+        order = "ZREVRANGE" if descending else "ZRANGE"
+        answers = yield [
+            *(("ZCARD", key) for key in copies),
+            *((order, key, skip, start + per_page - 1, "WITHSCORES") for key in copies),
+        ]
+        total = sum(int(n) for n in answers[: len(copies)])
+        merged = merge_index_pages(answers[len(copies) :], descending)
+        return total, merged[start - skip : start - skip + per_page]
+
+    def _index_filter_plan(
+        self, index: str, among: Sequence[tuple[str, str]], start: int, per_page: int
+    ) -> ReadPlan:
+        # One ZMSCORE per copy, asking it about the sessions of its own workspaces.
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for ws, ses in among:
+            groups.setdefault(self.keys.index(index, self.keys.shard_of(ws)), []).append((ws, ses))
+        scores = yield [
+            ("ZMSCORE", key, *(f"{ws} {ses}" for ws, ses in members))
+            for key, members in groups.items()
+        ]
+        found = [
+            (ws, ses, float(score))
+            for members, answer in zip(groups.values(), scores, strict=True)
+            for (ws, ses), score in zip(members, answer, strict=True)
+            if score is not None
+        ]
+        return len(found), in_index_order(found, PAGED_INDEXES[index])[start : start + per_page]
+
+    def session_page(
+        self,
+        index: str,
+        page: int,
+        per_page: int,
+        *,
+        among: Sequence[tuple[str, str]] | None = None,
+        indexed_only: bool = True,
+    ) -> SessionPage:
+        """Page ``page`` (from 1) of ``per_page`` sessions of ``index`` (``"attention"``:
+        sessions needing attention, oldest first; ``"allsessions"``: newest first), with
+        the global totals and the workers, each session read with its snapshot.
+
+        ``among`` pages only these ``(workspace, session)`` pairs: those the index holds,
+        in its order; with ``indexed_only=False`` all of them, in the order given.
+        Costs two round trips (index page, totals and workers; the sessions' snapshots)
+        and one more for the workers' heartbeat records when any worker is known.
+        Raises ``ValueError`` for another index.
+        """
+        if index not in PAGED_INDEXES:
+            raise ValueError(f"not a pageable index: {index!r}")
+        start = (page - 1) * per_page
+        if among is None:
+            locate = self._index_page_plan(index, start, per_page)
+        elif indexed_only:
+            locate = self._index_filter_plan(index, among, start, per_page)
+        else:
+            chosen = [(ws, ses, None) for ws, ses in among[start : start + per_page]]
+            locate = _answer((len(among), chosen))
+        (total, chosen), totals, workers = self._read(
+            locate, self._totals_plan(), self._workers_plan()
+        )
+        snapshots = self.snapshots([(ws, ses) for ws, ses, _ in chosen]) if chosen else []
+        sessions = [
+            IndexedSession(ws, ses, score, snapshot)
+            for (ws, ses, score), snapshot in zip(chosen, snapshots, strict=True)
+        ]
+        return SessionPage(total, sessions, totals, workers)
+
+    def index_totals(self) -> IndexTotals:
+        """The global counts (one round trip; on a cluster every shard's copies are summed,
+        and they may lag behind the workspaces' own keys)."""
+        (totals,) = self._read(self._totals_plan())
+        return totals
+
+    # -- search -------------------------------------------------------------------------
+
+    def search(self, query: str, *, max_sessions: int = SEARCH_MAX_SESSIONS) -> SessionSearch:
+        """The sessions a search-box ``query`` names, never found by SCAN.
+
+        Forms (``/`` or spaces between the parts; every part must be a valid ID):
+
+        * ``ws/ses/entry``: that entry, in that session (no read);
+        * ``ws/ses``: that session; if ``ses`` is not a session of ``ws``, ``ses`` is
+          taken as an entry ID and looked for in the workspace's sessions (at most
+          ``max_sessions`` of them, by session ID; cost follows the workspace, never
+          the keyspace);
+        * ``word``: the workspace ``word`` (its session SET) and every session named
+          ``word`` (one SISMEMBER per workspace). If neither exists, ``word`` is taken
+          as an entry ID: ``sessions`` is None and the caller looks for it in a page of
+          an index (finding an entry ID anywhere would mean reading every session).
+
+        Raises :class:`InvalidIdentifier` for an invalid part, ``ValueError`` for no
+        part or more than three.
+        """
+        parts = query.replace("/", " ").split()
+        for kind, part in zip(("workspace ID", "session ID", "entry ID"), parts, strict=False):
+            check_identifier(kind if len(parts) > 1 else "ID", part)
+        if not 1 <= len(parts) <= 3:
+            raise ValueError(
+                "a search names workspace, workspace/session or workspace/session/entry"
+            )
+        if len(parts) == 3:
+            ws, ses, entry_id = parts
+            return SessionSearch([(ws, ses)], ws, entry_id, exact=True)
+        keys = self.keys
+        if len(parts) == 2:
+            ws, second = parts
+            is_session, sessions = self._ask(
+                [("SISMEMBER", keys.sessions(ws), second), ("SMEMBERS", keys.sessions(ws))]
+            )
+            if int(is_session):
+                return SessionSearch([(ws, second)], ws)
+            names = sorted(_text(s) for s in sessions)
+            pairs = [(ws, s) for s in names[:max_sessions]]
+            snapshots = self.snapshots(pairs) if pairs else []
+            holding = [
+                pair
+                for pair, snapshot in zip(pairs, snapshots, strict=True)
+                if any(e.id == second for e in snapshot.entries)
+            ]
+            return SessionSearch(holding, ws, second, exact=True, workspace_sessions=len(names))
+        (word,) = parts
+        # The word's own session SET says exactly whether it is a workspace (a shard's
+        # workspace SET may lag behind on a cluster); the workspace SETs of every
+        # shard name the workspaces that may hold a session called ``word``.
+        own, *workspace_sets = self._ask(
+            [
+                ("SMEMBERS", keys.sessions(word)),
+                *(("SMEMBERS", key) for key in keys.index_keys("workspaces")),
+            ]
+        )
+        names = sorted({_text(w) for members in workspace_sets for w in members})
+        hits = self._ask([("SISMEMBER", keys.sessions(w), word) for w in names]) if names else []
+        scope = [(w, word) for w, hit in zip(names, hits, strict=True) if int(hit)]
+        if own:
+            scope += sorted((word, _text(s)) for s in own)
+        if not scope:
+            return SessionSearch(None, entry_id=word)
+        # A session named after its own workspace is listed once.
+        return SessionSearch(list(dict.fromkeys(scope)), word if own else None)
+
+    # -- workspaces -----------------------------------------------------------------------
+
+    def session_counts(self, workspace_ids: Sequence[str]) -> list[int]:
+        """How many sessions each workspace has, in the order given (one round trip)."""
+        answers = self._ask([("SCARD", self.keys.sessions(ws)) for ws in workspace_ids])
+        return [int(n) for n in answers]
+
+    def workspace_summaries(self, workspace_ids: Sequence[str]) -> list[WorkspaceSummary]:
+        """What a cleanup of each workspace would delete: its sessions, their entries and
+        leases, in the order given (exact counts; two round trips: the session SETs,
+        then LLEN of every queue and staging list and EXISTS of every lease)."""
+        members = self._ask([("SMEMBERS", self.keys.sessions(ws)) for ws in workspace_ids])
+        layout = [
+            (ws, sorted(_text(s) for s in sessions))
+            for ws, sessions in zip(workspace_ids, members, strict=True)
+        ]
+        calls: list[tuple[Any, ...]] = []
+        for ws, names in layout:
+            for ses in names:
+                k = self.keys.session(ws, ses)
+                calls += [("LLEN", k.queue), ("LLEN", k.staging), ("EXISTS", k.lock)]
+        answers = iter(self._ask(calls) if calls else [])
+        summaries = []
+        for ws, names in layout:
+            sessions = []
+            for ses in names:
+                queued, staged, locked = int(next(answers)), int(next(answers)), int(next(answers))
+                sessions.append(SessionSummary(ses, queued + staged, bool(locked)))
+            summaries.append(WorkspaceSummary(ws, sessions))
+        return summaries
+
+    def entry_counts(self, max_sessions: int = COUNT_MAX_SESSIONS) -> dict[str, int]:
+        """Entries by stored status (``{"pending": 3, ...}``, absent statuses left out),
+        staged ones included, walking workspaces in order until ``max_sessions``
+        sessions have been read (two round trips per workspace)."""
+        counts: dict[str, int] = {}
+        seen = 0
+        for ws in self.workspaces():
+            (members,) = self._ask([("SMEMBERS", self.keys.sessions(ws))])
+            sessions = [_text(m) for m in members]
+            calls: list[tuple[Any, ...]] = []
+            for ses in sessions:
+                k = self.keys.session(ws, ses)
+                calls += [("LRANGE", k.queue, 0, -1), ("LRANGE", k.staging, 0, -1)]
+            for items in self._ask(calls) if calls else []:
+                for raw in items:
+                    status = str(Entry.from_json(raw).status)
+                    counts[status] = counts.get(status, 0) + 1
+            seen += len(sessions)
+            if seen >= max_sessions:
+                break
+        return counts
+
+    # -- workers --------------------------------------------------------------------------
+
+    def _workers_plan(self) -> ReadPlan:
+        (members,) = yield [("ZRANGE", self.keys.workers, 0, -1, "WITHSCORES")]
+        seen = [(_text(m), float(s) / 1000) for m, s in _pairs(members)]
+        if not seen:
+            return []
+        # One GET each: the heartbeat keys are in different slots on a cluster.
+        records = yield [("GET", self.keys.heartbeat(wid)) for wid, _ in seen]
+        workers = [
+            WorkerHeartbeat.from_json(wid, last_seen, raw)
+            for (wid, last_seen), raw in zip(seen, records, strict=True)
+        ]
+        return sorted(workers, key=lambda w: (not w.live, -w.last_seen))
+
+    def workers(self) -> list[WorkerHeartbeat]:
+        """Every worker seen lately (the last ``10 * HEARTBEAT_TTL`` seconds), live ones
+        first, then most recently seen first (two round trips)."""
+        (workers,) = self._read(self._workers_plan())
+        return workers
+
+    def live_workers(self) -> list[WorkerHeartbeat]:
+        """The workers whose heartbeat key exists, most recently seen first."""
+        return [w for w in self.workers() if w.live]
+
+    # -- the server -----------------------------------------------------------------------
+
+    async def abeat(self, record: WorkerHeartbeat, ttl: float) -> None:
+        """Publish a worker's heartbeat ``record`` for ``ttl`` seconds, index it by
+        ``record.last_seen``, and forget workers silent for ``10 * ttl`` (the writer
+        of what :meth:`workers` reads)."""
+        keys = self.keys
+        client = self._aclient()
+        pipe = client.pipeline(transaction=False)
+        pipe.set(keys.heartbeat(record.id), record.to_json(), px=int(ttl * 1000))
+        pipe.zadd(keys.workers, {record.id: int(record.last_seen * 1000)})
+        pipe.zremrangebyscore(keys.workers, "-inf", int((time.time() - 10 * ttl) * 1000))
+        await pipe.execute()
+
+    async def aforget_worker(self, worker_id: str) -> None:
+        """Remove a worker's heartbeat (a clean stop)."""
+        client = self._aclient()
+        await client.delete(self.keys.heartbeat(worker_id))
+        await client.zrem(self.keys.workers, worker_id)
+
+    def server_settings(self) -> list[ServerSettings]:
+        """The persistence and eviction settings of the server, or of every primary of a
+        cluster (INFO memory and persistence, CONFIG GET appendfsync and save)."""
+        try:
+            return _settings_of(self.client, self.url, self.cluster)
+        except _UNREACHABLE as exc:
+            raise OutboxUnavailable(str(exc)) from exc
+
+
+def _asking(calls: list[tuple[Any, ...]]) -> ReadPlan:
+    return (yield calls)
+
+
+def _answer(value: Any) -> ReadPlan:
+    """A read plan that needs no read."""
+    return value
+    yield  # pragma: no cover (makes this a generator)
