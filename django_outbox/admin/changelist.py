@@ -18,10 +18,9 @@ from datetime import datetime
 
 from django.contrib import messages
 
-from ..core.entry import Entry, Status, parse_time
+from ..core.entry import Entry, Lease, Snapshot, Status, parse_time
 from ..core.errors import InvalidIdentifier
 from ..core.reads import WorkerHeartbeat
-from ..core.service import Lease, Snapshot
 from ..outbox import Outbox
 
 #: Sessions per page (each holds at most ``CAP`` entries).
