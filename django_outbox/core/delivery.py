@@ -37,6 +37,7 @@ from .entry import Entry, OutboxEvent, Verdict
 from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
 from .keys import SessionKeys
 from .plans import Cmd, Emit, Eval, Pipe, Plan, iter_once
+from .rules import MAX_ERROR_CHARS, clean_text, describe_error
 from .scripts import claim_argv, release_argv, renew_call, settle_argv
 from .transport import as_text, is_async_callable, retry_unavailable
 
@@ -46,7 +47,6 @@ logger = logging.getLogger("django_outbox")
 RECOVER_PAGE = 500
 #: How long a settle receipt is kept so a replayed settle recognises its own write (ms).
 RECEIPT_TTL_MS = 10 * 60 * 1000
-MAX_ERROR_CHARS = 2000
 
 #: ``(lease token, entry IDs)``: a lease still held after a delivery whose
 #: ``entry_delivered`` already fired, and the entries its release (or the next
@@ -299,28 +299,54 @@ class OutboxDelivery(OutboxBase):
     async def _deliver(
         self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
     ) -> tuple[str, str]:
-        """Call the deliverer; classify its ending as (outcome, error text)."""
+        """Call the deliverer; classify its ending as ``(outcome, error text)``.
+
+        Once ``DELIVERY_TIMEOUT`` has passed, the call's outcome is unknown whatever
+        the deliverer does next — returns, raises, or swallows the cancellation —
+        so any ending after the deadline is ambiguous and the verifier decides
+        (README "What happens to a message"). A cancellation of the step that the
+        deliverer swallowed is raised again here, after the fact, so the step
+        records the attempt as ambiguous. The error text is built by
+        :func:`~django_outbox.core.rules.describe_error`, which no exception's
+        ``__str__`` can break.
+        """
+        timeout = self.config.delivery_timeout
+        task = asyncio.current_task()
+        cancelling = task.cancelling() if task is not None else 0
+        deadline = time.monotonic() + timeout
+        unknown = "ambiguous" if self.verifier is not None else "unverifiable"
         try:
             if is_async_callable(deliverer):
-                async with asyncio.timeout(self.config.delivery_timeout):
+                async with asyncio.timeout(timeout):
                     await deliverer(
                         entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
                     )
             else:
                 await self._invoke_sync_deliverer(deliverer, entry, ws, ses)
         except AmbiguousError as exc:
-            outcome = "ambiguous" if self.verifier is not None else "unverifiable"
-            return outcome, f"ambiguous: {exc}"
+            return unknown, f"ambiguous: {describe_error(exc, with_type=False)}"
         except TimeoutError as exc:
-            outcome = "ambiguous" if self.verifier is not None else "unverifiable"
-            return outcome, f"timed out after {self.config.delivery_timeout}s: {exc}".rstrip(": ")
-        except TransientDeliveryError as exc:
-            return "transient", f"transient: {exc}"
-        except PriorAttemptPendingError as exc:
-            return "prior_pending", f"prior attempt pending: {exc}"
+            return unknown, self._timed_out(exc)
         except Exception as exc:
-            return "failed", f"{type(exc).__name__}: {exc}"
+            if time.monotonic() >= deadline:
+                return unknown, self._timed_out(exc)
+            if isinstance(exc, TransientDeliveryError):
+                return "transient", f"transient: {describe_error(exc, with_type=False)}"
+            if isinstance(exc, PriorAttemptPendingError):
+                text = describe_error(exc, with_type=False)
+                return "prior_pending", f"prior attempt pending: {text}"
+            return "failed", describe_error(exc)
+        if task is not None and task.cancelling() > cancelling:
+            raise asyncio.CancelledError("the deliverer swallowed a cancellation")
+        if time.monotonic() >= deadline:
+            return unknown, self._timed_out(None)
         return "delivered", ""
+
+    def _timed_out(self, exc: BaseException | None) -> str:
+        text = f"timed out after {self.config.delivery_timeout}s"
+        if exc is None or isinstance(exc, TimeoutError):
+            return text
+        return f"{text}, then {describe_error(exc)}"
 
     async def _invoke_sync_deliverer(
         self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
@@ -362,13 +388,13 @@ class OutboxDelivery(OutboxBase):
             async with asyncio.timeout(self.config.delivery_timeout):
                 verdict = await self._invoke(verifier, entry, workspace_id=ws, session_id=ses)
         except Exception as exc:
-            return "inconclusive", f"verifier failed: {type(exc).__name__}: {exc}"
+            return "inconclusive", f"verifier failed: {describe_error(exc)}"
         if verdict is Verdict.DELIVERED:
             return "delivered", ""
         if verdict is Verdict.ABSENT:
             return "absent", "verifier: not in the agent's transcript"
         if verdict is not Verdict.INCONCLUSIVE:
-            logger.warning("outbox: verifier returned %r, not a Verdict", verdict)
+            logger.warning("outbox: verifier returned a %s, not a Verdict", type(verdict).__name__)
         return "inconclusive", "verifier: inconclusive"
 
     async def _invoke(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -408,7 +434,12 @@ class OutboxDelivery(OutboxBase):
                 ws,
                 ses,
                 extra_args=settle_argv(
-                    token, entry.id, outcome, error[:MAX_ERROR_CHARS], self.config, RECEIPT_TTL_MS
+                    token,
+                    entry.id,
+                    outcome,
+                    clean_text(error, MAX_ERROR_CHARS),
+                    self.config,
+                    RECEIPT_TTL_MS,
                 ),
             )
         )

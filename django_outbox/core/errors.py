@@ -86,8 +86,8 @@ class _DeliveryOutcome(Exception):
 
     def __init__(self, message: object = "", err: BaseException | None = None) -> None:
         if isinstance(message, BaseException) and err is None:
-            err, message = message, str(message) or type(message).__name__
-        super().__init__(str(message))
+            err, message = message, _safe_str(message) or type(message).__name__
+        super().__init__(_safe_str(message))
         self.err = err
         if err is not None:
             self.__cause__ = err
@@ -110,3 +110,16 @@ class TransientDeliveryError(_DeliveryOutcome):
 
 class PriorAttemptPendingError(_DeliveryOutcome):
     """The previous attempt is still owned downstream; like transient, no attempt is minted."""
+
+
+def _safe_str(value: object) -> str:
+    """``str(value)``, or its ``repr``, or a placeholder: wrapping an exception whose
+    ``__str__`` raises must not turn the deliverer's ``raise`` into another error."""
+    for render in (str, repr):
+        try:
+            text = render(value)
+            if isinstance(text, str):
+                return str.__str__(text)
+        except Exception:
+            continue
+    return f"<unprintable {type(value).__name__}>"

@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier
+from .errors import _safe_str as _safe_str
 
 IDENTIFIER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: Characters a clientMessageID may use: printable ASCII, 1..128 of them.
@@ -131,3 +132,46 @@ def check_model(model: object) -> None:
         raise InvalidContent(f"model must be plain JSON: {exc}") from None
     if len(encoded) > MAX_MODEL_BYTES:
         raise ContentTooLarge("model", len(encoded), MAX_MODEL_BYTES)
+
+
+# --- text the outbox did not write ----------------------------------------------------
+
+#: Lone surrogates: what ``bytes.decode(errors="surrogateescape")`` leaves in a str for
+#: bytes that are not UTF-8. They cannot be encoded, stored or sent as JSON.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: object, limit: int) -> str:
+    """``text`` made safe to store and send: a str (anything else through
+    :func:`describe_error`'s safe ``str``), lone surrogates replaced by U+FFFD, at most
+    ``limit`` characters (an ellipsis marks a cut). For exception messages, verifier
+    output and agent replies: text the outbox did not write itself."""
+    if not isinstance(text, str):
+        text = _safe_str(text)
+    elif type(text) is not str:
+        text = str.__str__(text)  # a str subclass with its own __str__ cannot interfere
+    text = _SURROGATES.sub("\ufffd", text)
+    if len(text) > limit:
+        text = text[: max(0, limit - 1)] + "\u2026"
+    return text
+
+
+def describe_error(exc: BaseException, *, with_type: bool = True) -> str:
+    """``"<Type>: <message>"`` (or the message alone) of an exception, for storing as an
+    entry's ``lastError``. Never raises, whatever the exception's ``__str__``,
+    ``__repr__`` or class name do; the message is cleaned by :func:`clean_text`
+    (bounded to 2,000 characters)."""
+    message = _safe_str(exc)
+    if not with_type:
+        return clean_text(message, MAX_ERROR_CHARS)
+    try:
+        name = type(exc).__name__
+        if not isinstance(name, str):
+            raise TypeError
+    except Exception:
+        name = "Exception"
+    return clean_text(f"{name}: {message}" if message else name, MAX_ERROR_CHARS)
+
+
+#: Longest stored error text (characters).
+MAX_ERROR_CHARS = 2000
