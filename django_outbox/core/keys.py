@@ -7,6 +7,7 @@ Identifiers are checked against the allow-list before they reach a key name.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ class SessionKeys:
     staging: str  # LIST: entries being delivered right now
     lock: str  # STRING: delivery lease, "<token> <acquired-ms>"
     version: str  # STRING: INCR'd by every mutation
-    markers: str  # ZSET: clientMessageID -> marker expiry (ms), for cleanup
+    markers: str  # ZSET: marker (see dedupe_marker) -> marker expiry (ms), for cleanup
     receipt: str  # STRING: "<token> <entry-id>" of the last completion (lost-reply replay)
     due: str  # ZSET of the workspace: session -> due time (ms)
     sessions: str  # SET of the workspace's sessions
@@ -112,11 +113,12 @@ class KeySpace:
             attention=f"{p}attn:{{{ws}}}",
         )
 
-    def dedupe(self, workspace_id: str, session_id: str, client_message_id: str) -> str:
-        """Dedupe marker key; the clientMessageID is printable ASCII, checked by the caller."""
+    def dedupe(self, workspace_id: str, session_id: str, marker: str) -> str:
+        """Dedupe marker key of ``marker`` (see :func:`dedupe_marker`; printable ASCII,
+        checked by the caller)."""
         ws = check_identifier("workspace ID", workspace_id)
         ses = check_identifier("session ID", session_id)
-        return f"{self.prefix}dedupe:{{{ws}}}:{ses}:{client_message_id}"
+        return f"{self.prefix}dedupe:{{{ws}}}:{ses}:{marker}"
 
     def due(self, workspace_id: str) -> str:
         ws = check_identifier("workspace ID", workspace_id)
@@ -158,3 +160,17 @@ class KeySpace:
 
     def heartbeat(self, worker_id: str) -> str:
         return f"{self.heartbeat_prefix}{worker_id}"
+
+
+def dedupe_marker(user_id: str, client_message_id: str) -> str:
+    """The name of an idempotency key's marker within its session:
+    ``"<user digest>:<clientMessageID>"``.
+
+    Keys are scoped to the session *and* the accepting user (README "Idempotency"):
+    two users of one session who both send key ``"1"`` send two prompts, and neither
+    learns the other's entry ID. The user ID (any text up to 255 characters) enters
+    as the first 24 hex digits of its SHA-256, a fixed width, so no user ID can
+    alias another user's keys and the marker stays printable ASCII.
+    """
+    digest = hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return f"{digest}:{client_message_id}"

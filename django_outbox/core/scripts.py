@@ -92,14 +92,15 @@ def accept_argv(
     fingerprint: str,
     cap: int,
     dedupe_ttl_ms: int,
-    client_message_id: str,
+    marker: str,
     target: str = "queue",
 ) -> list[Any]:
     """ARGV[6..12] of ``accept.lua``: the entry's JSON and ID, the content fingerprint,
     ``CAP`` (0: no cap, no marker: seeding), the dedupe TTL in milliseconds, the
-    clientMessageID, and ``"queue"`` or ``"staging"`` (seeding a dead holder's delivery).
+    marker's name (:func:`~django_outbox.core.keys.dedupe_marker`: the key scoped to the
+    accepting user), and ``"queue"`` or ``"staging"`` (seeding a dead holder's delivery).
     KEYS: the session layout, then the dedupe marker key."""
-    return [entry_json, entry_id, fingerprint, cap, dedupe_ttl_ms, client_message_id, target]
+    return [entry_json, entry_id, fingerprint, cap, dedupe_ttl_ms, marker, target]
 
 
 def claim_argv(token: str, lock_ttl_ms: int, acknowledge: Iterable[str] = ()) -> list[Any]:

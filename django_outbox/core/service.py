@@ -40,6 +40,7 @@ from .entry import (
     new_entry_id,
 )
 from .errors import Duplicate, IdempotencyConflict, OutboxFull
+from .keys import dedupe_marker
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .reads import QueueReads
 from .rules import check_identifier, check_reason, check_user_id, validate_content
@@ -83,13 +84,14 @@ class Outbox(QueueReads, OutboxDelivery):
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
         user_id = check_user_id(user_id)
+        marker = dedupe_marker(user_id, client_message_id)
         now_us = self._now_us()
         entry_id = new_entry_id(now_us // 1000)
         accepted_at = format_time(now_us)
         script_keys, args = self._session_args(keys, workspace_id, session_id, now_us)
         call = Eval(
             "accept",
-            [*script_keys, self.keys.dedupe(workspace_id, session_id, client_message_id)],
+            [*script_keys, self.keys.dedupe(workspace_id, session_id, marker)],
             [
                 *args,
                 *accept_argv(
@@ -100,7 +102,7 @@ class Outbox(QueueReads, OutboxDelivery):
                     fingerprint(text, model),
                     self.config.cap,
                     self._dedupe_ttl_ms,
-                    client_message_id,
+                    marker,
                 ),
             ],
         )
@@ -376,10 +378,10 @@ class Outbox(QueueReads, OutboxDelivery):
         for session_id in (yield from self._sessions_plan(workspace_id)):
             keys = self.keys.session(workspace_id, session_id)
             while True:
-                cmids = [as_text(m) for m in (yield Cmd(("ZRANGE", keys.markers, 0, -1)))]
-                marker_keys = [self.keys.dedupe(workspace_id, session_id, c) for c in cmids]
+                markers = [as_text(m) for m in (yield Cmd(("ZRANGE", keys.markers, 0, -1)))]
+                marker_keys = [self.keys.dedupe(workspace_id, session_id, m) for m in markers]
                 answer = yield self._session_eval(
-                    "cleanup", workspace_id, session_id, extra_args=cmids, extra_keys=marker_keys
+                    "cleanup", workspace_id, session_id, extra_args=markers, extra_keys=marker_keys
                 )
                 removed += int(answer[1])
                 if as_text(answer[0]) == "done":

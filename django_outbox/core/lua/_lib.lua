@@ -5,7 +5,7 @@
 --   KEYS[2] staging   LIST   entries being delivered right now
 --   KEYS[3] lock      STRING lease "<token> <acquired-ms> [<entry-id>]"
 --   KEYS[4] version   STRING per-session mutation counter
---   KEYS[5] markers   ZSET   clientMessageID -> marker expiry (ms)
+--   KEYS[5] markers   ZSET   marker name -> marker expiry (ms)
 --   KEYS[6] receipt   STRING "<token> <entry-id> <outcome>" of the last settle
 --   KEYS[7] due       ZSET   of the workspace: session -> due time (ms)
 --   KEYS[8] sessions  SET    of the workspace's sessions

@@ -3,14 +3,15 @@
 -- KEYS: the session layout (see _lib.lua), then KEYS[EXTRA] the dedupe marker.
 -- ARGV[6] entry JSON  ARGV[7] entry ID  ARGV[8] content fingerprint
 -- ARGV[9] cap (0: no cap and no marker, used by seeding)
--- ARGV[10] dedupe TTL (ms)  ARGV[11] clientMessageID
+-- ARGV[10] dedupe TTL (ms)  ARGV[11] the marker's name, "<user digest>:<clientMessageID>"
+--   (keys are scoped to the session and the accepting user; see keys.dedupe_marker)
 -- ARGV[12] 'queue', or 'staging' (seeding a delivery a dead worker left behind)
 -- Returns {'ok', version, watched} | {'own', version, watched} (this very entry was already
 -- written: a replay after a lost reply) | {'duplicate', id} | {'conflict', id}
 -- | {'full'} | {'exists'} (seeding an ID already queued). Nothing is written
 -- unless the answer is 'ok'. The stored entry gets 'seq' = the returned version.
 local raw, id, fp, cap = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local ttl, cmid = tonumber(ARGV[10]), ARGV[11]
+local ttl, marker_name = tonumber(ARGV[10]), ARGV[11]
 local marker_key = KEYS[EXTRA]
 
 if cap > 0 then
@@ -42,7 +43,7 @@ redis.call('RPUSH', ARGV[12] == 'staging' and D or Q, join(st, content))
 if cap > 0 then
   redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)
   redis.call('ZREMRANGEBYSCORE', MARKERS, '-inf', NOW_MS)
-  redis.call('ZADD', MARKERS, NOW_MS + ttl, cmid)
+  redis.call('ZADD', MARKERS, NOW_MS + ttl, marker_name)
 end
 if redis.call('SADD', SESSIONS, SES) == 1 then HINT[4] = 1 end
 if G > 0 then

@@ -1,7 +1,7 @@
 -- cleanup: delete every key of one session, its dedupe markers included, and
 -- drop it from the workspace's indices. Idempotent.
 -- KEYS[EXTRA..] dedupe marker keys listed in the markers ZSET when the caller read it.
--- ARGV[6..] the clientMessageIDs of those markers, in the same order.
+-- ARGV[6..] the names of those markers (members of the markers ZSET), in the same order.
 -- Returns {'done', keys removed} or {'again', keys removed so far} when markers
 -- were added after the caller read the list (call again with a fresh list).
 local removed = 0
