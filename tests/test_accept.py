@@ -1,4 +1,4 @@
-"""accept(): dedupe, cap, bad input, Valkey failures (DESIGN 4, 5, 7; cases 04, 08, 10);
+"""accept(): dedupe, cap, bad input, Valkey failures (README "The Python API"; cases 04, 08, 10);
 seed_entry_for_test(), which goes through the same accept script."""
 
 import contextlib

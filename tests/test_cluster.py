@@ -1,4 +1,4 @@
-"""Valkey Cluster (issue 8, DESIGN sections 3 and 6): one slot per script, sharded
+"""Valkey Cluster (README "Valkey Cluster"): one slot per script, sharded
 global indices kept by index hints, workers that find and wake on work in every shard.
 
 Each test runs twice: on a one-node cluster (every slot on one server) and on

@@ -1,4 +1,4 @@
-"""adeliver_once: the outcome table, verification, ordering, leases (DESIGN sections 5 and 6)."""
+"""adeliver_once: the outcome table, verification, ordering, leases (README "What happens to a message")."""
 
 import asyncio
 import threading

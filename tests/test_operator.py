@@ -1,4 +1,4 @@
-"""Operator actions and sweeps: retry, dismiss, park, unpark, cleanup, ledger (DESIGN section 7)."""
+"""Operator actions and sweeps: retry, dismiss, park, unpark, cleanup, ledger (README "The Python API")."""
 
 import asyncio
 

@@ -1,4 +1,4 @@
-"""Outbox.arun: the delivery loop in one process (DESIGN sections 6 and 12)."""
+"""Outbox.arun: the delivery loop in one process (README "The worker")."""
 
 import asyncio
 import time
