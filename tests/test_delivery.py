@@ -1,4 +1,7 @@
-"""adeliver_once: the outcome table, verification, ordering, leases (README "What happens to a message")."""
+"""adeliver_once: the outcome table, verification, ordering, leases.
+
+README "What happens to a message".
+"""
 
 import asyncio
 import threading

@@ -1,4 +1,7 @@
-"""Operator actions and sweeps: retry, dismiss, park, unpark, cleanup, ledger (README "The Python API")."""
+"""Operator actions and sweeps: retry, dismiss, park, unpark, cleanup, ledger.
+
+README "The Python API".
+"""
 
 import asyncio
 
