@@ -1,11 +1,15 @@
-"""accept(): dedupe, cap, bad input, Valkey failures (DESIGN 4, 5, 7; cases 04, 08, 10)."""
+"""accept(): dedupe, cap, bad input, Valkey failures (README "The Python API"; cases 04, 08, 10);
+seed_entry_for_test(), which goes through the same accept script."""
 
+import contextlib
 import json
+import time
 
 import pytest
 import redis
 
-from django_outbox import Status
+from django_outbox import Entry, Status
+from django_outbox.core.entry import format_time, new_entry_id
 from django_outbox.errors import (
     Duplicate,
     IdempotencyConflict,
@@ -14,16 +18,13 @@ from django_outbox.errors import (
     OutboxUnavailable,
 )
 
+from .helpers import aaccept, accept
 from .test_entry import HOSTILE_MODEL, HOSTILE_TEXT
 from .valkey import ValkeyProcess, free_port
 
 
-def accept(outbox, ws="w1", ses="s1", key="k1", text="hello", **kw):
-    return outbox.accept(ws, ses, user_id="u1", client_message_id=key, text=text, **kw)
-
-
 def test_accept_returns_pending_entry_and_lists_it(outbox):
-    entry = accept(outbox, model={"provider": "x"})
+    entry = accept(outbox, user="u1", model={"provider": "x"})
     assert entry.status is Status.PENDING and entry.attempts == 0
     assert entry.user_id == "u1" and entry.client_message_id == "k1"
     assert outbox.list("w1", "s1") == [entry]
@@ -307,3 +308,82 @@ async def test_async_twin(outbox):
 def test_entry_json_on_the_wire_parses(outbox):
     entry = accept(outbox)
     assert json.loads(json.dumps(entry.to_dict()))["id"] == entry.id
+
+
+# --- seed_entry_for_test: a harness's way in, through the same accept script ----------
+
+
+async def test_a_malformed_seed_is_refused_and_a_failed_head_stays_in_valkey(make_outbox, r):
+    """Seeding checks the stored entry's types (strict), so the queue never holds an
+    entry the scripts cannot split, and a failed delivery puts its entry back.
+
+    The interleaving that once lost a message: settle.lua removed the staged entry
+    (LREM staging) *before* insert_ordered() decoded the other queue entries; when one
+    of them could not be split, the script raised after the LREM and Valkey does not
+    roll back: the message was in neither list. seed_entry_for_test accepted a state
+    member holding an object (Entry.from_dict checked no types for
+    reason/lastError/parkedFrom); with a "clientMessageID" member inside it, split()
+    cut the entry there and cjson failed. Claim still worked (strict find_head stops
+    at the first due entry), so: accept A; seed B (later, malformed); claim A; the
+    delivery fails; settle errors.
+    """
+
+    async def failing(entry, **kwargs):
+        raise RuntimeError("agent said 500")
+
+    outbox = make_outbox()
+    a = await aaccept(outbox, "A")
+    b = {
+        "id": new_entry_id(),
+        "status": "error",
+        "reason": {"code": "x", "clientMessageID": "y"},
+        "acceptedAt": format_time(int((time.time() + 1) * 1_000_000)),
+        "clientMessageID": "B",
+        "userID": "u",
+        "text": "B",
+    }
+    with pytest.raises(ValueError, match="reason must be a string"):
+        await outbox.aseed_entry_for_test("w1", "s1", json.dumps(b))  # refused, nothing stored
+    assert [e.id for e in await outbox.alist("w1", "s1")] == [a.id]
+    with contextlib.suppress(Exception):
+        await outbox.adeliver_once("w1", "s1", deliverer=failing)
+    await outbox.aclose()
+    keys = outbox.keys.session("w1", "s1")
+    stored = r.lrange(keys.queue, 0, -1) + r.lrange(keys.staging, 0, -1)
+    assert any(json.loads(raw)["id"] == a.id for raw in stored), "A vanished from Valkey"
+
+
+async def test_seeding_an_entry_id_already_queued_is_refused_so_it_is_delivered_once(
+    make_outbox, signals_log
+):
+    """seed_entry_for_test refuses an entry ID that is already queued: one entry ID is
+    delivered, and fires entry_delivered, once.
+
+    What it once did: it pushed the JSON as-is without checking that its ID was new
+    (accept.lua with cap=0 skips every check), so the same entry could be in the queue
+    twice - or in staging and the queue. Each copy was claimed, delivered and settled
+    on its own: the deliverer got the same entry twice and entry_delivered fired twice
+    for one entry ID. (The crash-recovery code dedupes by ID, recover_staged(); seeding
+    did not.)
+    """
+    outbox = make_outbox()
+    raw = Entry(
+        id=new_entry_id(),
+        client_message_id="k1",
+        user_id="u",
+        text="once",
+        accepted_at=format_time(int(time.time() * 1_000_000)),
+        status=Status.PENDING,
+    ).to_json()
+    await outbox.aseed_entry_for_test("w1", "s1", raw)
+    with pytest.raises(ValueError, match="already queued"):
+        await outbox.aseed_entry_for_test("w1", "s1", raw)  # a harness re-seeding the same fixture
+    sent = []
+
+    async def deliver(entry, **kwargs):
+        sent.append(entry.id)
+
+    for _ in range(4):
+        await outbox.adeliver_once("w1", "s1", deliverer=deliver)
+    await outbox.aclose()
+    assert len(sent) == 1 and len(signals_log.ids("delivered")) == 1

@@ -1,4 +1,4 @@
-"""System checks: each ID fires when it should and only then (DESIGN section 14)."""
+"""System checks: each ID fires when it should and only then (README "System checks")."""
 
 import pytest
 import redis

@@ -1,4 +1,4 @@
-"""Valkey Cluster (issue 8, DESIGN sections 3 and 6): one slot per script, sharded
+"""Valkey Cluster (README "Valkey Cluster"): one slot per script, sharded
 global indices kept by index hints, workers that find and wake on work in every shard.
 
 Each test runs twice: on a one-node cluster (every slot on one server) and on
@@ -9,7 +9,6 @@ tests/test_cluster_failover.py.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from redis.cluster import RedisCluster, key_slot
@@ -21,19 +20,9 @@ from django_outbox.core.worker import Worker
 from django_outbox.errors import AmbiguousError
 
 from .cluster import ValkeyCluster
+from .helpers import BlockingDeliverer, aaccept, wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
-async def accept(outbox, ws, ses, key, text=None):
-    return await outbox.aaccept(ws, ses, user_id="u", client_message_id=key, text=text or key)
 
 
 @pytest.fixture(scope="module", params=["one node", "three masters"])
@@ -95,7 +84,7 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(cluster_outbox, monk
 
     for ws in ("wa", "wb", "wc"):
         for i in range(3):
-            await accept(outbox, ws, "s1", f"{ws}-{i}")
+            await aaccept(outbox, f"{ws}-{i}", ws=ws)
     await outbox.adeliver_once("wa", "s1", slow)
     await outbox.adeliver_once("wa", "s1", fails)
     await outbox.adeliver_once("wb", "s1", unsure)
@@ -125,10 +114,10 @@ async def test_worker_delivers_every_workspace_in_fifo_order(cluster_outbox, sig
     for i in range(4):
         for w in range(30):
             for s in range(2):
-                await accept(outbox, f"w{w}", f"s{s}", f"k{w}-{s}-{i}", str(i))
+                await aaccept(outbox, f"k{w}-{s}-{i}", str(i), ws=f"w{w}", ses=f"s{s}")
     stop = asyncio.Event()
     run = asyncio.create_task(outbox.arun(stop=stop, tick=0.2, concurrency=16, heartbeat=False))
-    await wait_for(lambda: asyncio.sleep(0, len(log) == 240), timeout=30)
+    await wait_for(lambda: len(log) == 240, timeout=30)
     stop.set()
     await run
     await outbox.aclose()
@@ -136,6 +125,90 @@ async def test_worker_delivers_every_workspace_in_fifo_order(cluster_outbox, sig
         for s in range(2):
             assert [i for ws, ses, i in log if (ws, ses) == (f"w{w}", f"s{s}")] == [0, 1, 2, 3]
     assert len(set(signals_log.ids("delivered"))) == len(signals_log.ids("delivered")) == 240
+
+
+async def test_a_worker_loads_its_scripts_at_start_up_and_delivers_on_a_cluster(cluster_outbox):
+    """A worker's start-up (aload_scripts, what Worker.run() does first) works on a
+    cluster, and the worker then delivers.
+
+    What once broke: aload_scripts() sent ("SCRIPT", "LOAD", text) through
+    execute_command; RedisCluster cannot route a keyless command and raised
+    RedisClusterException, so `outbox_worker` / arun() died at start-up on every
+    cluster deployment.
+    """
+    delivered = []
+
+    async def deliver(entry, **kwargs):
+        delivered.append(entry.id)
+
+    outbox = cluster_outbox(deliverer=deliver)
+    entry = await aaccept(outbox, "m1")
+    try:
+        await outbox.aload_scripts()  # what the worker does first
+        assert await outbox.adeliver_once("w1", "s1")
+    finally:
+        await outbox.aclose()
+    assert delivered == [entry.id]
+
+
+async def test_a_worker_finds_work_on_a_cluster_without_preloaded_scripts(
+    cluster_outbox, monkeypatch
+):
+    """Even with scripts loaded lazily (NOSCRIPT path), a cluster worker finds work.
+
+    On a cluster the scripts get no global keys (they live in other slots), so
+    accept.lua once never added the workspace anywhere a worker looks and
+    accepted messages were never delivered by arun()/outbox_worker. Now each
+    script reports an index hint that the client applies to the workspace's
+    shard (issue 8).
+    """
+    delivered = []
+
+    async def deliver(entry, **kwargs):
+        delivered.append(entry.id)
+
+    outbox = cluster_outbox(deliverer=deliver)
+
+    async def no_preload():
+        return None
+
+    monkeypatch.setattr(outbox, "aload_scripts", no_preload)  # only the lazy NOSCRIPT path
+    entry = await aaccept(outbox, "m1")
+    await asyncio.wait_for(outbox.arun(once=True, heartbeat=False), 10)
+    await outbox.aclose()
+    assert delivered == [entry.id]
+
+
+async def test_leases_of_workspaces_in_different_slots_are_renewed_and_both_settle(
+    cluster_outbox, signals_log
+):
+    """Two deliveries longer than LOCK_TTL in two workspaces (two slots) keep their
+    leases: both settle as delivered and fire entry_delivered.
+
+    What once broke: _LeaseKeeper renewed every lease of the loop in ONE renew.lua
+    call whose KEYS were the lock/due keys of all held sessions. Two sessions of
+    different workspaces live in different slots: the call was refused (CROSSSLOT /
+    "all keys must map to the same key slot") every round, so every lease expired
+    after LOCK_TTL while the deliveries ran. The confirmed deliveries then settled as
+    'lost' and stayed staged (to be verified, or to go to error 'unverifiable' without
+    a verifier), entry_delivered did not fire, and another worker could take the
+    session while the first delivery was in flight.
+    """
+
+    async def slow(entry, **kwargs):
+        await asyncio.sleep(1.0)  # > LOCK_TTL; renewals every 0.2 s should keep the leases
+
+    outbox = cluster_outbox(deliverer=slow, lock_ttl=0.6)
+    await aaccept(outbox, "m1", ws="wa")
+    await aaccept(outbox, "m2", ws="wb")
+    results = await asyncio.gather(
+        outbox.adeliver_once("wa", "s1"), outbox.adeliver_once("wb", "s1")
+    )
+    assert results == [True, True]
+    left = await outbox.alist("wa", "s1") + await outbox.alist("wb", "s1")
+    await outbox.aclose()
+    assert [(e.text, str(e.status)) for e in left] == []
+    assert len(signals_log.ids("delivered")) == 2
 
 
 async def test_an_accept_wakes_an_idle_cluster_worker(cluster_outbox):
@@ -150,11 +223,11 @@ async def test_an_accept_wakes_an_idle_cluster_worker(cluster_outbox):
     worker = Worker(worker_box, None, concurrency=4, tick=30, stop=stop, heartbeat=False)
     run = asyncio.create_task(worker.run())
     # The first scan runs at start; after it only a wake (or the 30 s tick) finds work.
-    await wait_for(lambda: asyncio.sleep(0, worker.stats.scans >= 1))
+    await wait_for(lambda: worker.stats.scans >= 1)
     for n in range(3):  # one accept lands in each shard's wake list in turn
         delivered.clear()
         ws = next(w for w in (f"x{i}" for i in range(100)) if client_box.keys.shard_of(w) == n)
-        await accept(client_box, ws, "s1", f"k{n}")
+        await aaccept(client_box, f"k{n}", ws=ws)
         await asyncio.wait_for(delivered.wait(), 5)  # far below the 30 s tick
     assert worker.stats.wakes >= 3
     stop.set()
@@ -166,24 +239,20 @@ async def test_an_accept_wakes_an_idle_cluster_worker(cluster_outbox):
 async def test_a_shard_score_only_moves_earlier_and_workers_raise_it(cluster_outbox, node):
     """The hint may leave a workspace early in its shard, never late; a worker that
     finds nothing due there moves it to the workspace's true earliest due time."""
-    gate = asyncio.Event()
-
-    async def waits(entry, **kwargs):
-        await gate.wait()
-
+    waits = BlockingDeliverer()
     outbox = cluster_outbox(lock_ttl=30)
     wsdue = outbox.keys.index("wsdue", outbox.keys.shard_of("w1"))
-    await accept(outbox, "w1", "s1", "k1")
+    await aaccept(outbox, "k1")
     accepted_score = float(node.zscore(wsdue, "w1"))
     delivering = asyncio.create_task(outbox.adeliver_once("w1", "s1", waits))
-    await wait_for(lambda: asyncio.sleep(0, node.exists(outbox.keys.session("w1", "s1").lock)))
+    await wait_for(lambda: node.exists(outbox.keys.session("w1", "s1").lock))
     # The claim moved the session to its lease's expiry; the shard still says "now".
     assert float(node.zscore(wsdue, "w1")) == accepted_score
     worker = Worker(outbox, waits, concurrency=1, tick=1, stop=asyncio.Event(), heartbeat=False)
     assert await worker.scan() == 0
     lease_expiry = float(node.zscore(outbox.keys.due("w1"), "s1"))
     assert float(node.zscore(wsdue, "w1")) == lease_expiry > accepted_score
-    gate.set()
+    waits.release()
     assert await delivering
     await outbox.aclose()
 
@@ -220,7 +289,7 @@ async def test_attention_and_sessions_reach_the_shards(cluster_outbox, node):
         raise RuntimeError("no")
 
     outbox = cluster_outbox(max_attempts=1)
-    await accept(outbox, "w1", "s1", "k1")
+    await aaccept(outbox, "k1")
     shard = outbox.keys.shard_of("w1")
     assert node.sismember(outbox.keys.index("workspaces", shard), "w1")
     assert node.zscore(outbox.keys.index("allsessions", shard), "w1 s1") is not None
@@ -247,10 +316,10 @@ async def test_a_lost_hint_is_repaired(cluster_outbox, node):
 
     outbox = cluster_outbox(deliverer=deliver)
     shard = outbox.keys.shard_keys(outbox.keys.shard_of("w1"))
-    entry = await accept(outbox, "w1", "s1", "k1")
+    entry = await aaccept(outbox, "k1")
     node.delete(*shard)  # as if the hint had never been applied
     with pytest.raises(Duplicate) as caught:
-        await accept(outbox, "w1", "s1", "k1")  # the client's retry
+        await aaccept(outbox, "k1")  # the client's retry
     assert caught.value.accepted_id == entry.id
     assert node.zscore(shard[0], "w1") is not None
     assert node.sismember(shard[1], "w1")
@@ -277,15 +346,15 @@ async def test_wait_replicas_on_a_cluster_waits_on_the_slot_owner(cluster_outbox
     )
     if has_replicas:
         for w in range(20):  # workspaces on every master
-            await accept(outbox, f"w{w}", "s1", "k1")
+            await aaccept(outbox, "k1", ws=f"w{w}")
             sync_outbox.accept(f"w{w}", "s2", user_id="u", client_message_id="k2", text="t")
         assert len(sync_outbox.list("w19", "s2")) == 1
     else:
         with pytest.raises(OutboxUnavailable) as caught:
-            await accept(outbox, "w1", "s1", "k1")
+            await aaccept(outbox, "k1")
         assert caught.value.accepted
         with pytest.raises(Duplicate):
-            await accept(outbox, "w1", "s1", "k1")
+            await aaccept(outbox, "k1")
         with pytest.raises(OutboxUnavailable):
             sync_outbox.accept("w1", "s2", user_id="u", client_message_id="k2", text="t")
         assert [e.text for e in sync_outbox.list("w1", "s2")] == ["t"]
@@ -334,8 +403,8 @@ async def test_hundreds_of_concurrent_deliveries_never_run_out_of_connections(
 
     outbox = cluster_outbox(deliverer=deliver)
     for i in range(300):
-        await accept(outbox, f"w{i % 30}", f"s{i}", "a")
-        await accept(outbox, f"w{i % 30}", f"s{i}", "b")
+        await aaccept(outbox, "a", ws=f"w{i % 30}", ses=f"s{i}")
+        await aaccept(outbox, "b", ws=f"w{i % 30}", ses=f"s{i}")
     stats = await outbox.arun(once=True, concurrency=300, heartbeat=False)
     assert stats.errors == 0 and stats.steps == 600
     assert len(signals_log.ids("delivered")) == 600

@@ -22,6 +22,8 @@ from django_outbox.ws import publish
 from django_outbox.ws.publish import group_name
 from django_outbox.ws.routing import websocket_urlpatterns
 
+from .helpers import aaccept
+
 ROOT = Path(__file__).resolve().parent.parent
 STAFF = SimpleNamespace(is_active=True, is_staff=True, username="staff")
 ALICE = SimpleNamespace(is_active=True, is_staff=False, username="alice")
@@ -70,19 +72,15 @@ def watch(outbox, ws, ses):
     client.close()
 
 
-async def accept(ws, ses, key, text=None):
-    return await get_outbox().aaccept(ws, ses, user_id="u", client_message_id=key, text=text or key)
-
-
 async def test_snapshot_then_ordered_updates(layers):
-    await accept("alice", "s1", "k0")
+    await aaccept(get_outbox(), "k0", ws="alice")
     comm = communicator()
     connected, _ = await comm.connect()
     assert connected
     snap = await receive(comm)
     assert snap["type"] == "queue.snapshot" and [e["text"] for e in snap["entries"]] == ["k0"]
     for i in range(1, 4):
-        await accept("alice", "s1", f"k{i}")
+        await aaccept(get_outbox(), f"k{i}", ws="alice")
     updates = [await receive(comm) for _ in range(3)]
     assert [u["type"] for u in updates] == ["queue.update"] * 3
     assert [u["state"] for u in updates] == ["queued"] * 3
@@ -97,7 +95,7 @@ async def test_resync_answers_a_fresh_snapshot(layers):
     comm = communicator()
     await comm.connect()
     await receive(comm)
-    await accept("alice", "s1", "k1")
+    await aaccept(get_outbox(), "k1", ws="alice")
     await receive(comm)
     await comm.send_to(text_data=json.dumps({"type": "resync"}))
     snap = await receive(comm)
@@ -137,7 +135,7 @@ async def test_binary_and_oversized_frames_close_only_that_socket(layers):
     assert (await binary.receive_output(5)) == {"type": "websocket.close", "code": 1003}
     await big.send_to(text_data="x" * (2 * 1024 * 1024))
     assert (await big.receive_output(5)) == {"type": "websocket.close", "code": 1009}
-    await accept("alice", "s1", "k1")
+    await aaccept(get_outbox(), "k1", ws="alice")
     assert (await receive(other))["type"] == "queue.update"
     await close_all(other)
 
@@ -229,7 +227,7 @@ async def test_slow_reader_sees_a_gap_and_resyncs(valkey):
             return None
 
         for i in range(10):
-            await accept("alice", "s1", f"k{i}")
+            await aaccept(get_outbox(), f"k{i}", ws="alice")
         while await outbox.adeliver_once("alice", "s1", deliver):
             pass
         final = await outbox.asnapshot("alice", "s1")
@@ -262,7 +260,7 @@ async def test_a_failed_publish_never_fails_the_mutation(valkey, caplog):
     with override_settings(CHANNEL_LAYERS=config):
         watch(get_outbox(), "w1", "s1")
         before = publish.stats.failed
-        entry = await accept("w1", "s1", "k1")
+        entry = await aaccept(get_outbox(), "k1")
         assert entry.status == "pending"
         assert publish.stats.failed == before + 1
         assert "could not publish" in caplog.text
@@ -304,7 +302,7 @@ async def test_a_worker_process_delivery_reaches_the_socket(layers, valkey):
     comm = communicator()
     await comm.connect()
     await receive(comm)
-    entry = await accept("alice", "s1", "k1")
+    entry = await aaccept(get_outbox(), "k1", ws="alice")
     assert (await receive(comm))["state"] == "queued"
     env = {
         **os.environ,

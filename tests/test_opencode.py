@@ -31,19 +31,13 @@ from django_outbox.delivery.opencode import (
 from django_outbox.errors import AmbiguousError, TransientDeliveryError
 
 from .fake_opencode import FakeOpencode, Fault
+from .helpers import make_entry
 
 MESSAGE_ID_RE = re.compile(r"msg_[0-9a-f]{12}[0-9A-Za-z]{14}")
 
 
 def now_rfc3339(offset: float = 0.0) -> str:
     return format_time(int((time.time() + offset) * 1_000_000))
-
-
-def make_entry(text: str = "hello", **kwargs) -> Entry:
-    kwargs.setdefault("id", new_entry_id())
-    kwargs.setdefault("accepted_at", now_rfc3339())
-    kwargs.setdefault("last_attempt_at", now_rfc3339())
-    return Entry(client_message_id="k1", user_id="u", text=text, **kwargs)
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -24,13 +23,15 @@ import httpx
 import pytest
 
 from django_outbox import Status, Verdict
-from django_outbox.core.entry import Entry, format_time, new_entry_id
 from django_outbox.delivery.opencode import (
     OpencodeClient,
     OpencodeHTTPError,
     message_id_for,
 )
 from django_outbox.errors import AmbiguousError
+
+from .helpers import make_entry
+from .valkey import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 OPENCODE = REPO / ".opencode" / "node_modules" / ".bin" / "opencode"
@@ -51,19 +52,13 @@ def _ensure_installed() -> Path:
     return OPENCODE
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class OpencodeServer:
     """One ``opencode serve`` process in its own process group."""
 
     def __init__(self, root: Path, password: str | None = None) -> None:
         self.root = root
         self.password = password
-        self.port = _free_port()
+        self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.auth = None if password is None else ("opencode", password)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -214,18 +209,6 @@ def auth_server(tmp_path_factory):
         yield srv.start()
     finally:
         srv.stop()
-
-
-def make_entry(text: str) -> Entry:
-    now = format_time(int(time.time() * 1_000_000))
-    return Entry(
-        id=new_entry_id(),
-        client_message_id="k",
-        user_id="u",
-        text=text,
-        accepted_at=now,
-        last_attempt_at=now,
-    )
 
 
 async def test_timeout_mid_turn_is_verified_delivered_once(server, make_outbox, signals_log):

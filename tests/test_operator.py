@@ -1,4 +1,7 @@
-"""Operator actions and sweeps: retry, dismiss, park, unpark, cleanup, ledger (DESIGN section 7)."""
+"""Operator actions and sweeps: retry, dismiss, park, unpark, cleanup, ledger.
+
+README "The Python API".
+"""
 
 import asyncio
 
@@ -18,11 +21,9 @@ from django_outbox import (
 )
 from django_outbox.errors import AmbiguousError
 
+from .helpers import BlockingDeliverer, accept, statuses
+
 WS, SES = "w1", "s1"
-
-
-def accept(outbox, key="k1", ses=SES, ws=WS):
-    return outbox.accept(ws, ses, user_id="u", client_message_id=key, text=key)
 
 
 def step(outbox, deliverer=None):
@@ -42,10 +43,6 @@ def fail(outbox, error):
         raise error
 
     return step(outbox, deliver)
-
-
-def statuses(outbox, ses=SES):
-    return [(e.client_message_id, str(e.status)) for e in outbox.list(WS, ses)]
 
 
 def test_retry_error_entry_gives_one_more_attempt(make_outbox, signals_log):
@@ -99,25 +96,19 @@ def test_dismiss_removes_and_reports(outbox, signals_log):
 
 
 async def test_busy_while_delivering_is_not_missing(make_outbox):
-    hold = asyncio.Event()
-    started = asyncio.Event()
-
-    async def deliver(entry, **kwargs):
-        started.set()
-        await hold.wait()
-
+    deliver = BlockingDeliverer()
     outbox = make_outbox(deliverer=deliver)
     entry = await outbox.aaccept(WS, SES, user_id="u", client_message_id="k", text="t")
     other = await outbox.aaccept(WS, SES, user_id="u", client_message_id="k2", text="t2")
     task = asyncio.create_task(outbox.adeliver_once(WS, SES))
-    await started.wait()
+    await deliver.started.wait()
     assert await outbox.aretry(WS, SES, entry.id) is RetryResult.BUSY
     assert await outbox.adismiss(WS, SES, entry.id) is DismissResult.BUSY
     # the entry waiting behind it is not busy
     assert await outbox.aretry(WS, SES, other.id) is RetryResult.UPDATED
     listed = await outbox.alist(WS, SES)
     assert listed[1].blocked_by_in_flight and listed[1].in_flight_for >= 0
-    hold.set()
+    deliver.release()
     await task
     await outbox.aclose()
 
@@ -127,13 +118,13 @@ def test_park_and_unpark_workspace(outbox):
     accept(outbox, "b", ses="s2")
     accept(outbox, "c", ses="s1", ws="other")
     assert outbox.park_workspace(WS, "mode_transition") == 2
-    assert statuses(outbox, "s1") == [("a", "parked")]
+    assert statuses(outbox, ses="s1") == [("a", "parked")]
     assert outbox.list(WS, "s1")[0].reason == "mode_transition"
     assert outbox.retry(WS, "s1", outbox.list(WS, "s1")[0].id) is RetryResult.BUSY
     assert outbox.list("other", "s1")[0].status is Status.PENDING
     assert outbox.unpark_workspace(WS, "something_else") == 0
     assert outbox.unpark_workspace(WS, "mode_transition") == 2
-    assert statuses(outbox, "s2") == [("b", "pending")]
+    assert statuses(outbox, ses="s2") == [("b", "pending")]
 
 
 def test_parked_entries_are_not_delivered(make_outbox):
@@ -272,21 +263,15 @@ def test_snapshots_read_many_sessions_in_one_round_trip(make_outbox, r):
 
 
 async def test_snapshot_names_the_lease_holder(make_outbox):
-    hold = asyncio.Event()
-    started = asyncio.Event()
-
-    async def deliver(entry, **kwargs):
-        started.set()
-        await hold.wait()
-
+    deliver = BlockingDeliverer()
     outbox = make_outbox(deliverer=deliver)
     outbox.owner = "worker-7"
     entry = await outbox.aaccept(WS, SES, user_id="u", client_message_id="k", text="t")
     task = asyncio.create_task(outbox.adeliver_once(WS, SES))
-    await started.wait()
+    await deliver.started.wait()
     lease = (await outbox.asnapshot(WS, SES)).lease
     assert (lease.owner, lease.entry_id) == ("worker-7", entry.id) and lease.held_for >= 0
-    hold.set()
+    deliver.release()
     await task
     await outbox.aclose()
 

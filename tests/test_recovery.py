@@ -1,4 +1,4 @@
-"""Crash recovery and stale leases at the storage level (cases 01 and 02; DESIGN section 6)."""
+"""Crash recovery and stale leases at the storage level (cases 01 and 02; README "The worker")."""
 
 import asyncio
 import os
@@ -11,6 +11,7 @@ import pytest
 
 from django_outbox import DismissResult, RetryResult, Status, Verdict
 
+from .helpers import accept
 from .valkey import wait_until
 
 WS, SES = "w1", "s1"
@@ -37,10 +38,6 @@ def kill_when_hung(child, r, text):
         child.wait(10)
 
 
-def accept_all(outbox, texts):
-    return [outbox.accept(WS, SES, user_id="u", client_message_id=t, text=t) for t in texts]
-
-
 async def drain(outbox, deliverer, limit=20):
     for _ in range(limit):
         if not await outbox.adeliver_once(WS, SES, deliverer=deliverer):
@@ -49,7 +46,8 @@ async def drain(outbox, deliverer, limit=20):
 
 def test_sigkilled_delivery_is_recovered_as_verifying(make_outbox, r, valkey):
     outbox = make_outbox()
-    m2 = accept_all(outbox, ["m1", "m2"])[1]
+    accept(outbox, "m1")
+    m2 = accept(outbox, "m2")
     child = start_child(valkey, 1.0, "m2")
     kill_when_hung(child, r, "m2")
     assert [(e.text, e.status) for e in outbox.list(WS, SES)] == [("m2", Status.DELIVERING)]
@@ -62,9 +60,11 @@ def test_sigkilled_delivery_is_recovered_as_verifying(make_outbox, r, valkey):
 
 
 @pytest.mark.parametrize("verdict", [Verdict.DELIVERED, Verdict.ABSENT])
-async def test_case_01_crash_mid_delivery(make_outbox, r, valkey, signals_log, verdict):
+async def test_case_01_a_crash_mid_delivery_is_verified_and_resent_only_if_absent(
+    make_outbox, r, valkey, signals_log, verdict
+):
     outbox = make_outbox(verify_delay=0, retry_backoff=0)
-    _, m2, m3 = accept_all(outbox, ["m1", "m2", "m3"])
+    _, m2, m3 = [accept(outbox, t) for t in ("m1", "m2", "m3")]
     child = start_child(valkey, 1.0, "m2")
     await asyncio.to_thread(kill_when_hung, child, r, "m2")
     await asyncio.to_thread(wait_until, lambda: not r.exists("outboxlock:{w1}:s1"), 5)
@@ -101,7 +101,7 @@ async def test_case_01_crash_mid_delivery(make_outbox, r, valkey, signals_log, v
 
 async def test_case_02_dead_lease_freezes_then_resolves(make_outbox, r, valkey):
     outbox = make_outbox(verify_delay=0)
-    (m1,) = accept_all(outbox, ["m1"])
+    m1 = accept(outbox, "m1")
     child = start_child(valkey, 2.0, "m1")
     await asyncio.to_thread(kill_when_hung, child, r, "m1")
     m2 = await outbox.aaccept(WS, SES, user_id="u", client_message_id="m2", text="m2")

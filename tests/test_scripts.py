@@ -1,4 +1,4 @@
-"""Each Lua script on its own against a real valkey-server (DESIGN section 3)."""
+"""Each Lua script on its own against a real valkey-server (README "How it is stored")."""
 
 import dataclasses
 import json

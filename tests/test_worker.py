@@ -1,4 +1,4 @@
-"""Outbox.arun: the delivery loop in one process (DESIGN sections 6 and 12)."""
+"""Outbox.arun: the delivery loop in one process (README "The worker")."""
 
 import asyncio
 import time
@@ -8,14 +8,9 @@ import pytest
 from django_outbox import Status, Verdict
 from django_outbox.errors import AmbiguousError
 
+from .helpers import BlockingDeliverer, wait_for
+
 WS = "w1"
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 async def test_run_delivers_fifo_per_session_in_parallel(make_outbox):
@@ -80,7 +75,7 @@ async def test_backoff_is_found_by_the_tick(make_outbox):
     await outbox.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
     stop = asyncio.Event()
     run = asyncio.create_task(outbox.arun(tick=0.05, stop=stop, heartbeat=False))
-    await wait_for(lambda: _done(outbox), 10)
+    await wait_for(lambda: _done(outbox), 10, interval=0.005)
     assert len(calls) == 2 and calls[1] - calls[0] >= 0.3
     stop.set()
     await run
@@ -114,11 +109,7 @@ async def test_stop_lets_in_flight_deliveries_finish_within_grace(make_outbox):
 
 
 async def test_grace_expiry_cancels_and_the_entry_is_verified_later(make_outbox):
-    started = asyncio.Event()
-
-    async def hang(entry, **kwargs):
-        started.set()
-        await asyncio.sleep(60)
+    hang = BlockingDeliverer()  # never released: cancelled when the grace expires
 
     async def verify(entry, **kwargs):
         return Verdict.DELIVERED
@@ -127,7 +118,7 @@ async def test_grace_expiry_cancels_and_the_entry_is_verified_later(make_outbox)
     await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
     stop = asyncio.Event()
     run = asyncio.create_task(outbox.arun(stop=stop, grace=0.1, heartbeat=False))
-    await started.wait()
+    await hang.started.wait()
     stop.set()
     await asyncio.wait_for(run, 5)
     assert (await outbox.alist(WS, "s1"))[0].status is Status.VERIFYING
@@ -149,7 +140,7 @@ async def test_stale_staging_is_recovered_while_running(make_outbox, r):
     r.pexpire("outboxlock:{w1}:s1", 300)
     stop = asyncio.Event()
     run = asyncio.create_task(outbox.arun(tick=0.05, stop=stop, heartbeat=False))
-    await wait_for(lambda: _done(outbox), 10)
+    await wait_for(lambda: _done(outbox), 10, interval=0.005)
     stop.set()
     await run
     assert entry.id
@@ -160,7 +151,7 @@ async def test_heartbeat_is_published_and_removed(make_outbox, r):
     outbox = make_outbox(deliverer=lambda *a, **k: None)
     stop = asyncio.Event()
     run = asyncio.create_task(outbox.arun(stop=stop))
-    await wait_for(lambda: _has_worker(r), 5)
+    await wait_for(lambda: _has_worker(r), 5, interval=0.005)
     (worker_id,) = r.zrange("outboxworkers", 0, -1)
     record = r.get(f"outboxworker:{worker_id}")
     assert '"pid"' in record and '"in_flight"' in record
@@ -189,7 +180,7 @@ async def test_ambiguous_then_verified_by_the_loop(make_outbox, signals_log):
     await outbox.aclose()
 
 
-def test_bad_arguments():
+def test_worker_refuses_a_concurrency_below_one_or_a_tick_of_zero():
     from django_outbox.core.worker import Worker
     from django_outbox.outbox import Outbox
 
@@ -294,7 +285,7 @@ async def test_a_full_scan_page_is_followed_at_once_not_at_the_next_tick(make_ou
     stop = asyncio.Event()
     worker = Worker(outbox, None, concurrency=sessions, tick=30, stop=stop, heartbeat=False)
     run = asyncio.create_task(worker.run())
-    await wait_for(lambda: asyncio.sleep(0, len(started) == sessions), timeout=15)
+    await wait_for(lambda: len(started) == sessions, timeout=15, interval=0.005)
     assert worker.stats.scans >= 3  # three pages, well before the 30 s tick
     release.set()
     stop.set()

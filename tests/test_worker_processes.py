@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import accept
 from .valkey import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,8 +88,7 @@ def accept_many(outbox, sessions: int, per_session: int) -> dict[str, list[str]]
     ids: dict[str, list[str]] = {f"s{i}": [] for i in range(sessions)}
     for n in range(per_session):
         for ses in ids:
-            entry = outbox.accept("w1", ses, user_id="u", client_message_id=f"k{n}", text=f"{n}")
-            ids[ses].append(entry.id)
+            ids[ses].append(accept(outbox, f"k{n}", str(n), ses=ses).id)
     return ids
 
 
