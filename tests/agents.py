@@ -86,3 +86,17 @@ def record_delivered(sender, entry, **kwargs):
     client = sync_redis.Redis.from_url(os.environ["OUTBOX_VALKEY_URL"])
     client.rpush("test:delivered", f"{entry.id} {entry.delivered_at}")
     client.close()
+
+
+async def noop(entry, *, workspace_id, session_id, attempt):
+    """A deliverer that delivers instantly and writes nothing (OUTBOX_TEST_DELIVERER)."""
+
+
+async def fail_first(entry, *, workspace_id, session_id, attempt):
+    """Fails attempt 1 and delivers attempt 2; records ``"<attempt> <Valkey time, us>"``
+    in ``test:attempts`` (Valkey's clock: the worker's own may be skewed on purpose)."""
+    r = _client()
+    seconds, micros = await r.time()
+    await r.rpush("test:attempts", f"{attempt} {seconds * 1_000_000 + micros}")
+    if attempt == 1:
+        raise RuntimeError("injected: the first attempt fails")

@@ -78,7 +78,7 @@ async def test_deliver_posts_text_and_message_id(fake, client):
     assert post.path == f"/session/{sid}/message"
     assert post.json() == {
         "parts": [{"type": "text", "text": "héllo ✓\nline two"}],
-        "messageID": "msg_" + entry.id,
+        "messageID": message_id_for(entry),
     }
     assert fake.user_texts(sid) == [["héllo ✓\nline two"]]
     assert "authorization" not in post.headers
@@ -101,26 +101,41 @@ async def test_message_id_is_stable_across_attempts(fake, client):
     again = entry.evolve(attempts=1, last_attempt_at=now_rfc3339(1))
     await deliver(client, again, sid, attempt=2)
     ids = [r.json()["messageID"] for r in fake.requests if r.method == "POST"]
-    assert ids == ["msg_" + entry.id] * 2
+    assert ids == [message_id_for(entry)] * 2
     assert fake.user_texts(sid) == [["same", "same"]]
     assert await verify(client, again, sid) is Verdict.DELIVERED
 
 
-def test_message_id_for_outbox_ids():
-    entry = make_entry()
-    assert message_id_for(entry) == "msg_" + entry.id
-    assert MESSAGE_ID_RE.fullmatch(message_id_for(entry))
+def test_message_ids_follow_accept_time_not_the_entry_ids_own_clock():
+    """Two web processes with clocks 600 s apart mint entry IDs out of order; the
+    messageIDs follow acceptedAt (Valkey's clock), so the transcript keeps accept order."""
+    from django_outbox.core.entry import new_entry_id
+
+    ahead = make_entry(
+        id=new_entry_id(parse_time("2026-11-30T01:52:39.000000Z") // 1000),
+        accepted_at="2026-11-30T01:42:39.000100Z",
+    )
+    behind = make_entry(
+        id=new_entry_id(parse_time("2026-11-30T01:42:39.000000Z") // 1000),
+        accepted_at="2026-11-30T01:42:39.000200Z",
+    )
+    assert ahead.id > behind.id  # the IDs disagree with accept order
+    assert message_id_for(ahead) < message_id_for(behind)
+    assert MESSAGE_ID_RE.fullmatch(message_id_for(ahead))
 
 
-@pytest.mark.parametrize("entry_id", ["e1", "x" * 128, "01ARZ3NDEKTSV4RRFFQ69G5FAV", "A" * 26])
+@pytest.mark.parametrize(
+    "entry_id",
+    ["e1", "x" * 128, "01ARZ3NDEKTSV4RRFFQ69G5FAV", "A" * 26, "22c64f95200167whInrgPYfINL"],
+)
 def test_message_id_for_other_ids_is_valid_stable_and_time_ordered(entry_id):
     accepted = "2026-11-30T01:42:39.123456Z"
     entry = make_entry(id=entry_id, accepted_at=accepted)
     mid = message_id_for(entry)
     assert MESSAGE_ID_RE.fullmatch(mid)
     assert message_id_for(entry.evolve(attempts=3, last_attempt_at=now_rfc3339())) == mid
-    ms = parse_time(accepted) // 1000
-    assert mid[4:16] == f"{(ms * 0x1000) & 0xFFFF_FFFF_FFFF:012x}"
+    ms, micros = divmod(parse_time(accepted), 1000)
+    assert mid[4:16] == f"{(ms * 0x1000 + micros) & 0xFFFF_FFFF_FFFF:012x}"
     later = make_entry(id=entry_id + "b", accepted_at="2026-11-30T01:42:39.124456Z")
     assert message_id_for(later) > mid
     assert message_id_for(make_entry(id=entry_id + "c", accepted_at=accepted)) != mid
@@ -557,7 +572,7 @@ async def test_outbox_turn_longer_than_delivery_timeout_verifies_delivered(
         assert not await ob.adeliver_once("w1", sid)
         assert signals_log.ids("delivered") == [entry.id]
         user = [m for m in fake.messages(sid) if m["info"]["role"] == "user"]
-        assert [m["info"]["id"] for m in user] == ["msg_" + entry.id]
+        assert [m["info"]["id"] for m in user] == [message_id_for(entry)]
         assert fake.user_texts(sid) == [["hi there"]]
     finally:
         await ob.aclose()

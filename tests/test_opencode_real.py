@@ -242,10 +242,10 @@ async def test_timeout_mid_turn_is_verified_delivered_once(server, make_outbox, 
         assert signals_log.ids("delivered") == [entry.id]
         assert not await ob.adeliver_once("w1", sid)
         assert signals_log.ids("delivered") == [entry.id]
-        assert await server.user_messages(sid) == [("msg_" + entry.id, [text])]
+        assert await server.user_messages(sid) == [(message_id_for(entry), [text])]
         # The turn is still running: the assistant message has no completion time.
         (assistant,) = [m for m in await server.transcript(sid) if m["info"]["role"] == "assistant"]
-        assert assistant["info"]["parentID"] == "msg_" + entry.id
+        assert assistant["info"]["parentID"] == message_id_for(entry)
         assert "completed" not in assistant["info"]["time"]
         print(f"deliver (timed out mid-turn) {deliver_s:.2f}s, verify {verify_s:.3f}s")
     finally:

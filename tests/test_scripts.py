@@ -90,9 +90,15 @@ class TestAccept:
             accepted_at=format_time(NOW),
         )
         marker = outbox.keys.dedupe(WS, SES, "k1")
-        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["ok", 1, 0]
+        # A new session's first version is now (us): above any version it had before.
+        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == [
+            "ok",
+            NOW,
+            0,
+            format_time(NOW),  # acceptedAt: stamped by the script, on its clock
+        ]
         keys = outbox.keys.session(WS, SES)
-        assert r.lrange(keys.queue, 0, -1) == [e.evolve(seq=1).to_json()]  # seq: accept order
+        assert r.lrange(keys.queue, 0, -1) == [e.evolve(seq=NOW).to_json()]  # seq: accept order
         assert r.get(marker) == f"{e.id} fp1"
         assert 59_000 < r.pttl(marker) <= 60_000
         assert r.zscore(keys.due, SES) == NOW // 1000
@@ -121,7 +127,13 @@ class TestAccept:
             "conflict",
             e.id,
         ]
-        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == ["own", 1, 0, 1]
+        assert call(outbox, "accept", *accept_args(e), extra_keys=[marker]) == [
+            "own",
+            NOW,
+            0,
+            NOW,
+            e.accepted_at,
+        ]
         full = other.evolve(client_message_id="k2")
         m2 = outbox.keys.dedupe(WS, SES, "k2")
         assert call(outbox, "accept", *accept_args(full, cap=1), extra_keys=[m2]) == ["full"]
@@ -143,7 +155,7 @@ class TestClaim:
         assert r.lrange(keys.queue, 0, -1) == [] and r.lrange(keys.staging, 0, -1) == [raw]
         assert r.get(keys.lock).split() == ["tok", str(NOW // 1000), e.id]
         assert r.zscore(keys.due, SES) > NOW // 1000 + 29_000  # looked at again at lease expiry
-        assert version == 2
+        assert version == NOW + 1  # seeded at NOW, then staged
 
     def test_busy_while_another_holds_the_lease(self, outbox):
         seed(outbox)
@@ -370,8 +382,8 @@ class TestRenewAndRelease:
 class TestSnapshotAndOperate:
     def test_snapshot(self, outbox):
         e = seed(outbox)
-        version, queued, staged, lock, pttl = call(outbox, "snapshot")
-        assert (version, staged, lock, pttl) == (1, [], None, -2)
+        version, queued, staged, lock, pttl, now = call(outbox, "snapshot")
+        assert (version, staged, lock, pttl, now) == (NOW, [], None, -2, NOW)
         assert Entry.from_json(queued[0]).id == e.id
 
     def test_retry_and_dismiss_busy_vs_missing(self, outbox):
@@ -424,10 +436,10 @@ def test_cleanup_asks_again_when_markers_arrive(outbox, r):
     )
     call(outbox, "accept", *accept_args(e), extra_keys=[outbox.keys.dedupe(WS, SES, "k1")])
     assert call(outbox, "cleanup")[0] == "again"  # told about no markers: one exists
-    assert call(outbox, "cleanup", "k1", extra_keys=[outbox.keys.dedupe(WS, SES, "k1")]) == [
-        "done",
-        6,
-    ]
+    done = call(outbox, "cleanup", "k1", extra_keys=[outbox.keys.dedupe(WS, SES, "k1")])
+    # keys removed, then the session's last version and who watched, then what is gone
+    assert done[:4] == ["done", 6, NOW + 1, 0]
+    assert [Entry.from_json(raw).id for raw in done[4:]] == [e.id]
     assert r.keys("*") == ["outboxwake"]  # wake-up hints are global, not workspace data
 
 

@@ -7,11 +7,11 @@ from tests.settings import *  # noqa: F403
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.recorder"]  # noqa: F405
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 OUTBOX = {
-    "DELIVERER": "tests.agents.deliver",
+    "DELIVERER": os.environ.get("OUTBOX_TEST_DELIVERER", "tests.agents.deliver"),
     "VERIFIER": "tests.agents.verify",
     "LOCK_TTL": float(os.environ.get("OUTBOX_TEST_LOCK_TTL", "30")),
-    "RETRY_BACKOFF": 0.05,
-    "MAX_BACKOFF": 0.2,
+    "RETRY_BACKOFF": float(os.environ.get("OUTBOX_TEST_RETRY_BACKOFF", "0.05")),
+    "MAX_BACKOFF": float(os.environ.get("OUTBOX_TEST_MAX_BACKOFF", "0.2")),
     "VERIFY_DELAY": 0,
     "VERIFY_BACKOFF": 0.05,
     "MAX_VERIFY_BACKOFF": 0.2,

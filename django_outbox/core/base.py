@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,7 +22,7 @@ from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
 from .errors import OutboxUnavailable
 from .keys import KeySpace, SessionKeys
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
-from .scripts import index_drop_argv, session_prefix
+from .scripts import due_argv, index_drop_argv, session_prefix
 from .transport import Transport, as_text
 
 logger = logging.getLogger("django_outbox")
@@ -38,8 +37,9 @@ class OutboxBase(Transport):
     ``OutboxBase(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=...,
     ledger_probe=..., **tunables)`` where tunables are the snake_case names of
     :class:`~django_outbox.core.config.Config` (durations in seconds), or
-    ``config=Config(...)``. ``clock`` returns seconds since the epoch (injectable
-    for tests). ``cluster=True`` uses Valkey Cluster clients. Raises
+    ``config=Config(...)``. ``clock`` is None (the default: every time decision is
+    taken on Valkey's clock) or returns seconds since the epoch (tests).
+    ``cluster=True`` uses Valkey Cluster clients. Raises
     :class:`~django_outbox.core.config.ConfigError` for invalid tunables and
     ``TypeError`` if both ``config`` and tunables are given.
     """
@@ -52,7 +52,7 @@ class OutboxBase(Transport):
         verifier: Callable[..., Any] | None = None,
         ledger_probe: Callable[..., Any] | None = None,
         cluster: bool = False,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         client_options: dict[str, Any] | None = None,
         config: Config | None = None,
         **tunables: Any,
@@ -198,7 +198,7 @@ class OutboxBase(Transport):
         return [self._snapshot_from(answer) for answer in answers]
 
     def _snapshot_from(self, answer: list[Any]) -> Snapshot:
-        version, queued, staged, lock, _pttl = answer
+        version, queued, staged, lock, _pttl, now_us = answer
         entries = [Entry.from_json(raw) for raw in queued]
         for raw in staged:
             entry = Entry.from_json(raw)
@@ -217,7 +217,7 @@ class OutboxBase(Transport):
         if lock:
             token, acquired, *rest = as_text(lock).split()
             acquired_ms = int(acquired)
-            held_for = max(0.0, (self._now_us() // 1000 - acquired_ms) / 1000)
+            held_for = max(0.0, (int(now_us) // 1000 - acquired_ms) / 1000)
             lease = Lease(
                 owner=token.rsplit(".", 1)[0],
                 acquired_at=format_time(acquired_ms * 1000),
@@ -297,12 +297,12 @@ class OutboxBase(Transport):
         found with nothing due gets its true earliest due time back. Raises
         :class:`OutboxUnavailable`.
         """
-        now_ms = self._now_us() // 1000
+        now_us = self._now_us()  # 0: each shard's own clock decides (due.lua)
         answers = await self._arun(
             iter_once(
                 Pipe(
                     [
-                        Cmd(("ZRANGEBYSCORE", key, "-inf", now_ms, "WITHSCORES", "LIMIT", 0, limit))
+                        Eval("due", [key], due_argv(now_us, limit, with_scores=True))
                         for key in self.keys.index_keys("wsdue")
                     ]
                 )
@@ -319,10 +319,7 @@ class OutboxBase(Transport):
         answers = await self._arun(
             iter_once(
                 Pipe(
-                    [
-                        Cmd(("ZRANGEBYSCORE", self.keys.due(ws), "-inf", now_ms, "LIMIT", 0, limit))
-                        for ws in workspaces
-                    ]
+                    [Eval("due", [self.keys.due(ws)], due_argv(now_us, limit)) for ws in workspaces]
                 )
             )
         )

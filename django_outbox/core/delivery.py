@@ -36,9 +36,9 @@ from .base import OutboxBase
 from .entry import Entry, OutboxEvent, Verdict
 from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
 from .keys import SessionKeys
-from .plans import Cmd, Emit, Eval, Pipe, Plan, iter_once
+from .plans import Emit, Eval, Pipe, Plan, iter_once
 from .rules import MAX_ERROR_CHARS, clean_text, describe_error
-from .scripts import claim_argv, release_argv, renew_call, settle_argv
+from .scripts import claim_argv, due_argv, release_argv, renew_call, settle_argv
 from .transport import as_text, is_async_callable, retry_unavailable
 
 logger = logging.getLogger("django_outbox")
@@ -430,7 +430,7 @@ class OutboxDelivery(OutboxBase):
         # failover would be verified again and fire the signal a second time.
         answer, unacknowledged = yield from self._durably(
             self._session_eval(
-                "settle",
+                "settle_delivered" if outcome == "delivered" else "settle",
                 ws,
                 ses,
                 extra_args=settle_argv(
@@ -511,9 +511,9 @@ class OutboxDelivery(OutboxBase):
 
     def _recover_plan(self) -> Plan:
         recovered = 0
-        now_ms = self._now_us() // 1000
+        now_us = self._now_us()  # 0: the server's clock decides what is due (due.lua)
         for workspace_id in (yield from self._workspaces_plan()):
-            due = yield Cmd(("ZRANGEBYSCORE", self.keys.due(workspace_id), "-inf", now_ms))
+            due = yield Eval("due", [self.keys.due(workspace_id)], due_argv(now_us, -1))
             sessions = sorted(as_text(s) for s in due)
             # One pipeline per page of sessions (each script still atomic on its own):
             # a worker starting on a backlog must not spend a round trip per session.

@@ -21,8 +21,8 @@ called by ``core.worker.Worker.beat``) and read here: a worker is live while its
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -609,10 +609,15 @@ class QueueReads(OutboxBase):
         of what :meth:`workers` reads)."""
         keys = self.keys
         client = self._aclient()
+        # Seen at Valkey's time, so a worker with a wrong clock is neither shown as
+        # long gone nor able to forget the others (README "Operations").
+        seconds, micros = await client.time()
+        now = seconds + micros / 1_000_000
+        record = dataclasses.replace(record, last_seen=now)
         pipe = client.pipeline(transaction=False)
         pipe.set(keys.heartbeat(record.id), record.to_json(), px=int(ttl * 1000))
-        pipe.zadd(keys.workers, {record.id: int(record.last_seen * 1000)})
-        pipe.zremrangebyscore(keys.workers, "-inf", int((time.time() - 10 * ttl) * 1000))
+        pipe.zadd(keys.workers, {record.id: int(now * 1000)})
+        pipe.zremrangebyscore(keys.workers, "-inf", int((now - 10 * ttl) * 1000))
         await pipe.execute()
 
     async def aforget_worker(self, worker_id: str) -> None:

@@ -1,11 +1,12 @@
 """The Lua scripts: loaded once from ``core/lua``, called by SHA (EVALSHA), reloaded on NOSCRIPT.
 
 Each transition that touches more than one key, or reads then writes, is one
-script in its own file; ``_lib.lua`` (shared helpers and the KEYS/ARGV layout)
-is prepended to each, and ``_hinted.lua`` wraps the per-session transitions so
-that on a cluster they report index hints. The ``#!lua`` shebang makes Valkey refuse a writing
-script *before* it runs when memory is full, so an OOM can never leave a
-transition half-applied.
+script in its own file (:data:`VARIANTS` are copies of one with other flags).
+``_lib.lua`` (shared helpers and the KEYS/ARGV layout) is prepended to each, and
+``_hinted.lua`` wraps the per-session transitions so that on a cluster they
+report index hints. The ``#!lua`` shebang makes Valkey refuse a writing script
+*before* it runs when memory is full, so an OOM can never leave a transition
+half-applied; the scripts in :data:`ALLOW_OOM`, which drain the queue, run anyway.
 """
 
 from __future__ import annotations
@@ -30,12 +31,28 @@ SCRIPT_NAMES = (
     "recover",
     "cleanup",
     "index",
+    "due",
 )
-READ_ONLY = {"snapshot"}
+#: Copies of a script that run only one of its operations: ``{name: (file, operation)}``.
+#: They exist for their flags (see ALLOW_OOM).
+VARIANTS = {"dismiss": ("operate", "dismiss"), "settle_delivered": ("settle", "delivered")}
+READ_ONLY = {"snapshot", "due"}
+#: Scripts Valkey runs even at ``maxmemory`` (flag ``allow-oom``): what frees memory or
+#: keeps a delivery safe — a claim, then a delivered-settle and a release, free a whole
+#: entry; renewing keeps a lease from expiring under a running delivery; recovery,
+#: dismissal and cleanup only move or remove. Every other writing script (accept,
+#: the other settles and operator actions) is refused whole, before it runs, on a
+#: full server (README "Operations").
+ALLOW_OOM = frozenset(
+    {"claim", "settle_delivered", "release", "renew", "recover", "dismiss", "cleanup", "index"}
+)
 #: Per-session transitions: on a cluster they answer ``{reply, hint}`` (see _lib.lua).
-HINTED = frozenset({"accept", "claim", "settle", "release", "operate", "recover", "cleanup"})
+HINTED = frozenset(
+    {"accept", "claim", "settle", "settle_delivered", "release", "operate", "dismiss",
+     "recover", "cleanup"}
+)  # fmt: skip
 #: Scripts on a cluster shard's keys, without the per-session library.
-WITHOUT_LIBRARY = frozenset({"index"})
+WITHOUT_LIBRARY = frozenset({"index", "due"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +74,13 @@ def load_scripts() -> dict[str, Script]:
     library = _read("_lib")
     hinted = _read("_hinted")
     scripts = {}
-    for name in SCRIPT_NAMES:
+    for name in (*SCRIPT_NAMES, *VARIANTS):
         flags = " flags=no-writes" if name in READ_ONLY else ""
-        body = _read(name)
+        flags = " flags=allow-oom" if name in ALLOW_OOM else flags
+        file, only = VARIANTS.get(name, (name, None))
+        body = _read(file)
+        if only is not None:
+            body = f"ONLY_OP = '{only}'\n{body}"
         if name in WITHOUT_LIBRARY:
             text = f"#!lua{flags}\n-- {name}.lua\n{body}"
         elif name in HINTED:
@@ -177,3 +198,10 @@ def index_drop_argv(workspace_id: str, score_ms: int) -> list[Any]:
     """ARGV of ``index.lua``'s ``drop`` operation: remove the workspace from the shard's
     due ZSET only if its score is still ``score_ms``."""
     return ["drop", workspace_id, score_ms]
+
+
+def due_argv(now_us: int, limit: int, *, with_scores: bool = False) -> list[Any]:
+    """ARGV of ``due.lua``: now in microseconds (0: the server's clock), the most
+    members to return (-1: all), and whether to return their scores. KEYS: one
+    due-time ZSET."""
+    return [now_us, limit, "1" if with_scores else "0"]

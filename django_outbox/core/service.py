@@ -61,7 +61,8 @@ class Outbox(QueueReads, OutboxDelivery):
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,
     **tunables)`` where tunables are the snake_case names of
-    :class:`~django_outbox.core.config.Config` (durations in seconds). ``clock``
+    :class:`~django_outbox.core.config.Config` (durations in seconds). ``clock`` (None:
+    Valkey's clock, the default and the only right choice in production)
     returns seconds since the epoch (injectable for tests). ``cluster=True`` uses
     Valkey Cluster clients. Sync methods use one thread-safe client; async
     methods (``a``-prefixed) use one client per running event loop.
@@ -85,8 +86,8 @@ class Outbox(QueueReads, OutboxDelivery):
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
         user_id = check_user_id(user_id)
         marker = dedupe_marker(user_id, client_message_id)
-        now_us = self._now_us()
-        entry_id = new_entry_id(now_us // 1000)
+        now_us = self._now_us()  # 0: the script stamps acceptedAt on the server's clock
+        entry_id = new_entry_id(now_us // 1000 if now_us else None)
         accepted_at = format_time(now_us)
         script_keys, args = self._session_args(keys, workspace_id, session_id, now_us)
         call = Eval(
@@ -110,6 +111,7 @@ class Outbox(QueueReads, OutboxDelivery):
         status = as_text(answer[0])
         if status in ("ok", "own"):
             version, watched = int(answer[1]), bool(answer[2])
+            accepted_at = as_text(answer[3] if status == "ok" else answer[4]) or accepted_at
             entry = Entry(
                 id=entry_id,
                 client_message_id=client_message_id,
@@ -189,8 +191,10 @@ class Outbox(QueueReads, OutboxDelivery):
         arg2: str = "",
         removed_state: str = "dismissed",
     ) -> Plan:
+        # Dismissal only frees memory: its own copy of the script runs on a full server.
+        script = "dismiss" if op == "dismiss" else "operate"
         answer = yield self._session_eval(
-            "operate", workspace_id, session_id, extra_args=operate_argv(op, arg1, arg2)
+            script, workspace_id, session_id, extra_args=operate_argv(op, arg1, arg2)
         )
         result, version, count = as_text(answer[0]), int(answer[1]), int(answer[2])
         watched, changed = bool(answer[3]), answer[4:]
@@ -386,6 +390,14 @@ class Outbox(QueueReads, OutboxDelivery):
                 removed += int(answer[1])
                 if as_text(answer[0]) == "done":
                     break
+            # Watchers learn that the entries are gone, at a version above any they
+            # hold (the session's next change starts above it).
+            version, watched, gone = int(answer[2]), bool(answer[3]), answer[4:]
+            events = self._events(
+                "updated", gone, workspace_id, session_id, version, "dismissed", watched
+            )
+            if events:
+                yield Emit(events)
         return removed
 
     def cleanup_workspace(self, workspace_id: str) -> int:
@@ -393,7 +405,9 @@ class Outbox(QueueReads, OutboxDelivery):
         dedupe markers (so its idempotency keys are free again). Walks the
         workspace's session set, never the keyspace. Returns the number of keys
         removed; idempotent. A delivery in flight meanwhile loses its lease and
-        settles nothing.
+        settles nothing. Each removed entry is reported as an ``updated`` event with
+        state ``dismissed`` (watchers drop it), and the session's version never goes
+        backwards: its next change is numbered above every version it had.
         """
         return self._run(self._cleanup_plan(workspace_id))
 

@@ -64,6 +64,12 @@ UNAVAILABLE_REPLIES = (
 
 
 def unavailable_error(exc: Exception) -> OutboxUnavailable:
+    """The :class:`OutboxUnavailable` for a redis-py error that means "not now"."""
+    if isinstance(exc, redis.OutOfMemoryError) or str(exc).startswith("OOM"):
+        return OutboxUnavailable(
+            "Valkey is out of memory (maxmemory reached) and refused this change whole, "
+            "before it ran; deliveries, dismissals and cleanup still run and free memory"
+        )
     return OutboxUnavailable(f"Valkey unavailable: {type(exc).__name__}: {exc}")
 
 
@@ -246,7 +252,8 @@ class Transport:
 
     ``url`` is a ``redis://`` / ``rediss://`` / ``unix://`` URL; ``cluster=True``
     uses Valkey Cluster clients; ``client_options`` are redis-py client keyword
-    arguments laid over ours; ``keys`` names the keys; ``clock`` returns seconds
+    arguments laid over ours; ``keys`` names the keys; ``clock`` (None: Valkey's own
+    clock, see :meth:`_now_us`) returns seconds
     since the epoch. Sync methods share one thread-safe client; async ones use the
     running loop's own client.
     """
@@ -257,7 +264,7 @@ class Transport:
         *,
         cluster: bool,
         keys: KeySpace,
-        clock: Callable[[], float],
+        clock: Callable[[], float] | None,
         client_options: dict[str, Any] | None = None,
     ) -> None:
         self.url = url
@@ -404,7 +411,15 @@ class Transport:
     # -- clock ---------------------------------------------------------------------------
 
     def _now_us(self) -> int:
-        return int(self.clock() * 1_000_000)
+        """ "Now" for the scripts, in microseconds: 0 means "take Valkey's TIME".
+
+        Every time decision that crosses processes (leases, due times, backoff and
+        verify gates, ``acceptedAt``, marker expiry) is taken inside the scripts on
+        the server's clock, so a process whose clock is wrong can neither freeze a
+        session, shorten a backoff nor delay a prompt (README "Operations"). An
+        injected ``clock`` (tests) replaces it.
+        """
+        return 0 if self.clock is None else int(self.clock() * 1_000_000)
 
     # -- drivers ---------------------------------------------------------------------
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import re
 import threading
 import weakref
 from typing import Any
@@ -70,7 +69,6 @@ __all__ = [
 
 #: Entry IDs that already have opencode's ID shape (12 hex digits of time and
 #: counter, then 14 base62 characters); see ``django_outbox.core.entry.new_entry_id``.
-_OPENCODE_SHAPE = re.compile(r"[0-9a-f]{12}[0-9A-Za-z]{14}")
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _ERROR_BODY_LIMIT = 500  # characters of an error body kept in the exception message
 
@@ -97,20 +95,20 @@ class OpencodeSessionIDError(OpencodeError, ValueError):
 def message_id_for(entry: Entry) -> str:
     """The opencode ``messageID`` for ``entry``: the same for every attempt.
 
-    ``"msg_" + entry.id`` when the entry ID has opencode's shape (the outbox
-    mints IDs that way, so messageIDs sort in accept order). Any other entry
-    ID (seeded, imported) gets a derived ID of the same shape: 12 hex digits of
-    the accept time in opencode's encoding (``ms * 0x1000``, 48 bits) and 14
-    base62 characters from a SHA-256 of the entry ID, so it is stable and still
-    sorts by accept time. opencode itself only checks the ``msg`` prefix.
+    opencode's shape: 12 hex digits of time in its encoding (``ms * 0x1000`` plus
+    a counter, 48 bits; here the counter is the microseconds within the
+    millisecond) and 14 base62 characters, here from a SHA-256 of the entry ID.
+    The time is ``acceptedAt``, stamped on Valkey's clock, so a session's
+    messageIDs (which order opencode's transcript) follow accept order even when
+    the web processes' clocks disagree (case 14); the entry ID's own time part
+    comes from whichever process accepted it. opencode itself only checks the
+    ``msg`` prefix.
     """
-    if _OPENCODE_SHAPE.fullmatch(entry.id):
-        return "msg_" + entry.id
     try:
-        ms = parse_time(entry.accepted_at) // 1000
+        ms, micros = divmod(parse_time(entry.accepted_at), 1000)
     except (TypeError, ValueError):
-        ms = 0
-    time_part = (ms * 0x1000) & 0xFFFF_FFFF_FFFF
+        ms, micros = 0, 0
+    time_part = (ms * 0x1000 + micros) & 0xFFFF_FFFF_FFFF
     digest = int.from_bytes(hashlib.sha256(entry.id.encode("utf-8")).digest(), "big")
     tail = []
     for _ in range(14):

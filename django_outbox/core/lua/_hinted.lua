@@ -13,6 +13,6 @@ local due_after = earliest_due()
 if due_after ~= nil and (HINT[8] == 1 or DUE_BEFORE == nil or due_after < DUE_BEFORE) then
   HINT[1] = due_after
 end
-HINT[7] = tonumber(redis.call('GET', VER) or 0)
+HINT[7] = current_version()
 if reply == nil then reply = false end
 return {reply, HINT}

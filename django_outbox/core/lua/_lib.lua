@@ -20,7 +20,8 @@
 --                     behind a lease, or staging without a lease) for the admin
 -- and this ARGV prefix:
 --   ARGV[1] number of global keys passed (0 on a cluster, 5 otherwise)
---   ARGV[2] now, microseconds since the epoch (the caller's clock, never TIME)
+--   ARGV[2] now, microseconds since the epoch; 0: the server's clock (TIME), what
+--           every caller but a test with an injected clock passes
 --   ARGV[3] session ID   ARGV[4] workspace ID   ARGV[5] ordering: "strict" or "due"
 -- Script-specific KEYS start at EXTRA, script-specific ARGV at 6.
 --
@@ -48,10 +49,21 @@ local EXTRA = 11 + G
 --   [8] 1: a replay, report the due time even if it did not move (a crashed
 --       client may never have applied the first report)
 local HINT = {-1, 0, -1, 0, 0, 0, 0, 0}
+-- Now, in microseconds: the server's clock (TIME) unless the caller passed one
+-- (tests). One clock for every process: README "Operations".
 local NOW = tonumber(ARGV[2])
+if NOW == 0 then
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 local NOW_MS = math.floor(NOW / 1000)
 local SES, WS, ORDERING = ARGV[3], ARGV[4], ARGV[5]
 local MEMBER = (WS or '') .. ' ' .. (SES or '')
+-- The one operation an allow-oom copy of a script may run (scripts.py VARIANTS):
+-- dismiss and delivered-settles free memory, so they run on a full server; the
+-- script's other operations can grow memory and are refused there whole. false
+-- in every other script.
+local ONLY_OP = false
 
 local MARK = ',"clientMessageID":'
 local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
@@ -67,12 +79,22 @@ local function split(raw)
   return cjson.decode(string.sub(raw, 1, i - 1) .. '}'), string.sub(raw, i)
 end
 
+-- cjson writes numbers with 14 significant digits: 1796041140804470 would come
+-- back as 1.7960411408045e+15. Integers (seq is a session version, microseconds
+-- large) are written exactly.
+local function encode_value(v)
+  if type(v) == 'number' and v == math.floor(v) and math.abs(v) < 2 ^ 53 then
+    return string.format('%.0f', v)
+  end
+  return cjson.encode(v)
+end
+
 local function join(st, content)
   local parts = {}
   for _, k in ipairs(ORDER) do
     local v = st[k]
     if v ~= nil and v ~= cjson.null and not (ZERO_OMITTED[k] and v == 0) then
-      parts[#parts + 1] = '"' .. k .. '":' .. cjson.encode(v)
+      parts[#parts + 1] = '"' .. k .. '":' .. encode_value(v)
     end
   end
   return '{' .. table.concat(parts, ',') .. content
@@ -259,8 +281,21 @@ local function reindex_and_wake()
   if score ~= nil and score <= NOW_MS then wake() end
 end
 
+-- A session's version never goes backwards, even across cleanup_workspace (which
+-- deletes VER): a session without one starts at now in microseconds, above any
+-- version it could have had, since a version grows by one per change and no session
+-- changes more than once a microsecond. Versions are opaque, increasing integers.
+local function version_floor()
+  return NOW
+end
+
 local function bump()
-  return redis.call('INCR', VER)
+  local v = redis.call('INCR', VER)
+  if v == 1 then
+    v = version_floor()
+    redis.call('SET', VER, v)
+  end
+  return v
 end
 
 -- 1 if a WebSocket client watches the session (then events are worth publishing).
@@ -269,7 +304,7 @@ local function watched()
 end
 
 local function current_version()
-  return tonumber(redis.call('GET', VER) or 0)
+  return tonumber(redis.call('GET', VER) or version_floor())
 end
 
 -- The reply of a transition over some of the session's entries:

@@ -6,10 +6,11 @@
 -- ARGV[10] dedupe TTL (ms)  ARGV[11] the marker's name, "<user digest>:<clientMessageID>"
 --   (keys are scoped to the session and the accepting user; see keys.dedupe_marker)
 -- ARGV[12] 'queue', or 'staging' (seeding a delivery a dead worker left behind)
--- Returns {'ok', version, watched} | {'own', version, watched} (this very entry was already
--- written: a replay after a lost reply) | {'duplicate', id} | {'conflict', id}
--- | {'full'} | {'exists'} (seeding an ID already queued). Nothing is written
--- unless the answer is 'ok'. The stored entry gets 'seq' = the returned version.
+-- Returns {'ok', version, watched, acceptedAt} | {'own', version, watched, seq, acceptedAt}
+-- (this very entry was already written: a replay after a lost reply) | {'duplicate', id}
+-- | {'conflict', id} | {'full'} | {'exists'} (seeding an ID already queued). Nothing is
+-- written unless the answer is 'ok'. The stored entry gets 'seq' = the returned version
+-- and 'acceptedAt' = now on the server's clock (a seeded entry keeps its own).
 local raw, id, fp, cap = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
 local ttl, marker_name = tonumber(ARGV[10]), ARGV[11]
 local marker_key = KEYS[EXTRA]
@@ -24,8 +25,8 @@ if cap > 0 then
     if mid == id then
       local _, mine = find(Q, id)
       if not mine then _, mine = find(D, id) end
-      local seq = mine and split(mine).seq or 0
-      return {'own', tonumber(redis.call('GET', VER) or 0), watched(), seq}
+      local st = mine and split(mine) or {}
+      return {'own', current_version(), watched(), st.seq or 0, st.acceptedAt or ''}
     end
     if mfp == fp then return {'duplicate', mid} end
     return {'conflict', mid or marker}
@@ -37,8 +38,9 @@ if cap == 0 and (find(Q, id) or find(D, id)) then return {'exists'} end
 -- The entry's place in the session: its sequence number is the version this
 -- accept gives the session (clocks are never compared for order).
 local st, content = split(raw)
-local version = redis.call('INCR', VER)
+local version = bump()
 st.seq = version
+if cap > 0 then st.acceptedAt = iso(NOW) end
 redis.call('RPUSH', ARGV[12] == 'staging' and D or Q, join(st, content))
 if cap > 0 then
   redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)
@@ -56,11 +58,11 @@ end
 -- This keeps accept O(1) instead of re-reading the queue.
 if cap == 0 then
   reindex_and_wake()  -- seeding: the entry may be in any state
-  return {'ok', version, watched()}
+  return {'ok', version, watched(), st.acceptedAt}
 end
 local locked = redis.call('EXISTS', LOCK) == 1
 local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
 if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then wake() end
 sync_workspace()
 if locked then set_attention(true) end  -- blocked behind the lease
-return {'ok', version, watched()}
+return {'ok', version, watched(), st.acceptedAt}

@@ -32,7 +32,7 @@ local owed = owed_signals()
 if #owed > 0 then
   redis.call('SET', LOCK, token .. ' ' .. NOW_MS, 'PX', ttl)
   reindex()
-  local out = {'owed', false, tonumber(redis.call('GET', VER) or 0), watched()}
+  local out = {'owed', false, current_version(), watched()}
   for _, r in ipairs(owed) do out[#out + 1] = r end
   return out
 end
@@ -42,7 +42,7 @@ if owner == token then
   local staged = redis.call('LINDEX', D, 0)
   if staged then
     redis.call('PEXPIRE', LOCK, ttl)
-    return {'deliver', staged, tonumber(redis.call('GET', VER) or 0), watched()}
+    return {'deliver', staged, current_version(), watched()}
   end
 else
   recovered = recover_staged()
@@ -58,14 +58,14 @@ local idx, raw, st, content = find_head(redis.call('LRANGE', Q, 0, -1))
 if idx == nil then
   if owner == token then redis.call('DEL', LOCK) end
   reindex()
-  local version = #recovered > 0 and bump() or tonumber(redis.call('GET', VER) or 0)
+  local version = #recovered > 0 and bump() or current_version()
   return answer('idle', false, version)
 end
 
 if st.status == 'verifying' then
   redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
   reindex()
-  local version = #recovered > 0 and bump() or tonumber(redis.call('GET', VER) or 0)
+  local version = #recovered > 0 and bump() or current_version()
   return answer('verify', raw, version)
 end
 

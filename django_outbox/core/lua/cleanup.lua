@@ -2,8 +2,11 @@
 -- drop it from the workspace's indices. Idempotent.
 -- KEYS[EXTRA..] dedupe marker keys listed in the markers ZSET when the caller read it.
 -- ARGV[6..] the names of those markers (members of the markers ZSET), in the same order.
--- Returns {'done', keys removed} or {'again', keys removed so far} when markers
--- were added after the caller read the list (call again with a fresh list).
+-- Returns {'done', keys removed, version, watched, removed entries...} or
+-- {'again', keys removed so far} when markers were added after the caller read the
+-- list (call again with a fresh list). The version is the session's last one (its
+-- VER key is deleted; the next change starts above it, see bump in _lib.lua), so
+-- watchers can be told the entries are gone.
 local removed = 0
 for i = EXTRA, #KEYS do
   removed = removed + redis.call('DEL', KEYS[i])
@@ -13,6 +16,13 @@ for i = 6, #ARGV do
   redis.call('ZREM', MARKERS, ARGV[i])
 end
 if redis.call('ZCARD', MARKERS) > 0 then return {'again', removed} end
+local gone = {}
+for _, list in ipairs({Q, D}) do
+  for _, raw in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    if not is_done((split(raw))) then gone[#gone + 1] = raw end
+  end
+end
+local version = bump()
 local shared_before = redis.call('EXISTS', SESSIONS, DUE)
 removed = removed + had_markers + redis.call('DEL', Q, D, LOCK, VER, RECEIPT)
 redis.call('ZREM', WS_ATTENTION, SES)
@@ -27,4 +37,6 @@ if G > 0 then
   redis.call('ZREM', ATTENTION, MEMBER)
   if redis.call('EXISTS', SESSIONS) == 0 then redis.call('SREM', WORKSPACES, WS) end
 end
-return {'done', removed}
+local out = {'done', removed, version, watched()}
+for _, raw in ipairs(gone) do out[#out + 1] = raw end
+return out

@@ -8,7 +8,7 @@
 --
 -- ARGV[1] = 'hint': ARGV[2] ws  ARGV[3] session  ARGV[4..11] the HINT members
 --   (due, wake, attention, new, gone, workspace empty, version; see _lib.lua)
---   then ARGV[11] now (ms)  ARGV[12] wake list cap.
+--   then ARGV[11] now (ms; 0: the server's clock)  ARGV[12] wake list cap.
 --   Rules that make the order hints arrive in harmless:
 --   * the due time only ever moves a workspace earlier (ZADD LT): a stale early
 --     score costs a worker one look (it then raises the score, see 'drop');
@@ -40,6 +40,10 @@ local ses = ARGV[3]
 local due, wake, attention = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local new, gone, empty = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local version, now_ms, cap = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+if now_ms == 0 then
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local member = ws .. ' ' .. ses
 
 if due >= 0 then redis.call('ZADD', WSDUE, 'LT', due, ws) end

@@ -14,6 +14,7 @@
 -- Returns {result, version, count, watched, changed entries...}; result is 'updated',
 -- 'removed', 'not_found', 'busy' or 'ok' (bulk ops; count says how many).
 local op, arg1, arg2 = ARGV[6], ARGV[7], ARGV[8]
+if ONLY_OP and op ~= ONLY_OP then error({err = 'outbox: this script only runs ' .. ONLY_OP}) end
 local owner, _, lock_entry = lock_parts()
 local changed = {}
 

@@ -14,6 +14,7 @@
 -- already ran and its reply was lost), {'lost'} (the lease is not ours: touch
 -- nothing, the outcome is left to verification) or {'gone'}.
 local token, id, outcome, err = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+if ONLY_OP and outcome ~= ONLY_OP then error({err = 'outbox: this script only records ' .. ONLY_OP}) end
 local max_attempts, retry_backoff, max_backoff = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local max_transient, verify_delay = tonumber(ARGV[13]), tonumber(ARGV[14])
 local verify_backoff, max_verify_backoff = tonumber(ARGV[15]), tonumber(ARGV[16])
