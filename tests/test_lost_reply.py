@@ -40,7 +40,7 @@ async def test_delivered_reply_lost_fires_once_and_is_not_resent(make_outbox, pr
     outbox = make_outbox(url=proxy.url, deliverer=deliver)
     m1 = await outbox.aaccept(WS, SES, user_id="u", client_message_id="m1", text="m1")
     await outbox.aload_scripts()
-    proxy.drop_reply_to(outbox.scripts["settle"].sha.encode())
+    proxy.drop_reply_to(outbox.scripts["settle_delivered"].sha.encode())
     assert await outbox.adeliver_once(WS, SES)
     assert proxy.dropped == 1
     assert signals_log.ids("delivered") == [m1.id]

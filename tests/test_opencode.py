@@ -109,14 +109,15 @@ async def test_message_id_is_stable_across_attempts(fake, client):
 def test_message_ids_follow_accept_time_not_the_entry_ids_own_clock():
     """Two web processes with clocks 600 s apart mint entry IDs out of order; the
     messageIDs follow acceptedAt (Valkey's clock), so the transcript keeps accept order."""
-    from django_outbox.core.entry import new_entry_id
+    def minted_at(ms: int) -> str:  # an entry ID as new_entry_id makes it at that time
+        return f"{(ms * 0x1000) & 0xFFFF_FFFF_FFFF:012x}" + "A" * 14
 
-    ahead = make_entry(
-        id=new_entry_id(parse_time("2026-11-30T01:52:39.000000Z") // 1000),
+    ahead = make_entry(  # accepted first, by a process whose clock is 600 s ahead
+        id=minted_at(parse_time("2026-11-30T01:52:39.000000Z") // 1000),
         accepted_at="2026-11-30T01:42:39.000100Z",
     )
-    behind = make_entry(
-        id=new_entry_id(parse_time("2026-11-30T01:42:39.000000Z") // 1000),
+    behind = make_entry(  # accepted next, by a process with the right clock
+        id=minted_at(parse_time("2026-11-30T01:42:39.000000Z") // 1000),
         accepted_at="2026-11-30T01:42:39.000200Z",
     )
     assert ahead.id > behind.id  # the IDs disagree with accept order
@@ -281,7 +282,7 @@ async def test_verify_delivered_by_message_id(fake, client):
     entry = make_entry()
     await deliver(client, entry, sid)
     assert await verify(client, entry, sid) is Verdict.DELIVERED
-    assert fake.requests[-1].path == f"/session/{sid}/message/msg_{entry.id}"
+    assert fake.requests[-1].path == f"/session/{sid}/message/{message_id_for(entry)}"
 
 
 async def test_verify_absent_when_never_sent(fake, client):
@@ -290,7 +291,7 @@ async def test_verify_absent_when_never_sent(fake, client):
     entry = make_entry()
     assert await verify(client, entry, sid) is Verdict.ABSENT
     assert [r.path for r in fake.requests[-2:]] == [
-        f"/session/{sid}/message/msg_{entry.id}",
+        f"/session/{sid}/message/{message_id_for(entry)}",
         f"/session/{sid}/message",
     ]
 
