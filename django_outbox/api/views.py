@@ -243,9 +243,11 @@ class WorkspaceBulkView(OutboxAPIView):
     post=documented(
         operation_id="outbox_workspace_park",
         summary="Park a workspace",
-        description="Park every pending, verifying and delivering message of the workspace "
-        "with `reason`. Parked messages are inert until unparked or dismissed. Needs "
-        "`operate`.",
+        description="Pause the workspace: park every pending, verifying and delivering message "
+        "with `reason`, and hold every message accepted into the workspace afterwards (any "
+        "session, old or new) as parked with the same reason until it is unparked. Parked "
+        "messages are inert until unparked or dismissed; a delivery already in flight "
+        "finishes. Needs `operate`.",
         parameters=[WORKSPACE_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
         request=ParkRequestSerializer,
         responses=with_common_errors({200: ParkedSerializer, **BODY_ERRORS}),
@@ -253,7 +255,7 @@ class WorkspaceBulkView(OutboxAPIView):
     )
 )
 class WorkspaceParkView(WorkspaceBulkView):
-    """``api/workspaces/<ws>/park/``: park every queued message of the workspace."""
+    """``api/workspaces/<ws>/park/``: pause the workspace (park and hold its messages)."""
 
     request_serializer = ParkRequestSerializer
     count_member = "parked"
@@ -267,8 +269,9 @@ class WorkspaceParkView(WorkspaceBulkView):
         operation_id="outbox_workspace_unpark",
         summary="Unpark a workspace",
         description="Return parked messages (only those parked with `reason`, if given) to "
-        "pending, or to verifying when their last attempt's outcome is unknown. The body may "
-        "be empty. Needs `operate`.",
+        "pending, or to verifying when their last attempt's outcome is unknown, and end the "
+        "workspace's pause (when it was parked with `reason`, or none is given). Each "
+        "session is released in accept order. The body may be empty. Needs `operate`.",
         parameters=[WORKSPACE_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
         request=UnparkRequestSerializer,
         responses=with_common_errors({200: UnparkedSerializer, **BODY_ERRORS}),

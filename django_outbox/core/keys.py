@@ -34,6 +34,7 @@ class SessionKeys:
     sessions: str  # SET of the workspace's sessions
     watch: str  # STRING: number of WebSocket clients watching (events are skipped at 0)
     attention: str  # ZSET of the workspace: session -> since (ms); kept on a cluster only
+    pause: str  # STRING of the workspace: the reason it is parked (absent: not parked)
 
     def script_keys(self) -> list[str]:
         return [
@@ -47,6 +48,7 @@ class SessionKeys:
             self.sessions,
             self.watch,
             self.attention,
+            self.pause,
         ]
 
 
@@ -111,6 +113,7 @@ class KeySpace:
             sessions=self.sessions(ws),
             watch=f"{p}watch:{{{ws}}}:{ses}",
             attention=f"{p}attn:{{{ws}}}",
+            pause=self.pause(ws),
         )
 
     def dedupe(self, workspace_id: str, session_id: str, marker: str) -> str:
@@ -119,6 +122,11 @@ class KeySpace:
         ws = check_identifier("workspace ID", workspace_id)
         ses = check_identifier("session ID", session_id)
         return f"{self.prefix}dedupe:{{{ws}}}:{ses}:{marker}"
+
+    def pause(self, workspace_id: str) -> str:
+        """The workspace's pause: a STRING holding the park reason while it is parked."""
+        ws = check_identifier("workspace ID", workspace_id)
+        return f"{self.prefix}pause:{{{ws}}}"
 
     def due(self, workspace_id: str) -> str:
         ws = check_identifier("workspace ID", workspace_id)

@@ -52,6 +52,8 @@ __all__ = ["Lease", "Outbox", "OutboxEvent", "Snapshot", "WorkerStats"]
 
 logger = logging.getLogger("django_outbox")
 
+#: Passes unpark_workspace makes over the sessions before it gives up ending the pause.
+UNPAUSE_PASSES = 10
 #: Seconds a session's watcher count outlives its last change (see Outbox.awatch).
 WATCH_TTL = 24 * 3600
 
@@ -266,18 +268,54 @@ class Outbox(QueueReads, OutboxDelivery):
         return total
 
     def _park_plan(self, workspace_id: str, reason: str) -> Plan:
-        return (yield from self._bulk_plan(workspace_id, "park", check_reason(reason)))
+        check_identifier("workspace ID", workspace_id)
+        reason = check_reason(reason)
+        # Pause first: from here on every accept into the workspace is held, so none
+        # can overtake what the loop below parks.
+        pause = self.keys.pause(workspace_id)
+        for answer in (yield Pipe([Cmd(("DEL", pause)), Cmd(("HSET", pause, "reason", reason))])):
+            if isinstance(answer, Exception):
+                raise answer
+        return (yield from self._bulk_plan(workspace_id, "park", reason))
 
     def _unpark_plan(self, workspace_id: str, reason: str | None) -> Plan:
+        check_identifier("workspace ID", workspace_id)
         arg = "" if reason is None else check_reason(reason)
-        return (yield from self._bulk_plan(workspace_id, "unpark", arg))
+        total = 0
+        # Each session is unparked and released from the pause in one script, so an
+        # accept into it is held until its earlier entries are back in line. The pause
+        # ends when every session is released (sessions created meanwhile are held,
+        # and the next pass releases them).
+        for _ in range(UNPAUSE_PASSES):
+            total += yield from self._bulk_plan(workspace_id, "unpark", arg)
+            sessions = yield from self._sessions_plan(workspace_id)
+            if not sessions:
+                pause = self.keys.pause(workspace_id)
+                held = as_text((yield Cmd(("HGET", pause, "reason"))) or "")
+                if held and arg in ("", held):
+                    yield Cmd(("DEL", pause))
+                return total
+            _, ended, _ = yield from self._operate_plan(workspace_id, sessions[0], "unpause", arg)
+            if ended:
+                return total
+        logger.warning(
+            "outbox: %s still has sessions held by its pause after %d passes (new sessions "
+            "keep appearing); unpark it again",
+            workspace_id,
+            UNPAUSE_PASSES,
+        )
+        return total
 
     def park_workspace(self, workspace_id: str, reason: str) -> int:
-        """Park every pending, verifying and delivering entry of the workspace with ``reason``
-        (a machine code such as ``"mode_transition"``). Parked entries are inert
-        until unparked or dismissed; one parked mid-delivery keeps its lease, and
-        its outcome is recorded when the delivery ends (a confirmed delivery still
-        completes it). Returns the number parked.
+        """Pause the workspace: park every pending, verifying and delivering entry with
+        ``reason`` (a machine code such as ``"mode_transition"``) and hold everything
+        accepted into the workspace afterwards, in any session, old or new, as parked
+        with the same reason, until :meth:`unpark_workspace`. Parked entries are inert
+        until unparked or dismissed; one parked mid-delivery keeps its lease, and its
+        outcome is recorded when the delivery ends (a confirmed delivery still
+        completes it). Parking again replaces the reason. Returns the number parked
+        now (entries held later are not counted). Raises :class:`InvalidIdentifier`,
+        :class:`InvalidContent` (a bad reason) or :class:`OutboxUnavailable`.
         """
         return self._run(self._park_plan(workspace_id, reason))
 
@@ -288,7 +326,11 @@ class Outbox(QueueReads, OutboxDelivery):
     def unpark_workspace(self, workspace_id: str, reason: str | None = None) -> int:
         """Return parked entries (only those parked with ``reason``, if given) to the state
         they were parked from — pending, or verifying when their last attempt's
-        outcome is unknown, so unparking never resends blindly. Returns the count.
+        outcome is unknown, so unparking never resends blindly — and end the
+        workspace's pause when it was parked with ``reason`` (or ``reason`` is None).
+        Sessions are released one at a time, each in one script with its entries,
+        so every session keeps its accept order: a prompt accepted during the unpark
+        waits behind the ones that were held. Returns the number unparked.
         """
         return self._run(self._unpark_plan(workspace_id, reason))
 
@@ -398,6 +440,7 @@ class Outbox(QueueReads, OutboxDelivery):
             )
             if events:
                 yield Emit(events)
+        removed += int((yield Cmd(("DEL", self.keys.pause(workspace_id)))))
         return removed
 
     def cleanup_workspace(self, workspace_id: str) -> int:

@@ -12,7 +12,9 @@
 --   KEYS[9] watch     STRING number of WebSocket clients watching the session
 --   KEYS[10] attn     ZSET   of the workspace: session -> since (ms), the sessions that
 --                     need an operator's eye (kept on a cluster only, see HINT below)
---   KEYS[11..15]      (standalone servers only) global keys: workspaces-due ZSET,
+--   KEYS[11] pause    STRING of the workspace: the reason it is parked; while it exists
+--                     every entry accepted into the workspace is held as parked
+--   KEYS[12..16]      (standalone servers only) global keys: workspaces-due ZSET,
 --                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLPOP),
 --                     all-sessions ZSET ("<ws> <ses>" -> first accept, ms) and
 --                     attention ZSET ("<ws> <ses>" -> since, ms: sessions holding
@@ -36,11 +38,11 @@
 -- re-encodes only the state, in a fixed member order.
 
 local Q, D, LOCK, VER, MARKERS, RECEIPT, DUE, SESSIONS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local WATCH, WS_ATTENTION = KEYS[9], KEYS[10]
+local WATCH, WS_ATTENTION, PAUSE = KEYS[9], KEYS[10], KEYS[11]
 local G = tonumber(ARGV[1])
-local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15]
+local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local MAX_WAKE_ITEMS = 10000
-local EXTRA = 11 + G
+local EXTRA = 12 + G
 -- Cluster only: what the global indices need, reported to the client.
 --   [1] the workspace's earliest due time (ms) when it moved earlier, else -1
 --   [2] 1: wake a worker for this session   [3] attention: 1 in, 0 out, -1 unchanged
@@ -301,6 +303,14 @@ end
 -- 1 if a WebSocket client watches the session (then events are worth publishing).
 local function watched()
   return tonumber(redis.call('GET', WATCH) or 0) > 0 and 1 or 0
+end
+
+-- The reason new entries of this session are held, or nil: the workspace is parked
+-- (PAUSE holds 'reason') and unpark has not released this session yet.
+local function held_reason()
+  local reason = redis.call('HGET', PAUSE, 'reason')
+  if reason and redis.call('HEXISTS', PAUSE, 'released:' .. SES) == 0 then return reason end
+  return nil
 end
 
 local function current_version()

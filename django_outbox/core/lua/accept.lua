@@ -41,6 +41,10 @@ local st, content = split(raw)
 local version = bump()
 st.seq = version
 if cap > 0 then st.acceptedAt = iso(NOW) end
+-- A parked workspace holds everything accepted into it (any session, old or new)
+-- until unpark releases the session (README "Admin": parking pauses a workspace).
+local held = cap > 0 and held_reason()
+if held then st.status, st.parkedFrom, st.reason = 'parked', 'pending', held end
 redis.call('RPUSH', ARGV[12] == 'staging' and D or Q, join(st, content))
 if cap > 0 then
   redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)
@@ -56,8 +60,8 @@ end
 -- nothing else decides its due time: in strict order when the session has no
 -- score (no lease, no staging, no head); in due order unless a lease holds it.
 -- This keeps accept O(1) instead of re-reading the queue.
-if cap == 0 then
-  reindex_and_wake()  -- seeding: the entry may be in any state
+if cap == 0 or held then
+  reindex_and_wake()  -- seeding (the entry may be in any state), or held by a park
   return {'ok', version, watched(), st.acceptedAt}
 end
 local locked = redis.call('EXISTS', LOCK) == 1

@@ -4,7 +4,12 @@
 --                                  verifier exists); pending/verifying -> due now
 --   dismiss <id>                   remove the entry
 --   park <reason>                  pending/verifying/delivering -> parked
---   unpark <reason or ''>          parked (with that reason) -> the state it was parked from
+--   unpark <reason or ''>          parked (with that reason) -> the state it was parked from;
+--                                  when the workspace is parked with that reason (or any,
+--                                  for ''), the session is released from the pause too
+--   unpause <reason or ''>         end the workspace's pause if every session is released
+--                                  (result 'ok', count 1) or it is not paused with that
+--                                  reason; count 0: a session is still held, unpark again
 --   rearm_unverifiable             error/unverifiable -> verifying, fresh verify window
 --   ledger_complete <id> <attempts> error entry confirmed delivered by the ledger -> removed
 --                                  (its entry_delivered is owed; the next claim fires it)
@@ -96,7 +101,25 @@ if op == 'park' or op == 'unpark' or op == 'rearm_unverifiable' then
       end
     end
   end
+  if op == 'unpark' then
+    local reason = redis.call('HGET', PAUSE, 'reason')
+    if reason and (arg1 == '' or arg1 == reason) then
+      redis.call('HSET', PAUSE, 'released:' .. SES, 1)
+    end
+  end
   return finish('ok', #changed)
+end
+
+if op == 'unpause' then
+  local reason = redis.call('HGET', PAUSE, 'reason')
+  if not reason or (arg1 ~= '' and arg1 ~= reason) then return {'ok', version(), 1, 0} end
+  for _, ses in ipairs(redis.call('SMEMBERS', SESSIONS)) do
+    if redis.call('HEXISTS', PAUSE, 'released:' .. ses) == 0 then
+      return {'ok', version(), 0, 0}
+    end
+  end
+  redis.call('DEL', PAUSE)
+  return {'ok', version(), 1, 0}
 end
 
 if op == 'ledger_complete' or op == 'ledger_rearm' then
