@@ -25,9 +25,7 @@ FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), "")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.standalone,
-    pytest.mark.skipif(
-        not FAKETIME, reason="libfaketime missing (apt-get install faketime)"
-    ),
+    pytest.mark.skipif(not FAKETIME, reason="libfaketime missing (apt-get install faketime)"),
 ]
 WS, SES = "w1", "s1"
 
