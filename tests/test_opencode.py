@@ -109,6 +109,7 @@ async def test_message_id_is_stable_across_attempts(fake, client):
 def test_message_ids_follow_accept_time_not_the_entry_ids_own_clock():
     """Two web processes with clocks 600 s apart mint entry IDs out of order; the
     messageIDs follow acceptedAt (Valkey's clock), so the transcript keeps accept order."""
+
     def minted_at(ms: int) -> str:  # an entry ID as new_entry_id makes it at that time
         return f"{(ms * 0x1000) & 0xFFFF_FFFF_FFFF:012x}" + "A" * 14
 
