@@ -167,7 +167,9 @@ def test_smoke_run(tmp_path):
     assert "smoke: OK" in output
     for label in ("A2", "A4", "B2", "B4", "C2"):  # duplicate, kill, disconnects, cut reply
         assert re.search(rf"^{label}\s.*delivered", output, re.M), label
-    assert re.search(r"^C2\s.*verifying>sent", output, re.M)
+    # verified, then sent: seen as "sent", or as "finished" when the smoke's own dropped
+    # event was that one and a resync found the entry gone (the smoke loses events on purpose)
+    assert re.search(r"^C2\s.*verifying>(sent|finished)", output, re.M)
     assert took < 120, f"the smoke run took {took:.0f}s"
 
 

@@ -710,7 +710,9 @@ class Transport:
             if self.cluster:
                 return self._cluster_pipe(client, effect.calls)
             send = self._pipeline_sender(lambda: client.pipeline(transaction=False))
-            return self._pipelined(client, send, effect.calls)
+            # Each answer classified as the drivers classify single calls: an OOM or
+            # READONLY answer is OutboxUnavailable, whichever path sent it.
+            return [classified(r) for r in self._pipelined(client, send, effect.calls)]
         except UNREACHABLE as exc:
             raise unavailable_error(exc) from exc
         except redis.ResponseError as exc:
@@ -741,7 +743,7 @@ class Transport:
             if self.cluster:
                 return await self._acluster_pipe(client, effect.calls)
             send = self._apipeline_sender(lambda: client.pipeline(transaction=False))
-            return await self._apipelined(client, send, effect.calls)
+            return [classified(r) for r in await self._apipelined(client, send, effect.calls)]
         except UNREACHABLE as exc:
             raise unavailable_error(exc) from exc
         except redis.ResponseError as exc:
