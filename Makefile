@@ -27,7 +27,8 @@ test: $(STAMP)
 # semantics (the standalone run keeps the socket-hygiene check), so those reports are ignored.
 CORE_SUITES = tests/test_accept.py tests/test_scripts.py tests/test_worker.py \
 	tests/test_delivery.py tests/test_operator.py tests/test_recovery.py tests/test_entry.py \
-	tests/test_metrics.py
+	tests/test_metrics.py tests/test_park.py tests/test_versions.py tests/test_idempotency.py \
+	tests/test_delivery_edges.py
 
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)

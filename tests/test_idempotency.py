@@ -72,6 +72,7 @@ def test_markers_are_fixed_width_printable_and_cleanup_frees_every_users_keys(ou
         accept(outbox, user)
 
 
+@pytest.mark.standalone  # get_outbox() is built from settings: a standalone client
 @pytest.mark.django_db
 def test_over_http_two_members_of_a_workspace_each_get_202(django_user_model):
     make = django_user_model.objects.create_user

@@ -75,6 +75,7 @@ def layers(valkey):
         yield config
 
 
+@pytest.mark.standalone  # channels-redis needs a standalone server (README "Valkey Cluster")
 async def test_a_watcher_of_a_cleaned_session_sees_its_entries_dismissed_then_new_ones(layers):
     outbox = get_outbox()
     old = await aaccept(outbox, "k1", ws=WS)
