@@ -9,6 +9,7 @@ as on a standalone server (tests/test_admin.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 
@@ -19,7 +20,7 @@ from redis.exceptions import RedisClusterException
 
 from django_outbox.admin import OutboxEntryAdmin
 from django_outbox.core.entry import Status
-from django_outbox.core.reads import in_index_order, merge_index_pages
+from django_outbox.core.paging import in_index_order, merge_index_pages
 from django_outbox.core.worker import Worker
 from django_outbox.outbox import get_outbox
 
@@ -30,6 +31,7 @@ from .test_admin import (
     fail_once,
     hold_lease,
     login,
+    page_link,
     post_action,
     staff,
     texts,
@@ -114,15 +116,19 @@ def test_attention_view_merges_the_shards_oldest_first_and_pages(admin_client, b
     assert "global session indices are not kept" not in content
     assert "failed " in content and "just pending" not in content
 
-    assert shown(admin_client.get(CHANGELIST, {"p": 2})) == expected[3:6]
-    last = admin_client.get(CHANGELIST, {"p": 3})
+    second = admin_client.get(page_link(first, "next"))
+    assert shown(second) == expected[3:6]
+    last = admin_client.get(page_link(second, "next"))
     assert shown(last) == expected[6:]
     assert "maintenance" in last.content.decode()
-    assert shown(admin_client.get(CHANGELIST, {"p": 4})) == []
+    assert page_link(last, "next") is None  # (was: page 4 is empty)
+    assert shown(admin_client.get(page_link(last, "prev"))) == expected[3:6]
 
     errors_only = admin_client.get(CHANGELIST, {"status": "error"})
     assert {row.session_id for row in errors_only.context["rows"]} == {"s0", "s1", "s2"}
-    assert shown(admin_client.get(CHANGELIST, {"status": "parked", "p": 3})) == expected[6:]
+    parked = admin_client.get(CHANGELIST, {"status": "parked"})
+    parked = admin_client.get(page_link(admin_client.get(page_link(parked, "next")), "next"))
+    assert shown(parked) == expected[6:]
 
 
 def test_all_sessions_view_is_newest_first(admin_client, boxes):
@@ -140,8 +146,9 @@ def test_all_sessions_view_is_newest_first(admin_client, boxes):
     assert shown(first) == newest_first[:3]
     page = first.context["page"]
     assert (page.total, page.sessions_total, page.attention_total) == (5, 5, 0)
-    assert shown(admin_client.get(CHANGELIST, {"status": "all", "p": 2})) == newest_first[3:]
-    pending = admin_client.get(CHANGELIST, {"status": "pending", "p": 2})
+    assert shown(admin_client.get(page_link(first, "next"))) == newest_first[3:]
+    pending = admin_client.get(CHANGELIST, {"status": "pending"})
+    pending = admin_client.get(page_link(pending, "next"))
     assert len(pending.context["rows"]) == 3  # s1's entry and s0's two
     assert shown(admin_client.get(CHANGELIST)) == []  # nothing needs attention
 
@@ -176,6 +183,78 @@ def test_ties_are_broken_by_member_as_in_one_zset(boxes, r):
         assert [(ws, ses) for ws, ses, _ in merged] == whole
 
 
+def test_paging_on_continues_after_the_last_session_shown_across_shards(admin_client, boxes):
+    """Case 20 on a cluster: sessions of page 1 (the last one shown among them) are
+    resolved; the next page starts right after it, merged from every shard's copy."""
+    outbox, failing = boxes
+    workspaces = spread(outbox, 9)
+    errors = [(ws, f"s{i}") for i, ws in enumerate(workspaces)]
+    make_errors(failing, errors)
+    first = admin_client.get(CHANGELIST)
+    assert shown(first) == errors[:3]
+    for ws, ses in errors[1:3]:
+        entry = failing.list(ws, ses)[0]
+        failing.dismiss(ws, ses, entry.id)
+    second = admin_client.get(page_link(first, "next"))
+    assert shown(second) == errors[3:6]
+    assert second.context["page"].offset == 1  # errors[0] is still before it
+    third = admin_client.get(page_link(second, "next"))
+    assert shown(third) == errors[6:]
+    assert page_link(third, "next") is None
+    assert shown(admin_client.get(page_link(third, "prev"))) == errors[3:6]
+
+
+def test_equal_scores_in_several_shards_page_as_in_one_zset(boxes, cluster_node_url):
+    """Sessions of one score in every shard's copy (indexed in the same millisecond),
+    written straight into the copies: forward and back, with or without the tie
+    offsets, the pages list what one ZSET holding them all would list."""
+    outbox, _ = boxes
+    admin = get_outbox()
+    workspaces = spread(outbox, 2 * outbox.keys.shards)
+    members = {
+        index: {f"{ws} t{j:02d}": 1000 + 1000 * (j % 2) for ws in workspaces for j in range(6)}
+        for index in ("attention", "allsessions")
+    }
+    client = RedisCluster.from_url(cluster_node_url, decode_responses=True)
+    try:
+        for index, scored in members.items():
+            for member, score in scored.items():
+                shard = outbox.keys.shard_of(member.split()[0])
+                client.zadd(outbox.keys.index(index, shard), {member: score})
+    finally:
+        client.close()
+
+    for index, descending in (("attention", False), ("allsessions", True)):
+        expected = [
+            f"{ws} {ses}"
+            for ws, ses, _ in in_index_order(
+                [(*m.split(), s) for m, s in members[index].items()], descending
+            )
+        ]
+        for strip in (False, True):
+            page = admin.session_page(index, PER_PAGE)
+            seen = []
+            while True:
+                seen += [f"{v.workspace_id} {v.session_id}" for v in page.sessions]
+                if not page.has_next:
+                    break
+                position = page.sessions[-1].position
+                if strip:
+                    position = dataclasses.replace(position, tie=0)
+                page = admin.session_page(index, PER_PAGE, after=position)
+                assert page.offset == len(seen)
+            assert seen == expected
+        position = page.sessions[-1].position
+        back: list[str] = []
+        while True:
+            page = admin.session_page(index, PER_PAGE, before=position)
+            back = [f"{v.workspace_id} {v.session_id}" for v in page.sessions] + back
+            if not page.has_previous:
+                break
+            position = page.sessions[0].position
+        assert back == expected[:-1]
+
+
 # --- search -------------------------------------------------------------------------------
 
 
@@ -198,7 +277,8 @@ def test_search_finds_workspaces_sessions_and_names_across_shards(admin_client, 
     sessions, page = found(status="all", q="shared")
     assert sessions == named[::-1][:3]  # every workspace's "shared", newest first
     assert page.total == 4 and page.workspace_id is None
-    assert found(status="all", q="shared", p=2)[0] == named[:1]
+    first = admin_client.get(CHANGELIST, {"status": "all", "q": "shared"})
+    assert shown(admin_client.get(page_link(first, "next"))) == named[:1]
     sessions, page = found(q="shared")  # the attention view keeps the two in error
     assert sessions == named[:2] and page.total == 2
 

@@ -15,7 +15,9 @@ sends no command to Valkey.
   lease, or staging without a lease; oldest first) for the default view and the
   attention-like filters, the all-sessions ZSET (newest first) otherwise, read
   with the global counts and the workers' heartbeats in two round trips on a
-  standalone server, however many sessions are stored (``changelist``);
+  standalone server, however many sessions are stored (``changelist``); pages
+  follow each other by position, not by number: "Next" continues after the last
+  session shown, so sessions resolved meanwhile cannot hide one from it;
 * a search names a workspace, a session or an entry and is answered from the
   workspace SETs and the per-workspace session SETs, never by SCAN;
 * every action is a CSRF-protected POST back to the changelist (admin
@@ -38,7 +40,6 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -56,15 +57,20 @@ from .actions import (
     unpark_workspaces,
 )
 from .changelist import (
+    AFTER_VAR,
     ATTENTION,
-    PAGE_VAR,
+    ATTENTION_FILTERS,
+    BAD_POSITION,
+    BEFORE_VAR,
     SEARCH_VAR,
     SESSIONS_PER_PAGE,
     STATUS_FILTERS,
     STATUS_VAR,
+    Page,
     SessionView,
     derived_state,
     make_row,
+    page_positions,
     page_rows,
     read_page,
     visible,
@@ -171,35 +177,27 @@ class OutboxEntryAdmin(admin.ModelAdmin):
         if status_filter not in dict(STATUS_FILTERS):
             status_filter = ATTENTION
         query = request.GET.get(SEARCH_VAR, "").strip()
-        try:
-            page_number = max(1, int(request.GET.get(PAGE_VAR, 1)))
-        except ValueError:
-            page_number = 1
+        after, before, valid_position = page_positions(request.GET)
         try:
             page = read_page(
-                get_outbox(), status_filter, query, page_number, self.sessions_per_page
+                get_outbox(),
+                status_filter,
+                query,
+                self.sessions_per_page,
+                after=after,
+                before=before,
             )
         except OutboxUnavailable as exc:
             context = self.page_context(
                 request, "Outbox entries", unavailable=str(exc), status_filter=status_filter
             )
             return TemplateResponse(request, self.change_list_template, context, status=503)
+        if not valid_position:
+            page.notes.insert(0, (messages.WARNING, BAD_POSITION))
         now = datetime.now(UTC)
         rows, counts, unmatched_sessions = page_rows(page, status_filter, now, self._entry_url)
         if query and not rows and not page.notes:
             page.notes.append((messages.WARNING, f"Nothing matches {visible(query, 200)!r}."))
-        paginator = Paginator(range(page.total), self.sessions_per_page)
-        page_links = []
-        if paginator.num_pages > 1:
-            # A page past the end (the index shrank, or a typed URL) links back to the last.
-            near = min(page_number, paginator.num_pages)
-            for number in paginator.get_elided_page_range(near, on_each_side=2):
-                url = None
-                if isinstance(number, int) and number != page_number:
-                    url = self._changelist_url(
-                        **{STATUS_VAR: status_filter, SEARCH_VAR: query, PAGE_VAR: number}
-                    )
-                page_links.append((number, url))
         filters = [
             (value, label, value == status_filter, self._changelist_url(status=value, q=query))
             for value, label in STATUS_FILTERS
@@ -215,10 +213,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             query=query,
             search_var=SEARCH_VAR,
             page=page,
-            page_number=page_number,
-            page_links=page_links,
-            first_session=(page_number - 1) * self.sessions_per_page + 1,
-            last_session=(page_number - 1) * self.sessions_per_page + len(page.sessions),
+            **self._paginator(page, status_filter, query),
             unmatched_sessions=unmatched_sessions,
             page_counts=sorted(counts.items()),
             workers=worker_panel(page.workers, now),
@@ -227,6 +222,28 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             next_url=request.get_full_path(),
         )
         return TemplateResponse(request, self.change_list_template, context)
+
+    def _paginator(self, page: Page, status_filter: str, query: str) -> dict[str, Any]:
+        """The paginator's links and wording: "First page", "Previous" (ending before the
+        first session shown), "Next" (continuing after the last one shown)."""
+        kept = {STATUS_VAR: status_filter, SEARCH_VAR: query}
+        next_position, previous_position = page.next_position, page.previous_position
+        if query:
+            source = "matching the search"
+        elif status_filter in ATTENTION_FILTERS:
+            source = "needing attention"
+        else:
+            source = "in the outbox"
+        return {
+            "first_page_url": None if page.is_first else self._changelist_url(**kept),
+            "previous_page_url": previous_position
+            and self._changelist_url(**kept, **{BEFORE_VAR: previous_position.to_text()}),
+            "next_page_url": next_position
+            and self._changelist_url(**kept, **{AFTER_VAR: next_position.to_text()}),
+            "first_session": page.offset + 1,
+            "last_session": page.offset + len(page.sessions),
+            "source_label": source,
+        }
 
     def _workspace_tools(self, request: HttpRequest, workspace_id: str | None) -> dict | None:
         if workspace_id is None:

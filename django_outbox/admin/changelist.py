@@ -1,18 +1,23 @@
 """What one changelist page of the outbox admin shows: the page model and its text.
 
-:func:`read_page` turns the view's filter, search and page number into one
+:func:`read_page` turns the view's filter, search and page position into one
 ``Outbox.session_page`` read (and an ``Outbox.search`` first when there is a
 query); :class:`Page` holds what it read, :class:`SessionView` one session of it
 and :class:`Row` one entry as the table shows it. Every string a row carries is
 plain text (:func:`visible` escapes control and format characters); the
 templates still escape it.
+
+Pages are not numbered: the "Next" link carries the position of the last session
+shown (``after``) and "Previous" the position of the first (``before``), so
+sessions resolved or added meanwhile never push a session off the next page
+(:func:`page_positions` reads them back from the query string).
 """
 
 from __future__ import annotations
 
 import unicodedata
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -20,7 +25,7 @@ from django.contrib import messages
 
 from ..core.entry import Entry, Lease, Snapshot, Status, parse_time
 from ..core.errors import InvalidIdentifier
-from ..core.reads import WorkerHeartbeat
+from ..core.reads import IndexPosition, WorkerHeartbeat
 from ..outbox import Outbox
 
 #: Sessions per page (each holds at most ``CAP`` entries).
@@ -44,7 +49,9 @@ STATUS_FILTERS: list[tuple[str, str]] = [
 ]
 #: Filters answered from the attention index (their entries only live in those sessions).
 ATTENTION_FILTERS = {ATTENTION, "error", "parked", "verifying", "blocked"}
-STATUS_VAR, SEARCH_VAR, PAGE_VAR = "status", "q", "p"
+STATUS_VAR, SEARCH_VAR, AFTER_VAR, BEFORE_VAR = "status", "q", "after", "before"
+#: The note shown when a page link's position cannot be read.
+BAD_POSITION = "This page link is not valid any more; showing the first page."
 
 
 # =====================================================================================
@@ -148,6 +155,9 @@ class Page:
 
     total: int = 0  # sessions the page's source holds (index size or search matches)
     sessions: list[SessionView] = field(default_factory=list)
+    offset: int = 0  # sessions of the source before this page when it was read
+    next_position: IndexPosition | None = None  # the "Next" link continues after it
+    previous_position: IndexPosition | None = None  # "Previous" ends before it
     workers: list[WorkerHeartbeat] = field(default_factory=list)
     workspaces: int = 0
     sessions_total: int = 0
@@ -156,6 +166,11 @@ class Page:
     entry_id: str | None = None  # an entry-ID search
     exact: bool = False  # the search's sessions are the entry's, not an index page
     notes: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def is_first(self) -> bool:
+        """No session of the source comes before this page."""
+        return self.previous_position is None and not self.offset
 
 
 def derived_state(entry: Entry, lease: Lease | None) -> str:
@@ -250,24 +265,62 @@ def page_rows(
 # =====================================================================================
 
 
+def page_positions(
+    params: Mapping[str, str],
+) -> tuple[IndexPosition | None, IndexPosition | None, bool]:
+    """``(after, before, valid)``: the page position a query string names (at most one
+    of the two). ``valid`` is False when it names one that cannot be read (both, or a
+    malformed or forged value); then neither is given and the first page is shown."""
+    after, before = params.get(AFTER_VAR), params.get(BEFORE_VAR)
+    if after is None and before is None:
+        return None, None, True
+    if after is not None and before is not None:
+        return None, None, False
+    try:
+        position = IndexPosition.from_text(after if after is not None else before or "")
+    except ValueError:
+        return None, None, False
+    return (position, None, True) if after is not None else (None, position, True)
+
+
 def read_page(
-    outbox: Outbox, status_filter: str, query: str, page_number: int, per_page: int
+    outbox: Outbox,
+    status_filter: str,
+    query: str,
+    per_page: int,
+    *,
+    after: IndexPosition | None = None,
+    before: IndexPosition | None = None,
 ) -> Page:
     """Read one page: the search's sessions (if ``query``) or a page of the filter's
-    index, with the global counts and the workers (``Outbox.session_page``: two round
-    trips on a standalone server, however many sessions are stored). Raises
+    index, the first one or the one strictly ``after`` (or ``before``) a position, with
+    the global counts and the workers (``Outbox.session_page``: two round trips on a
+    standalone server, however many sessions are stored). A position without a score
+    outside an exact search gives the first page and a note. Raises
     :class:`OutboxUnavailable`.
     """
     page = Page()
     among = _search(outbox, query, page) if query else None
     index = "attention" if status_filter in ATTENTION_FILTERS else "allsessions"
+    position = after or before
+    if position is not None and position.score_ms is None and not page.exact:
+        page.notes.append((messages.WARNING, BAD_POSITION))
+        after = before = None
     read = outbox.session_page(
-        index, page_number, per_page, among=among, indexed_only=not page.exact
+        index, per_page, after=after, before=before, among=among, indexed_only=not page.exact
     )
+    if before is not None and not read.sessions:
+        # Nothing is left before that position: going back lands on the first page.
+        read = outbox.session_page(index, per_page, among=among, indexed_only=not page.exact)
     page.total = read.total
+    page.offset = read.offset
     page.sessions = [
         SessionView.of(f.workspace_id, f.session_id, f.snapshot, f.score_ms) for f in read.sessions
     ]
+    if read.sessions and read.has_next:
+        page.next_position = read.sessions[-1].position
+    if read.sessions and read.has_previous:
+        page.previous_position = read.sessions[0].position
     page.workers = read.workers
     page.workspaces = read.totals.workspaces
     page.sessions_total = read.totals.sessions

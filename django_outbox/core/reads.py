@@ -8,10 +8,11 @@ plain commands go through ``execute_many`` (routed by key on a cluster) and
 session reads through ``snapshots`` (the ``snapshot`` script).
 
 The global indices (``KeySpace.index_keys``) have one key on a standalone server and
-one copy per shard on Valkey Cluster. A page of an index reads the first
-``page * per_page`` members of every copy and merges them by score
-(:func:`merge_index_pages`), so it lists what one ZSET holding them all would list;
-with one copy the skip happens in Valkey and a page costs ``O(per_page)``.
+one copy per shard on Valkey Cluster. A page of an index continues from the position
+of a session a page showed (an :class:`~django_outbox.core.paging.IndexPosition`),
+never from an offset: every copy is read from that position and the copies are
+merged by score (``core.paging``), so a page lists what one ZSET holding them all
+would list, in ``O(per_page)`` rows and commands per copy however big the index.
 
 The heartbeat record (:class:`WorkerHeartbeat`) is written (:meth:`QueueReads.abeat`,
 called by ``core.worker.Worker.beat``) and read here: a worker is live while its heartbeat key
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,21 @@ from redis.exceptions import RedisClusterException
 from .base import OutboxBase
 from .entry import Entry
 from .errors import OutboxUnavailable
+from .paging import (
+    CopyPage,
+    IndexPosition,
+    ReadPlan,
+    Row,
+    copy_page_plan,
+    first_page_plan,
+    in_index_order,
+    merge_copies,
+    page_of_given,
+    page_of_sorted,
+    score_pairs,
+    side_by_side,
+)
+from .paging import as_text as _text
 from .rules import check_identifier
 
 HEARTBEAT_INTERVAL = 5.0  # seconds between a worker's heartbeats
@@ -51,9 +67,6 @@ PAGED_INDEXES = {"attention": False, "allsessions": True}
 COUNTED_INDEXES = (("SCARD", "workspaces"), ("ZCARD", "allsessions"), ("ZCARD", "attention"))
 
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException)
-
-#: A read plan: yields lists of plain commands, is sent their answers, returns its result.
-ReadPlan = Generator[list[tuple[Any, ...]], list[Any], Any]
 
 
 # =====================================================================================
@@ -130,24 +143,52 @@ class IndexTotals:
 @dataclass(frozen=True, slots=True)
 class IndexedSession:
     """A session of a page: its IDs, its index score (ms; None when it was not read from
-    an index) and its ``Snapshot`` (entries as ``Outbox.list`` gives them, and lease)."""
+    an index), its ``Snapshot`` (entries as ``Outbox.list`` gives them, and lease) and
+    its tie offset in its copy of the index (see :class:`IndexPosition`; 0 unknown)."""
 
     workspace_id: str
     session_id: str
     score_ms: float | None
     snapshot: Any
+    tie: int = 0
+
+    @property
+    def position(self) -> IndexPosition:
+        """Where this session stands: a page continues after (or before) it."""
+        return IndexPosition(self.score_ms, self.workspace_id, self.session_id, self.tie)
 
 
 @dataclass(frozen=True, slots=True)
 class SessionPage:
     """What :meth:`QueueReads.session_page` read: ``total`` sessions in the page's source
     (the index, or the sessions it was asked about), the page's ``sessions`` in order, the
-    global ``totals`` and the ``workers`` (live first, then most recently seen)."""
+    global ``totals`` and the ``workers`` (live first, then most recently seen).
+
+    ``offset``: sessions of the source before the page when it was read;
+    ``has_previous`` and ``has_next``: whether any come before or after it (paging
+    from ``sessions[0].position`` back, or ``sessions[-1].position`` on).
+    """
 
     total: int
     sessions: list[IndexedSession]
     totals: IndexTotals
     workers: list[WorkerHeartbeat]
+    offset: int = 0
+    has_previous: bool = False
+    has_next: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Located:
+    """A page found in its source: rows in index order, the source's size when known
+    (None: the index's, from the totals), ``passed`` rows at or before the position
+    and whether more follow the page, both in the reading direction."""
+
+    rows: list[Row]
+    total: int | None
+    passed: int
+    more: bool
+    ties: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,46 +254,6 @@ class ServerSettings:
 # =====================================================================================
 # helpers
 # =====================================================================================
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _pairs(values: Any) -> list[Any]:
-    """ZRANGE ... WITHSCORES answers as (member, score) pairs, whatever the client decoded."""
-    values = list(values or [])
-    if values and isinstance(values[0], tuple | list):
-        return values
-    return list(zip(values[::2], values[1::2], strict=True))
-
-
-def _members(values: list[Any]) -> list[tuple[str, str, float | None]]:
-    """``[member, score, ...]`` or ``[(member, score)]`` of "<ws> <ses>" members."""
-    out = []
-    for item in values:
-        member, score = item if isinstance(item, tuple | list) else (item, None)
-        ws, _, ses = _text(member).partition(" ")
-        if ws and ses:
-            out.append((ws, ses, None if score is None else float(score)))
-    return out
-
-
-def in_index_order(
-    found: list[tuple[str, str, float | None]], descending: bool
-) -> list[tuple[str, str, float | None]]:
-    """``(ws, ses, score)`` sorted as one index ZSET holding them all would list them:
-    by score, then member ``"<ws> <ses>"`` (ZRANGE), or both reversed (ZREVRANGE)."""
-    return sorted(found, key=lambda t: (t[2] or 0.0, f"{t[0]} {t[1]}"), reverse=descending)
-
-
-def merge_index_pages(answers: list[Any], descending: bool) -> list[tuple[str, str, float | None]]:
-    """Merge ZRANGE (or ZREVRANGE) ... WITHSCORES answers, one per copy of an index,
-    into one list in index order. If each copy gave its first ``n`` members, the
-    first ``n`` of the merge are exactly the first ``n`` of the whole index."""
-    return in_index_order(
-        [triple for answer in answers for triple in _members(_pairs(answer))], descending
-    )
 
 
 def _node_settings(node: str, client: Any) -> ServerSettings:
@@ -335,30 +336,17 @@ class QueueReads(OutboxBase):
     def _read(self, *plans: ReadPlan) -> list[Any]:
         """Run read plans side by side: each round trip sends what every unfinished plan
         asks for next (one ``execute_many``). A failed command raises its error."""
-        results: list[Any] = [None] * len(plans)
-        asked: dict[int, list[tuple[Any, ...]]] = {}
-
-        def advance(i: int, answers: list[Any] | None) -> None:
+        plan = side_by_side(*plans)
+        answers: list[Any] | None = None
+        while True:
             try:
-                asked[i] = plans[i].send(answers)  # type: ignore[arg-type]
+                calls = plan.send(answers)  # type: ignore[arg-type]
             except StopIteration as done:
-                asked.pop(i, None)
-                results[i] = done.value
-
-        for i in range(len(plans)):
-            advance(i, None)
-        while asked:
-            calls = [call for i in sorted(asked) for call in asked[i]]
+                return done.value
             answers = self.execute_many(calls) if calls else []
             for answer in answers:
                 if isinstance(answer, Exception):
                     raise answer
-            at = 0
-            for i in sorted(asked):
-                size = len(asked[i])
-                advance(i, answers[at : at + size])
-                at += size
-        return results
 
     def _ask(self, calls: list[tuple[Any, ...]]) -> list[Any]:
         """One round trip of plain commands; a failed command raises its error."""
@@ -379,21 +367,50 @@ class QueueReads(OutboxBase):
         ]
         return IndexTotals(*counts)
 
-    def _index_page_plan(self, index: str, start: int, per_page: int) -> ReadPlan:
+    def _index_page_plan(
+        self, index: str, per_page: int, position: IndexPosition | None, forward: bool
+    ) -> ReadPlan:
         descending = PAGED_INDEXES[index]
         copies = self.keys.index_keys(index)
-        skip = start if len(copies) == 1 else 0  # with one copy the skip happens in Valkey
-        order = "ZREVRANGE" if descending else "ZRANGE"
-        answers = yield [
-            *(("ZCARD", key) for key in copies),
-            *((order, key, skip, start + per_page - 1, "WITHSCORES") for key in copies),
-        ]
-        total = sum(int(n) for n in answers[: len(copies)])
-        merged = merge_index_pages(answers[len(copies) :], descending)
-        return total, merged[start - skip : start - skip + per_page]
+        need = per_page + 1  # one more than shown tells whether more follow
+        if position is None:
+            pages: list[CopyPage] = yield from side_by_side(
+                *(first_page_plan(key, need, descending) for key in copies)
+            )
+            rows, cut = merge_copies(pages, descending)
+        else:
+            seeking = descending if forward else not descending
+            # The position's tie offset is its own copy's: only that copy starts there.
+            own = self.keys.index(index, self.keys.shard_of(position.workspace_id))
+            pages = yield from side_by_side(
+                *(
+                    copy_page_plan(
+                        key,
+                        position,
+                        need,
+                        per_page,
+                        seeking,
+                        hint=position.tie if forward and key == own else 0,
+                        index_order=forward,
+                    )
+                    for key in copies
+                )
+            )
+            rows, cut = merge_copies(pages, seeking)
+        found = rows[:per_page]
+        ties = {member: tie for page in pages for member, tie in page.ties.items()}
+        passed = sum(page.passed for page in pages)
+        return _Located(
+            found if forward else found[::-1], None, passed, cut or len(rows) > per_page, ties
+        )
 
     def _index_filter_plan(
-        self, index: str, among: Sequence[tuple[str, str]], start: int, per_page: int
+        self,
+        index: str,
+        among: Sequence[tuple[str, str]],
+        per_page: int,
+        position: IndexPosition | None,
+        forward: bool,
     ) -> ReadPlan:
         # One ZMSCORE per copy, asking it about the sessions of its own workspaces.
         groups: dict[str, list[tuple[str, str]]] = {}
@@ -409,46 +426,77 @@ class QueueReads(OutboxBase):
             for (ws, ses), score in zip(members, answer, strict=True)
             if score is not None
         ]
-        return len(found), in_index_order(found, PAGED_INDEXES[index])[start : start + per_page]
+        descending = PAGED_INDEXES[index]
+        rows = in_index_order(found, descending)
+        page, passed, more = page_of_sorted(rows, position, per_page, descending, forward)
+        return _Located(page, len(found), passed, more, {})
 
     def session_page(
         self,
         index: str,
-        page: int,
         per_page: int,
         *,
+        after: IndexPosition | None = None,
+        before: IndexPosition | None = None,
         among: Sequence[tuple[str, str]] | None = None,
         indexed_only: bool = True,
     ) -> SessionPage:
-        """Page ``page`` (from 1) of ``per_page`` sessions of ``index`` (``"attention"``:
-        sessions needing attention, oldest first; ``"allsessions"``: newest first), with
-        the global totals and the workers, each session read with its snapshot.
+        """A page of ``per_page`` sessions of ``index`` (``"attention"``: sessions needing
+        attention, oldest first; ``"allsessions"``: newest first), with the global totals
+        and the workers, each session read with its snapshot.
+
+        The page is the first one, or the sessions strictly ``after`` a position (the
+        last session a page showed: ``SessionPage.sessions[-1].position``), or those
+        strictly ``before`` one (paging back from ``sessions[0].position``; fewer than
+        ``per_page`` when the index starts sooner). Sessions leaving or entering the
+        index elsewhere never move a session past a position, as an offset would.
 
         ``among`` pages only these ``(workspace, session)`` pairs: those the index holds,
-        in its order; with ``indexed_only=False`` all of them, in the order given.
+        in its order; with ``indexed_only=False`` all of them, in the order given (a
+        position not among them gives the first page).
+
         Costs two round trips (index page, totals and workers; the sessions' snapshots)
-        and one more for the workers' heartbeat records when any worker is known.
-        Raises ``ValueError`` for another index.
+        and one more for the workers' heartbeat records when any worker is known; each
+        copy of the index is read in O(``per_page``) commands and rows. Only a position
+        among more than ``per_page`` sessions of the same score (entered in the same
+        millisecond) whose place is unknown, or changed by more than a page, costs a few
+        more (see ``core.paging``). Raises ``ValueError`` for another index, for both
+        ``after`` and ``before``, or for a position without a score in an index.
         """
         if index not in PAGED_INDEXES:
             raise ValueError(f"not a pageable index: {index!r}")
-        start = (page - 1) * per_page
+        if after is not None and before is not None:
+            raise ValueError("a page is after a position or before one, not both")
+        position = after or before
+        forward = before is None
+        scored = among is None or indexed_only
+        if position is not None and position.score_ms is None and scored:
+            raise ValueError("a position in an index needs a score")
         if among is None:
-            locate = self._index_page_plan(index, start, per_page)
+            locate = self._index_page_plan(index, per_page, position, forward)
         elif indexed_only:
-            locate = self._index_filter_plan(index, among, start, per_page)
+            locate = self._index_filter_plan(index, among, per_page, position, forward)
         else:
-            chosen = [(ws, ses, None) for ws, ses in among[start : start + per_page]]
-            locate = _answer((len(among), chosen))
-        (total, chosen), totals, workers = self._read(
-            locate, self._totals_plan(), self._workers_plan()
-        )
+            if position is not None and (position.workspace_id, position.session_id) not in among:
+                position, forward = None, True  # not among them: the first page
+            page, passed, more = page_of_given(among, position, per_page, forward)
+            locate = _answer(_Located(page, len(among), passed, more, {}))
+        located, totals, workers = self._read(locate, self._totals_plan(), self._workers_plan())
+        total = located.total
+        if total is None:
+            total = totals.attention if index == "attention" else totals.sessions
+        chosen = located.rows
         snapshots = self.snapshots([(ws, ses) for ws, ses, _ in chosen]) if chosen else []
         sessions = [
-            IndexedSession(ws, ses, score, snapshot)
+            IndexedSession(ws, ses, score, snapshot, located.ties.get(f"{ws} {ses}", 0))
             for (ws, ses, score), snapshot in zip(chosen, snapshots, strict=True)
         ]
-        return SessionPage(total, sessions, totals, workers)
+        if forward:
+            offset, has_previous, has_next = located.passed, located.passed > 0, located.more
+        else:  # read backwards: ``passed`` lie at or after the position
+            offset = max(0, total - located.passed - len(sessions))
+            has_previous, has_next = located.more, located.passed > 0
+        return SessionPage(total, sessions, totals, workers, offset, has_previous, has_next)
 
     def index_totals(self) -> IndexTotals:
         """The global counts (one round trip; on a cluster every shard's copies are summed,
@@ -580,7 +628,7 @@ class QueueReads(OutboxBase):
 
     def _workers_plan(self) -> ReadPlan:
         (members,) = yield [("ZRANGE", self.keys.workers, 0, -1, "WITHSCORES")]
-        seen = [(_text(m), float(s) / 1000) for m, s in _pairs(members)]
+        seen = [(_text(m), float(s) / 1000) for m, s in score_pairs(members)]
         if not seen:
             return []
         # One GET each: the heartbeat keys are in different slots on a cluster.
