@@ -13,7 +13,7 @@ as far as the outbox uses them); this layer adds the tests' knobs::
 "turn" of ``Fault.delay`` seconds (``math.inf``: until the server stops) and
 answers the assistant message. Fault knobs, per route name (``create_session``,
 ``post_message``, ``list_messages``, ``get_message``): ``delay``, ``status``
-(answer it instead, nothing stored), ``cut`` (``"before_store"`` /
+(answer it instead, nothing stored; ``headers`` adds to that answer), ``cut`` (``"before_store"`` /
 ``"after_store"``: drop the connection after reading the request), ``body``
 (answer 200 with these raw bytes), ``huge`` (answer ``status`` or 200 with a body of
 that many bytes, made lazily as it is sent; ``declare_length=False`` sends it chunked,
@@ -50,6 +50,7 @@ class Fault:
 
     delay: float = 0.0  #: seconds before answering (POST message: the turn, after storing)
     status: int | None = None  #: answer this status instead (before storing anything)
+    headers: tuple[tuple[str, str], ...] = ()  #: with ``status``: extra headers (a Location)
     cut: str | None = None  #: "before_store" | "after_store": drop the connection
     body: bytes | None = None  #: answer 200 with these raw bytes instead
     huge: int | None = None  #: answer ``status`` (or 200) with this many bytes, made lazily
@@ -149,7 +150,9 @@ class FakeOpencode(FakeOpencodeServer):
             )
         if fault.status is not None:
             await sleep(fault.delay)
-            return injected_error(fault.status)
+            reply = injected_error(fault.status)
+            reply.headers.extend(fault.headers)
+            return reply
         if fault.body is not None:
             await sleep(fault.delay)
             return Reply(200, fault.body, [("content-type", "application/json")])

@@ -127,6 +127,28 @@ async def test_verifier_ignores_credentials_in_the_base_url_when_following_links
         assert len(agent.requests) == 2  # it authenticated: the 404 lookup, then page one
 
 
+@pytest.mark.parametrize("route", ["get_message", "list_messages", "post_message"])
+async def test_redirects_are_never_followed(agent, elsewhere, route):
+    """A redirect to another server is an answer like any other: for the verifier an
+    inconclusive pass, for the deliverer a definitive 3xx failure; nothing goes there."""
+    sid = agent.create_session()
+    if route == "list_messages":
+        agent.faults["get_message"] = Fault(status=404)
+    target = f"{elsewhere.base_url}/session/{sid}/message"
+    agent.faults[route] = Fault(status=307, headers=(("location", target),))
+    client = client_of(agent)
+    if route == "post_message":
+        with pytest.raises(OpencodeHTTPError) as info:
+            try:
+                await client.deliver(make_entry("hi"), workspace_id="w1", session_id=sid, attempt=1)
+            finally:
+                await client.aclose()
+        assert info.value.status == 307
+    else:
+        assert await verify(client, make_entry("ours"), sid) is Verdict.INCONCLUSIVE
+    assert elsewhere.requests == []
+
+
 # --- huge answers -------------------------------------------------------------------------
 
 

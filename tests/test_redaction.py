@@ -245,6 +245,24 @@ def test_every_package_logger_is_found():
     assert {"django_outbox", "django_outbox.worker"} <= package_logger_names()
 
 
+def test_importing_the_package_protects_every_package_logger():
+    """In a fresh interpreter, ``import django_outbox`` alone (no Django set up) gives every
+    package logger the redacting filter, before any of them logs."""
+    code = (
+        "import logging, sys, django_outbox\n"
+        "from django_outbox.core.redaction import RedactingFilter\n"
+        "names = sys.argv[1:]\n"
+        "bare = [n for n in names if not any(isinstance(f, RedactingFilter)"
+        " for f in logging.getLogger(n).filters)]\n"
+        "assert not bare, bare\n"
+    )
+    names = sorted(package_logger_names())
+    done = subprocess.run(
+        [sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.parametrize("name", sorted(package_logger_names()))
 def test_log_lines_and_tracebacks_of_every_package_logger_are_redacted(caplog, name):
     pw, token = fresh(), fresh("tok")

@@ -44,7 +44,10 @@ LOGGER_NAMES = (
 )
 
 # scheme://userinfo@ — greedy up to the last "@" before the host (a password may hold "@").
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#'\"<>`]*)@")
+# A scheme starts only where no scheme character precedes it: linear on any input.
+_USERINFO = re.compile(
+    r"(?P<scheme>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#'\"<>`]*)@"
+)
 _NAMES = (
     r"password|passwd|pwd|secret|client_secret|token|access_token|refresh_token|"
     r"api_key|apikey|api-key"

@@ -138,8 +138,9 @@ def check_model(model: object) -> None:
 # --- text the outbox did not write ----------------------------------------------------
 
 #: Characters past ``limit`` that :func:`clean_text` still redacts, so that a credential
-#: straddling the cut is removed whole before the cut.
-_REDACTION_MARGIN = 1024
+#: straddling the cut is removed whole before the cut (and what redaction removes
+#: cannot pull a cut credential's start into the kept text).
+_REDACTION_MARGIN = 16 * 1024
 #: Lone surrogates: what ``bytes.decode(errors="surrogateescape")`` leaves in a str for
 #: bytes that are not UTF-8. They cannot be encoded, stored or sent as JSON.
 _SURROGATES = re.compile("[\ud800-\udfff]")
