@@ -13,9 +13,10 @@ as far as the outbox uses them); this layer adds the tests' knobs::
 "turn" of ``Fault.delay`` seconds (``math.inf``: until the server stops) and
 answers the assistant message. Fault knobs, per route name (``create_session``,
 ``post_message``, ``list_messages``, ``get_message``): ``delay``, ``status``
-(answer it instead, nothing stored; ``headers`` adds to that answer), ``cut`` (``"before_store"`` /
+(answer it instead, nothing stored), ``cut`` (``"before_store"`` /
 ``"after_store"``: drop the connection after reading the request), ``body``
-(answer 200 with these raw bytes), ``huge`` (answer ``status`` or 200 with a body of
+(answer 200 with these raw bytes), ``headers`` (added to a ``status`` or ``body``
+answer), ``huge`` (answer ``status`` or 200 with a body of
 that many bytes, made lazily as it is sent; ``declare_length=False`` sends it chunked,
 without a ``content-length``). :meth:`stop` closes the listener and every
 connection (new connections are refused); :meth:`start` listens again on the
@@ -50,7 +51,7 @@ class Fault:
 
     delay: float = 0.0  #: seconds before answering (POST message: the turn, after storing)
     status: int | None = None  #: answer this status instead (before storing anything)
-    headers: tuple[tuple[str, str], ...] = ()  #: with ``status``: extra headers (a Location)
+    headers: tuple[tuple[str, str], ...] = ()  #: with ``status`` or ``body``: extra headers
     cut: str | None = None  #: "before_store" | "after_store": drop the connection
     body: bytes | None = None  #: answer 200 with these raw bytes instead
     huge: int | None = None  #: answer ``status`` (or 200) with this many bytes, made lazily
@@ -155,7 +156,7 @@ class FakeOpencode(FakeOpencodeServer):
             return reply
         if fault.body is not None:
             await sleep(fault.delay)
-            return Reply(200, fault.body, [("content-type", "application/json")])
+            return Reply(200, fault.body, [("content-type", "application/json"), *fault.headers])
         if name != "post_message":  # POST message sleeps in its turn, after storing
             await sleep(fault.delay)
         reply = await super().handle(name, request, *args)

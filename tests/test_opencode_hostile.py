@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
+import json
 import tracemalloc
+from urllib.parse import quote
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -147,6 +150,34 @@ async def test_redirects_are_never_followed(agent, elsewhere, route):
     else:
         assert await verify(client, make_entry("ours"), sid) is Verdict.INCONCLUSIVE
     assert elsewhere.requests == []
+
+
+async def test_a_compressed_answer_is_refused(agent):
+    """The verifier asks for no compression (what is read is what is counted: no
+    decompression bomb) and does not read an answer compressed anyway."""
+    sid = agent.create_session()
+    message = {"info": {"id": "msg_x", "role": "user"}, "parts": [{"type": "text", "text": "a"}]}
+    packed = gzip.compress(json.dumps(message).encode())
+    agent.faults["get_message"] = Fault(body=packed, headers=(("content-encoding", "gzip"),))
+    assert await verify(client_of(agent), make_entry("a"), sid) is Verdict.INCONCLUSIVE
+    assert agent.requests[-1].headers["accept-encoding"] == "identity"
+
+
+async def test_percent_encoded_url_credentials_authenticate():
+    """``user:password@`` in BASE_URL is decoded and sent as Basic auth, not kept in the URL."""
+    password = "p@ss:w/rd #9%"
+    async with FakeOpencode(password=password, username="bob") as agent:
+        sid = agent.create_session()
+        url = f"http://bob:{quote(password, safe='')}@127.0.0.1:{agent.port}/"
+        client = OpencodeClient(url, connect_timeout=1, verify_timeout=5)
+        assert client.base_url == agent.base_url and password not in repr(client)
+        entry = make_entry("hi")
+        try:
+            await client.deliver(entry, workspace_id="w1", session_id=sid, attempt=1)
+        finally:
+            await client.aclose()
+        assert await verify(client, entry, sid) is Verdict.DELIVERED
+        assert agent.user_texts(sid) == [["hi"]]
 
 
 # --- huge answers -------------------------------------------------------------------------
