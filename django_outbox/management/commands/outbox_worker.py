@@ -195,7 +195,7 @@ class Command(BaseCommand):
         if root.handlers or logging.getLogger().handlers:
             return
         handler = logging.StreamHandler(sys.stderr)
-        handler.addFilter(RedactingFilter())  # also what the package's children log
+        handler.addFilter(RedactingFilter())  # every record it writes, whichever package logger
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         root.addHandler(handler)
         root.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
