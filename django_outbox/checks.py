@@ -33,6 +33,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
 from .core.errors import OutboxUnavailable
 from .core.reads import ServerSettings, read_server_settings, redis_py_version
+from .core.redaction import redact
 
 CONNECT_TIMEOUT = 1.0
 
@@ -43,7 +44,7 @@ def _settings_or_error(errors: list[checks.CheckMessage]):
     except ImproperlyConfigured as exc:
         errors.append(
             checks.Error(
-                f"Invalid OUTBOX settings: {exc}",
+                f"Invalid OUTBOX settings: {redact(str(exc))}",
                 hint="Fix the named key; see the Settings section of django-outbox's README.",
                 id="django_outbox.E001",
             )
@@ -63,7 +64,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         except ImproperlyConfigured as exc:
             errors.append(
                 checks.Error(
-                    str(exc),
+                    redact(str(exc)),
                     hint=f"Point OUTBOX[{key!r}] at a callable (or a dotted path to one).",
                     id="django_outbox.E002",
                 )
@@ -100,7 +101,7 @@ def _valkey_settings(conf: Any, errors: list[checks.CheckMessage]) -> list[Serve
     except OutboxUnavailable as exc:
         errors.append(
             checks.Warning(
-                f"Valkey at {url} is unreachable: {exc}",
+                f"Valkey at {redact(url)} is unreachable: {redact(str(exc))}",
                 hint="Start Valkey or fix OUTBOX['VALKEY_URL'] (or OUTBOX_VALKEY_URL).",
                 id="django_outbox.W005",
             )

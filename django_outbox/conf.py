@@ -36,6 +36,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .core.config import Config, ConfigError, duration
+from .core.redaction import redact, remember_credentials, remember_url
 
 DEFAULT_ACCESS_POLICY = "django_outbox.policy.staff_only"
 CALLABLE_KEYS = ("DELIVERER", "VERIFIER", "LEDGER_PROBE", "ACCESS_POLICY")
@@ -52,8 +53,12 @@ OPENCODE_KEYS = frozenset(
         "TIMEOUT",
         "VERIFY_TIMEOUT",
         "CLOCK_SKEW",
+        "MAX_RESPONSE_BYTES",
     }
 )
+#: Default of ``OUTBOX["OPENCODE"]["MAX_RESPONSE_BYTES"]``: the most the verifier reads of
+#: one answer from the agent (16 MiB).
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -104,8 +109,10 @@ def _valkey_url(raw: dict[str, Any]) -> str:
             raise ImproperlyConfigured(
                 f"OUTBOX['CONNECTION_ALIAS']: CACHES[{alias!r}] has no LOCATION URL"
             )
+        remember_url(location)
         return location
     url = raw.get("VALKEY_URL") or os.environ.get("OUTBOX_VALKEY_URL") or "redis://127.0.0.1:6379/0"
+    remember_url(url)
     if not isinstance(url, str) or "://" not in url:
         raise ImproperlyConfigured(
             "OUTBOX['VALKEY_URL'] must be a URL such as redis://127.0.0.1:6379/0"
@@ -121,12 +128,19 @@ def _opencode_name(key: str) -> str:
 
 
 def _http_url(name: str, value: Any) -> str:
+    """``value`` without a trailing slash if it is an http(s) URL (its credentials are
+    remembered for redaction), else raise naming ``name`` (credentials redacted)."""
     if isinstance(value, str):
-        parts = urlsplit(value)
-        if parts.scheme in ("http", "https") and parts.netloc:
+        remember_url(value)
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            parts = None
+        if parts is not None and parts.scheme in ("http", "https") and parts.netloc:
             return value.rstrip("/")
+    shown = redact(value) if isinstance(value, str) else value
     raise ImproperlyConfigured(
-        f"{name} must be an http(s) URL such as http://127.0.0.1:4096, got {value!r}"
+        f"{name} must be an http(s) URL such as http://127.0.0.1:4096, got {shown!r}"
     )
 
 
@@ -148,8 +162,10 @@ class OpencodeSettings:
     is set. ``workspace_urls``: a dict ``{workspace_id: URL}`` (URLs checked), a
     callable ``(workspace_id) -> URL | None`` (sync or async), its dotted path
     (imported on first use, see :meth:`aurl_for`), or None. ``username`` /
-    ``password``: HTTP Basic (no auth when ``password`` is None). Timeouts and
-    ``clock_skew`` in float seconds; ``timeout`` defaults to ``DELIVERY_TIMEOUT``.
+    ``password``: HTTP Basic (no auth when ``password`` is None; credentials in a URL's
+    userinfo are used when it is). Timeouts and ``clock_skew`` in float seconds;
+    ``timeout`` defaults to ``DELIVERY_TIMEOUT``. ``max_response_bytes``: the most the
+    verifier reads of one answer (README "Security").
     """
 
     base_url: str | None
@@ -160,6 +176,7 @@ class OpencodeSettings:
     timeout: float = 600.0
     verify_timeout: float = 30.0
     clock_skew: float = 2.0
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 
     @cached_property
     def _workspace_lookup(self) -> Mapping[str, str] | Callable[[str], Any] | None:
@@ -234,6 +251,13 @@ def _opencode(raw: Any, delivery_timeout: float) -> OpencodeSettings | None:
     password = raw.get("PASSWORD")
     if password is not None and not isinstance(password, str):
         raise ImproperlyConfigured(f"{_opencode_name('PASSWORD')} must be a string or None")
+    remember_credentials(username, password)
+    max_bytes = raw.get("MAX_RESPONSE_BYTES", DEFAULT_MAX_RESPONSE_BYTES)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ImproperlyConfigured(
+            f"{_opencode_name('MAX_RESPONSE_BYTES')} must be an integer >= 1 (bytes), "
+            f"got {max_bytes!r}"
+        )
     return OpencodeSettings(
         base_url=base_url,
         workspace_urls=workspace_urls,
@@ -243,6 +267,7 @@ def _opencode(raw: Any, delivery_timeout: float) -> OpencodeSettings | None:
         timeout=_opencode_seconds(raw, "TIMEOUT", delivery_timeout),
         verify_timeout=_opencode_seconds(raw, "VERIFY_TIMEOUT", 30.0),
         clock_skew=_opencode_seconds(raw, "CLOCK_SKEW", 2.0, zero_ok=True),
+        max_response_bytes=max_bytes,
     )
 
 

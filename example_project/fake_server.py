@@ -33,6 +33,7 @@ import json
 import math
 import secrets
 import time
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,11 +63,18 @@ class Request:
 
 @dataclass
 class Reply:
-    """One HTTP answer; ``content-length`` is added when it is sent."""
+    """One HTTP answer; ``content-length`` is added when it is sent.
+
+    With ``stream``, the body is those chunks instead of ``body``, sent as they are made (a
+    huge answer costs the server one chunk of memory): ``length`` is then the declared
+    ``content-length``, or None for chunked transfer encoding.
+    """
 
     status: int
     body: bytes = b""
     headers: list[tuple[str, str]] = field(default_factory=list)
+    stream: AsyncIterable[bytes] | None = None
+    length: int | None = None
 
 
 @dataclass
@@ -243,6 +251,9 @@ class FakeOpencodeServer:
                 except Cut:
                     writer.transport.abort()
                     return
+                if reply.stream is not None:
+                    await self._send_stream(conn, writer, reply)
+                    break
                 data = conn.send(
                     h11.Response(
                         status_code=reply.status,
@@ -261,6 +272,21 @@ class FakeOpencodeServer:
         finally:
             self._tasks.discard(task)
             writer.transport.abort()
+
+    async def _send_stream(
+        self, conn: h11.Connection, writer: asyncio.StreamWriter, reply: Reply
+    ) -> None:
+        """Send a streamed reply chunk by chunk, waiting for the peer to take each one."""
+        assert reply.stream is not None
+        headers = list(reply.headers)
+        if reply.length is not None:
+            headers.append(("content-length", str(reply.length)))
+        writer.write(conn.send(h11.Response(status_code=reply.status, headers=headers)) or b"")
+        async for chunk in reply.stream:
+            writer.write(conn.send(h11.Data(data=chunk)) or b"")
+            await writer.drain()
+        writer.write(conn.send(h11.EndOfMessage()) or b"")
+        await writer.drain()
 
     async def _read(self, conn: h11.Connection, reader: asyncio.StreamReader) -> Request | None:
         head: h11.Request | None = None

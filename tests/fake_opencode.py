@@ -15,10 +15,15 @@ answers the assistant message. Fault knobs, per route name (``create_session``,
 ``post_message``, ``list_messages``, ``get_message``): ``delay``, ``status``
 (answer it instead, nothing stored), ``cut`` (``"before_store"`` /
 ``"after_store"``: drop the connection after reading the request), ``body``
-(answer 200 with these raw bytes). :meth:`stop` closes the listener and every
+(answer 200 with these raw bytes), ``headers`` (added to a ``status`` or ``body``
+answer), ``huge`` (answer ``status`` or 200 with a body of
+that many bytes, made lazily as it is sent; ``declare_length=False`` sends it chunked,
+without a ``content-length``). :meth:`stop` closes the listener and every
 connection (new connections are refused); :meth:`start` listens again on the
 same port. ``honour_message_id=False`` mimics a server that ignores the
-client's messageID; ``page_size`` paginates the transcript.
+client's messageID; ``page_size`` paginates the transcript, its ``Link: rel=next``
+pointing at ``next_link_base`` + path (default :attr:`FakeOpencode.base_url`; ``""``
+gives a relative link; another server's URL makes a hostile agent).
 """
 
 from __future__ import annotations
@@ -46,8 +51,25 @@ class Fault:
 
     delay: float = 0.0  #: seconds before answering (POST message: the turn, after storing)
     status: int | None = None  #: answer this status instead (before storing anything)
+    headers: tuple[tuple[str, str], ...] = ()  #: with ``status`` or ``body``: extra headers
     cut: str | None = None  #: "before_store" | "after_store": drop the connection
     body: bytes | None = None  #: answer 200 with these raw bytes instead
+    huge: int | None = None  #: answer ``status`` (or 200) with this many bytes, made lazily
+    declare_length: bool = True  #: with ``huge``: send a content-length (else chunked)
+
+
+#: One chunk of a ``huge`` body.
+HUGE_CHUNK = 64 * 1024
+
+
+async def huge_body(size: int):
+    """``size`` bytes of a JSON array that never closes (``[`` and spaces), made lazily."""
+    yield b"["
+    left = size - 1
+    blank = b" " * HUGE_CHUNK
+    while left > 0:
+        yield blank[: min(left, HUGE_CHUNK)]
+        left -= HUGE_CHUNK
 
 
 class FakeOpencode(FakeOpencodeServer):
@@ -59,6 +81,8 @@ class FakeOpencode(FakeOpencodeServer):
         super().__init__(password=password, username=username)
         self.port = port
         self.page_size: int | None = None  #: paginate the list like opencode's ?limit=
+        #: where ``Link: rel=next`` points: None is this server, "" a relative link
+        self.next_link_base: str | None = None
         self.faults: dict[str, Fault] = {}
         self.requests: list[Request] = []
         self._server: asyncio.Server | None = None
@@ -117,12 +141,22 @@ class FakeOpencode(FakeOpencodeServer):
         fault = self.faults.get(name, Fault())
         if fault.cut == "before_store":
             raise Cut
+        if fault.huge is not None:
+            await sleep(fault.delay)
+            return Reply(
+                fault.status or 200,
+                headers=[("content-type", "application/json")],
+                stream=huge_body(fault.huge),
+                length=fault.huge if fault.declare_length else None,
+            )
         if fault.status is not None:
             await sleep(fault.delay)
-            return injected_error(fault.status)
+            reply = injected_error(fault.status)
+            reply.headers.extend(fault.headers)
+            return reply
         if fault.body is not None:
             await sleep(fault.delay)
-            return Reply(200, fault.body, [("content-type", "application/json")])
+            return Reply(200, fault.body, [("content-type", "application/json"), *fault.headers])
         if name != "post_message":  # POST message sleeps in its turn, after storing
             await sleep(fault.delay)
         reply = await super().handle(name, request, *args)
@@ -145,6 +179,7 @@ class FakeOpencode(FakeOpencodeServer):
         start = max(0, end - self.page_size)
         reply = json_reply(200, transcript[start:end])
         if start > 0:
-            link = f"{self.base_url}/session/{sid}/message?limit={self.page_size}&before={start}"
+            base = self.base_url if self.next_link_base is None else self.next_link_base
+            link = f"{base}/session/{sid}/message?limit={self.page_size}&before={start}"
             reply.headers.append(("link", f'<{link}>; rel="next"'))
         return reply

@@ -49,6 +49,7 @@ from .paging import (
     side_by_side,
 )
 from .paging import as_text as _text
+from .redaction import redact
 from .rules import check_identifier
 
 HEARTBEAT_INTERVAL = 5.0  # seconds between a worker's heartbeats
@@ -277,7 +278,7 @@ def _node_settings(node: str, client: Any) -> ServerSettings:
 def _settings_of(client: Any, url: str, cluster: bool) -> list[ServerSettings]:
     if cluster:
         return [_node_settings(n.name, n.redis_connection) for n in client.get_primaries()]
-    return [_node_settings(url, client)]
+    return [_node_settings(redact(url), client)]  # a node is shown: never its password
 
 
 def read_server_settings(
@@ -302,7 +303,7 @@ def read_server_settings(
         finally:
             _close(client, cluster)
     except _UNREACHABLE as exc:
-        raise OutboxUnavailable(str(exc)) from exc
+        raise OutboxUnavailable(redact(str(exc))) from exc
 
 
 def _close(client: Any, cluster: bool) -> None:
@@ -680,7 +681,7 @@ class QueueReads(OutboxBase):
         try:
             return _settings_of(self.client, self.url, self.cluster)
         except _UNREACHABLE as exc:
-            raise OutboxUnavailable(str(exc)) from exc
+            raise OutboxUnavailable(redact(str(exc))) from exc
 
 
 def _asking(calls: list[tuple[Any, ...]]) -> ReadPlan:

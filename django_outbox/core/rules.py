@@ -20,6 +20,7 @@ from typing import Any
 
 from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier
 from .errors import _safe_str as _safe_str
+from .redaction import redact
 
 IDENTIFIER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: Characters a clientMessageID may use: printable ASCII, 1..128 of them.
@@ -136,6 +137,10 @@ def check_model(model: object) -> None:
 
 # --- text the outbox did not write ----------------------------------------------------
 
+#: Characters past ``limit`` that :func:`clean_text` still redacts, so that a credential
+#: straddling the cut is removed whole before the cut (and what redaction removes
+#: cannot pull a cut credential's start into the kept text).
+_REDACTION_MARGIN = 16 * 1024
 #: Lone surrogates: what ``bytes.decode(errors="surrogateescape")`` leaves in a str for
 #: bytes that are not UTF-8. They cannot be encoded, stored or sent as JSON.
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -143,14 +148,16 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 
 def clean_text(text: object, limit: int) -> str:
     """``text`` made safe to store and send: a str (anything else through
-    :func:`describe_error`'s safe ``str``), lone surrogates replaced by U+FFFD, at most
-    ``limit`` characters (an ellipsis marks a cut). For exception messages, verifier
-    output and agent replies: text the outbox did not write itself."""
+    :func:`describe_error`'s safe ``str``), lone surrogates replaced by U+FFFD,
+    credentials removed (:func:`~django_outbox.core.redaction.redact`, README
+    "Security"), at most ``limit`` characters (an ellipsis marks a cut). For exception
+    messages, verifier output and agent replies: text the outbox did not write itself."""
     if not isinstance(text, str):
         text = _safe_str(text)
     elif type(text) is not str:
         text = str.__str__(text)  # a str subclass with its own __str__ cannot interfere
-    text = _SURROGATES.sub("\ufffd", text)
+    # Redact before the cut (a cut URL would no longer look like one), on a bounded slice.
+    text = redact(_SURROGATES.sub("\ufffd", text[: limit + _REDACTION_MARGIN]))
     if len(text) > limit:
         text = text[: max(0, limit - 1)] + "\u2026"
     return text

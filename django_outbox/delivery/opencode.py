@@ -36,6 +36,13 @@ this module relies on against that server):
   (:class:`OpencodeSessionIDError`) instead of letting a 500 look ambiguous.
 * ``OPENCODE_SERVER_PASSWORD`` turns on HTTP Basic auth (user ``opencode``
   unless ``OPENCODE_SERVER_USERNAME``) on every route, including health.
+
+And from README "Security": the agent's credentials (``PASSWORD``, or a
+``user:password@`` in its URL, which is taken out of the URL and sent as Basic
+auth) go to the agent's origin only, never into an error text or a log line; the
+verifier reads at most ``MAX_RESPONSE_BYTES`` of any answer and the deliverer only
+a short excerpt of an error answer, so a hostile agent cannot grow the worker's
+memory.
 """
 
 from __future__ import annotations
@@ -43,19 +50,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
+import re
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote, urljoin
+from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 
-from ..conf import OpencodeSettings, outbox_settings
+from ..conf import DEFAULT_MAX_RESPONSE_BYTES, OpencodeSettings, outbox_settings
 from ..core.entry import Entry, Verdict, parse_time
+from ..core.redaction import remember_credentials
 from ..errors import AmbiguousError, TransientDeliveryError
 
 __all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "OpencodeClient",
     "OpencodeError",
     "OpencodeHTTPError",
@@ -71,6 +83,9 @@ __all__ = [
 #: counter, then 14 base62 characters); see ``django_outbox.core.entry.new_entry_id``.
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _ERROR_BODY_LIMIT = 500  # characters of an error body kept in the exception message
+_ERROR_BODY_BYTES = 4 * _ERROR_BODY_LIMIT  # the most the deliverer reads of an error body
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 class OpencodeError(Exception):
@@ -131,6 +146,55 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= _ERROR_BODY_LIMIT else text[:_ERROR_BODY_LIMIT] + "..."
 
 
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``(url without its userinfo, (username, password) or None)``; both percent-decoded.
+
+    ``http://opencode:p%40ss@host:4096`` gives ``("http://host:4096", ("opencode",
+    "p@ss"))``; a userinfo without ``:`` is a username with an empty password (as
+    httpx reads it). A URL that does not parse is returned as it is.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url, None
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    scheme = url.scheme.lower()
+    return scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(scheme)
+
+
+class _Unreadable(Exception):
+    """An answer the verifier will not read (too large, compressed, or a link elsewhere)."""
+
+
+def _json_array(text: str) -> Iterator[Any]:
+    """The elements of the JSON array ``text``, parsed one at a time (so only one is held
+    at once). Raises ``ValueError`` when ``text`` is not exactly one JSON array."""
+    decoder = json.JSONDecoder()
+    i = _JSON_SPACE.match(text).end()
+    if text[i : i + 1] != "[":
+        raise ValueError("not a JSON array")
+    i = _JSON_SPACE.match(text, i + 1).end()
+    if text[i : i + 1] != "]":
+        while True:
+            value, i = decoder.raw_decode(text, i)
+            yield value
+            i = _JSON_SPACE.match(text, i).end()
+            if text[i : i + 1] == "]":
+                break
+            if text[i : i + 1] != ",":
+                raise ValueError("malformed JSON array")
+            i = _JSON_SPACE.match(text, i + 1).end()
+    if _JSON_SPACE.match(text, i + 1).end() != len(text):
+        raise ValueError("extra data after the JSON array")
+
+
 def _user_message_has_text(message: Any, text: str) -> bool | None:
     """True/False if ``message`` is a well-formed ``{info, parts}`` object, None if malformed."""
     if not isinstance(message, dict):
@@ -150,14 +214,18 @@ class OpencodeClient:
     """Deliver outbox entries to one opencode server and verify them in its transcript.
 
     ``base_url``: the server, e.g. ``"http://127.0.0.1:4096"`` (a path prefix
-    is kept). ``username`` / ``password``: HTTP Basic credentials; no auth when
-    ``password`` is None. ``connect_timeout`` (seconds): to establish a
-    connection. ``timeout`` (seconds): for each read/write of the delivery POST,
-    which blocks for the whole assistant turn, so keep it long; the outbox's
-    ``DELIVERY_TIMEOUT`` bounds the attempt as a whole anyway.
+    is kept; a ``user:password@`` in it is taken out and used as the Basic
+    credentials unless ``password`` is given). ``username`` / ``password``: HTTP
+    Basic credentials; no auth when ``password`` is None (and the URL has none);
+    they are sent to ``base_url``'s origin only. ``connect_timeout`` (seconds):
+    to establish a connection. ``timeout`` (seconds): for each read/write of the
+    delivery POST, which blocks for the whole assistant turn, so keep it long;
+    the outbox's ``DELIVERY_TIMEOUT`` bounds the attempt as a whole anyway.
     ``verify_timeout`` (seconds): per read for the verifier's GETs.
     ``clock_skew`` (seconds): how far the agent's clock may run behind ours
     when the verifier looks for our text in the transcript (see :meth:`verify`).
+    ``max_response_bytes``: the most the verifier reads of one answer (a larger
+    one makes the verification inconclusive).
     ``transport``: an ``httpx`` async transport (tests).
 
     One ``httpx.AsyncClient`` is made per running event loop (a client must
@@ -174,11 +242,17 @@ class OpencodeClient:
         timeout: float = 600.0,
         verify_timeout: float = 30.0,
         clock_skew: float = 2.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        base_url, credentials = split_credentials(base_url)
+        if password is None and credentials is not None:
+            username, password = credentials
+        remember_credentials(username, password)  # never shown, wherever it appears
         self.base_url = base_url.rstrip("/")
         self.username = username
         self.password = password
+        self.max_response_bytes = int(max_response_bytes)
         self.connect_timeout = float(connect_timeout)
         self.timeout = float(timeout)
         self.verify_timeout = float(verify_timeout)
@@ -204,7 +278,8 @@ class OpencodeClient:
                     auth=auth,
                     timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
                     transport=self._transport,
-                    headers={"Accept": "application/json"},
+                    # identity: what is read is what is counted (no decompression bomb)
+                    headers={"Accept": "application/json", "Accept-Encoding": "identity"},
                 )
                 self._clients[loop] = client
             return client
@@ -237,6 +312,10 @@ class OpencodeClient:
         How an ending is classified (the outcomes of README "What happens to a message"):
 
         * 2xx → returns (delivered). The body is not read: the status is enough.
+          Of any other answer at most 2,000 bytes are read (for the error's
+          excerpt), so a huge or endless answer costs no memory; it does not
+          change the outcome either: an answer means the request was sent, so it
+          is never transient, and its status decides as below.
         * Nothing was sent → :class:`TransientDeliveryError` (``err`` = the httpx
           error): ``ConnectError`` (refused, unreachable, name resolution or TLS
           handshake failed), ``ConnectTimeout``, ``PoolTimeout`` (no pooled
@@ -299,11 +378,13 @@ class OpencodeClient:
             ) from exc
         status = response.status_code
         raw = b""
+        encoding = response.headers.get("content-encoding", "").strip().lower()
         try:
-            if not 200 <= status < 300:
-                async for chunk in response.aiter_bytes():
+            if not 200 <= status < 300 and encoding in ("", "identity"):
+                async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
                     raw += chunk
-                    if len(raw) >= 4 * _ERROR_BODY_LIMIT:
+                    if len(raw) >= _ERROR_BODY_BYTES:
+                        raw = raw[:_ERROR_BODY_BYTES]
                         break
         except httpx.HTTPError:
             pass  # the status is known; the body only decorates the error
@@ -328,14 +409,16 @@ class OpencodeClient:
            anything else → INCONCLUSIVE (that ID is ours; never resend onto it).
         2. On 404, make sure the transcript is readable:
            ``GET {base}/session/{sid}/message`` (following ``Link: rel=next``
-           pages if the server paginates). Our messageID in it with our text →
-           DELIVERED. A user message with a text part equal to ``entry.text``
-           whose ``time.created`` is at or after the start of the send window
-           (``entry.last_attempt_at``, else ``accepted_at``) minus ``clock_skew``
-           → DELIVERED (for servers that store prompts under their own IDs).
+           pages if the server paginates, on the agent's own origin only). Our
+           messageID in it with our text → DELIVERED. A user message with a
+           text part equal to ``entry.text`` whose ``time.created`` is at or
+           after the start of the send window (``entry.last_attempt_at``, else
+           ``accepted_at``) minus ``clock_skew`` → DELIVERED (for servers that
+           store prompts under their own IDs).
            Otherwise → ABSENT: safe to send again.
         3. Anything else (connection error, timeout, other status, non-JSON,
-           unexpected shape, an unknown session's 404 on the list) →
+           unexpected shape, an unknown session's 404 on the list, an answer over
+           ``max_response_bytes``, a next link to another origin) →
            INCONCLUSIVE; the outbox checks again later.
 
         Never raises for network or protocol problems. Residual risks: a
@@ -354,68 +437,101 @@ class OpencodeClient:
         client = self._client()
         timeout = httpx.Timeout(self.verify_timeout, connect=self.connect_timeout)
         try:
-            response = await client.get(
-                f"{self.base_url}/session/{sid}/message/{mid}", timeout=timeout
+            status, body, _ = await self._get(
+                client, f"{self.base_url}/session/{sid}/message/{mid}", timeout
             )
-        except httpx.HTTPError:
-            return Verdict.INCONCLUSIVE
-        if response.status_code == 200:
-            try:
-                found = _user_message_has_text(response.json(), entry.text)
-            except ValueError:
+            if status == 200:
+                found = _user_message_has_text(json.loads(body), entry.text)
+                return Verdict.DELIVERED if found else Verdict.INCONCLUSIVE
+            if status != 404:
                 return Verdict.INCONCLUSIVE
-            return Verdict.DELIVERED if found else Verdict.INCONCLUSIVE
-        if response.status_code != 404:
+            return await self._judge_transcript(
+                client, entry, mid, f"{self.base_url}/session/{sid}/message", timeout
+            )
+        except (httpx.HTTPError, _Unreadable, ValueError, RecursionError):
             return Verdict.INCONCLUSIVE
-        messages = await self._transcript(client, f"{self.base_url}/session/{sid}/message", timeout)
-        if messages is None:
-            return Verdict.INCONCLUSIVE
-        return self._judge_transcript(entry, mid, messages)
 
-    async def _transcript(
-        self, client: httpx.AsyncClient, url: str, limits: httpx.Timeout
-    ) -> list[Any] | None:
-        """The whole transcript as a list, or None if it could not be read completely."""
-        messages: list[Any] = []
-        next_url: str | None = url
-        for _ in range(100):
-            try:
-                response = await client.get(next_url, timeout=limits)
-                page = response.json() if response.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                return None
-            if not isinstance(page, list):
-                return None
-            messages.extend(page)
-            link = response.links.get("next", {}).get("url")
+    async def _get(
+        self, client: httpx.AsyncClient, url: str, limits: httpx.Timeout, *, paged: bool = False
+    ) -> tuple[int, bytearray, str | None]:
+        """GET ``url`` on the agent: ``(status, body, next page's URL or None)``.
+
+        Reads at most ``max_response_bytes`` of the body (raw: the client asks for no
+        compression). With ``paged``, the next page is ``Link: rel=next`` resolved
+        against ``url``. Raises ``httpx.HTTPError``, or :class:`_Unreadable` for a body
+        too large or compressed anyway, and for a next link to another origin (scheme,
+        host, port) or with credentials in it: the agent's credentials go to the agent
+        only.
+        """
+        limit = self.max_response_bytes
+        async with client.stream("GET", url, timeout=limits) as response:
+            encoding = response.headers.get("content-encoding", "").strip().lower()
+            if encoding not in ("", "identity"):
+                raise _Unreadable(f"a {encoding}-compressed answer, though none was asked for")
+            declared = response.headers.get("content-length", "").strip()
+            if declared.isdigit() and int(declared) > limit:
+                raise _Unreadable(f"an answer of {declared} bytes; the limit is {limit}")
+            body = bytearray()
+            async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
+                body += chunk
+                if len(body) > limit:
+                    raise _Unreadable(f"an answer over {limit} bytes")
+            link = response.links.get("next", {}).get("url") if paged else None
             if not link:
-                return messages
-            next_url = urljoin(str(response.url), link)
-        return None  # more pages than we are willing to read: partial
+                return response.status_code, body, None
+            try:
+                next_url = httpx.URL(urljoin(str(response.url), link))
+            except httpx.InvalidURL as exc:  # not an httpx.HTTPError
+                raise _Unreadable(f"an invalid next link: {exc}") from exc
+            if next_url.userinfo or _origin(next_url) != _origin(httpx.URL(self.base_url)):
+                raise _Unreadable("a next link to another origin")
+            return response.status_code, body, str(next_url)
 
-    def _judge_transcript(self, entry: Entry, mid: str, messages: list[Any]) -> Verdict:
+    async def _judge_transcript(
+        self, client: httpx.AsyncClient, entry: Entry, mid: str, url: str, limits: httpx.Timeout
+    ) -> Verdict:
+        """Step 2 of :meth:`verify` over every page of the transcript. Each page is read
+        whole and parsed one message at a time, so one page's text and one message are
+        all that is held. Raises what :meth:`_get` raises, and ``ValueError`` for a page
+        that is not a JSON array; the verdict of the first deciding message stands, but
+        only once every page was read."""
         try:
             window_ms = parse_time(entry.last_attempt_at or entry.accepted_at) // 1000
         except (TypeError, ValueError):
             return Verdict.INCONCLUSIVE
         window_ms -= int(self.clock_skew * 1000)
-        for message in messages:
-            has_text = _user_message_has_text(message, entry.text)
-            if has_text is None:
+        verdict: Verdict | None = None
+        next_url: str | None = url
+        for _ in range(100):
+            status, body, next_url = await self._get(client, next_url, limits, paged=True)
+            if status != 200:
                 return Verdict.INCONCLUSIVE
-            info = message["info"]
-            if info.get("id") == mid:
-                # Stored between our two GETs (or the server's lookup is inconsistent).
-                return Verdict.DELIVERED if has_text else Verdict.INCONCLUSIVE
-            if not has_text:
-                continue
-            times = info.get("time")
-            created = times.get("created") if isinstance(times, dict) else None
-            if isinstance(created, bool) or not isinstance(created, int | float):
-                return Verdict.INCONCLUSIVE  # our text, but we cannot place it in time
-            if created >= window_ms:
-                return Verdict.DELIVERED
-        return Verdict.ABSENT
+            text = body.decode(json.detect_encoding(body), "surrogatepass")
+            del body
+            for message in _json_array(text):
+                if verdict is None:
+                    verdict = self._judge_message(entry, mid, window_ms, message)
+            if next_url is None:
+                return Verdict.ABSENT if verdict is None else verdict
+        return Verdict.INCONCLUSIVE  # more pages than we are willing to read: partial
+
+    @staticmethod
+    def _judge_message(entry: Entry, mid: str, window_ms: int, message: Any) -> Verdict | None:
+        """DELIVERED or INCONCLUSIVE if ``message`` decides, None to look further."""
+        has_text = _user_message_has_text(message, entry.text)
+        if has_text is None:
+            return Verdict.INCONCLUSIVE
+        info = message["info"]
+        if info.get("id") == mid:
+            # Stored between our two GETs (or the server's lookup is inconsistent).
+            return Verdict.DELIVERED if has_text else Verdict.INCONCLUSIVE
+        if not has_text:
+            return None
+        times = info.get("time")
+        created = times.get("created") if isinstance(times, dict) else None
+        if isinstance(created, bool) or not isinstance(created, int | float):
+            return Verdict.INCONCLUSIVE  # our text, but we cannot place it in time
+        return Verdict.DELIVERED if created >= window_ms else None
 
 
 # --- settings-driven module functions ---------------------------------------------
@@ -468,6 +584,7 @@ async def client_for(workspace_id: str) -> OpencodeClient:
                 timeout=s.timeout,
                 verify_timeout=s.verify_timeout,
                 clock_skew=s.clock_skew,
+                max_response_bytes=s.max_response_bytes,
             )
         return client
 

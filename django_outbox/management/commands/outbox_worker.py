@@ -14,6 +14,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.conf import outbox_settings
+from django_outbox.core.redaction import RedactingFilter, redact
 from django_outbox.errors import OutboxUnavailable
 from django_outbox.outbox import get_outbox
 
@@ -144,9 +145,9 @@ class Command(BaseCommand):
             except Exception as exc:
                 if attempt == CONNECT_ATTEMPTS:
                     raise CommandError(
-                        f"Valkey at {outbox.url} is unreachable after {CONNECT_ATTEMPTS} attempts: "
-                        f"{exc}"
-                    ) from exc
+                        f"Valkey at {redact(outbox.url)} is unreachable after "
+                        f"{CONNECT_ATTEMPTS} attempts: {redact(str(exc))}"
+                    ) from None  # the chained traceback would show what the message hides
                 logger.warning(
                     "outbox worker: Valkey unreachable (%s); retrying in %.1fs", exc, delay
                 )
@@ -171,9 +172,9 @@ class Command(BaseCommand):
         try:
             live = outbox.live_workers()
         except OutboxUnavailable as exc:
-            raise CommandError(str(exc), returncode=1) from exc
+            raise CommandError(redact(str(exc)), returncode=1) from exc
         except Exception as exc:
-            raise CommandError(f"Valkey unreachable: {exc}", returncode=1) from exc
+            raise CommandError(f"Valkey unreachable: {redact(str(exc))}", returncode=1) from exc
         if not live:
             raise CommandError("no live outbox worker", returncode=1)
         for worker in live:
@@ -194,6 +195,7 @@ class Command(BaseCommand):
         if root.handlers or logging.getLogger().handlers:
             return
         handler = logging.StreamHandler(sys.stderr)
+        handler.addFilter(RedactingFilter())  # every record it writes, whichever package logger
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         root.addHandler(handler)
         root.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

@@ -1,0 +1,507 @@
+"""Credentials never leave the process (issue 15; README "Security").
+
+A password in ``VALKEY_URL`` or in the opencode agent's URL, the agent's ``PASSWORD`` and
+``Authorization`` values are removed from every text the outbox lets out: an entry's
+``lastError`` (REST, WebSocket events, admin), log lines and their tracebacks (in-process and
+from a real ``outbox_worker``), system check messages and the worker's start-up error.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import quote
+
+import pytest
+import redis
+from channels.layers import get_channel_layer
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.admin.utils import quote as admin_quote
+from django.core import checks
+from django.test import override_settings
+from django.urls import reverse
+from rest_framework.test import APIClient
+
+import django_outbox
+from django_outbox import get_outbox
+from django_outbox.conf import outbox_settings
+from django_outbox.delivery import opencode
+from django_outbox.ws.routing import websocket_urlpatterns
+
+from .helpers import aaccept, accept
+from .valkey import ValkeyServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOW_ALL = "tests.test_redaction.allow_all"
+OPENCODE_DELIVER = "django_outbox.delivery.opencode.deliver"
+WS, SES = "w1", "ses_redaction1"  # opencode session IDs start with "ses"
+STAFF = SimpleNamespace(
+    is_active=True, is_staff=True, is_superuser=True, username="root", pk=1, id=1
+)
+
+
+def allow_all(user, workspace_id, session_id, action):
+    """The access policy of these tests: what is shown, not who may see it, is tested here."""
+    return True
+
+
+def fresh(tag: str = "pw") -> str:
+    """A password no other test uses (redaction remembers configured ones process-wide)."""
+    return f"{tag}-{secrets.token_hex(6)}"
+
+
+def assert_hidden(text: str, *hidden: str) -> None:
+    for value in hidden:
+        assert value not in text, f"{value!r} leaked in {text!r}"
+
+
+def closed_port() -> int:
+    return free_port()  # nothing listens on it
+
+
+# --- the variants ---------------------------------------------------------------------------
+
+
+def opencode_block(variant: str) -> tuple[dict, list[str]]:
+    """``(OUTBOX["OPENCODE"], texts that must never be shown)`` for an agent that does not
+    answer (a closed port), its credentials given as ``variant`` says."""
+    port = closed_port()
+    if variant == "url":
+        pw = fresh()
+        return {"BASE_URL": f"http://opencode:{pw}@127.0.0.1:{port}"}, [pw]
+    if variant == "percent-encoded":
+        raw = f"p@ss:w/rd#%{secrets.token_hex(4)}"
+        encoded = quote(raw, safe="")
+        return {"BASE_URL": f"http://opencode:{encoded}@127.0.0.1:{port}"}, [raw, encoded]
+    if variant == "workspace-url":
+        pw = fresh()
+        url = f"http://agent:{pw}@127.0.0.1:{port}/prefix"
+        return {"WORKSPACE_URLS": {WS: url}}, [pw]
+    if variant == "password":
+        pw = fresh()
+        return {"BASE_URL": f"http://127.0.0.1:{port}", "PASSWORD": pw}, [pw]
+    raise AssertionError(variant)
+
+
+VARIANTS = ["url", "percent-encoded", "workspace-url"]
+
+
+async def one_step() -> None:
+    outbox = get_outbox()
+    try:
+        assert await outbox.adeliver_once(WS, SES)
+    finally:
+        await outbox.aclose()
+        await opencode.aclose()
+
+
+# --- lastError: REST, WebSocket, admin --------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_agent_credentials_stay_out_of_last_error_over_rest(django_user_model, variant):
+    block, hidden = opencode_block(variant)
+    settings = {"DELIVERER": OPENCODE_DELIVER, "OPENCODE": block, "ACCESS_POLICY": ALLOW_ALL}
+    user = django_user_model.objects.create_user(
+        "root", password=None, is_staff=True, is_superuser=True
+    )
+    client = APIClient()
+    client.force_login(user)
+    url = f"/outbox/api/workspaces/{WS}/sessions/{SES}/messages/"
+    with override_settings(OUTBOX=settings):
+        accepted = client.post(url, {"clientMessageID": "c1", "text": "hi"}, format="json")
+        assert accepted.status_code == 202, accepted.content
+        asyncio.run(one_step())
+        response = client.get(url)
+    assert response.status_code == 200
+    (entry,) = response.json()["entries"]
+    assert entry["lastError"].startswith("transient: could not connect to opencode at http://")
+    assert "127.0.0.1" in entry["lastError"]
+    assert_hidden(response.content.decode(), *hidden)
+
+
+@pytest.fixture
+def layers(valkey):
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
+        }
+    }
+    with override_settings(CHANNEL_LAYERS=config):
+        yield config
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_agent_credentials_stay_out_of_websocket_events(layers, variant):
+    block, hidden = opencode_block(variant)
+    settings = {"DELIVERER": OPENCODE_DELIVER, "OPENCODE": block, "ACCESS_POLICY": ALLOW_ALL}
+    with override_settings(OUTBOX=settings):
+        comm = WebsocketCommunicator(
+            URLRouter(websocket_urlpatterns), f"/ws/outbox/workspaces/{WS}/sessions/{SES}/"
+        )
+        comm.scope["user"] = STAFF
+        connected, _ = await comm.connect()
+        assert connected
+        frames = [await comm.receive_from(5)]  # the snapshot
+        await aaccept(get_outbox(), "k1", "hi", ws=WS, ses=SES)
+        await one_step()
+        while not any("could not connect" in f for f in frames):
+            frames.append(await comm.receive_from(5))
+        await comm.disconnect()
+        await get_outbox().aclose()
+        layer = get_channel_layer()
+        await layer.flush()
+        await layer.close_pools()
+    last = json.loads(frames[-1])
+    assert last["entry"]["lastError"].startswith("transient: could not connect to opencode")
+    assert_hidden("\n".join(frames), *hidden)
+
+
+@pytest.mark.django_db
+def test_admin_pages_show_no_credentials(admin_client):
+    pw, token = fresh(), fresh("tok")
+    outbox = get_outbox()
+    entry = accept(outbox, "k1", ws=WS, ses=SES)
+
+    async def deliver(entry, **kwargs):
+        raise RuntimeError(
+            f"lost redis://cache:{pw}@cache.internal:6379/0 (Authorization: Bearer {token})"
+        )
+
+    async def run():
+        try:
+            assert await outbox.adeliver_once(WS, SES, deliverer=deliver)
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(run())
+    ref = f"{WS}/{SES}/{entry.id}"
+    detail = admin_client.get(
+        reverse("admin:django_outbox_outboxentry_change", args=[admin_quote(ref)])
+    )
+    listing = admin_client.get("/admin/django_outbox/outboxentry/", {"status": "all"})
+    for page in (detail, listing):
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert "cache.internal" in text  # the error is shown, without its secrets
+        assert_hidden(text, pw, token)
+
+
+async def test_configured_passwords_are_removed_wherever_they_appear(make_outbox):
+    """A configured password is removed from any stored text, not only from a URL: here a
+    deliverer's own message quotes the agent's password and its Basic token."""
+    pw = fresh("agent")
+    basic = base64.b64encode(f"opencode:{pw}".encode()).decode()
+    block = {"BASE_URL": "http://127.0.0.1:4096", "PASSWORD": pw}
+
+    async def deliver(entry, **kwargs):
+        raise RuntimeError(f"login as opencode/{pw} refused; sent {basic!r}; password={pw}")
+
+    with override_settings(OUTBOX={"OPENCODE": block}):
+        outbox_settings()
+        outbox = make_outbox()
+        try:
+            await aaccept(outbox, "k1")
+            assert await outbox.adeliver_once("w1", "s1", deliverer=deliver)
+            (entry,) = await outbox.alist("w1", "s1")
+        finally:
+            await outbox.aclose()
+    assert entry.last_error.startswith("RuntimeError: login as opencode/")
+    assert_hidden(entry.last_error, pw, basic)
+
+
+# --- logs -----------------------------------------------------------------------------------
+
+
+def package_logger_names() -> set[str]:
+    """Every ``logging.getLogger("django_outbox...")`` name in the package's source."""
+    names = set()
+    for path in Path(django_outbox.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "getLogger"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("django_outbox")
+            ):
+                names.add(node.args[0].value)
+    return names
+
+
+def test_every_package_logger_is_found():
+    assert {"django_outbox", "django_outbox.worker"} <= package_logger_names()
+
+
+def test_importing_the_package_protects_every_package_logger():
+    """In a fresh interpreter, ``import django_outbox`` alone (no Django set up) gives every
+    package logger the redacting filter, before any of them logs."""
+    code = (
+        "import logging, sys, django_outbox\n"
+        "from django_outbox.core.redaction import RedactingFilter\n"
+        "names = sys.argv[1:]\n"
+        "bare = [n for n in names if not any(isinstance(f, RedactingFilter)"
+        " for f in logging.getLogger(n).filters)]\n"
+        "assert not bare, bare\n"
+    )
+    names = sorted(package_logger_names())
+    done = subprocess.run(
+        [sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(package_logger_names()))
+def test_log_lines_and_tracebacks_of_every_package_logger_are_redacted(caplog, name):
+    pw, token = fresh(), fresh("tok")
+    url = f"rediss://worker:{pw}@valkey.internal:6380/0"
+    logger = logging.getLogger(name)
+    with caplog.at_level(logging.INFO, logger=name):
+        logger.warning("cannot reach %s (%r)", url, {"authorization": f"Bearer {token}"})
+        try:
+            raise ConnectionError(f"Error connecting to {url}")
+        except ConnectionError:
+            logger.exception("step failed for %s", url)
+        logger.info("unix socket unix:///run/valkey.sock?db=0&password=%s", pw)
+    assert len(caplog.records) == 3
+    text = caplog.text
+    assert "valkey.internal" in text and "Traceback" in text and "ConnectionError" in text
+    assert_hidden(text, pw, token)
+
+
+async def test_the_delivery_log_line_is_redacted(caplog):
+    block, hidden = opencode_block("url")
+    settings = {"DELIVERER": OPENCODE_DELIVER, "OPENCODE": block}
+    with override_settings(OUTBOX=settings), caplog.at_level(logging.INFO, logger="django_outbox"):
+        await aaccept(get_outbox(), "k1", "hi", ws=WS, ses=SES)
+        await one_step()
+    assert "could not connect to opencode" in caplog.text
+    assert_hidden(caplog.text, *hidden)
+
+
+# --- a Valkey with a password -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def locked_valkey(tmp_path_factory):
+    """``(url with its password, password)`` of a Valkey that requires a password."""
+    server = ValkeyServer(tmp_path_factory.mktemp("locked")).start()
+    password = fresh("valkey")
+    client = redis.Redis(port=server.port)
+    client.config_set("requirepass", password)
+    client.close()
+    yield f"redis://default:{password}@127.0.0.1:{server.port}/0", password
+    server.stop()
+
+
+def worker_env(valkey_url: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OUTBOX_VALKEY_URL": valkey_url,
+        "DJANGO_SETTINGS_MODULE": "tests.secret_settings",
+        **extra,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.standalone
+def test_a_worker_process_logs_no_credentials(locked_valkey, make_outbox):
+    """A real ``outbox_worker -v 3`` on a password-protected Valkey, delivering to an agent
+    whose URL carries a password, that does not answer: its whole output is clean."""
+    valkey_url, valkey_pw = locked_valkey
+    agent_pw = fresh("agent")
+    accept(make_outbox(url=valkey_url, cluster=False), "k1", "hi", ws=WS, ses=SES)
+    env = worker_env(
+        valkey_url, OUTBOX_TEST_OPENCODE_URL=f"http://opencode:{agent_pw}@127.0.0.1:{closed_port()}"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "outbox_worker", "--once", "-v", "3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "could not connect to opencode at http://" in output  # the delivery was logged
+    assert_hidden(output, agent_pw, valkey_pw)
+
+
+# --- system checks and the worker's start-up error -------------------------------------------
+
+
+def unreachable_urls() -> list[tuple[str, list[str]]]:
+    """``(VALKEY_URL, hidden texts)``: each way a Valkey password is written, nothing there."""
+    port = closed_port()
+    pw, raw = fresh(), f"p@ss:w/rd%{secrets.token_hex(4)}"
+    sock = f"/tmp/outbox-test-{secrets.token_hex(4)}.sock"
+    return [
+        (f"redis://user:{pw}@127.0.0.1:{port}/0", [pw]),
+        (f"rediss://:{pw}@127.0.0.1:{port}/0", [pw]),
+        (f"redis://user:{quote(raw, safe='')}@127.0.0.1:{port}/0", [raw, quote(raw, safe="")]),
+        (f"unix://{sock}?db=0&password={pw}", [pw]),
+        (f"unix://:{pw}@{sock}?db=0", [pw]),
+        (f"redis://127.0.0.1:{port}/0?password={pw}", [pw]),
+        (f"redis://{pw}-is-also-the-user:{pw}@127.0.0.1:{port}/0", [pw]),
+    ]
+
+
+GOOD = {"DELIVERER": "tests.agents.deliver", "ACCESS_POLICY": ALLOW_ALL}
+
+
+@pytest.mark.parametrize("url, hidden", unreachable_urls())
+def test_unreachable_valkey_check_shows_no_password(monkeypatch, url, hidden):
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", url)
+    with override_settings(OUTBOX=GOOD):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.W005"]
+    text = "\n".join(f"{m.msg} {m.hint}" for m in messages)
+    assert "unreachable" in text
+    assert_hidden(text, *hidden)
+
+
+@pytest.mark.standalone
+def test_evicting_valkey_check_names_the_server_without_its_password(locked_valkey):
+    url, password = locked_valkey
+    client = redis.Redis.from_url(url)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with override_settings(OUTBOX={**GOOD, "VALKEY_URL": url}):
+            messages = checks.run_checks(tags=["outbox"], include_deployment_checks=True)
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+    assert "django_outbox.E003" in [m.id for m in messages]
+    text = "\n".join(m.msg for m in messages)
+    assert "127.0.0.1" in text
+    assert_hidden(text, password)
+
+
+def test_invalid_agent_url_check_shows_no_password():
+    pw = fresh()
+    block = {"BASE_URL": f"ftp://opencode:{pw}@127.0.0.1:4096"}
+    with override_settings(OUTBOX={**GOOD, "OPENCODE": block}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E001"]
+    assert "BASE_URL" in messages[0].msg
+    assert_hidden(messages[0].msg, pw)
+
+
+@pytest.mark.slow
+def test_manage_py_check_prints_no_password():
+    pw = fresh()
+    env = worker_env(f"redis://user:{pw}@127.0.0.1:{closed_port()}/0")
+    env["DJANGO_SETTINGS_MODULE"] = "tests.worker_settings"
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert "django_outbox.W005" in output and "127.0.0.1" in output
+    assert_hidden(output, pw)
+
+
+@pytest.mark.slow
+def test_worker_start_up_error_shows_no_password():
+    """``outbox_worker`` against an unreachable Valkey: it retries, then exits with an error
+    naming the server; neither the retries' log lines nor the error show the password."""
+    cases = unreachable_urls()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "django", "outbox_worker", "-v", "2"],
+            cwd=ROOT,
+            env=worker_env(url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for url, _ in cases
+    ]
+    for proc, (_, hidden) in zip(procs, cases, strict=True):
+        output, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 1, output
+        assert "unreachable after 5 attempts" in output, output
+        assert_hidden(output, *hidden)
+
+
+# --- the redaction rules ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, hidden, kept",
+    [
+        ("redis://user:Sekr1t@127.0.0.1:6379/0", "Sekr1t", "redis://user:***@127.0.0.1:6379/0"),
+        ("rediss://:Sekr1t@h:6380/1 down", "Sekr1t", "rediss://:***@h:6380/1 down"),
+        ("unix://:Sekr1t@/tmp/v.sock?db=0", "Sekr1t", "unix://:***@/tmp/v.sock?db=0"),
+        ("unix:///tmp/v.sock?db=0&password=Sekr1t", "Sekr1t", "unix:///tmp/v.sock?db=0&password="),
+        ("redis://h/0?password=Sekr1t&protocol=3", "Sekr1t", "&protocol=3"),
+        ("http://u:p%40ss@h:4096/x", "p%40ss", "http://u:***@h:4096/x"),
+        ("https://TOKEN123@github.com/x", "TOKEN123", "https://***@github.com/x"),
+        ("'redis://u:pw@h:1/0'", "pw@", "'redis://u:***@h:1/0'"),
+        ("redis://u:p@ss@h:1/0", "p@ss", "redis://u:***@h:1/0"),
+        ("Authorization: Basic b3BlbmNvZGU6c2VjcmV0", "b3BlbmNvZGU6", "Authorization: Basic ***"),
+        ("{'authorization': 'Bearer abc.def-123'}", "abc.def", "'authorization': 'Bearer ***'"),
+        ("header Bearer eyJhbGciOi.x.y sent", "eyJhbGciOi", "Bearer ***"),
+        ("kwargs password='Sekr1t' db=0", "Sekr1t", "password='***' db=0"),
+        ('{"password": "Sekr1t"}', "Sekr1t", '"password": "***"'),
+    ],
+)
+def test_redact_removes_credentials(text, hidden, kept):
+    from django_outbox.core.redaction import redact
+
+    redacted = redact(text)
+    assert hidden not in redacted and kept in redacted
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "could not connect to opencode at http://127.0.0.1:4096: ConnectError: refused",
+        "Basic authentication failed",
+        "WRONGPASS invalid username-password pair or user is disabled.",
+        "Error 111 connecting to 127.0.0.1:6379. Connection refused.",
+        "mail me at someone@example.com",
+        "timed out after 600.0s",
+    ],
+)
+def test_redact_leaves_text_without_credentials_alone(text):
+    from django_outbox.core.redaction import redact
+
+    assert redact(text) == text
+
+
+def test_a_remembered_password_is_removed_wherever_it_appears():
+    from django_outbox.core.redaction import redact, remember_url
+
+    raw = f"p@ss:w/rd-{secrets.token_hex(4)}"
+    remember_url(f"redis://user:{quote(raw, safe='')}@h:1/0")
+    text = f"AUTH {raw} failed; encoded {quote(raw, safe='')}; repr {raw!r}"
+    assert_hidden(redact(text), raw, quote(raw, safe=""))
+    assert redact(text).startswith("AUTH *** failed")
+
+
+def test_clean_text_redacts_before_cutting():
+    """A cut never leaves the start of a password behind: redaction runs on the whole text."""
+    from django_outbox.core.rules import MAX_ERROR_CHARS, clean_text
+
+    text = "x" * (MAX_ERROR_CHARS - 30) + "redis://user:Sekr1tSekr1tSekr1t@host:1/0"
+    cleaned = clean_text(text, MAX_ERROR_CHARS)
+    assert "Sekr1" not in cleaned and len(cleaned) <= MAX_ERROR_CHARS
