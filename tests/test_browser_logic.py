@@ -386,6 +386,20 @@ for (const [name, refused] of Object.entries(refusals)) {
   await until(() => p.state !== "pending");
   results.cookie.after = log.map((x) => x.csrf);
   ob.close();
+  // The page passes the token it was rendered with: the cookie still tells a later login.
+  globalThis.document.cookie = "csrftoken=T3";
+  const log2 = [];
+  const ob2 = createOutbox({ ...fast, csrfToken: "rendered", storage: newStorage(),
+    fetch: scriptedFetch([new TypeError("offline")], log2), backoff: { initial: 30, max: 30 } });
+  const p2 = watch(ob2.send("w", "s1", "mine"));
+  await until(() => log2.length === 1);
+  globalThis.document.cookie = "csrftoken=T4";
+  await sleep(80);
+  let refused = null;
+  try { await ob2.dismiss("w", "s1", "e1"); } catch (e) { refused = e.code; }
+  results.rendered = { posts: log2.map((x) => x.csrf), hold: ob2.hold()?.code,
+    settled: p2.state, dismiss: refused };
+  ob2.close();
   delete globalThis.document;
 }
 // 5. users on one browser: prompts are per user; a page rendered for another user holds
@@ -400,6 +414,10 @@ for (const [name, refused] of Object.entries(refusals)) {
     fetch: scriptedFetch([offline(), offline(), offline(), ok("a1")], log1),
     backoff: { initial: 20, max: 20 } });
   const p = watch(a.send("w", "s1", "alice's"));
+  FakeWS.all = [];
+  const aliceViews = [];
+  a.subscribe("w", "s1", (v) => aliceViews.push(v));
+  FakeWS.all[0].frame({ type: "queue.snapshot", version: 1, entries: [] });
   await until(() => log1.length === 1);
   const b = createOutbox({ ...perUser, user: "bob", storage: t2.storage, window: t2.win,
     fetch: scriptedFetch([{ status: 202, body: { id: "b1" } }], log2) });
@@ -411,13 +429,15 @@ for (const [name, refused] of Object.entries(refusals)) {
       .map((k) => k.split(":pending:")[0]),
     alicePosts: log1.length, bobPosts: log2.length, bobSees: b.pending().length,
     hold: a.hold()?.code, settled: p.state,
+    socket: { closed: FakeWS.all[0].readyState === 3, error: aliceViews.at(-1).error?.code,
+      sockets: FakeWS.all.length },
   };
   const a2 = createOutbox({ ...perUser, user: "alice", storage: t3.storage, window: t3.win,
     fetch: scriptedFetch([{ status: 200, body: { id: "a1", duplicate: true } }], log3) });
   await until(() => p.state !== "pending");
   await until(() => pendingIn(t1.storage, "django-outbox:alice:pending:").length === 0);
   results.users.after = { settled: p.value.id, hold: a.hold(), bobPosts: log2.length,
-    posts: log1.length + log3.length };
+    sockets: FakeWS.all.length };
   for (const ob of [a, b, a2]) ob.close();
   let thrown = null;
   try { createOutbox({ storage: newStorage() }); } catch (e) { thrown = e.name; }
@@ -572,14 +592,21 @@ def test_outbox_js_keeps_prompts_through_logins_users_and_tabs(tmp_path):
         "stored": 1,
         "after": ["T1", "T2"],
     }
+    assert r["rendered"] == {
+        "posts": ["rendered"],
+        "hold": "login_changed",
+        "settled": "pending",
+        "dismiss": "login_changed",
+    }
     # Per-user keys; bob's page neither sends nor lists alice's prompt; alice's open tab
     # holds it once bob's page loads, and sends it when a page of alice's loads.
     u = r["users"]
     assert u["keys"] == ["django-outbox:alice"]
     assert u["alicePosts"] == 1 and u["bobPosts"] == 0 and u["bobSees"] == 0
     assert u["hold"] == "other_user" and u["settled"] == "pending"
-    assert u["after"]["settled"] == "a1" and u["after"]["hold"] is None
-    assert u["after"]["bobPosts"] == 0
+    # ... and stops watching the queue as alice (a reconnect would carry bob's cookie).
+    assert u["socket"] == {"closed": True, "error": "other_user", "sockets": 1}
+    assert u["after"] == {"settled": "a1", "hold": None, "bobPosts": 0, "sockets": 2}
     assert u["noUser"] == "TypeError"
     # Two tabs: whichever tab learns a prompt's fate, the sending tab's promise settles.
     t = r["tabs"]

@@ -351,7 +351,8 @@ def test_a_second_user_on_the_same_browser_never_sends_the_first_users_prompt(br
         late = [r for r in b.posts() if r["at"] >= switched]
         assert late == [], late
         assert text_a in b.pending_texts()
-        b.until(lambda: b.shown("queue-hold"), "A's tab says the login changed")
+        b.until(lambda: b.shown("queue-hold"), "A's tab says another user logged in")
+        assert b.text("connection") == "paused"  # no longer watching the queue as A
         save_screenshot(b.driver, "outbox-other-user")
         assert text_a not in b.on("second").transcript()
         assert b.row_state(text_a) is None
@@ -362,6 +363,7 @@ def test_a_second_user_on_the_same_browser_never_sends_the_first_users_prompt(br
         b.until(lambda: b.row_state(text_a) == "sent", "A's prompt delivered")
         b.on("A").until(lambda: b.text("send-note") in ACCEPTED_NOTES, "A's send() settled")
         b.until(lambda: not b.shown("queue-hold"), "A's notice gone")
+        b.until(lambda: b.text("connection") == "live", "A's tab watching again")
         lines = b.on("second").transcript()
         assert [lines.count(t) for t in (text_a, text_b)] == [1, 1], lines
         assert b.pending_texts() == []

@@ -224,28 +224,30 @@ export function createOutbox(options = {}) {
 
   // -- the CSRF token: the one of the login this page was rendered for ---------------
 
-  let token = typeof opts.csrfToken === "string" ? opts.csrfToken : "";
+  // Django rotates the CSRF cookie at every login: its value when the page was rendered
+  // marks that login, whichever token mode is used.
+  let loginMark = readCookie(opts.csrfCookie);
   const cookieMode = !opts.csrfToken;
-  if (cookieMode) token = readCookie(opts.csrfCookie);
+  let token = cookieMode ? loginMark : typeof opts.csrfToken === "string" ? opts.csrfToken : "";
 
   function csrf() {
     if (typeof opts.csrfToken === "function") return opts.csrfToken();
-    if (cookieMode && !token) token = readCookie(opts.csrfCookie); // no cookie at start
+    if (cookieMode && !token) token = loginMark = readCookie(opts.csrfCookie); // none at start
     return token;
   }
 
-  /** True when a login happened on this browser since our token was taken. */
+  /** True when a login happened on this browser since this page's login. */
   function loginChanged() {
-    if (!cookieMode || !token) return false;
+    if (!loginMark) return false;
     const now = readCookie(opts.csrfCookie);
-    return Boolean(now) && now !== token;
+    return Boolean(now) && now !== loginMark;
   }
 
   const messagesURL = (workspace, session) =>
     `${base}api/workspaces/${encodeURIComponent(workspace)}/sessions/` +
     `${encodeURIComponent(session)}/messages/`;
 
-  const doFetch = (url, init) => (opts.fetch || globalThis.fetch)(url, init);
+  const doFetch = (url, init) => (opts.fetch ? opts.fetch(url, init) : globalThis.fetch(url, init));
 
   // -- localStorage: one key per prompt, written once, removed once ------------------
 
@@ -385,6 +387,9 @@ export function createOutbox(options = {}) {
     };
     clearTimeout(timer);
     timer = null;
+    // This page's user is gone from the browser: stop watching as them (a reconnect
+    // would carry the other user's cookie).
+    if (code === "other_user") for (const sub of subscriptions) sub._suspend(loginHold.detail);
     emit({ type: "held", hold: loginHold, item, status: loginHold.status });
   }
 
@@ -414,7 +419,8 @@ export function createOutbox(options = {}) {
       holdLogin("other_user");
       return false;
     }
-    if (cookieMode) token = readCookie(opts.csrfCookie) || csrfToken || token;
+    loginMark = readCookie(opts.csrfCookie);
+    if (cookieMode) token = loginMark || csrfToken || token;
     else if (typeof opts.csrfToken === "string" && csrfToken) token = csrfToken;
     const was = loginHold || sessionHolds.size;
     loginHold = null;
@@ -603,6 +609,8 @@ export function createOutbox(options = {}) {
   function cancel(clientMessageID) {
     const item = find(clientMessageID) ||
       waiters.get(clientMessageID)?.item || { clientMessageID };
+    // The session's next prompt gets its own try (the refusal was this one's).
+    if (item.workspace !== undefined) sessionHolds.delete(pairKey(item.workspace, item.session));
     settle(item, { type: "cancelled" });
     emit({ type: "cancelled", item });
     pump();
@@ -611,9 +619,9 @@ export function createOutbox(options = {}) {
   // -- retry / dismiss -------------------------------------------------------------------
 
   async function call(method, url) {
-    if (loginChanged()) {
-      holdLogin("login_changed");
-      throw new OutboxError(0, "login_changed", HOLD_DETAILS.login_changed);
+    if (loginChanged() && loginHold?.code !== "other_user") holdLogin("login_changed");
+    if (loginHold?.code === "login_changed" || loginHold?.code === "other_user") {
+      throw new OutboxError(0, loginHold.code, loginHold.detail);
     }
     const response = await doFetch(url, {
       method,
@@ -867,9 +875,26 @@ class Subscription {
     };
   }
 
-  /** Our user logged in again: a socket a 4403 stopped may be let in now. */
+  /** Another user logged in on this browser: close the socket until ours is back. */
+  _suspend(detail) {
+    if (this.closed) return;
+    this.stopped = "other_user";
+    this.error = { code: "other_user", detail };
+    clearTimeout(this.reconnectTimer);
+    clearTimeout(this.gapTimer);
+    this.gapTimer = null;
+    this.held = [];
+    this.resyncAsked = false;
+    const ws = this.ws;
+    this.ws = null;
+    this.connected = false;
+    ws?.close(1000);
+    this._render();
+  }
+
+  /** Our user logged in again: a socket a 4403 or another user's login stopped reopens. */
   _loggedIn() {
-    if (this.stopped === 4403) this.reconnect();
+    if (this.stopped === 4403 || this.stopped === "other_user") this.reconnect();
     else this._render();
   }
 

@@ -211,9 +211,11 @@ function render(view) {
   list.replaceChildren(...rows);
   $("queue-empty").hidden = rows.length > 0;
   const badge = $("connection");
-  badge.textContent = view.error ? view.error.detail : view.connected ? "live" : "reconnecting…";
+  // "other_user": paused until this page's user logs in again (the hold below says so).
+  const paused = view.error?.code === "other_user";
+  badge.textContent = paused ? "paused" : view.error ? view.error.detail : view.connected ? "live" : "reconnecting…";
   badge.className = `badge ${view.connected ? "live" : "offline"}`;
-  if (view.error) showError(view.error.detail);
+  if (view.error && !paused) showError(view.error.detail);
   renderHold(view.hold);
   const sent = view.entries.filter((r) => r.state === "sent").length;
   if (sent !== sentSeen) {
