@@ -91,6 +91,7 @@ function scriptedFetch(answers, log) {
     return {
       status: a.status,
       ok: a.status < 300,
+      redirected: Boolean(a.redirected),
       headers: { get: (h) => (a.headers || {})[h] || null },
       json: async () => {
         if (a.body === "html") throw new SyntaxError("not JSON");
@@ -142,6 +143,7 @@ SENDING = r"""
     { status: 503, headers: { "Retry-After": "0" }, body: { code: "unavailable" } },
     { status: 429, body: { code: "outbox_full" } },
     { status: 408 },
+    { status: 200, body: "html" }, // a 200 that names no entry proves nothing
     { status: 202, body: { id: "e1", text: "hi" } },
   ];
   let storedFirst = null;
@@ -288,6 +290,8 @@ const refusals = {
   csrf: refusal(403, "permission_denied",
     "CSRF Failed: CSRF token from the 'X-Csrftoken' HTTP header incorrect."),
   bare401: { status: 401, body: "html" },
+  // LoginRequiredMiddleware: a 302 to the login page, which fetch follows (200, HTML)
+  redirect: { status: 200, redirected: true, body: "html" },
 };
 const ok = (id) => ({ status: 202, body: { id } });
 // 1. a login refusal keeps the prompt, holds every send, and the same user's login resumes
@@ -461,8 +465,20 @@ for (const [name, refused] of Object.entries(refusals)) {
   await until(() => two.pending("w", "s3").length === 1);
   two.cancel(two.pending("w", "s3")[0].clientMessageID);
   await until(() => cancelled.state !== "pending");
+  // A prompt that vanished without a storage event (a page back from the back/forward
+  // cache misses them): the tab asks the server again, with the same ID.
+  const log3 = [];
+  const three = createOutbox({ ...fast, storage: t2.storage, window: new EventTarget(),
+    fetch: scriptedFetch([new TypeError("offline"), { status: 200, body: { id: "e9" } }], log3),
+    backoff: { initial: 50, max: 50 } });
+  const lost = watch(three.send("w", "s4", "q"));
+  await until(() => log3.length === 1);
+  for (const k of [...origin.m.keys()]) if (k.includes(":pending:")) origin.m.delete(k);
+  await until(() => lost.state !== "pending");
   results.tabs = { sent: sent.value, big: big.value, cancelled: cancelled.value,
+    lost: [lost.value, log3.length],
     stored: [...origin.m.keys()].filter((k) => k.includes(":pending")) };
+  three.close();
   one.close();
   two.close();
 }
@@ -490,13 +506,14 @@ def run_node(tmp_path: Path, script: str) -> dict:
 
 def test_outbox_js_sends_orders_resumes_and_follows_the_queue(tmp_path):
     r = run_node(tmp_path, SENDING)
-    # Network error, 503, 429 and 408 are resent with the same key until the 202.
+    # Network error, 503, 429, 408 and a 200 without an entry are resent with the same
+    # key until the 202.
     assert r["retried"]["result"] == {
         "status": "accepted",
         "id": "e1",
         "entry": {"id": "e1", "text": "hi"},
     }
-    assert r["retried"]["posts"] == 5 and r["retried"]["keys"] == 1
+    assert r["retried"]["posts"] == 6 and r["retried"]["keys"] == 1
     assert r["retried"]["url"] == "/outbox/api/workspaces/w/sessions/ses_1/messages/"
     assert r["retried"]["csrf"] == "tok"
     assert r["retried"]["storedFirst"] == "hi"  # in localStorage before the first POST
@@ -544,14 +561,15 @@ def test_outbox_js_sends_orders_resumes_and_follows_the_queue(tmp_path):
 
 def test_outbox_js_keeps_prompts_through_logins_users_and_tabs(tmp_path):
     r = run_node(tmp_path, AUTH)
-    # A login refusal (403 not_authenticated, 401, a CSRF failure, a bare 401) keeps the
-    # prompt, holds every session, resends nothing, leaves send() unsettled; the same
-    # user's login sends both.
+    # A login refusal (403 not_authenticated, 401, a CSRF failure, a bare 401, a redirect
+    # to the login page) keeps the prompt, holds every session, resends nothing, leaves
+    # send() unsettled; the same user's login sends both.
     codes = {
         "expired": (403, "not_authenticated"),
         "token": (401, "not_authenticated"),
         "csrf": (403, "csrf_failed"),
         "bare401": (401, "not_authenticated"),
+        "redirect": (200, "not_authenticated"),
     }
     for name, (status, code) in codes.items():
         assert r[name]["heldView"] == {
@@ -613,4 +631,5 @@ def test_outbox_js_keeps_prompts_through_logins_users_and_tabs(tmp_path):
     assert t["sent"] == {"status": "accepted", "id": "e1", "entry": {"id": "e1", "text": "x"}}
     assert t["big"] == {"status": 413, "code": "too_large", "name": "OutboxError"}
     assert t["cancelled"] == {"status": 0, "code": "cancelled", "name": "OutboxError"}
+    assert t["lost"] == [{"status": "duplicate", "id": "e9", "entry": None}, 2]
     assert t["stored"] == []

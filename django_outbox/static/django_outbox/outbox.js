@@ -134,7 +134,13 @@ function byAge(a, b) {
  * {reason: "login"} holds every prompt of this client until its user is logged in again;
  * {reason: "forbidden"} holds the session's prompts (the access policy refused it).
  */
-function authHold(status, data) {
+function authHold(status, data, redirected = false) {
+  if (redirected) {
+    // An API call answered by a redirect (followed by fetch): a login page, most likely
+    // (e.g. LoginRequiredMiddleware). Never an acknowledgement.
+    return { reason: "login", code: "not_authenticated", status, serverCode: "redirected",
+      detail: "the server redirected the request (to a login page?)" };
+  }
   if (status !== 401 && status !== 403) return null;
   const code = data?.code || "";
   const detail = data?.detail || "";
@@ -491,8 +497,20 @@ export function createOutbox(options = {}) {
       return;
     }
     const now = Date.now();
+    const items = all();
+    // One of our send()s whose prompt is gone from storage without our hearing how it
+    // ended (a page back from the back/forward cache misses storage events; storage
+    // cleared): ask the server again with the same clientMessageID (200 if accepted).
+    const present = new Set(items.map((x) => x.clientMessageID));
+    let missing = false;
+    for (const [id, waiter] of waiters) {
+      if (!present.has(id)) {
+        unstored.set(id, waiter.item);
+        missing = true;
+      }
+    }
     const heads = new Map();
-    for (const item of all()) {
+    for (const item of missing ? all() : items) {
       const key = pairKey(item.workspace, item.session);
       if (!heads.has(key)) heads.set(key, item);
     }
@@ -523,6 +541,7 @@ export function createOutbox(options = {}) {
     let status = 0;
     let data = null;
     let retryAfter = 0;
+    let redirected = false;
     let error = "";
     state.sending = true;
     emit({ type: "sending", item });
@@ -539,6 +558,7 @@ export function createOutbox(options = {}) {
         signal: controller.signal,
       });
       status = response.status;
+      redirected = Boolean(response.redirected);
       retryAfter = Number(response.headers.get("Retry-After")) || 0;
       data = await response.json().catch(() => null);
     } catch (err) {
@@ -548,8 +568,11 @@ export function createOutbox(options = {}) {
       inFlight.delete(key);
       state.sending = false;
     }
-    const hold = authHold(status, data);
-    if (status === 202 || status === 200) {
+    const hold = authHold(status, data, redirected);
+    // An acknowledgement names the entry; a 200 without one (an HTML page from a proxy,
+    // say) proves nothing and is retried like a 5xx.
+    const acked = !hold && (status === 202 || status === 200) && typeof data?.id === "string";
+    if (acked) {
       const type = status === 202 ? "accepted" : "duplicate";
       const entry = status === 202 ? data : null;
       if (entry) adopt(item, entry);
@@ -559,7 +582,7 @@ export function createOutbox(options = {}) {
       state.lastError = `HTTP ${status}${hold.serverCode ? " " + hold.serverCode : ""}`;
       if (hold.reason === "login") holdLogin(hold.code, hold, item);
       else holdSession(key, hold, item);
-    } else if (status && status < 500 && status !== 408 && status !== 429) {
+    } else if (status >= 300 && status < 500 && status !== 408 && status !== 429) {
       const error = new OutboxError(status, data?.code, data?.detail);
       settle(item, { type: "rejected", status, code: error.code, detail: error.detail });
       emit({ type: "rejected", item, status, error });
@@ -629,6 +652,10 @@ export function createOutbox(options = {}) {
       headers: { Accept: "application/json", [opts.csrfHeader]: csrf() },
     });
     const data = response.status === 204 ? null : await response.json().catch(() => null);
+    if (response.redirected) {
+      const detail = "the server redirected the request (to a login page?)";
+      throw new OutboxError(response.status, "not_authenticated", detail);
+    }
     if (!response.ok) throw new OutboxError(response.status, data?.code, data?.detail);
     return data;
   }
@@ -674,21 +701,15 @@ export function createOutbox(options = {}) {
       progress.delete(clientMessageID);
       unstored.delete(clientMessageID);
       finish(clientMessageID, value.outcome);
-    } else if (newValue === null && waiters.has(clientMessageID)) {
-      // Gone without a word (storage cleared?): keep our copy and ask the server; the
-      // same clientMessageID answers 200 if it was accepted.
-      if (!unstored.has(clientMessageID)) {
-        unstored.set(clientMessageID, waiters.get(clientMessageID).item);
-      }
     }
+    // Gone without a word: pump() asks the server about our own (see there).
   }
 
   const onStorage = (event) => {
     if (closed || (event.storageArea && storage && event.storageArea !== storage)) return;
     const key = event.key;
     if (key === null) {
-      // clear(): our unsettled prompts are kept from memory and resent (idempotent).
-      for (const [id, waiter] of waiters) if (!find(id)) unstored.set(id, waiter.item);
+      // clear(): pump() resends our unsettled prompts from memory (idempotent).
     } else if (key === LOGIN_KEY) {
       const login = parseJSON(event.newValue);
       if (login && user) loggedIn(login.user, login.csrf, { announce: false });
@@ -712,8 +733,12 @@ export function createOutbox(options = {}) {
     pump();
     for (const sub of subscriptions) sub._wake();
   };
+  const onPageShow = (event) => {
+    if (event.persisted) onVisible(); // back from the back/forward cache
+  };
   win?.addEventListener?.("online", onOnline);
   win?.addEventListener?.("storage", onStorage);
+  win?.addEventListener?.("pageshow", onPageShow);
   globalThis.document?.addEventListener?.("visibilitychange", onVisible);
 
   function close() {
@@ -722,6 +747,7 @@ export function createOutbox(options = {}) {
     for (const sub of [...subscriptions]) sub.close();
     win?.removeEventListener?.("online", onOnline);
     win?.removeEventListener?.("storage", onStorage);
+    win?.removeEventListener?.("pageshow", onPageShow);
     globalThis.document?.removeEventListener?.("visibilitychange", onVisible);
   }
 
