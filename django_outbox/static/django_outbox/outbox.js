@@ -3,7 +3,7 @@
  *
  *   <script type="module">
  *     import { createOutbox } from "/static/django_outbox/outbox.js";
- *     const outbox = createOutbox({ baseURL: "/outbox/", storageKey: "outbox:" + userID });
+ *     const outbox = createOutbox({ baseURL: "/outbox/", user: userID });
  *     outbox.send("ws1", "ses_1", "Fix the flaky test");          // survives reloads
  *     const sub = outbox.subscribe("ws1", "ses_1", (view) => render(view));
  *     sub.retry(entryID); sub.dismiss(entryID); sub.close();
@@ -11,12 +11,23 @@
  *
  * send() is the client's half of "a disconnect never loses a message": it gives the
  * prompt a clientMessageID (crypto.randomUUID), writes it to localStorage *before* the
- * first POST, and re-POSTs it with the same key, with backoff, until the server answers
- * 202 (accepted) or 200 (accepted earlier: a duplicate of our own resend). 408, 429, 5xx
- * and network errors are retried (Retry-After is honoured); any other 4xx is final: the
- * prompt is dropped and reported. Unacknowledged prompts are resumed when the page
+ * first POST, under a key of its own (`<storageKey>:pending:<clientMessageID>`, so two
+ * tabs never overwrite each other's prompts), and re-POSTs it with the same ID, with
+ * backoff, until the server answers 202 (accepted) or 200 (accepted earlier: a duplicate
+ * of our own resend). 408, 429, 5xx and network errors are retried (Retry-After is
+ * honoured). 401/403 are not a verdict on the prompt: it is kept and *held* (see
+ * `hold` in the view) until the same user is logged in again, or, for a refusal by the
+ * access policy, until the page reloads or resume() is called. Any other 4xx is final:
+ * the prompt is dropped and reported. Unacknowledged prompts are resumed when the page
  * loads again, comes back online or becomes visible. Prompts of one session are sent
  * one at a time, oldest first, so a retry never lets a later prompt overtake it.
+ *
+ * Who is logged in: the page passes `user` (the ID it was rendered for). Prompts are
+ * stored per user and only ever sent for that user: the CSRF token is taken when the
+ * client starts (Django rotates it at every login, so a later login in another tab is
+ * noticed and the old token is refused by the server anyway), and every client tells the
+ * other tabs which user its page was rendered for; a client of another user holds its
+ * prompts until its own user is back.
  *
  * subscribe() opens the queue WebSocket (ws/outbox/workspaces/<ws>/sessions/<ses>/),
  * applies the snapshot and then each queue.update by version: older versions are
@@ -26,12 +37,41 @@
  * then it sends {"type": "resync"} and applies the fresh snapshot. Updates whose version
  * equals the current one are applied too: one mutation that changes several entries (a
  * recovery, park/unpark) publishes one event per entry with the same version, and
- * re-applying a state is harmless. The socket reconnects with backoff (not after close
- * codes 4400 invalid / 4403 forbidden).
+ * re-applying a state is harmless. The socket reconnects with backoff, but not after
+ * close codes 4400 (invalid ID) or 4403 (refused): those set `view.error` and stop.
  */
 
-const PENDING_SUFFIX = ":pending";
-const FINAL_CLOSE_CODES = new Set([4400, 4403, 1003, 1009]);
+const PENDING = ":pending:"; // `${storageKey}:pending:${clientMessageID}` holds one prompt
+const LEGACY_PENDING = ":pending"; // one list of prompts, written by earlier versions
+/** Which user the newest page with a client was rendered for: {user, csrf, at}. */
+const LOGIN_KEY = "django-outbox/login";
+/** Close codes after which the socket is not reopened: view.error.code for each. */
+const FINAL_CLOSE_CODES = new Map([
+  [4400, "invalid"],
+  [4403, "forbidden"],
+  [1003, "refused"],
+  [1009, "refused"],
+]);
+const CLOSE_DETAILS = {
+  4400: "the server refused the queue socket: invalid workspace or session ID (4400)",
+  4403: "the server refused the queue socket: you may not watch this session, or you " +
+    "are not logged in (4403)",
+};
+/** What a held prompt waits for, by hold code (view.hold.detail). */
+const HOLD_DETAILS = {
+  not_authenticated:
+    "You are not logged in (any more). Your prompts are kept in this browser and are " +
+    "sent when you log in again.",
+  csrf_failed:
+    "The server refused this page's CSRF token: someone logged in on this browser since " +
+    "the page was loaded. Your prompts are kept; reload the page (log in again if needed).",
+  login_changed:
+    "Someone logged in on this browser since this page was loaded. Your prompts are kept; " +
+    "reload the page (log in again if needed) to send them.",
+  other_user:
+    "Another user logged in on this browser. Your prompts are kept here and are sent " +
+    "when you log in again.",
+};
 
 /** A final refusal of a send, or a failed retry/dismiss: HTTP status, code and detail. */
 export class OutboxError extends Error {
@@ -72,6 +112,47 @@ function pairKey(workspace, session) {
   return `${workspace}\u0000${session}`;
 }
 
+function parseJSON(raw) {
+  try {
+    return raw ? JSON.parse(raw) : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Oldest first: creation time, then this tab's counter, then the ID (any fixed order). */
+function byAge(a, b) {
+  return (
+    (a.createdAt || 0) - (b.createdAt || 0) ||
+    (a.seq || 0) - (b.seq || 0) ||
+    (a.clientMessageID < b.clientMessageID ? -1 : a.clientMessageID > b.clientMessageID ? 1 : 0)
+  );
+}
+
+/**
+ * What a 401/403 means for the prompts, or null for any other status.
+ * {reason: "login"} holds every prompt of this client until its user is logged in again;
+ * {reason: "forbidden"} holds the session's prompts (the access policy refused it).
+ */
+function authHold(status, data, redirected = false) {
+  if (redirected) {
+    // An API call answered by a redirect (followed by fetch): a login page, most likely
+    // (e.g. LoginRequiredMiddleware). Never an acknowledgement.
+    return { reason: "login", code: "not_authenticated", status, serverCode: "redirected",
+      detail: "the server redirected the request (to a login page?)" };
+  }
+  if (status !== 401 && status !== 403) return null;
+  const code = data?.code || "";
+  const detail = data?.detail || "";
+  if (status === 401 || code === "not_authenticated" || code === "authentication_failed") {
+    return { reason: "login", code: "not_authenticated", status, serverCode: code, detail };
+  }
+  if (/^CSRF Failed/i.test(detail)) {
+    return { reason: "login", code: "csrf_failed", status, serverCode: code, detail };
+  }
+  return { reason: "forbidden", code: code || "forbidden", status, serverCode: code, detail };
+}
+
 /** The display state of a snapshot entry: queued (never tried) or pending (backing off). */
 function stateOf(entry) {
   if (entry.status !== "pending") return entry.status;
@@ -80,29 +161,36 @@ function stateOf(entry) {
 }
 
 /**
- * Make a client. Options (all optional):
+ * Make a client. Options:
+ *   user          the logged-in user's ID as the page was rendered for it (required unless
+ *                 storageKey is given): prompts are stored and sent for this user only
  *   baseURL       where django_outbox.urls is mounted (default "/outbox/")
  *   wsURL         origin of the WebSocket routes (default: this page's, ws: or wss:)
- *   csrfToken     a string or a function returning one (default: the csrftoken cookie)
+ *   csrfToken     a string or a function returning one (default: the CSRF cookie as it
+ *                 is when the client is created; see README "JavaScript client")
+ *   csrfCookie    the CSRF cookie's name (default "csrftoken", Django's CSRF_COOKIE_NAME)
  *   csrfHeader    default "X-CSRFToken"
- *   storageKey    localStorage key; include the user's ID so that two people sharing a
- *                 browser never resend each other's prompts (default "django-outbox")
+ *   storageKey    prefix of this client's localStorage keys (default "django-outbox:<user>")
  *   requestTimeout  ms before a POST is abandoned and retried (default 15000)
  *   backoff       {initial, max} in ms for resends (default 1000, 30000)
  *   reconnect     {initial, max} in ms for the WebSocket (default 500, 15000)
  *   gapWait       ms an out-of-order update waits for the versions before it (default 500)
  *   keepFinished  how many sent/dismissed entries a view keeps showing (default 50)
- *   onEvent       (event) => void for sends: {type: "accepted"|"duplicate"|"retrying"|
- *                 "rejected", item, status?, id?, error?, retryIn?}
- *   storage, fetch, WebSocket   injectables (tests)
+ *   onEvent       (event) => void for sends: {type: "queued"|"accepted"|"duplicate"|
+ *                 "retrying"|"held"|"released"|"rejected"|"cancelled"|"storage-error",
+ *                 item?, status?, id?, error?, retryIn?, hold?}
+ *   storage, fetch, WebSocket, window   injectables (tests); `window` is where the
+ *                 online/storage events are listened for (default globalThis)
  */
 export function createOutbox(options = {}) {
   const opts = {
+    user: null,
     baseURL: "/outbox/",
     wsURL: null,
     csrfToken: null,
+    csrfCookie: "csrftoken",
     csrfHeader: "X-CSRFToken",
-    storageKey: "django-outbox",
+    storageKey: null,
     requestTimeout: 15000,
     backoff: { initial: 1000, max: 30000 },
     reconnect: { initial: 500, max: 15000 },
@@ -110,59 +198,174 @@ export function createOutbox(options = {}) {
     keepFinished: 50,
     onEvent: null,
     storage: globalThis.localStorage,
-    fetch: globalThis.fetch?.bind(globalThis),
+    fetch: null,
     WebSocket: globalThis.WebSocket,
+    window: globalThis,
     ...options,
   };
+  const user = opts.user === null || opts.user === undefined ? "" : String(opts.user);
+  if (!user && !opts.storageKey) {
+    throw new TypeError(
+      "createOutbox: pass `user` (the logged-in user's ID), so that prompts are kept and " +
+        "sent per user",
+    );
+  }
   const base = opts.baseURL.endsWith("/") ? opts.baseURL : opts.baseURL + "/";
-  const storeKey = opts.storageKey + PENDING_SUFFIX;
-  const inFlight = new Set(); // pair keys with a POST on the wire
-  const waiters = new Map(); // clientMessageID -> {resolve, reject}
+  const storageKey = opts.storageKey || `django-outbox:${user}`;
+  const prefix = storageKey + PENDING;
+  const legacyKey = storageKey + LEGACY_PENDING;
+  const storage = opts.storage || null;
+  const win = opts.window || null;
+  const inFlight = new Set(); // pair keys with a POST on the wire from this tab
+  const waiters = new Map(); // clientMessageID -> {resolve, reject, item, promise}
+  const progress = new Map(); // clientMessageID -> {attempts, nextAt, lastError, sending}
+  const unstored = new Map(); // clientMessageID -> item this tab could not store
+  const sessionHolds = new Map(); // pair key -> hold (the access policy refused)
   const subscriptions = new Set();
   const listeners = new Set(opts.onEvent ? [opts.onEvent] : []);
+  let loginHold = null; // {reason: "login", code, status, detail, since}
+  let seq = 0;
   let timer = null;
   let closed = false;
 
-  const csrf = () =>
-    typeof opts.csrfToken === "function"
-      ? opts.csrfToken()
-      : opts.csrfToken || readCookie("csrftoken");
+  // -- the CSRF token: the one of the login this page was rendered for ---------------
+
+  // Django rotates the CSRF cookie at every login: its value when the page was rendered
+  // marks that login, whichever token mode is used.
+  let loginMark = readCookie(opts.csrfCookie);
+  const cookieMode = !opts.csrfToken;
+  let token = cookieMode ? loginMark : typeof opts.csrfToken === "string" ? opts.csrfToken : "";
+
+  function csrf() {
+    if (typeof opts.csrfToken === "function") return opts.csrfToken();
+    if (cookieMode && !token) token = loginMark = readCookie(opts.csrfCookie); // none at start
+    return token;
+  }
+
+  /** True when a login happened on this browser since this page's login. */
+  function loginChanged() {
+    if (!loginMark) return false;
+    const now = readCookie(opts.csrfCookie);
+    return Boolean(now) && now !== loginMark;
+  }
 
   const messagesURL = (workspace, session) =>
     `${base}api/workspaces/${encodeURIComponent(workspace)}/sessions/` +
     `${encodeURIComponent(session)}/messages/`;
 
-  // -- the localStorage queue ------------------------------------------------------
+  const doFetch = (url, init) => (opts.fetch ? opts.fetch(url, init) : globalThis.fetch(url, init));
 
-  function load() {
-    try {
-      const items = JSON.parse(opts.storage?.getItem(storeKey) || "[]");
-      return Array.isArray(items) ? items : [];
-    } catch {
-      return [];
-    }
+  // -- localStorage: one key per prompt, written once, removed once ------------------
+
+  function storageError(err) {
+    // Quota exceeded or storage disabled: the send still runs, it just won't survive
+    // a reload. Say so rather than fail.
+    emit({ type: "storage-error", error: String(err) });
   }
 
-  function save(items) {
+  function validItem(item) {
+    return (
+      item &&
+      typeof item === "object" &&
+      typeof item.clientMessageID === "string" &&
+      typeof item.text === "string" &&
+      item.workspace !== undefined &&
+      item.session !== undefined &&
+      !item.outcome &&
+      (item.user === undefined || item.user === user || !user)
+    );
+  }
+
+  /** Every unacknowledged prompt of this user in this browser, oldest first. */
+  function all() {
+    const found = new Map();
+    if (storage) {
+      try {
+        for (let i = 0; i < storage.length; i++) {
+          const key = storage.key(i);
+          if (!key || !key.startsWith(prefix)) continue;
+          const item = parseJSON(storage.getItem(key));
+          if (validItem(item)) found.set(item.clientMessageID, item);
+        }
+      } catch (err) {
+        storageError(err);
+      }
+    }
+    for (const [id, item] of unstored) if (!found.has(id)) found.set(id, item);
+    return [...found.values()].sort(byAge);
+  }
+
+  function find(clientMessageID) {
+    const item = parseJSON(storage?.getItem(prefix + clientMessageID) ?? null);
+    return validItem(item) ? item : unstored.get(clientMessageID) || null;
+  }
+
+  function store(item) {
     try {
-      if (items.length) opts.storage?.setItem(storeKey, JSON.stringify(items));
-      else opts.storage?.removeItem(storeKey);
+      if (!storage) throw new Error("no localStorage");
+      storage.setItem(prefix + item.clientMessageID, JSON.stringify(item));
     } catch (err) {
-      // Quota exceeded or storage disabled: the send still runs, it just won't survive
-      // a reload. Say so rather than fail.
-      emit({ type: "storage-error", error: String(err) });
+      unstored.set(item.clientMessageID, item);
+      storageError(err);
     }
   }
 
-  function update(clientMessageID, change) {
-    const items = load();
-    const i = items.findIndex((x) => x.clientMessageID === clientMessageID);
-    if (i < 0) return null;
-    const item = items[i];
-    if (change === null) items.splice(i, 1);
-    else Object.assign(item, change);
-    save(items);
-    return item;
+  /** Prompts left in the single list of earlier versions get a key each. */
+  function migrate() {
+    if (!storage) return;
+    try {
+      const items = parseJSON(storage.getItem(legacyKey));
+      if (!items) return;
+      for (const old of Array.isArray(items) ? items : []) {
+        if (!old?.clientMessageID || storage.getItem(prefix + old.clientMessageID)) continue;
+        const item = { ...old };
+        for (const name of ["sending", "attempts", "nextAt", "lastError"]) delete item[name];
+        storage.setItem(prefix + item.clientMessageID, JSON.stringify(item));
+      }
+      storage.removeItem(legacyKey);
+    } catch (err) {
+      storageError(err);
+    }
+  }
+
+  /**
+   * A prompt's fate is decided: tell the other tabs how it ended (the storage event of
+   * the outcome record, removed at once), forget it, settle its send() if it is ours.
+   * outcome: {type: "accepted"|"duplicate", status, id, entry} | {type: "rejected",
+   * status, code, detail} | {type: "cancelled"}.
+   */
+  function settle(item, outcome) {
+    const id = item.clientMessageID;
+    const key = prefix + id;
+    try {
+      if (storage && storage.getItem(key) !== null) {
+        storage.setItem(key, JSON.stringify({ ...item, outcome }));
+        storage.removeItem(key);
+      }
+    } catch {
+      try {
+        storage.removeItem(key);
+      } catch (err) {
+        storageError(err);
+      }
+    }
+    unstored.delete(id);
+    progress.delete(id);
+    finish(id, outcome);
+  }
+
+  /** Settle this tab's send() promise of a prompt, however its fate was learned. */
+  function finish(clientMessageID, outcome) {
+    const waiter = waiters.get(clientMessageID);
+    if (!waiter) return;
+    waiters.delete(clientMessageID);
+    if (outcome.type === "accepted" || outcome.type === "duplicate") {
+      waiter.resolve({ status: outcome.type, id: outcome.id, entry: outcome.entry ?? null });
+    } else if (outcome.type === "cancelled") {
+      waiter.reject(new OutboxError(0, "cancelled", "cancelled before it was acknowledged"));
+    } else {
+      waiter.reject(new OutboxError(outcome.status, outcome.code, outcome.detail));
+    }
   }
 
   function emit(event) {
@@ -176,6 +379,76 @@ export function createOutbox(options = {}) {
     for (const sub of subscriptions) sub._localChanged(event);
   }
 
+  // -- holds: 401/403 keep the prompts until the same user is logged in again --------
+
+  function holdLogin(code, details = {}, item = null) {
+    loginHold = {
+      reason: "login",
+      code,
+      status: details.status ?? 0,
+      serverCode: details.serverCode ?? "",
+      detail: HOLD_DETAILS[code] || details.detail || "log in again",
+      serverDetail: details.detail ?? "",
+      since: Date.now(),
+    };
+    clearTimeout(timer);
+    timer = null;
+    // This page's user is gone from the browser: stop watching as them (a reconnect
+    // would carry the other user's cookie).
+    if (code === "other_user") for (const sub of subscriptions) sub._suspend(loginHold.detail);
+    emit({ type: "held", hold: loginHold, item, status: loginHold.status });
+  }
+
+  function holdSession(key, hold, item) {
+    const kept = { ...hold, serverDetail: hold.detail };
+    kept.detail =
+      `${hold.detail || `HTTP ${hold.status}`} Your prompt is kept in this browser; it is ` +
+      "sent again when the page reloads (or outbox.resume() is called).";
+    kept.since = Date.now();
+    sessionHolds.set(key, kept);
+    emit({ type: "held", hold: kept, item, status: hold.status });
+  }
+
+  /** The hold that keeps a session's prompts from being sent, or null. */
+  function holdOf(workspace, session) {
+    return loginHold || sessionHolds.get(pairKey(workspace, session)) || null;
+  }
+
+  /**
+   * The page (or another tab) says who is logged in now. The client's own user: take the
+   * new CSRF token, lift every hold, resend now, reopen sockets a 4403 closed. Another
+   * user: hold everything until ours is back.
+   */
+  function loggedIn(who = user, csrfToken = undefined, { announce = true } = {}) {
+    if (closed) return false;
+    if (user && String(who) !== user) {
+      holdLogin("other_user");
+      return false;
+    }
+    loginMark = readCookie(opts.csrfCookie);
+    if (cookieMode) token = loginMark || csrfToken || token;
+    else if (typeof opts.csrfToken === "string" && csrfToken) token = csrfToken;
+    const was = loginHold || sessionHolds.size;
+    loginHold = null;
+    sessionHolds.clear();
+    for (const state of progress.values()) state.nextAt = 0;
+    if (announce) announceLogin();
+    for (const sub of subscriptions) sub._loggedIn();
+    if (was) emit({ type: "released" });
+    pump();
+    return true;
+  }
+
+  function announceLogin() {
+    if (!user || !storage) return;
+    try {
+      const csrfNow = typeof opts.csrfToken === "function" ? "" : token;
+      storage.setItem(LOGIN_KEY, JSON.stringify({ user, csrf: csrfNow, at: Date.now() }));
+    } catch (err) {
+      storageError(err);
+    }
+  }
+
   // -- sending -------------------------------------------------------------------------
 
   function send(workspace, session, text, sendOptions = {}) {
@@ -185,20 +458,31 @@ export function createOutbox(options = {}) {
       text,
       clientMessageID: sendOptions.clientMessageID || randomID(),
       createdAt: Date.now(),
-      attempts: 0,
-      nextAt: 0,
-      lastError: "",
+      seq: ++seq,
     };
+    if (user) item.user = user;
     if (sendOptions.model !== undefined) item.model = sendOptions.model;
-    const items = load();
-    items.push(item);
-    save(items); // durable before the first byte goes out
+    const known = waiters.get(item.clientMessageID);
+    if (known) return known.promise;
+    let waiter;
     const done = new Promise((resolve, reject) => {
-      waiters.set(item.clientMessageID, { resolve, reject });
+      waiter = { resolve, reject, item };
     });
+    waiter.promise = done;
+    waiters.set(item.clientMessageID, waiter);
+    store(item); // durable before the first byte goes out
     emit({ type: "queued", item });
     pump();
     return done;
+  }
+
+  function progressOf(clientMessageID) {
+    let state = progress.get(clientMessageID);
+    if (!state) {
+      state = { attempts: 0, nextAt: 0, lastError: "", sending: false };
+      progress.set(clientMessageID, state);
+    }
+    return state;
   }
 
   /** Schedule the next POST of each session's oldest unacknowledged prompt. */
@@ -206,18 +490,41 @@ export function createOutbox(options = {}) {
     if (closed) return;
     clearTimeout(timer);
     timer = null;
+    if (loginHold) {
+      // Nothing goes out until our user is logged in again. A login since we were
+      // refused may be anyone's: say "reload" rather than guess.
+      if (loginHold.code === "not_authenticated" && loginChanged()) holdLogin("login_changed");
+      return;
+    }
     const now = Date.now();
+    const items = all();
+    // One of our send()s whose prompt is gone from storage without our hearing how it
+    // ended (a page back from the back/forward cache misses storage events; storage
+    // cleared): ask the server again with the same clientMessageID (200 if accepted).
+    const present = new Set(items.map((x) => x.clientMessageID));
+    let missing = false;
+    for (const [id, waiter] of waiters) {
+      if (!present.has(id)) {
+        unstored.set(id, waiter.item);
+        missing = true;
+      }
+    }
     const heads = new Map();
-    for (const item of load()) {
+    for (const item of missing ? all() : items) {
       const key = pairKey(item.workspace, item.session);
       if (!heads.has(key)) heads.set(key, item);
     }
     let wake = Infinity;
     for (const [key, item] of heads) {
-      if (inFlight.has(key)) continue;
-      if (item.nextAt > now) {
-        wake = Math.min(wake, item.nextAt);
+      if (inFlight.has(key) || sessionHolds.has(key)) continue;
+      const nextAt = progress.get(item.clientMessageID)?.nextAt || 0;
+      if (nextAt > now) {
+        wake = Math.min(wake, nextAt);
         continue;
+      }
+      if (loginChanged()) {
+        holdLogin("login_changed", {}, item);
+        return;
       }
       post(key, item);
     }
@@ -226,6 +533,7 @@ export function createOutbox(options = {}) {
 
   async function post(key, item) {
     inFlight.add(key);
+    const state = progressOf(item.clientMessageID);
     const body = { clientMessageID: item.clientMessageID, text: item.text };
     if (item.model !== undefined) body.model = item.model;
     const controller = new AbortController();
@@ -233,10 +541,12 @@ export function createOutbox(options = {}) {
     let status = 0;
     let data = null;
     let retryAfter = 0;
+    let redirected = false;
     let error = "";
-    update(item.clientMessageID, { sending: true });
+    state.sending = true;
+    emit({ type: "sending", item });
     try {
-      const response = await opts.fetch(messagesURL(item.workspace, item.session), {
+      const response = await doFetch(messagesURL(item.workspace, item.session), {
         method: "POST",
         credentials: "same-origin",
         headers: {
@@ -248,6 +558,7 @@ export function createOutbox(options = {}) {
         signal: controller.signal,
       });
       status = response.status;
+      redirected = Boolean(response.redirected);
       retryAfter = Number(response.headers.get("Retry-After")) || 0;
       data = await response.json().catch(() => null);
     } catch (err) {
@@ -255,34 +566,33 @@ export function createOutbox(options = {}) {
     } finally {
       clearTimeout(abort);
       inFlight.delete(key);
+      state.sending = false;
     }
-    const waiter = waiters.get(item.clientMessageID);
-    if (status === 202 || status === 200) {
-      update(item.clientMessageID, null);
-      waiters.delete(item.clientMessageID);
-      const id = data?.id;
+    const hold = authHold(status, data, redirected);
+    // An acknowledgement names the entry; a 200 without one (an HTML page from a proxy,
+    // say) proves nothing and is retried like a 5xx.
+    const acked = !hold && (status === 202 || status === 200) && typeof data?.id === "string";
+    if (acked) {
       const type = status === 202 ? "accepted" : "duplicate";
-      if (status === 202 && data) adopt(item, data);
-      emit({ type, item, status, id, entry: status === 202 ? data : null });
-      waiter?.resolve({ status: type, id, entry: status === 202 ? data : null });
-    } else if (status && status < 500 && status !== 408 && status !== 429) {
-      update(item.clientMessageID, null);
-      waiters.delete(item.clientMessageID);
-      const err = new OutboxError(status, data?.code, data?.detail);
-      emit({ type: "rejected", item, status, error: err });
-      waiter?.reject(err);
-    } else {
-      const attempts = (item.attempts || 0) + 1;
-      let delay = backoffDelay(attempts, opts.backoff);
+      const entry = status === 202 ? data : null;
+      if (entry) adopt(item, entry);
+      settle(item, { type, status, id: data?.id, entry });
+      emit({ type, item, status, id: data?.id, entry });
+    } else if (hold) {
+      state.lastError = `HTTP ${status}${hold.serverCode ? " " + hold.serverCode : ""}`;
+      if (hold.reason === "login") holdLogin(hold.code, hold, item);
+      else holdSession(key, hold, item);
+    } else if (status >= 300 && status < 500 && status !== 408 && status !== 429) {
+      const error = new OutboxError(status, data?.code, data?.detail);
+      settle(item, { type: "rejected", status, code: error.code, detail: error.detail });
+      emit({ type: "rejected", item, status, error });
+    } else if (find(item.clientMessageID)) {
+      state.attempts += 1;
+      let delay = backoffDelay(state.attempts, opts.backoff);
       if (retryAfter) delay = Math.max(delay, Math.min(retryAfter * 1000, 5 * opts.backoff.max));
-      const lastError = error || `HTTP ${status}${data?.code ? " " + data.code : ""}`;
-      const changed = update(item.clientMessageID, {
-        attempts,
-        nextAt: Date.now() + delay,
-        lastError,
-        sending: false,
-      });
-      if (changed) emit({ type: "retrying", item: changed, status, error: lastError, retryIn: delay });
+      state.nextAt = Date.now() + delay;
+      state.lastError = error || `HTTP ${status}${data?.code ? " " + data.code : ""}`;
+      emit({ type: "retrying", item, status, error: state.lastError, retryIn: delay });
     }
     pump();
   }
@@ -294,32 +604,58 @@ export function createOutbox(options = {}) {
     }
   }
 
-  /** The prompts of a session (or all) not yet acknowledged by the server. */
+  /**
+   * The prompts of a session (or all) not yet acknowledged by the server, oldest first:
+   * [{clientMessageID, workspace, session, text, model?, createdAt, attempts, nextAt,
+   *   lastError, sending, held}] where held is the hold's reason ("login"|"forbidden") or
+   * null. attempts/nextAt/lastError/sending are this tab's own tries.
+   */
   function pending(workspace, session) {
-    return load().filter(
-      (x) => workspace === undefined || (x.workspace === workspace && x.session === session),
-    );
+    return all()
+      .filter(
+        (x) => workspace === undefined || (x.workspace === workspace && x.session === session),
+      )
+      .map((x) => {
+        const state = progress.get(x.clientMessageID);
+        return {
+          ...x,
+          attempts: state?.attempts || 0,
+          nextAt: state?.nextAt || 0,
+          lastError: state?.lastError || "",
+          sending: Boolean(state?.sending),
+          held: holdOf(x.workspace, x.session)?.reason || null,
+        };
+      });
   }
 
   /** Stop resending a prompt that was never acknowledged (a POST on the wire may still land). */
   function cancel(clientMessageID) {
-    const removed = update(clientMessageID, null);
-    const waiter = waiters.get(clientMessageID);
-    waiters.delete(clientMessageID);
-    waiter?.reject(new OutboxError(0, "cancelled", "cancelled before it was acknowledged"));
-    emit({ type: "cancelled", item: removed || { clientMessageID } });
+    const item = find(clientMessageID) ||
+      waiters.get(clientMessageID)?.item || { clientMessageID };
+    // The session's next prompt gets its own try (the refusal was this one's).
+    if (item.workspace !== undefined) sessionHolds.delete(pairKey(item.workspace, item.session));
+    settle(item, { type: "cancelled" });
+    emit({ type: "cancelled", item });
     pump();
   }
 
   // -- retry / dismiss -------------------------------------------------------------------
 
   async function call(method, url) {
-    const response = await opts.fetch(url, {
+    if (loginChanged() && loginHold?.code !== "other_user") holdLogin("login_changed");
+    if (loginHold?.code === "login_changed" || loginHold?.code === "other_user") {
+      throw new OutboxError(0, loginHold.code, loginHold.detail);
+    }
+    const response = await doFetch(url, {
       method,
       credentials: "same-origin",
       headers: { Accept: "application/json", [opts.csrfHeader]: csrf() },
     });
     const data = response.status === 204 ? null : await response.json().catch(() => null);
+    if (response.redirected) {
+      const detail = "the server redirected the request (to a login page?)";
+      throw new OutboxError(response.status, "not_authenticated", detail);
+    }
     if (!response.ok) throw new OutboxError(response.status, data?.code, data?.detail);
     return data;
   }
@@ -340,6 +676,7 @@ export function createOutbox(options = {}) {
     const sub = new Subscription(workspace, session, onChange, {
       opts,
       pending: () => pending(workspace, session),
+      hold: () => holdOf(workspace, session),
       retry: (id) => retry(workspace, session, id),
       dismiss: (id) => dismiss(workspace, session, id),
       forget: () => subscriptions.delete(sub),
@@ -349,11 +686,46 @@ export function createOutbox(options = {}) {
     return sub;
   }
 
-  // -- waking up -------------------------------------------------------------------------
+  // -- other tabs, and waking up ----------------------------------------------------------
 
+  const refresh = () => {
+    for (const sub of subscriptions) sub._localChanged({ type: "storage" });
+    pump();
+  };
+
+  /** Another tab changed one of our prompts' keys. */
+  function otherTabChanged(clientMessageID, newValue) {
+    const value = parseJSON(newValue);
+    if (value?.outcome) {
+      // Another tab learned its fate (or cancelled it): settle ours the same way.
+      progress.delete(clientMessageID);
+      unstored.delete(clientMessageID);
+      finish(clientMessageID, value.outcome);
+    }
+    // Gone without a word: pump() asks the server about our own (see there).
+  }
+
+  const onStorage = (event) => {
+    if (closed || (event.storageArea && storage && event.storageArea !== storage)) return;
+    const key = event.key;
+    if (key === null) {
+      // clear(): pump() resends our unsettled prompts from memory (idempotent).
+    } else if (key === LOGIN_KEY) {
+      const login = parseJSON(event.newValue);
+      if (login && user) loggedIn(login.user, login.csrf, { announce: false });
+      return;
+    } else if (key === legacyKey) {
+      migrate();
+    } else if (key.startsWith(prefix)) {
+      otherTabChanged(key.slice(prefix.length), event.newValue);
+    } else {
+      return;
+    }
+    refresh();
+  };
   const onOnline = () => {
     // Back online: resend now instead of waiting out the backoff.
-    save(load().map((x) => ({ ...x, nextAt: 0 })));
+    for (const state of progress.values()) state.nextAt = 0;
     pump();
   };
   const onVisible = () => {
@@ -361,26 +733,35 @@ export function createOutbox(options = {}) {
     pump();
     for (const sub of subscriptions) sub._wake();
   };
-  const onStorage = (event) => {
-    if (event.key !== storeKey) return;
-    for (const sub of subscriptions) sub._localChanged({ type: "storage" });
-    pump();
+  const onPageShow = (event) => {
+    if (event.persisted) onVisible(); // back from the back/forward cache
   };
-  globalThis.addEventListener?.("online", onOnline);
-  globalThis.addEventListener?.("storage", onStorage);
+  win?.addEventListener?.("online", onOnline);
+  win?.addEventListener?.("storage", onStorage);
+  win?.addEventListener?.("pageshow", onPageShow);
   globalThis.document?.addEventListener?.("visibilitychange", onVisible);
 
   function close() {
     closed = true;
     clearTimeout(timer);
     for (const sub of [...subscriptions]) sub.close();
-    globalThis.removeEventListener?.("online", onOnline);
-    globalThis.removeEventListener?.("storage", onStorage);
+    win?.removeEventListener?.("online", onOnline);
+    win?.removeEventListener?.("storage", onStorage);
+    win?.removeEventListener?.("pageshow", onPageShow);
     globalThis.document?.removeEventListener?.("visibilitychange", onVisible);
   }
 
-  // Resume what an earlier page left unacknowledged.
-  for (const item of load()) if (item.sending) update(item.clientMessageID, { sending: false });
+  /** Resend now what is due, and give prompts the access policy refused one more try. */
+  function resume() {
+    sessionHolds.clear();
+    for (const state of progress.values()) state.nextAt = 0;
+    refresh();
+  }
+
+  // This page was rendered for `user`: tell the other tabs, then resume what an earlier
+  // page left unacknowledged.
+  migrate();
+  announceLogin();
   pump();
 
   return {
@@ -391,7 +772,12 @@ export function createOutbox(options = {}) {
     pending,
     cancel,
     close,
-    resume: pump,
+    resume,
+    loggedIn: (who, csrfToken) => loggedIn(who === undefined ? user : who, csrfToken),
+    /** The hold keeping prompts back (a session's, or the login's), or null. */
+    hold: (workspace, session) =>
+      workspace === undefined ? loginHold : holdOf(workspace, session),
+    user,
     on(fn) {
       listeners.add(fn);
       return () => listeners.delete(fn);
@@ -401,13 +787,16 @@ export function createOutbox(options = {}) {
 
 /**
  * One session's live queue. onChange(view) is called after every change with
- *   {workspace, session, connected, version, error,
+ *   {workspace, session, connected, version, error, hold,
  *    entries: [{id, clientMessageID, text, state, entry, blockedByInFlight, inFlightSince}],
- *    pending: [{clientMessageID, text, attempts, nextAt, lastError, sending}]}
+ *    pending: [{clientMessageID, text, attempts, nextAt, lastError, sending, held}]}
  * entries are the server's (FIFO by acceptedAt), finished ones (state "sent",
  * "dismissed" or "finished" when it ended while we were disconnected) included;
  * pending are this browser's prompts not yet acknowledged. inFlightSince is a
  * Date.now()-style time: show "blocked behind an in-flight message for N s".
+ * error is the socket's ({code: "forbidden"|"invalid"|"refused", detail} after a final
+ * close code, or an error frame); hold is why this session's prompts are not being sent
+ * ({reason: "login"|"forbidden", code, status, detail, since}) or null.
  */
 class Subscription {
   constructor(workspace, session, onChange, ctx) {
@@ -429,6 +818,7 @@ class Subscription {
     this.held = []; // updates that arrived ahead of a missing version
     this.gapTimer = null;
     this.closed = false;
+    this.stopped = null; // the final close code that stopped reconnecting
   }
 
   retry(id) {
@@ -445,6 +835,17 @@ class Subscription {
       this.resyncAsked = true;
       this.ws.send(JSON.stringify({ type: "resync" }));
     }
+  }
+
+  /** Open the socket again after a final close code (4403, 4400) stopped it. */
+  reconnect() {
+    if (this.closed) return;
+    this.stopped = null;
+    this.error = null;
+    this.attempt = 0;
+    clearTimeout(this.reconnectTimer);
+    if (!this.ws) this._open();
+    this._render();
   }
 
   close() {
@@ -483,9 +884,12 @@ class Subscription {
       this.gapTimer = null;
       if (this.closed) return;
       if (FINAL_CLOSE_CODES.has(event.code)) {
+        this.stopped = event.code;
         this.error = {
-          code: event.code === 4403 ? "forbidden" : "refused",
-          detail: `the server closed the queue socket (${event.code})`,
+          code: FINAL_CLOSE_CODES.get(event.code),
+          closeCode: event.code,
+          detail:
+            CLOSE_DETAILS[event.code] || `the server closed the queue socket (${event.code})`,
         };
         this._render();
         return;
@@ -497,8 +901,31 @@ class Subscription {
     };
   }
 
-  _wake() {
+  /** Another user logged in on this browser: close the socket until ours is back. */
+  _suspend(detail) {
     if (this.closed) return;
+    this.stopped = "other_user";
+    this.error = { code: "other_user", detail };
+    clearTimeout(this.reconnectTimer);
+    clearTimeout(this.gapTimer);
+    this.gapTimer = null;
+    this.held = [];
+    this.resyncAsked = false;
+    const ws = this.ws;
+    this.ws = null;
+    this.connected = false;
+    ws?.close(1000);
+    this._render();
+  }
+
+  /** Our user logged in again: a socket a 4403 or another user's login stopped reopens. */
+  _loggedIn() {
+    if (this.stopped === 4403 || this.stopped === "other_user") this.reconnect();
+    else this._render();
+  }
+
+  _wake() {
+    if (this.closed || this.stopped) return;
     if (!this.ws) {
       clearTimeout(this.reconnectTimer);
       this._open();
@@ -650,6 +1077,7 @@ class Subscription {
       connected: this.connected,
       version: this.version,
       error: this.error,
+      hold: this.ctx.hold(),
       entries: [...done, ...live],
       pending: this.ctx.pending(),
     };

@@ -17,6 +17,7 @@ const LABELS = {
   finished: "finished",
   sending: "sending",
   retrying: "resending",
+  held: "held",
 };
 
 function el(tag, props = {}, ...children) {
@@ -71,9 +72,11 @@ $("new-session")?.addEventListener("click", async () => {
 
 // -- the queue -------------------------------------------------------------------------
 
+// `user` keeps this user's unsent prompts apart from anyone else's who uses this browser,
+// and they are only ever sent while this user is logged in (README "JavaScript client").
 const outbox = createOutbox({
   baseURL: page.apiBase,
-  storageKey: `django-outbox:${page.userID}`,
+  user: page.userID,
   onEvent(event) {
     if (event.type === "rejected") {
       showError(`Refused: “${event.item.text.slice(0, 60)}”: ${event.error.detail || event.error.message}`);
@@ -144,12 +147,16 @@ function renderEntry(row, now) {
 
 function renderPending(item, now) {
   const waiting = item.nextAt > now && !item.sending;
-  const state = waiting ? "retrying" : "sending";
-  const detail = waiting
-    ? `not acknowledged yet (${item.lastError}); resending in ${seconds(item.nextAt - now)} s`
-    : item.attempts
-      ? `sending again (attempt ${item.attempts + 1})`
-      : "sending…";
+  const state = item.held ? "held" : waiting ? "retrying" : "sending";
+  const detail = item.held === "login"
+    ? "kept in this browser: it is sent when you are logged in again"
+    : item.held
+      ? `refused (${item.lastError || "403"}); kept in this browser`
+      : waiting
+        ? `not acknowledged yet (${item.lastError}); resending in ${seconds(item.nextAt - now)} s`
+        : item.attempts
+          ? `sending again (attempt ${item.attempts + 1})`
+          : "sending…";
   return el(
     "li",
     { class: `entry local state-${state}`, dataset: { cmid: item.clientMessageID, state } },
@@ -162,6 +169,27 @@ function renderPending(item, now) {
       ),
     ),
   );
+}
+
+/** Why this page's prompts are not being sent (a login is needed, or a refusal), if so. */
+function renderHold(hold) {
+  const box = $("queue-hold");
+  if (!box) return;
+  box.hidden = !hold;
+  if (!hold) {
+    box.replaceChildren();
+    return;
+  }
+  const here = location.pathname + location.search;
+  let action = null;
+  if (hold.reason === "forbidden") {
+    action = el("button", { type: "button", class: "link", onclick: () => outbox.resume() }, "Try again");
+  } else if (hold.code === "login_changed" || hold.code === "csrf_failed") {
+    action = el("button", { type: "button", class: "link", onclick: () => location.reload() }, "Reload the page");
+  } else {
+    action = el("a", { href: `${box.dataset.loginUrl}?next=${encodeURIComponent(here)}` }, "Log in again");
+  }
+  box.replaceChildren(el("span", {}, hold.detail + " "), action);
 }
 
 let transcriptTimer = null;
@@ -183,9 +211,12 @@ function render(view) {
   list.replaceChildren(...rows);
   $("queue-empty").hidden = rows.length > 0;
   const badge = $("connection");
-  badge.textContent = view.error ? view.error.detail : view.connected ? "live" : "reconnecting…";
+  // "other_user": paused until this page's user logs in again (the hold below says so).
+  const paused = view.error?.code === "other_user";
+  badge.textContent = paused ? "paused" : view.error ? view.error.detail : view.connected ? "live" : "reconnecting…";
   badge.className = `badge ${view.connected ? "live" : "offline"}`;
-  if (view.error) showError(view.error.detail);
+  if (view.error && !paused) showError(view.error.detail);
+  renderHold(view.hold);
   const sent = view.entries.filter((r) => r.state === "sent").length;
   if (sent !== sentSeen) {
     sentSeen = sent;
