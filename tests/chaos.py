@@ -1231,7 +1231,7 @@ def full_valkey(tmp: Path, short: bool) -> Row:
             w = Workers(
                 server.url,
                 tmp,
-                OUTBOX_TEST_TURN="0.1",
+                OUTBOX_TEST_TURN="0.1" if short else "0.3",
                 OUTBOX_TEST_FAULTS="fail=0.05",
                 OUTBOX_TEST_RECORDER_URL=recorder.url,
             )
