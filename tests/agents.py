@@ -7,6 +7,13 @@ worker killed mid-turn is verified, never blindly resent. One-in-flight per
 session is checked with ``test:inflight:<ses>`` (holder PID and entry): a second
 delivery while a *live* process holds it is recorded in ``test:violations``.
 ``OUTBOX_TEST_FAULTS`` ("fail=0.1,ambiguous=0.1,transient=0.1") injects faults.
+
+Only the first line of a text is logged (the fault suite sends 40 KB prompts whose first
+line is their number). ``OUTBOX_TEST_RECORDER_URL`` sends every record to another Valkey
+(the fault suite's full server refuses the agent's own writes); it defaults to the outbox's.
+With ``OUTBOX_TEST_CALLS`` set, every call is also logged to ``test:calls`` as
+``"<deliver|verify> <ses> <entry> <attempt> <pid> <Valkey time, us> <outcome>"`` (outcome:
+``transient``, ``fail`` or ``sent`` for a delivery, ``-`` for a verification).
 """
 
 from __future__ import annotations
@@ -23,12 +30,30 @@ from django_outbox.errors import AmbiguousError, TransientDeliveryError
 _clients: dict[int, redis.asyncio.Redis] = {}
 
 
+def _recorder_url() -> str:
+    return os.environ.get("OUTBOX_TEST_RECORDER_URL") or os.environ["OUTBOX_VALKEY_URL"]
+
+
 def _client() -> redis.asyncio.Redis:
     loop = asyncio.get_running_loop()
     key = id(loop)
     if key not in _clients:
-        _clients[key] = redis.asyncio.Redis.from_url(os.environ["OUTBOX_VALKEY_URL"])
+        _clients[key] = redis.asyncio.Redis.from_url(_recorder_url())
     return _clients[key]
+
+
+#: Appends ARGV[1] .. " " .. the server's time (us) .. " " .. ARGV[2] to KEYS[1].
+_STAMPED = """
+local t = redis.call('TIME')
+return redis.call('RPUSH', KEYS[1], ARGV[1] .. ' ' .. t[1] .. string.format('%06d', t[2])
+  .. ' ' .. ARGV[2])
+"""
+
+
+async def _log_call(kind: str, entry, session_id: str, attempt, outcome: str) -> None:
+    if os.environ.get("OUTBOX_TEST_CALLS"):
+        what = f"{kind} {session_id} {entry.id} {attempt} {os.getpid()}"
+        await _client().eval(_STAMPED, 1, "test:calls", what, outcome)
 
 
 def _faults() -> dict[str, float]:
@@ -49,11 +74,14 @@ async def deliver(entry, *, workspace_id, session_id, attempt):
     faults = _faults()
     roll = random.random()
     if roll < faults.get("transient", 0):
+        await _log_call("deliver", entry, session_id, attempt, "transient")
         raise TransientDeliveryError("injected: connection refused")
     roll -= faults.get("transient", 0)
     if roll < faults.get("fail", 0):
+        await _log_call("deliver", entry, session_id, attempt, "fail")
         raise RuntimeError("injected: HTTP 500")
     roll -= faults.get("fail", 0)
+    await _log_call("deliver", entry, session_id, attempt, "sent")
     key = f"test:inflight:{session_id}"
     me = f"{os.getpid()} {entry.id}"
     holder = await r.get(key)
@@ -62,9 +90,10 @@ async def deliver(entry, *, workspace_id, session_id, attempt):
         if pid != os.getpid() and _alive(pid):
             await r.rpush("test:violations", f"{session_id}: {me} while {holder.decode()}")
     await r.set(key, me)
+    first_line = entry.text.partition("\n")[0]
     async with r.pipeline(transaction=True) as persist:  # the agent persists atomically
         persist.sadd("test:sent", entry.id)
-        persist.rpush("test:log", f"{session_id} {entry.text}")
+        persist.rpush("test:log", f"{session_id} {first_line}")
         await persist.execute()
     try:
         await asyncio.sleep(float(os.environ.get("OUTBOX_TEST_TURN", "0")))
@@ -76,6 +105,7 @@ async def deliver(entry, *, workspace_id, session_id, attempt):
 
 
 async def verify(entry, *, workspace_id, session_id):
+    await _log_call("verify", entry, session_id, "-", "-")
     sent = await _client().sismember("test:sent", entry.id)
     return Verdict.DELIVERED if sent else Verdict.ABSENT
 
@@ -83,7 +113,7 @@ async def verify(entry, *, workspace_id, session_id):
 def record_delivered(sender, entry, **kwargs):
     import redis as sync_redis
 
-    client = sync_redis.Redis.from_url(os.environ["OUTBOX_VALKEY_URL"])
+    client = sync_redis.Redis.from_url(_recorder_url())
     client.rpush("test:delivered", f"{entry.id} {entry.delivered_at}")
     client.close()
 

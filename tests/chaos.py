@@ -51,21 +51,32 @@ class Row:
     #: Losses the configuration allows and the row states (appendfsync everysec
     #: without WAIT_AOF when Valkey postponed its AOF write): not a failure.
     stated: bool = False
+    #: Sessions that waited longer than LOCK_TTL + FROZEN_SLACK for a new holder after
+    #: theirs was SIGKILLed; None where the row does not measure it.
+    frozen: int | None = None
+    #: Why the row did not run (a tool missing on this machine); empty when it ran.
+    skipped: str = ""
 
     @property
     def ok(self) -> bool:
+        if self.skipped:
+            return True
         if self.stated:
             return self.misordered == 0 and self.max_in_flight <= 1 and not self.failures
         return (
             not (self.lost or self.duplicated or self.misordered or self.signal_anomalies)
+            and not self.frozen
             and self.max_in_flight <= 1
             and not self.failures
         )
 
     def line(self) -> str:
+        if self.skipped:
+            return f"{self.scenario}: SKIPPED: {self.skipped}"
+        frozen = "" if self.frozen is None else f"frozen={self.frozen} "
         return (
             f"{self.scenario}: messages={self.messages} faults={self.faults} lost={self.lost} "
-            f"duplicated={self.duplicated} misordered={self.misordered} "
+            f"duplicated={self.duplicated} misordered={self.misordered} {frozen}"
             f"max_in_flight={self.max_in_flight} entry_delivered!=1: {self.signal_anomalies} "
             f"(replays {self.replays}) {self.seconds:.1f}s {'; '.join(self.notes + self.failures)}"
         )
@@ -90,6 +101,15 @@ def _accept_all(outbox, sessions: int, per: int) -> dict[str, list[str]]:
                 outbox.accept("w1", ses, user_id="u", client_message_id=f"k{n}", text=str(n)).id
             )
     return ids
+
+
+def _judge_recorded(row: Row, ids: dict[str, list[str]], r) -> None:
+    """:func:`_judge` on what tests.agents recorded in Valkey ``r`` (worker processes):
+    ``test:log`` lines ``"<ses> <n>"``, ``test:delivered`` and ``test:violations``."""
+    log = [(s, int(n)) for s, n in (x.split(" ", 1) for x in r.lrange("test:log", 0, -1))]
+    signals = [x.split()[0] for x in r.lrange("test:delivered", 0, -1)]
+    _judge(row, ids, log, signals)
+    row.max_in_flight = 2 if r.llen("test:violations") else 1
 
 
 def _judge(
@@ -153,10 +173,7 @@ def kill_workers(tmp: Path, short: bool) -> Row:
         while _delivered(r) < total and time.monotonic() < deadline:
             time.sleep(0.1)
         w.stop_all()
-        log = [(s, int(t)) for s, t in (x.split() for x in r.lrange("test:log", 0, -1))]
-        signals = [x.split()[0] for x in r.lrange("test:delivered", 0, -1)]
-        _judge(row, ids, log, signals)
-        row.max_in_flight = 2 if r.llen("test:violations") else 1
+        _judge_recorded(row, ids, r)
     finally:
         outbox.close()
         r.close()
@@ -735,6 +752,563 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
     return row
 
 
+# -- helpers of the worker-process rows 8 and 9 --------------------------------------------
+
+
+def _until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true (return True) or ``timeout`` seconds passed
+    (return False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def _messages_path(ws: str, ses: str) -> str:
+    return f"/outbox/api/workspaces/{ws}/sessions/{ses}/messages/"
+
+
+def _http_accept(client, path: str, key: str, text: str, tries: int, refused) -> dict | None:
+    """POST an accept until it is stored (202) or found stored (200), at most ``tries``
+    times, 50 ms apart, always with the same key; ``refused(reply)`` sees every other
+    answer (``None`` for a connection error). Returns the reply's body, or None."""
+    import httpx
+
+    for _ in range(tries):
+        try:
+            reply = client.post(path, json={"clientMessageID": key, "text": text})
+        except httpx.HTTPError:
+            reply = None
+        if reply is not None and reply.status_code in (200, 202):
+            return reply.json()
+        refused(reply)
+        time.sleep(0.05)
+    return None
+
+
+def _valkey_us(r) -> int:
+    """Valkey's clock, in microseconds."""
+    seconds, micros = r.time()
+    return seconds * 1_000_000 + micros
+
+
+# -- scenario 8: clocks minutes apart (case 14) ---------------------------------------------
+
+#: The row's worker clocks (libfaketime offsets; None: the right time) and the accepting
+#: uvicorn's.
+WORKER_CLOCKS = ("+600s", "-600s", None)
+WEB_CLOCK = "+600s"
+#: How much longer than LOCK_TTL a session may wait for a new holder after its holder was
+#: SIGKILLed before the row calls it frozen: ten of the workers' 0.1 s ticks (the longest
+#: waits seen were under 0.1 s past LOCK_TTL, at load 5-8 on two cores). A lease or due time
+#: stamped on a wrong clock is ten minutes off.
+FROZEN_SLACK = 1.0
+
+
+@dataclass
+class _Call:
+    """One call of tests.agents to the agent (``test:calls``), on Valkey's clock."""
+
+    kind: str  # deliver | verify
+    ses: str
+    entry: str
+    pid: int
+    us: int
+    outcome: str  # sent | fail | transient (deliver); - (verify)
+
+
+def _calls(r) -> list[_Call]:
+    calls = []
+    for line in r.lrange("test:calls", 0, -1):
+        kind, ses, entry, _attempt, pid, us, outcome = line.split()
+        calls.append(_Call(kind, ses, entry, int(pid), int(us), outcome))
+    return sorted(calls, key=lambda c: c.us)
+
+
+def _skewed(clock: str | None) -> dict[str, str]:
+    """``tests.test_clock_skew.skewed(clock)`` without libfaketime's "monotonic fix": that
+    fix rewrites the deadlines of pthread_cond_timedwait, which CPython's GIL hand-over
+    waits on, and made a skewed uvicorn answer in 0.3-1 s instead of 10 ms."""
+    from tests.test_clock_skew import skewed
+
+    env = skewed(clock)
+    return {**env, "FAKETIME_FORCE_MONOTONIC_FIX": "0"} if env else env
+
+
+def _clock_offset(clock: str) -> float:
+    """How far (s) a process started with ``_skewed(clock)`` sees the wall clock off."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import time; print(time.time())"],
+        env={**os.environ, **_skewed(clock)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return float(done.stdout) - time.time() if done.returncode == 0 else 0.0
+
+
+@dataclass
+class _SkewedAccepts:
+    """A client of the skewed uvicorn: posts ``"<n>"`` with key ``k<n>`` to every session
+    in turn, first ``trickle`` rounds ``pace`` seconds apart, then ``burst`` rounds at
+    once (a backlog the workers drain with no accept waking them). Keeps each entry's ID
+    in session order, the Valkey time (us) by which it was known stored, and problems."""
+
+    r: redis.Redis
+    web: object
+    ids: dict[str, list[str]]
+    stored_us: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def total(self) -> int:
+        return sum(len(v) for v in self.ids.values())
+
+    def run(self, trickle: int, burst: int, pace: float) -> None:
+        import httpx
+
+        with httpx.Client(base_url=self.web.base, headers=self.web.session, timeout=10) as c:
+            for n in range(trickle + burst):
+                next_round = time.monotonic() + (pace if n < trickle else 0.0)
+                for ses in self.ids:
+                    self.post(c, ses, n)
+                time.sleep(max(0.0, next_round - time.monotonic()))
+
+    def post(self, client, ses: str, n: int) -> None:
+        from django_outbox.core.entry import parse_time
+
+        path = _messages_path("alice", ses)
+        body = _http_accept(client, path, f"k{n}", str(n), 100, lambda reply: None)
+        if body is None:
+            self.problems.append(f"{ses}/k{n} never stored")
+            return
+        self.ids[ses].append(body["id"])
+        now = self.stored_us[body["id"]] = _valkey_us(self.r)
+        stamp = body.get("acceptedAt")  # absent from a 200 (found stored)
+        if stamp and abs(parse_time(stamp) - now) > 30_000_000:
+            self.problems.append(f"{ses}/k{n} accepted at {stamp}, not on Valkey's clock")
+
+
+@dataclass
+class _HolderKills:
+    """SIGKILLs of outbox_worker processes, preferring one that holds a lease, and the
+    leases seen in between (polled every 50 ms): who took each session over, and when.
+    Only a running worker (one that has sent a heartbeat) is killed, and only while
+    another runs too, so one is always up to take over: a session with no worker to go
+    to is not what "frozen" measures."""
+
+    r: redis.Redis
+    outbox: object  # a core Outbox on the same server, for the heartbeats
+    locks: dict[str, str]  # session -> its lease key
+    rng: random.Random
+    #: (PID, Valkey time of the kill in us, the sessions whose lease it held)
+    done: list[tuple[int, int, list[str]]] = field(default_factory=list)
+    #: (session, holder PID, Valkey time the lease was taken in us) of every lease seen
+    seen: set[tuple[str, int, int]] = field(default_factory=set)
+
+    def leases(self) -> dict[str, tuple[int, int]]:
+        """Session -> (holder PID, when the lease was taken, us) of every lease now held.
+        A lease is ``"<token> <taken-ms> …"`` and its token starts with the holder's
+        worker ID, ``<host>-<pid>-<hex>``."""
+        held = {}
+        values = self.r.mget(list(self.locks.values()))
+        for ses, lease in zip(self.locks, values, strict=True):
+            if lease:
+                token, taken = lease.split()[:2]
+                pid = int(token.rsplit(".", 1)[0].rsplit("-", 2)[1])
+                held[ses] = (pid, int(taken) * 1000)
+        self.seen.update((ses, pid, taken) for ses, (pid, taken) in held.items())
+        return held
+
+    def watch(self, seconds: float, until=lambda: False) -> bool:
+        """Note the leases every 50 ms for ``seconds`` or until ``until()``; return it."""
+        deadline = time.monotonic() + seconds
+        while not until():
+            if time.monotonic() > deadline:
+                return False
+            self.leases()
+            time.sleep(0.05)
+        return True
+
+    def running(self, slots: list) -> list:
+        """(slot, process) of every worker process that is alive and has sent a heartbeat."""
+        beating = {w.pid for w in self.outbox.live_workers()}
+        return [(slot, proc) for slot in slots for proc in slot.live() if proc.pid in beating]
+
+    def kill_one(self, slots: list) -> None:
+        """Once two workers run, SIGKILL one of them in ``slots`` (Workers, one per clock)
+        and start another in its slot; no kill if two do not run within 60 s."""
+        self.watch(60, until=lambda: len(self.running(slots)) >= 2)
+        running = self.running(slots)
+        if len(running) < 2:
+            return
+        busy = {pid for pid, _ in self.leases().values()}
+        slot, victim = self.rng.choice([x for x in running if x[1].pid in busy] or running)
+        victim.kill()
+        victim.wait(5)
+        killed = _valkey_us(self.r)
+        held = [ses for ses, (pid, _) in self.leases().items() if pid == victim.pid]
+        self.done.append((victim.pid, killed, held))
+        slot.start("--tick", "0.1")
+
+    def waits(self, calls: list[_Call], stored_us: dict[str, int], unfinished: set[str]):
+        """Seconds each session whose holder was killed waited for another process to
+        take it over: to the first lease on it seen taken by another worker, or to the
+        first agent call for it by another process, counted from the kill — or, for a
+        call, from when its entry was stored if that came later (the session had nothing
+        left before). A session left undelivered that was never taken over waited
+        forever (inf)."""
+        waits = []
+        for pid, killed, held in self.done:
+            for ses in held:
+                ends = [t - killed for s, p, t in self.seen if s == ses and p != pid and t > killed]
+                after = (c for c in calls if c.ses == ses and c.pid != pid and c.us > killed)
+                call = next(after, None)
+                if call is not None:
+                    ends.append(call.us - max(killed, stored_us.get(call.entry, 0)))
+                if ends:
+                    waits.append(min(ends) / 1e6)
+                elif ses in unfinished:
+                    waits.append(float("inf"))
+        return waits
+
+
+def _short_backoffs(calls: list[_Call], backoff: float) -> tuple[int, float]:
+    """Retries that came sooner than ``backoff`` seconds after a failed or transient
+    attempt of the same entry, and the shortest such gap (s; inf if none)."""
+    last: dict[str, _Call] = {}
+    short, shortest = 0, float("inf")
+    for call in calls:
+        if call.kind != "deliver":
+            continue
+        before = last.get(call.entry)
+        if before is not None and before.outcome in ("fail", "transient"):
+            gap = (call.us - before.us) / 1e6
+            shortest = min(shortest, gap)
+            short += gap < backoff - 0.005  # due times are kept in ms
+        last[call.entry] = call
+    return short, shortest
+
+
+def _skewed_workers(url: str, tmp: Path, **env: str) -> list:
+    """One started outbox_worker per clock of WORKER_CLOCKS (a Workers each, so a killed
+    one is restarted with its clock), every call of the agent logged (``test:calls``)."""
+    from tests.test_worker_processes import Workers
+
+    slots = []
+    for i, clock in enumerate(WORKER_CLOCKS):
+        (tmp / f"workers-{i}").mkdir(parents=True)
+        slots.append(
+            Workers(url, tmp / f"workers-{i}", OUTBOX_TEST_CALLS="1", **env, **_skewed(clock))
+        )
+        slots[-1].start("--tick", "0.1")
+    return slots
+
+
+def _heartbeats_off(outbox) -> list[str]:
+    """Problems: live workers whose last heartbeat is not within 30 s of now."""
+    off = [w.id for w in outbox.live_workers() if abs(w.last_seen - time.time()) > 30]
+    return [f"heartbeats off Valkey's clock: {off}"] if off else []
+
+
+def clock_skew(tmp: Path, short: bool) -> Row:
+    """outbox_worker processes with wall clocks ten minutes ahead, ten minutes behind and
+    right, one SIGKILLed every 0.5-2 s (a lease holder if there is one) and restarted with
+    the same clock, while a uvicorn ten minutes ahead accepts prompts, first a trickle,
+    then a backlog; the agent fails some attempts (case 14). Besides the invariants: no
+    session waits longer than LOCK_TTL + FROZEN_SLACK for a new holder after its holder
+    died (frozen), no retry comes before RETRY_BACKOFF, and every acceptedAt and
+    heartbeat is on Valkey's clock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django_outbox.core.keys import KeySpace
+    from django_outbox.core.service import Outbox as CoreOutbox
+    from tests.disconnects import asgi_server
+    from tests.test_clock_skew import FAKETIME
+
+    row = Row("8 clock skew: workers ±600 s, web +600 s (case 14)")
+    if not FAKETIME:
+        row.skipped = "libfaketime missing (apt-get install faketime)"
+        return row
+    sessions, trickle, burst, pace, max_kills = (
+        (12, 4, 4, 1.0, 6) if short else (40, 12, 12, 4.0, 100)
+    )
+    lock_ttl, backoff = (1.0, 0.5) if short else (2.0, 1.0)
+    started = time.monotonic()
+    for clock in ("+600s", "-600s"):
+        off = _clock_offset(clock)
+        if abs(off - float(clock[:-1])) > 10:
+            row.failures.append(f"a process under FAKETIME={clock} saw its clock {off:+.0f} s off")
+    server = _valkey(tmp / "valkey")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    names = [f"s{i}" for i in range(sessions)]
+    outbox = CoreOutbox(url=server.url)
+    locks = {ses: KeySpace().session("alice", ses).lock for ses in names}
+    kills = _HolderKills(r, outbox, locks, random.Random(8))
+    try:
+        with asgi_server(server.url, tmp / "web", **_skewed(WEB_CLOCK)) as web:
+            accepts = _SkewedAccepts(r, web, {ses: [] for ses in names})
+            slots = _skewed_workers(
+                server.url,
+                tmp,
+                OUTBOX_TEST_TURN="0.2" if short else "0.3",
+                OUTBOX_TEST_LOCK_TTL=str(lock_ttl),
+                OUTBOX_TEST_RETRY_BACKOFF=str(backoff),
+                OUTBOX_TEST_MAX_BACKOFF=str(backoff),
+                OUTBOX_TEST_FAULTS="fail=0.1,ambiguous=0.05,transient=0.1",
+            )
+            try:
+                with ThreadPoolExecutor(1) as pool:
+                    accepting = pool.submit(accepts.run, trickle, burst, pace)
+                    deadline = time.monotonic() + (60 if short else 300)
+                    while (
+                        time.monotonic() < deadline
+                        and len(kills.done) < max_kills
+                        and (not accepting.done() or _delivered(r) < accepts.total())
+                    ):
+                        kills.watch(kills.rng.uniform(0.5, 2.0))
+                        kills.kill_one(slots)
+                    accepting.result(timeout=120)
+                kills.watch(120, until=lambda: _delivered(r) >= accepts.total())
+                accepts.problems += _heartbeats_off(outbox)
+            finally:
+                for slot in slots:
+                    slot.stop_all()
+        _clock_figures(row, r, accepts, kills, lock_ttl, backoff)
+        if "Traceback" in (tmp / "web" / "uvicorn.log").read_text(errors="replace"):
+            row.failures.append("uvicorn logged a traceback")
+    finally:
+        outbox.close()
+        r.close()
+        server.stop()
+    row.seconds = time.monotonic() - started
+    return row
+
+
+def _clock_figures(
+    row: Row, r, accepts: _SkewedAccepts, kills: _HolderKills, lock_ttl: float, backoff: float
+) -> None:
+    """Fill the clock-skew row: the invariants, frozen sessions, early retries."""
+    _judge_recorded(row, accepts.ids, r)
+    row.faults = len(kills.done)
+    delivered = {x.split()[0] for x in r.lrange("test:delivered", 0, -1)}
+    unfinished = {ses for ses, ids in accepts.ids.items() if set(ids) - delivered}
+    calls = _calls(r)
+    waits = kills.waits(calls, accepts.stored_us, unfinished)
+    row.frozen = sum(w > lock_ttl + FROZEN_SLACK for w in waits)
+    problems = accepts.problems
+    if not waits:
+        problems.append("no kill hit a worker holding a lease: nothing measured")
+    early, shortest = _short_backoffs(calls, backoff)
+    if early:
+        problems.append(f"{early} retries sooner than RETRY_BACKOFF {backoff:g} s")
+    failed = sum(c.outcome in ("fail", "transient") for c in calls)
+    row.notes.append(
+        f"{len(waits)} sessions lost their holder to a kill; the longest wait for a new one "
+        f"{max(waits, default=0):.2f} s (allowed: LOCK_TTL {lock_ttl:g} s + {FROZEN_SLACK:g} s); "
+        f"{failed} failed attempts, the quickest retry after one {shortest:.2f} s "
+        f"(RETRY_BACKOFF {backoff:g} s)"
+    )
+    row.failures += problems[:3] + [f"and {len(problems) - 3} more"] * (len(problems) > 3)
+
+
+# -- scenario 9: Valkey at maxmemory (case 12) ------------------------------------------------
+
+
+def _big(n: int) -> str:
+    """A 40 KB prompt whose first line (what the agent logs) is its number."""
+    return f"{n}\n" + "x" * 40_000
+
+
+@dataclass
+class _FullClients:
+    """Clients that keep accepting 40 KB prompts into a full Valkey: session ``h0`` (in
+    workspace ``alice``) over HTTP, the others in process. Each refusal is retried 50 ms
+    later with the same key and counted in ``refusals``: ``clean`` (503 ``unavailable``
+    with ``accepted: false`` and Retry-After / OutboxUnavailable "out of memory" not
+    accepted), ``unclean``, and ``stored`` (its idempotency marker exists after all)."""
+
+    url: str
+    v: redis.Redis  # the full server
+    web: object
+    ids: dict[str, list[str]]
+    refusals: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def workspace(ses: str) -> str:
+        return "alice" if ses == "h0" else "w1"
+
+    def marker_stored(self, ses: str, key: str) -> bool:
+        return bool(self.v.keys(f"outboxdedupe:{{{self.workspace(ses)}}}:{ses}:*:{key}"))
+
+    def keep_accepting(self, ses: str, first: int, last: int, tries: int) -> int:
+        """Accept prompts ``first`` .. ``last - 1`` into ``ses`` in order, each within
+        ``tries`` tries; return how many were stored."""
+        for n in range(first, last):
+            accept = self.over_http if ses == "h0" else self.in_process
+            got = accept(ses, n, tries)
+            if got is None:
+                self.problems.append(f"{ses}/k{n} not stored after {tries} tries")
+                return n - first
+            self.ids[ses].append(got)
+        return last - first
+
+    def refused(self, ses: str, n: int, clean: bool) -> None:
+        self.refusals["clean" if clean else "unclean"] += 1
+        self.refusals["stored"] += self.marker_stored(ses, f"k{n}")
+
+    def in_process(self, ses: str, n: int, tries: int) -> str | None:
+        from django_outbox.core.service import Outbox as CoreOutbox
+        from django_outbox.errors import Duplicate, OutboxUnavailable
+
+        client = CoreOutbox(url=self.url, cap=1000)
+        try:
+            for _ in range(tries):
+                try:
+                    key, text = f"k{n}", _big(n)
+                    return client.accept(
+                        "w1", ses, user_id="u", client_message_id=key, text=text
+                    ).id
+                except Duplicate as dup:
+                    return dup.accepted_id
+                except OutboxUnavailable as exc:
+                    self.refused(ses, n, "out of memory" in str(exc) and not exc.accepted)
+                    time.sleep(0.05)
+            return None
+        finally:
+            client.close()
+
+    def over_http(self, ses: str, n: int, tries: int) -> str | None:
+        import httpx
+
+        def refused(reply) -> None:
+            body = reply.json() if reply is not None and reply.status_code == 503 else {}
+            clean = body.get("code") == "unavailable" and body.get("accepted") is False
+            self.refused(ses, n, clean and "Retry-After" in reply.headers)
+
+        with httpx.Client(base_url=self.web.base, headers=self.web.session, timeout=10) as c:
+            path = _messages_path("alice", ses)
+            body = _http_accept(c, path, f"k{n}", _big(n), tries, refused)
+        return None if body is None else body["id"]
+
+
+def full_valkey(tmp: Path, short: bool) -> Row:
+    """A Valkey filled with 40 KB prompts gets ``maxmemory`` just below its used memory
+    while three outbox_worker processes deliver (the agent failing some attempts, so a
+    failure settle can meet the full server too) and four clients — three in process, one over HTTP
+    — keep accepting more 40 KB prompts, retrying each refusal with the same key (case 12).
+    Every refusal must be a clean 503 / OutboxUnavailable with nothing stored, no worker
+    may exit, the queue must drain, and accepts must then succeed at the first try. The
+    agent records into a second Valkey (the full one would refuse its writes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django_outbox.core.service import Outbox as CoreOutbox
+    from tests.disconnects import asgi_server
+    from tests.test_worker_processes import Workers
+
+    fills, per, client_per = (6, 10, 10) if short else (20, 15, 40)
+    row = Row("9 Valkey at maxmemory, noeviction (case 12)")
+    started = time.monotonic()
+    server = _valkey(tmp / "valkey")
+    recorder = _valkey(tmp / "recorder")
+    v = redis.Redis.from_url(server.url, decode_responses=True)
+    r = redis.Redis.from_url(recorder.url, decode_responses=True)
+    outbox = CoreOutbox(url=server.url, cap=1000)
+    ids: dict[str, list[str]] = {f"f{i}": [] for i in range(fills)}
+    try:
+        with asgi_server(server.url, tmp / "web") as web:
+            clients = _FullClients(server.url, v, web, ids)
+            ids.update({ses: [] for ses in ("c0", "c1", "c2", "h0")})
+            for n in range(per):
+                for i in range(fills):
+                    key, text = f"k{n}", _big(n)
+                    entry = outbox.accept(
+                        "w1", f"f{i}", user_id="u", client_message_id=key, text=text
+                    )
+                    ids[f"f{i}"].append(entry.id)
+            w = Workers(
+                server.url,
+                tmp,
+                OUTBOX_TEST_TURN="0.1" if short else "0.3",
+                OUTBOX_TEST_FAULTS="fail=0.05",
+                OUTBOX_TEST_RECORDER_URL=recorder.url,
+            )
+            try:
+                for _ in range(3):
+                    w.start("--tick", "0.1")
+                if not _until(lambda: r.llen("test:log") > 0, 60):
+                    raise RuntimeError(f"no worker delivered:\n{w.logs()}")
+                limit = v.info("memory")["used_memory"] - 64 * 1024
+                v.config_set("maxmemory", limit)  # full while the workers run
+                with ThreadPoolExecutor(4) as pool:
+                    runs = [
+                        pool.submit(clients.keep_accepting, ses, 0, client_per, 600)
+                        for ses in ("c0", "c1", "c2", "h0")
+                    ]
+                    for run in runs:
+                        run.result(timeout=120)
+                total = sum(len(x) for x in ids.values())
+                _until(lambda: _delivered(r) >= total, 120)
+                # memory is back: an accept succeeds at the first try, and is delivered
+                back = sum(
+                    clients.keep_accepting(ses, client_per, client_per + 1, 1)
+                    for ses in ("c0", "c1", "c2", "h0")
+                )
+                total = sum(len(x) for x in ids.values())
+                _until(lambda: _delivered(r) >= total, 60)
+                exited = [p.pid for p in w.procs if p.poll() is not None]
+            finally:
+                w.stop_all()
+            left = sum(len(outbox.list(clients.workspace(ses), ses)) for ses in ids)
+        used = v.info("memory")["used_memory"]
+        _full_figures(row, r, clients, w.logs(), exited, left)
+        row.notes.append(
+            f"maxmemory {limit / 2**20:.2f} MB: {row.faults} accepts refused and retried "
+            f"with their key; {back} of 4 accepts after the drain stored at the first try "
+            f"(used {used / 2**20:.2f} MB)"
+        )
+        if "Traceback" in (tmp / "web" / "uvicorn.log").read_text(errors="replace"):
+            row.failures.append("uvicorn logged a traceback")
+    finally:
+        outbox.close()
+        v.close()
+        r.close()
+        server.stop()
+        recorder.stop()
+    row.seconds = time.monotonic() - started
+    return row
+
+
+def _full_figures(
+    row: Row, r, clients: _FullClients, worker_logs: str, exited: list[int], left: int
+) -> None:
+    """Fill the maxmemory row: the invariants and how the refusals and workers behaved."""
+    _judge_recorded(row, clients.ids, r)
+    refusals, problems = clients.refusals, clients.problems
+    row.faults = refusals["clean"] + refusals["unclean"]
+    if not row.faults:
+        problems.append("no accept was refused: the server never got full")
+    if refusals["unclean"]:
+        problems.append(f"{refusals['unclean']} refusals not a clean 503 / OutboxUnavailable")
+    if refusals["stored"]:
+        problems.append(f"{refusals['stored']} refused accepts left their marker stored")
+    if not clients.marker_stored("c0", "k0"):
+        problems.append("the marker check finds no stored marker: it checks nothing")
+    if exited:
+        problems.append(f"workers exited: {exited}")
+    if left:
+        problems.append(f"{left} entries still queued after the drain")
+    row.notes.append(
+        f"{worker_logs.count('out of memory')} out-of-memory refusals logged by the workers "
+        f"(retried), {len(exited)} workers exited"
+    )
+    row.failures += problems[:3] + [f"and {len(problems) - 3} more"] * (len(problems) > 3)
+
+
 SCENARIOS = [
     ("kill", kill_workers),
     ("restart-always", lambda tmp, short: valkey_restart(tmp, short, "always")),
@@ -748,6 +1322,8 @@ SCENARIOS = [
     ("disconnects", client_disconnects),
     ("replies", lost_replies),
     ("websockets", websocket_readers),
+    ("clock-skew", clock_skew),
+    ("maxmemory", full_valkey),
 ]
 
 
@@ -759,6 +1335,7 @@ def table(rows: list[Row]) -> str:
         "lost",
         "duplicated",
         "misordered",
+        "frozen",
         "max in flight",
         "entry_delivered≠1",
         "replays",
@@ -766,6 +1343,9 @@ def table(rows: list[Row]) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
+        if r.skipped:
+            lines.append(f"| {r.scenario} (skipped: {r.skipped}) |" + " - |" * (len(head) - 1))
+            continue
         cells = [
             r.scenario,
             r.messages,
@@ -773,6 +1353,7 @@ def table(rows: list[Row]) -> str:
             r.lost,
             r.duplicated,
             r.misordered,
+            "-" if r.frozen is None else r.frozen,
             r.max_in_flight,
             r.signal_anomalies,
             r.replays,

@@ -59,10 +59,11 @@ class Server:
 
 
 @contextmanager
-def asgi_server(valkey: str, tmp: Path) -> Iterator[Server]:
+def asgi_server(valkey: str, tmp: Path, **extra_env: str) -> Iterator[Server]:
     """uvicorn serving tests.asgi_app on a free port, with user ``alice`` (password
     ``secret-pw``, see ``AUTH``) in a file database under ``tmp``; stopped (SIGTERM, then
-    SIGKILL) on the way out."""
+    SIGKILL) on the way out. ``extra_env`` is added to the server's environment (e.g. a
+    skewed clock)."""
     tmp.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -70,6 +71,7 @@ def asgi_server(valkey: str, tmp: Path) -> Iterator[Server]:
         "DJANGO_SETTINGS_MODULE": "tests.asgi_settings",
         "TEST_DB": str(tmp / "db.sqlite3"),
         "OUTBOX_VALKEY_URL": valkey,
+        **extra_env,
     }
     setup = subprocess.run(
         [sys.executable, "-m", "django", "shell", "-c", SETUP],

@@ -14,4 +14,5 @@ def test_short_chaos_run_keeps_every_invariant(capsys):
     assert len(rows) == len(chaos.SCENARIOS)
     for row in rows:
         assert row.ok, row.line()
-        assert row.faults > 0, f"{row.scenario}: no fault was injected"
+        if not row.skipped:  # a row skipped where a tool is missing says so in its line
+            assert row.faults > 0, f"{row.scenario}: no fault was injected"
