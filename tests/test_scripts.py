@@ -444,6 +444,23 @@ def test_cleanup_asks_again_when_markers_arrive(outbox, r):
 
 
 @pytest.mark.standalone
+class TestStatuses:
+    def test_counts_queued_and_staged_entries_by_stored_status(self, outbox):
+        assert call(outbox, "statuses") == []
+        seed(outbox)
+        seed(outbox, status="error", attempts=1)
+        seed(outbox, status="parked", reason="hold", parked_from="pending")
+        seed(outbox, status="delivering", target="staging")
+        answer = call(outbox, "statuses")
+        counts = dict(zip(answer[::2], answer[1::2], strict=True))
+        assert counts == {"pending": 1, "error": 1, "parked": 1, "delivering": 1}
+
+    def test_a_text_that_looks_like_state_is_not_read_as_state(self, outbox):
+        text = '"},"status":"error","clientMessageID":"x","text":"'
+        outbox.accept(WS, SES, user_id="u", client_message_id="k", text=text)
+        assert call(outbox, "statuses") == ["pending", 1]
+
+
 class TestAdminIndices:
     def test_every_session_is_indexed_once_until_cleanup(self, outbox, r):
         seed(outbox)

@@ -252,6 +252,22 @@ class OutboxBase(Transport):
         """Async :meth:`snapshots`."""
         return await self._arun(self._snapshots_plan(list(pairs)))
 
+    def _statuses_plan(self, pairs: Iterable[tuple[str, str]]) -> Plan:
+        calls = [self._session_eval("statuses", ws, ses) for ws, ses in pairs]
+        if not calls:
+            return []
+        answers = yield Pipe(calls)
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return [{as_text(s): int(n) for s, n in zip(a[::2], a[1::2], strict=True)} for a in answers]
+
+    def status_counts(self, pairs: Iterable[tuple[str, str]]) -> list[dict[str, int]]:
+        """How many entries (queued and staged) of each ``(workspace_id, session_id)`` pair
+        hold each stored status, ``{"pending": 2, ...}``, in the order given; one round
+        trip, and no entry's content is sent (the ``statuses`` script)."""
+        return self._run(self._statuses_plan(list(pairs)))
+
     def list(self, workspace_id: str, session_id: str) -> list[Entry]:
         """The session's entries in FIFO order, staged (delivering) ones included.
 

@@ -31,7 +31,6 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from .base import OutboxBase
-from .entry import Entry
 from .errors import OutboxUnavailable
 from .rules import check_identifier
 
@@ -557,20 +556,16 @@ class QueueReads(OutboxBase):
     def entry_counts(self, max_sessions: int = COUNT_MAX_SESSIONS) -> dict[str, int]:
         """Entries by stored status (``{"pending": 3, ...}``, absent statuses left out),
         staged ones included, walking workspaces in order until ``max_sessions``
-        sessions have been read (two round trips per workspace)."""
+        sessions have been read (two round trips per workspace; statuses only, never
+        an entry's content: :meth:`status_counts`)."""
         counts: dict[str, int] = {}
         seen = 0
         for ws in self.workspaces():
             (members,) = self._ask([("SMEMBERS", self.keys.sessions(ws))])
             sessions = [_text(m) for m in members]
-            calls: list[tuple[Any, ...]] = []
-            for ses in sessions:
-                k = self.keys.session(ws, ses)
-                calls += [("LRANGE", k.queue, 0, -1), ("LRANGE", k.staging, 0, -1)]
-            for items in self._ask(calls) if calls else []:
-                for raw in items:
-                    status = str(Entry.from_json(raw).status)
-                    counts[status] = counts.get(status, 0) + 1
+            for found in self.status_counts((ws, ses) for ses in sessions):
+                for status, n in found.items():
+                    counts[status] = counts.get(status, 0) + n
             seen += len(sessions)
             if seen >= max_sessions:
                 break
