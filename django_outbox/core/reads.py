@@ -41,6 +41,9 @@ HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat k
 SEARCH_MAX_SESSIONS = 1000
 #: Sessions whose entries :meth:`QueueReads.entry_counts` reads at most.
 COUNT_MAX_SESSIONS = 50_000
+#: A page of sessions holds each entry's text cut to this many characters on the server
+#: (the admin shows 120 and an ellipsis beyond): a page never moves whole texts.
+PAGE_PREVIEW_CHARS = 200
 #: Seconds the server-settings probe of the system checks waits for Valkey.
 PROBE_TIMEOUT = 1.0
 
@@ -442,7 +445,8 @@ class QueueReads(OutboxBase):
         (total, chosen), totals, workers = self._read(
             locate, self._totals_plan(), self._workers_plan()
         )
-        snapshots = self.snapshots([(ws, ses) for ws, ses, _ in chosen]) if chosen else []
+        pairs = [(ws, ses) for ws, ses, _ in chosen]
+        snapshots = self.snapshots(pairs, preview_chars=PAGE_PREVIEW_CHARS) if chosen else []
         sessions = [
             IndexedSession(ws, ses, score, snapshot)
             for (ws, ses, score), snapshot in zip(chosen, snapshots, strict=True)
@@ -495,7 +499,7 @@ class QueueReads(OutboxBase):
                 return SessionSearch([(ws, second)], ws)
             names = sorted(_text(s) for s in sessions)
             pairs = [(ws, s) for s in names[:max_sessions]]
-            snapshots = self.snapshots(pairs) if pairs else []
+            snapshots = self.snapshots(pairs, preview_chars=1) if pairs else []  # IDs only
             holding = [
                 pair
                 for pair, snapshot in zip(pairs, snapshots, strict=True)
