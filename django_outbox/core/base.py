@@ -275,6 +275,10 @@ class OutboxBase(Transport):
         trip, and no entry's content is sent (the ``statuses`` script)."""
         return self._run(self._statuses_plan(list(pairs)))
 
+    async def astatus_counts(self, pairs: Iterable[tuple[str, str]]) -> list[dict[str, int]]:
+        """Async :meth:`status_counts`."""
+        return await self._arun(self._statuses_plan(list(pairs)))
+
     def list(self, workspace_id: str, session_id: str) -> list[Entry]:
         """The session's entries in FIFO order, staged (delivering) ones included.
 
