@@ -16,6 +16,12 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
   accepts answer 503 and ``outbox_worker`` refuses to start until it is back)
 - ``W006`` ``CLUSTER`` with redis-py older than 7.2 (its async cluster client does not
   reconnect after a failover)
+- ``W007`` the access policy does not say it checks that the session belongs to the
+  workspace (``django_outbox.policy.session_scoped`` marks one that does)
+- ``W008`` the outbox WebSocket consumer is routed without an origin validator on the
+  way (cross-site WebSocket hijacking with the session cookie)
+- ``W009`` the check cannot see whether the consumer is routed behind an origin
+  validator (``ASGI_APPLICATION`` does not import, or a layer hides what it wraps)
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -24,6 +30,7 @@ reads too (``Outbox.server_settings``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -34,6 +41,7 @@ from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
 from .core.errors import OutboxUnavailable
 from .core.reads import ServerSettings, read_server_settings, redis_py_version
 from .core.redaction import redact
+from .policy import CHECKS_SESSION
 
 CONNECT_TIMEOUT = 1.0
 
@@ -79,6 +87,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_outbox.W001",
             )
         )
+    elif not _policy_checks_sessions(conf):
+        errors.append(
+            checks.Warning(
+                "OUTBOX['ACCESS_POLICY'] does not say that it checks that the session belongs "
+                "to the workspace: the agent is addressed by session ID alone, so a user "
+                "allowed in one workspace could send prompts into another workspace's "
+                "session by naming it under their own.",
+                hint="Wrap the policy with django_outbox.policy.session_scoped(...) (README "
+                "'Access policy'), or set checks_session_in_workspace = True on it once it "
+                "checks that itself.",
+                id="django_outbox.W007",
+            )
+        )
     if conf.deliverer is None:
         errors.append(
             checks.Warning(
@@ -89,7 +110,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     errors += _check_channel_layer()
+    errors += _check_origin_validation()
     return errors
+
+
+def _policy_checks_sessions(conf: Any) -> bool:
+    try:
+        policy = conf.resolve("ACCESS_POLICY")
+    except ImproperlyConfigured:
+        return True  # E002 says so
+    return policy is None or bool(getattr(policy, CHECKS_SESSION, False))
 
 
 def _valkey_settings(conf: Any, errors: list[checks.CheckMessage]) -> list[ServerSettings]:
@@ -188,38 +218,85 @@ def check_persistence(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     return errors
 
 
-def _routes_consumer(application: Any, depth: int = 0) -> bool:
+@dataclass
+class _Routing:
+    """What :func:`_walk` saw of an ASGI application: the routes to the outbox
+    consumer (True: behind an origin validator) and the layers it could not see into
+    outside any validator (their type names)."""
+
+    consumer_routes: list[bool] = field(default_factory=list)
+    opaque: list[str] = field(default_factory=list)
+
+
+#: Attributes through which ASGI routers and middleware hold what they wrap (channels'
+#: routers, BaseMiddleware and OriginValidator, Django's static files handler, most
+#: third-party middleware, functools.wraps).
+_CHILD_ATTRS = ("application_mapping", "routes", "inner", "application", "app", "callback",
+                "__wrapped__")  # fmt: skip
+
+
+def _walk(
+    application: Any, guarded: bool, seen: frozenset[int], out: _Routing, depth: int = 0
+) -> None:
+    """Record in ``out`` every route to the outbox consumer under ``application`` (behind
+    an origin validator or not) and every unguarded layer it cannot see into; ``seen``
+    holds the ids of the layers above (a cycle stops there)."""
+    from channels.routing import ProtocolTypeRouter
+    from channels.security.websocket import OriginValidator
+    from django.core.handlers.asgi import ASGIHandler
+
     from .ws.consumer import OutboxConsumer
 
-    if application is None or depth > 12:
-        return False
-    if getattr(application, "consumer_class", None) is OutboxConsumer:
-        return True
-    for attr in ("application_mapping", "routes", "inner", "application", "callback"):
+    if application is None or id(application) in seen or depth > 30:
+        return  # a cycle, or deeper than any real routing
+    consumer = getattr(application, "consumer_class", None)
+    if isinstance(consumer, type):
+        if issubclass(consumer, OutboxConsumer):
+            out.consumer_routes.append(guarded)
+        return  # a consumer: nothing below it
+    if isinstance(application, ASGIHandler):
+        return  # Django's HTTP handler routes no WebSocket
+    guarded = guarded or isinstance(application, OriginValidator)
+    children: list[Any] = []
+    for attr in _CHILD_ATTRS:
         child = getattr(application, attr, None)
         if isinstance(child, dict):
-            if any(_routes_consumer(c, depth + 1) for c in child.values()):
-                return True
+            if isinstance(application, ProtocolTypeRouter):
+                child = {k: v for k, v in child.items() if k == "websocket"}
+            children += child.values()
         elif isinstance(child, list | tuple):
-            if any(_routes_consumer(c, depth + 1) for c in child):
-                return True
-        elif child is not None and child is not application and _routes_consumer(child, depth + 1):
-            return True
-    return False
+            children += child
+        elif child is not None and child is not application:
+            children.append(child)
+    if not guarded and not any(hasattr(application, attr) for attr in _CHILD_ATTRS):
+        out.opaque.append(getattr(application, "__qualname__", type(application).__qualname__))
+    for child in children:  # the same object may be routed twice, guarded once
+        _walk(child, guarded, seen | {id(application)}, out, depth + 1)
 
 
-def _check_channel_layer() -> list[checks.CheckMessage]:
+def _asgi_routing() -> _Routing | str | None:
+    """What ``ASGI_APPLICATION`` routes: None when it is not set, the error text when it
+    does not import."""
     path = getattr(settings, "ASGI_APPLICATION", None)
-    if not path or getattr(settings, "CHANNEL_LAYERS", None):
-        return []
+    if not path:
+        return None
     from django.utils.module_loading import import_string
 
     try:
         application = import_string(path)
-    except Exception:
-        return []  # Channels reports an unloadable ASGI_APPLICATION itself
-    if not _routes_consumer(application):
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    out = _Routing()
+    _walk(application, False, frozenset(), out)
+    return out
+
+
+def _check_channel_layer() -> list[checks.CheckMessage]:
+    if getattr(settings, "CHANNEL_LAYERS", None):
         return []
+    routing = _asgi_routing()
+    if not isinstance(routing, _Routing) or not routing.consumer_routes:
+        return []  # Channels reports an unloadable ASGI_APPLICATION itself
     return [
         checks.Error(
             "The outbox WebSocket consumer is routed but CHANNEL_LAYERS is not configured: "
@@ -229,3 +306,49 @@ def _check_channel_layer() -> list[checks.CheckMessage]:
             id="django_outbox.E004",
         )
     ]
+
+
+def _check_origin_validation() -> list[checks.CheckMessage]:
+    """W008 / W009: README "Live updates (WebSocket)" and "Security"."""
+    routing = _asgi_routing()
+    if routing is None:
+        return []  # no ASGI application named: nothing to look at
+    path = settings.ASGI_APPLICATION
+    hint = (
+        "Wrap the WebSocket routes in channels.security.websocket."
+        "AllowedHostsOriginValidator (or OriginValidator), outside the authentication "
+        "middleware, as README 'Live updates (WebSocket)' shows."
+    )
+    if isinstance(routing, str):
+        return [
+            checks.Warning(
+                f"Cannot import ASGI_APPLICATION {path!r} ({routing}), so whether the outbox "
+                "WebSocket is behind an origin validator is unknown.",
+                hint=hint,
+                id="django_outbox.W009",
+            )
+        ]
+    if not all(routing.consumer_routes):
+        return [
+            checks.Warning(
+                f"{path} routes the outbox WebSocket consumer without an origin validator: "
+                "another site's page could open it with the user's session cookie "
+                "(cross-site WebSocket hijacking).",
+                hint=hint,
+                id="django_outbox.W008",
+            )
+        ]
+    if not routing.consumer_routes and routing.opaque:
+        return [
+            checks.Warning(
+                f"Cannot see through {', '.join(sorted(set(routing.opaque)))} in {path}, so "
+                "whether the outbox WebSocket consumer is routed behind an origin validator is "
+                "unknown.",
+                hint=hint + " A middleware that keeps what it wraps as `inner` or "
+                "`application` (channels' BaseMiddleware does) can be seen through; if the "
+                "consumer is not routed, or origins are checked elsewhere, silence "
+                "django_outbox.W009.",
+                id="django_outbox.W009",
+            )
+        ]
+    return []

@@ -2,7 +2,10 @@
 
 The outbox's data lives in Valkey, not in the database. :class:`OutboxEntry`
 has no table; it exists so the admin gets a content type, real permissions
-and :class:`~django.contrib.admin.models.LogEntry` rows. An instance is never
+and :class:`~django.contrib.admin.models.LogEntry` rows. The permissions are
+what the default access policy and the admin check (``django_outbox.policy``,
+README "Access policy"): view, add (accept a prompt), retry, dismiss, and the
+workspace-wide park and cleanup. An instance is never
 saved: its primary key names an outbox object, ``"<ws>/<ses>/<entry id>"`` for
 an entry or ``"<ws>"`` for a workspace (identifiers never contain ``/``).
 """
@@ -28,6 +31,7 @@ class OutboxEntry(models.Model):
         default_permissions = ()
         permissions = [
             ("view_outboxentry", "Can view outbox entries"),
+            ("add_outboxentry", "Can accept prompts into the outbox"),
             ("retry_outboxentry", "Can retry outbox entries"),
             ("dismiss_outboxentry", "Can dismiss outbox entries"),
             ("park_workspace", "Can park and unpark outbox workspaces"),

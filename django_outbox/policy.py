@@ -1,18 +1,172 @@
-"""Access policies: ``(user, workspace_id, session_id, action) -> bool``.
+"""Who may do what: the access table, the default policy and the helpers (README "Access policy").
 
-Actions are ``view``, ``accept``, ``retry``, ``dismiss`` and ``operate``
-(park, unpark, cleanup; ``session_id`` is None for those). Set
-``OUTBOX["ACCESS_POLICY"]`` to your own; a system check warns while the
-default is in use.
+An access policy is a callable ``(user, workspace_id, session_id, action) -> bool``,
+set as ``OUTBOX["ACCESS_POLICY"]``. The REST API and the WebSocket ask it through
+:func:`is_allowed`; the admin asks :func:`has_outbox_permission` (Django model
+permissions). :data:`ACCESS_TABLE` is the one place that says which action each
+REST endpoint, WebSocket frame and admin action needs, and which permission of
+:class:`~django_outbox.models.OutboxEntry` grants it.
+
+``session_id`` is given for every session action (``view``, ``accept``, ``retry``,
+``dismiss``) and is None for the workspace actions (``park``, ``cleanup``). The outbox
+hands prompts to the agent by session ID alone, so a policy must check that the
+session belongs to the workspace: :func:`session_scoped` does it, and a system check
+(``W007``) warns about a policy that does not say it does.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-ACTIONS = ("view", "accept", "retry", "dismiss", "operate")
+from .conf import outbox_settings
+
+logger = logging.getLogger("django_outbox.policy")
+
+Policy = Callable[[Any, str, "str | None", str], bool]
+
+#: The attribute that says a policy checks that a session belongs to its workspace
+#: (set by :func:`session_scoped`; read by system check ``W007``).
+CHECKS_SESSION = "checks_session_in_workspace"
+
+
+@dataclass(frozen=True, slots=True)
+class AccessRow:
+    """One action: its ``name``, the ``OutboxEntry`` permission codename that grants it
+    (``view_outboxentry`` is needed besides, as in the admin), and where it is asked:
+    REST routes as ``"METHOD route"`` (under the mount; HEAD is asked like GET), the
+    WebSocket frames, and the admin's actions (function names in
+    :mod:`django_outbox.admin.actions`)."""
+
+    name: str
+    permission: str
+    rest: tuple[str, ...] = ()
+    websocket: tuple[str, ...] = ()
+    admin_actions: tuple[str, ...] = ()
+
+
+_SESSION = "api/workspaces/<str:workspace_id>/sessions/<str:session_id>/messages/"
+_ENTRY = _SESSION + "<str:entry_id>/"
+_WORKSPACE = "api/workspaces/<str:workspace_id>/"
+
+#: The access table (README "Access policy"). The admin's pages (changelist, entry)
+#: need ``view``; the admin never accepts prompts.
+ACCESS_TABLE: tuple[AccessRow, ...] = (
+    AccessRow(
+        "view", "view_outboxentry", rest=(f"GET {_SESSION}",), websocket=("connect", "resync")
+    ),
+    AccessRow("accept", "add_outboxentry", rest=(f"POST {_SESSION}",)),
+    AccessRow(
+        "retry",
+        "retry_outboxentry",
+        rest=(f"POST {_ENTRY}retry/",),
+        admin_actions=("retry_entries",),
+    ),
+    AccessRow(
+        "dismiss",
+        "dismiss_outboxentry",
+        rest=(f"DELETE {_ENTRY}",),
+        admin_actions=("dismiss_entries",),
+    ),
+    AccessRow(
+        "park",
+        "park_workspace",
+        rest=(f"POST {_WORKSPACE}park/", f"POST {_WORKSPACE}unpark/"),
+        admin_actions=("park_workspaces", "unpark_workspaces"),
+    ),
+    AccessRow(
+        "cleanup",
+        "cleanup_workspace",
+        rest=(f"DELETE {_WORKSPACE}",),
+        admin_actions=("cleanup_workspaces",),
+    ),
+)
+
+#: Every action, in table order.
+ACTIONS: tuple[str, ...] = tuple(row.name for row in ACCESS_TABLE)
+#: The actions on a workspace as a whole: their ``session_id`` is None.
+WORKSPACE_ACTIONS = frozenset({"park", "cleanup"})
+#: action -> the permissions (``"app_label.codename"``) it needs in the default policy.
+PERMISSIONS: dict[str, tuple[str, ...]] = {
+    row.name: tuple(
+        dict.fromkeys(("django_outbox.view_outboxentry", f"django_outbox.{row.permission}"))
+    )
+    for row in ACCESS_TABLE
+}
+
+
+def has_outbox_permission(user: Any, action: str) -> bool:
+    """True when ``user`` may do ``action`` in every workspace, as the admin would let
+    it: an active staff account (the admin's own gate) holding ``PERMISSIONS[action]``
+    (active superusers hold every permission). False for an unknown action."""
+    needed = PERMISSIONS.get(action)
+    if needed is None:
+        return False
+    if not (getattr(user, "is_active", False) and getattr(user, "is_staff", False)):
+        return False
+    has_perm = getattr(user, "has_perm", None)
+    return has_perm is not None and all(has_perm(p) for p in needed)
 
 
 def staff_only(user: Any, workspace_id: str, session_id: str | None, action: str) -> bool:
-    """The default: active staff may do everything, everyone else nothing."""
-    return bool(getattr(user, "is_active", False) and getattr(user, "is_staff", False))
+    """The default policy: Django model permissions (:func:`has_outbox_permission`), in
+    every workspace; nobody else gets anything. It cannot know which sessions belong to
+    which workspace: it suits operators only (system check ``W001``)."""
+    return has_outbox_permission(user, action)
+
+
+def session_scoped(
+    session_in_workspace: Callable[[str, str], bool],
+) -> Callable[[Policy], Policy]:
+    """Decorator for a policy: refuse every session action (``session_id`` not None)
+    whose session does not belong to the workspace, for every user, before the policy
+    is asked. ``session_in_workspace(workspace_id, session_id) -> bool`` answers from the
+    project's own records. Workspace actions (``park``, ``cleanup``) go straight to the
+    policy. The result is marked for system check ``W007``::
+
+        @session_scoped(lambda ws, ses: AgentSession.objects.filter(
+            workspace_id=ws, session_id=ses).exists())
+        def may_use_outbox(user, workspace_id, session_id, action): ...
+    """
+
+    def decorate(policy: Policy) -> Policy:
+        @functools.wraps(policy)
+        def checked(user: Any, workspace_id: str, session_id: str | None, action: str) -> bool:
+            if session_id is not None and not session_in_workspace(workspace_id, session_id):
+                return False
+            return bool(policy(user, workspace_id, session_id, action))
+
+        setattr(checked, CHECKS_SESSION, True)
+        return checked
+
+    return decorate
+
+
+def configured_policy() -> Policy:
+    """``OUTBOX["ACCESS_POLICY"]`` resolved (the default when unset). Raises
+    ``ImproperlyConfigured`` when it does not import."""
+    return outbox_settings().resolve("ACCESS_POLICY") or staff_only
+
+
+def is_allowed(user: Any, workspace_id: str, session_id: str | None, action: str) -> bool:
+    """Ask the configured policy whether ``user`` may do ``action`` (one of
+    :data:`ACTIONS`) on ``workspace_id`` / ``session_id`` (None for workspace actions).
+
+    Refused without asking: no user, an unauthenticated or inactive one, an unknown
+    action, a workspace action with a session or a session action without one. A policy
+    that raises is logged and refuses. IDs must already be valid identifiers.
+    """
+    if user is None or not getattr(user, "is_authenticated", False):
+        return False
+    if not getattr(user, "is_active", True):
+        return False
+    if action not in ACTIONS or (action in WORKSPACE_ACTIONS) != (session_id is None):
+        return False
+    try:
+        return bool(configured_policy()(user, workspace_id, session_id, action))
+    except Exception:
+        logger.exception("outbox: the access policy failed (action %s); refused", action)
+        return False

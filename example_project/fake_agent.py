@@ -21,8 +21,9 @@ Behaviour knobs (not opencode's; for the demo and its smoke run):
   text received); ``POST /_fake/control`` with any of ``{"latency", "cutRate",
   "errorRate", "rules": [rule, ...], "clearRules": true}``. A rule is ``{"match": text
   substring ("" matches any prompt), "action": "cut_after_store" | "cut_before_store" |
-  "error" | "delay", "seconds"?, "status"?, "times"?: N (default 1; 0 = forever)}``;
-  the first rule that matches a prompt applies.
+  "error" | "delay", "seconds"?, "status"?, "times"?: N (default 1; 0 = forever),
+  "session"?: a session ID (default "": any session)}``; the first rule that matches a
+  prompt applies.
 
 HTTP Basic auth on every route when ``--password`` (or ``OPENCODE_SERVER_PASSWORD``) is set,
 user ``opencode``, like opencode.
@@ -66,6 +67,7 @@ class Rule:
     seconds: float = 0.0  #: "delay": how long the turn takes
     status: int = 500  #: "error": the status answered
     times: int = 1  #: prompts it applies to, then it is dropped (0 = forever)
+    session: str = ""  #: the only session it applies to ("" = any)
 
     @classmethod
     def parse(cls, raw: Any) -> Rule:
@@ -78,6 +80,7 @@ class Rule:
             seconds=float(raw.get("seconds", 0)),
             status=int(raw.get("status", 500)),
             times=int(raw.get("times", 1)),
+            session=str(raw.get("session", "")),
         )
         if rule.seconds < 0 or rule.times < 0 or not 400 <= rule.status <= 599:
             raise ValueError(f"bad rule values: {raw!r}")
@@ -91,6 +94,7 @@ class Rule:
             "seconds": self.seconds,
             "status": self.status,
             "times": self.times,
+            "session": self.session,
         }
 
 
@@ -203,9 +207,9 @@ class FakeAgent(FakeOpencodeServer):
         self.rules.extend(rules)
         return json_reply(200, self.knobs())
 
-    def _rule_for(self, text: str) -> Rule | None:
+    def _rule_for(self, session_id: str, text: str) -> Rule | None:
         for rule in self.rules:
-            if rule.match in text:
+            if rule.match in text and rule.session in ("", session_id):
                 if rule.times:
                     rule.times -= 1
                     if rule.times == 0:
@@ -217,7 +221,7 @@ class FakeAgent(FakeOpencodeServer):
         """Count the post; the first matching rule, else a random error or cut, else a turn
         of ``latency`` seconds."""
         self.posts[text] = self.posts.get(text, 0) + 1
-        rule = self._rule_for(text)
+        rule = self._rule_for(session_id, text)
         action = rule.action if rule else None
         if action is None and random.random() < self.error_rate:
             action = "error"

@@ -1,6 +1,7 @@
 """An ASGI application with the outbox WebSocket, for fault scenarios (tests/chaos.py).
 
-Every WebSocket client is treated as an active staff user (no database needed);
+Every WebSocket client is treated as an active staff user holding every outbox
+permission (no database needed);
 settings come from ``tests.ws_settings``.
 """
 
@@ -13,7 +14,14 @@ django_app = get_asgi_application()
 
 from django_outbox.ws.routing import websocket_urlpatterns  # noqa: E402
 
-STAFF = SimpleNamespace(is_active=True, is_staff=True, username="chaos", pk=1)
+STAFF = SimpleNamespace(
+    is_authenticated=True,
+    is_active=True,
+    is_staff=True,
+    username="chaos",
+    pk=1,
+    has_perm=lambda perm: True,
+)
 
 
 class StaffUser:

@@ -13,6 +13,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "django_outbox",
+    # The example project's membership models: its access policy is tested too.
+    "example_project.demo",
 ]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 ROOT_URLCONF = "tests.urls"

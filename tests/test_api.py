@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from urllib.parse import quote
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client, override_settings
 from django.urls import reverse
@@ -37,10 +38,11 @@ POLICY_CALLS: list[tuple[str, str | None, str]] = []
 
 
 def own_workspace_policy(user, workspace_id, session_id, action):
-    """Staff may do everything; others only their own workspace (ID == username), not operate."""
+    """Staff may do everything; others only their own workspace (ID == username), and
+    not the workspace actions (park, cleanup)."""
     if user.is_staff:
         return True
-    return workspace_id == user.get_username() and action != "operate"
+    return workspace_id == user.get_username() and action in {"view", "accept", "retry", "dismiss"}
 
 
 def recording_policy(user, workspace_id, session_id, action):
@@ -110,6 +112,11 @@ def assert_error(response, status: int, code: str) -> dict:
     return data
 
 
+def with_every_outbox_permission(user):
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="django_outbox"))
+    return user
+
+
 @pytest.fixture
 def users(django_user_model):
     make = django_user_model.objects.create_user
@@ -117,7 +124,8 @@ def users(django_user_model):
         "anonymous": None,
         "other": make("bob", password=None),
         "owner": make("alice", password=None),
-        "staff": make("root", password=None, is_staff=True),
+        # an operator: staff holding every outbox permission (the default policy's rule)
+        "staff": with_every_outbox_permission(make("root", password=None, is_staff=True)),
     }
 
 
@@ -190,14 +198,21 @@ def test_policy_gets_workspace_session_and_action(users):
         ("w", "s", "view"),
         ("w", "s", "retry"),
         ("w", "s", "dismiss"),
-        ("w", None, "operate"),
-        ("w", None, "operate"),
-        ("w", None, "operate"),
+        ("w", None, "park"),
+        ("w", None, "park"),
+        ("w", None, "cleanup"),
     ]
 
 
-def test_default_policy_is_staff_only(users):
+def test_default_policy_is_model_permissions(users, django_user_model):
+    # Staff without permissions get nothing (tests/test_authz.py has the whole matrix).
     assert_error(client_for(users["owner"]).get(messages_url()), 403, "permission_denied")
+    bare = django_user_model.objects.create_user("bare", password=None, is_staff=True)
+    assert_error(client_for(bare).get(messages_url()), 403, "permission_denied")
+    bare.user_permissions.add(Permission.objects.get(codename="view_outboxentry"))
+    bare = django_user_model.objects.get(pk=bare.pk)  # without the permission cache
+    assert client_for(bare).get(messages_url()).status_code == 200
+    assert_error(post_json(client_for(bare), messages_url(), body()), 403, "permission_denied")
     assert client_for(users["staff"]).get(messages_url()).status_code == 200
 
 
@@ -680,7 +695,13 @@ def test_content_too_large_from_the_core_is_413_too_large():
 
 def test_invalid_content_from_the_core_is_400_invalid_without_field_errors(r):
     """A rule only the core checks (a user ID over 255 characters) answers 400 ``invalid``."""
-    user = SimpleNamespace(pk="u" * 256, is_authenticated=True, is_active=True, is_staff=True)
+    user = SimpleNamespace(
+        pk="u" * 256,
+        is_authenticated=True,
+        is_active=True,
+        is_staff=True,
+        has_perm=lambda perm: True,  # an operator holding every outbox permission
+    )
     request = APIRequestFactory().post(messages_url(), body(), format="json")
     force_authenticate(request, user=user)
     response = MessagesView.as_view()(request, workspace_id="alice", session_id="s1")

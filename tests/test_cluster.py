@@ -94,6 +94,7 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(cluster_outbox, monk
     await outbox.aunpark_workspace("wc")
     await outbox.adismiss("wc", "s1", (await outbox.alist("wc", "s1"))[0].id)
     await outbox.arecover()
+    assert sum((await outbox.astatus_counts([("wa", "s1")]))[0].values()) > 0
     await outbox.acleanup_workspace("wc")
     worker = Worker(outbox, slow, concurrency=4, tick=1, stop=asyncio.Event(), heartbeat=False)
     await worker.scan()

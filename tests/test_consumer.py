@@ -25,9 +25,9 @@ from django_outbox.ws.routing import websocket_urlpatterns
 from .helpers import aaccept
 
 ROOT = Path(__file__).resolve().parent.parent
-STAFF = SimpleNamespace(is_active=True, is_staff=True, username="staff")
-ALICE = SimpleNamespace(is_active=True, is_staff=False, username="alice")
-ANONYMOUS = SimpleNamespace(is_active=False, is_staff=False, username="")
+STAFF = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=True, username="staff")
+ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
+ANONYMOUS = SimpleNamespace(is_authenticated=False, is_active=False, is_staff=False, username="")
 POLICY = "tests.policies.own_workspace"
 
 

@@ -2,6 +2,7 @@
 
 import asyncio
 
+import pytest
 from prometheus_client import generate_latest
 
 from django_outbox.errors import AmbiguousError
@@ -51,3 +52,18 @@ def test_entries_by_status(make_outbox):
     assert 'outbox_entries{status="parked"} 2.0' in text
     assert 'outbox_entries{status="pending"} 1.0' in text
     assert metrics.count_entries() == {"parked": 2, "pending": 1}
+
+
+@pytest.mark.standalone
+def test_counting_entries_never_reads_their_texts(make_outbox, r):
+    """The gauge needs statuses only: the texts (here 3 x 90 KB) stay in Valkey."""
+    outbox = make_outbox()
+    for i in range(3):
+        outbox.accept("w1", f"s{i}", user_id="u", client_message_id=f"k{i}", text="x" * 90_000)
+    outbox.park_workspace("w1", "hold")
+    outbox.accept("w2", "s1", user_id="u", client_message_id="k", text="y" * 90_000)
+    metrics = WorkerMetrics(outbox)
+    before = r.info("stats")["total_net_output_bytes"]
+    assert metrics.count_entries() == {"parked": 3, "pending": 1}
+    sent = r.info("stats")["total_net_output_bytes"] - before
+    assert sent < 10_000, f"{sent} bytes sent to count 4 entries"

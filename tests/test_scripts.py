@@ -444,6 +444,56 @@ def test_cleanup_asks_again_when_markers_arrive(outbox, r):
 
 
 @pytest.mark.standalone
+class TestStatuses:
+    def test_counts_queued_and_staged_entries_by_stored_status(self, outbox):
+        assert call(outbox, "statuses") == []
+        seed(outbox)
+        seed(outbox, status="error", attempts=1)
+        seed(outbox, status="parked", reason="hold", parked_from="pending")
+        seed(outbox, status="delivering", target="staging")
+        answer = call(outbox, "statuses")
+        counts = dict(zip(answer[::2], answer[1::2], strict=True))
+        assert counts == {"pending": 1, "error": 1, "parked": 1, "delivering": 1}
+
+    def test_a_text_that_looks_like_state_is_not_read_as_state(self, outbox):
+        text = '"},"status":"error","clientMessageID":"x","text":"'
+        outbox.accept(WS, SES, user_id="u", client_message_id="k", text=text)
+        assert call(outbox, "statuses") == ["pending", 1]
+
+
+class TestSnapshotPreview:
+    def texts(self, outbox, preview):
+        _, queued, _, _, _, _ = call(outbox, "snapshot", preview)
+        return [Entry.from_json(raw) for raw in queued]
+
+    @pytest.mark.parametrize(
+        ("text", "preview", "expected"),
+        [
+            ("abcdef", 3, "abc"),
+            ("abc", 3, "abc"),  # exactly the preview: as stored
+            ("ab", 3, "ab"),
+            ('a"b\\c\nd\u0001e', 8, 'a"b\\c\nd\u0001'),  # an escape is one character
+            ("héé😀xyz", 4, "héé😀"),  # a UTF-8 sequence is one character
+            (',"model":{"x":1},"text":"no', 12, ',"model":{"x'),
+        ],
+    )
+    def test_texts_are_cut_to_the_first_characters(self, outbox, text, preview, expected):
+        model = {"providerID": "p", "modelID": 'm",x'}
+        outbox.accept(WS, SES, user_id="u", client_message_id="k1", text=text, model=model)
+        outbox.accept(WS, SES, user_id="u", client_message_id="k2", text=text)
+        with_model, without = self.texts(outbox, preview)
+        assert (with_model.text, without.text) == (expected, expected)
+        assert with_model.model == model and without.model is None
+        whole = self.texts(outbox, 0)
+        assert [e.text for e in whole] == [text, text]
+
+    def test_staged_entries_are_cut_too(self, outbox):
+        outbox.accept(WS, SES, user_id="u", client_message_id="k1", text="x" * 50)
+        assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"
+        _, _, staged, _, _, _ = call(outbox, "snapshot", 10)
+        assert Entry.from_json(staged[0]).text == "x" * 10
+
+
 class TestAdminIndices:
     def test_every_session_is_indexed_once_until_cleanup(self, outbox, r):
         seed(outbox)

@@ -17,7 +17,7 @@ from django_outbox.ws.routing import websocket_urlpatterns
 from .helpers import aaccept, accept
 
 WS, SES = "alice", "s1"
-ALICE = SimpleNamespace(is_active=True, is_staff=False, username="alice")
+ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
 
 
 def test_the_version_after_cleanup_and_a_new_accept_is_above_every_earlier_one(outbox):

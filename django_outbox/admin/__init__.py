@@ -49,6 +49,7 @@ from ..core.errors import InvalidIdentifier, OutboxUnavailable
 from ..core.rules import check_identifier
 from ..models import OutboxEntry
 from ..outbox import get_outbox
+from ..policy import has_outbox_permission
 from .actions import (
     cleanup_workspaces,
     dismiss_entries,
@@ -97,7 +98,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
     # -- permissions -------------------------------------------------------------------
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
+        return False  # prompts are accepted over REST (add_outboxentry); no add form here
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -105,20 +106,23 @@ class OutboxEntryAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    # The outbox's own permissions come from the access table (README "Access policy"),
+    # the same as the default policy's, so REST, WebSocket and admin agree.
+
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm("django_outbox.view_outboxentry")
+        return has_outbox_permission(request.user, "view")
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_outbox.retry_outboxentry")
+        return has_outbox_permission(request.user, "retry")
 
     def has_dismiss_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_outbox.dismiss_outboxentry")
+        return has_outbox_permission(request.user, "dismiss")
 
     def has_park_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_outbox.park_workspace")
+        return has_outbox_permission(request.user, "park")
 
     def has_cleanup_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_outbox.cleanup_workspace")
+        return has_outbox_permission(request.user, "cleanup")
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         # Only this admin's actions: the site-wide delete_selected needs the ORM.

@@ -1,10 +1,12 @@
 """The REST API's permission: an authenticated user whom ``OUTBOX["ACCESS_POLICY"]`` allows.
 
-The policy is a callable ``(user, workspace_id, session_id, action) -> bool``
-(:mod:`django_outbox.policy`); ``session_id`` is None for workspace operations.
-It is asked before Valkey is touched, with identifiers already validated, so a
-refusal (403 ``permission_denied``) is the same whether or not the workspace,
-session or entry exists: it reveals nothing about stored data.
+The policy is a callable ``(user, workspace_id, session_id, action) -> bool``, asked
+through :func:`django_outbox.policy.is_allowed`; which action each endpoint needs is
+in :data:`django_outbox.policy.ACCESS_TABLE` (README "Access policy"), and
+``session_id`` is None for the workspace actions. It is asked before Valkey is
+touched, with identifiers already validated, so a refusal (403
+``permission_denied``) is the same whether or not the workspace, session or entry
+exists: it reveals nothing about stored data.
 """
 
 from __future__ import annotations
@@ -13,14 +15,13 @@ from typing import Any
 
 from rest_framework.permissions import BasePermission
 
-from ..conf import outbox_settings
-from ..policy import staff_only
+from ..policy import is_allowed
 
 
 class OutboxAccessPolicy(BasePermission):
     """Grant a request when the user is authenticated and the access policy allows the
-    view's action (``view``, ``accept``, ``retry``, ``dismiss`` or ``operate``) on its
-    workspace and session.
+    view's action (one of :data:`django_outbox.policy.ACTIONS`) on its workspace and
+    session.
 
     Anonymous users are refused the way DRF refuses them (401 with
     ``WWW-Authenticate`` when the first authentication class sends one, else 403
@@ -41,5 +42,4 @@ class OutboxAccessPolicy(BasePermission):
         if action is None:
             return True  # the view answers 405
         workspace_id, session_id = view.outbox_target()
-        policy = outbox_settings().resolve("ACCESS_POLICY") or staff_only
-        return bool(policy(user, workspace_id, session_id, action))
+        return is_allowed(user, workspace_id, session_id, action)

@@ -202,13 +202,13 @@ class MessageRetryView(OutboxAPIView):
 class WorkspaceView(OutboxAPIView):
     """``api/workspaces/<ws>/``: delete every key of the workspace (operator action)."""
 
-    actions = {"DELETE": "operate"}
+    actions = {"DELETE": "cleanup"}
 
     @documented(
         operation_id="outbox_workspace_cleanup",
         summary="Clean up a workspace",
         description="Delete every queue, lease, version and idempotency marker of the "
-        "workspace (its keys are free again afterwards). Idempotent. Needs `operate`.",
+        "workspace (its keys are free again afterwards). Idempotent. Needs `cleanup`.",
         parameters=[WORKSPACE_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
         request=None,
         responses=with_common_errors({200: RemovedSerializer}),
@@ -221,9 +221,9 @@ class WorkspaceView(OutboxAPIView):
 class WorkspaceBulkView(OutboxAPIView):
     """Base of ``park/`` and ``unpark/``: validate the ``{reason}`` body with
     ``request_serializer``, run :meth:`run` over the workspace and answer
-    ``{count_member: count}``. Needs ``operate``."""
+    ``{count_member: count}``. Needs ``park`` (park and unpark alike)."""
 
-    actions = {"POST": "operate"}
+    actions = {"POST": "park"}
     request_serializer: ClassVar[type[serializers.Serializer]]
     count_member: ClassVar[str]
 
@@ -247,7 +247,7 @@ class WorkspaceBulkView(OutboxAPIView):
         "with `reason`, and hold every message accepted into the workspace afterwards (any "
         "session, old or new) as parked with the same reason until it is unparked. Parked "
         "messages are inert until unparked or dismissed; a delivery already in flight "
-        "finishes. Needs `operate`.",
+        "finishes. Needs `park`.",
         parameters=[WORKSPACE_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
         request=ParkRequestSerializer,
         responses=with_common_errors({200: ParkedSerializer, **BODY_ERRORS}),
@@ -271,7 +271,7 @@ class WorkspaceParkView(WorkspaceBulkView):
         description="Return parked messages (only those parked with `reason`, if given) to "
         "pending, or to verifying when their last attempt's outcome is unknown, and end the "
         "workspace's pause (when it was parked with `reason`, or none is given). Each "
-        "session is released in accept order. The body may be empty. Needs `operate`.",
+        "session is released in accept order. The body may be empty. Needs `park`.",
         parameters=[WORKSPACE_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
         request=UnparkRequestSerializer,
         responses=with_common_errors({200: UnparkedSerializer, **BODY_ERRORS}),

@@ -187,8 +187,9 @@ class OutboxBase(Transport):
         answer = yield self._session_eval("snapshot", workspace_id, session_id)
         return self._snapshot_from(answer)
 
-    def _snapshots_plan(self, pairs: Iterable[tuple[str, str]]) -> Plan:
-        calls = [self._session_eval("snapshot", ws, ses) for ws, ses in pairs]
+    def _snapshots_plan(self, pairs: Iterable[tuple[str, str]], preview_chars: int = 0) -> Plan:
+        extra = [preview_chars] if preview_chars > 0 else []
+        calls = [self._session_eval("snapshot", ws, ses, extra) for ws, ses in pairs]
         if not calls:
             return []
         answers = yield Pipe(list(calls))
@@ -242,15 +243,41 @@ class OutboxBase(Transport):
         """Async :meth:`snapshot`."""
         return await self._arun(self._snapshot_plan(workspace_id, session_id))
 
-    def snapshots(self, pairs: Iterable[tuple[str, str]]) -> list[Snapshot]:
+    def snapshots(
+        self, pairs: Iterable[tuple[str, str]], *, preview_chars: int = 0
+    ) -> list[Snapshot]:
         """:meth:`snapshot` of many ``(workspace_id, session_id)`` pairs in one round trip
-        (each still atomic on its own), in the order given.
+        (each still atomic on its own), in the order given. With ``preview_chars`` > 0
+        each entry's text is its first ``preview_chars`` characters, cut on the server
+        (for pages that show previews: whole texts are not sent).
         """
-        return self._run(self._snapshots_plan(list(pairs)))
+        return self._run(self._snapshots_plan(list(pairs), preview_chars))
 
-    async def asnapshots(self, pairs: Iterable[tuple[str, str]]) -> list[Snapshot]:
+    async def asnapshots(
+        self, pairs: Iterable[tuple[str, str]], *, preview_chars: int = 0
+    ) -> list[Snapshot]:
         """Async :meth:`snapshots`."""
-        return await self._arun(self._snapshots_plan(list(pairs)))
+        return await self._arun(self._snapshots_plan(list(pairs), preview_chars))
+
+    def _statuses_plan(self, pairs: Iterable[tuple[str, str]]) -> Plan:
+        calls = [self._session_eval("statuses", ws, ses) for ws, ses in pairs]
+        if not calls:
+            return []
+        answers = yield Pipe(calls)
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return [{as_text(s): int(n) for s, n in zip(a[::2], a[1::2], strict=True)} for a in answers]
+
+    def status_counts(self, pairs: Iterable[tuple[str, str]]) -> list[dict[str, int]]:
+        """How many entries (queued and staged) of each ``(workspace_id, session_id)`` pair
+        hold each stored status, ``{"pending": 2, ...}``, in the order given; one round
+        trip, and no entry's content is sent (the ``statuses`` script)."""
+        return self._run(self._statuses_plan(list(pairs)))
+
+    async def astatus_counts(self, pairs: Iterable[tuple[str, str]]) -> list[dict[str, int]]:
+        """Async :meth:`status_counts`."""
+        return await self._arun(self._statuses_plan(list(pairs)))
 
     def list(self, workspace_id: str, session_id: str) -> list[Entry]:
         """The session's entries in FIFO order, staged (delivering) ones included.

@@ -32,7 +32,6 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from .base import OutboxBase
-from .entry import Entry
 from .errors import OutboxUnavailable
 from .paging import (
     CopyPage,
@@ -59,6 +58,9 @@ HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat k
 SEARCH_MAX_SESSIONS = 1000
 #: Sessions whose entries :meth:`QueueReads.entry_counts` reads at most.
 COUNT_MAX_SESSIONS = 50_000
+#: A page of sessions holds each entry's text cut to this many characters on the server
+#: (the admin shows 120 and an ellipsis beyond): a page never moves whole texts.
+PAGE_PREVIEW_CHARS = 200
 #: Seconds the server-settings probe of the system checks waits for Valkey.
 PROBE_TIMEOUT = 1.0
 
@@ -487,7 +489,8 @@ class QueueReads(OutboxBase):
         if total is None:
             total = totals.attention if index == "attention" else totals.sessions
         chosen = located.rows
-        snapshots = self.snapshots([(ws, ses) for ws, ses, _ in chosen]) if chosen else []
+        pairs = [(ws, ses) for ws, ses, _ in chosen]
+        snapshots = self.snapshots(pairs, preview_chars=PAGE_PREVIEW_CHARS) if chosen else []
         sessions = [
             IndexedSession(ws, ses, score, snapshot, located.ties.get(f"{ws} {ses}", 0))
             for (ws, ses, score), snapshot in zip(chosen, snapshots, strict=True)
@@ -545,7 +548,7 @@ class QueueReads(OutboxBase):
                 return SessionSearch([(ws, second)], ws)
             names = sorted(_text(s) for s in sessions)
             pairs = [(ws, s) for s in names[:max_sessions]]
-            snapshots = self.snapshots(pairs) if pairs else []
+            snapshots = self.snapshots(pairs, preview_chars=1) if pairs else []  # IDs only
             holding = [
                 pair
                 for pair, snapshot in zip(pairs, snapshots, strict=True)
@@ -606,20 +609,16 @@ class QueueReads(OutboxBase):
     def entry_counts(self, max_sessions: int = COUNT_MAX_SESSIONS) -> dict[str, int]:
         """Entries by stored status (``{"pending": 3, ...}``, absent statuses left out),
         staged ones included, walking workspaces in order until ``max_sessions``
-        sessions have been read (two round trips per workspace)."""
+        sessions have been read (two round trips per workspace; statuses only, never
+        an entry's content: :meth:`status_counts`)."""
         counts: dict[str, int] = {}
         seen = 0
         for ws in self.workspaces():
             (members,) = self._ask([("SMEMBERS", self.keys.sessions(ws))])
             sessions = [_text(m) for m in members]
-            calls: list[tuple[Any, ...]] = []
-            for ses in sessions:
-                k = self.keys.session(ws, ses)
-                calls += [("LRANGE", k.queue, 0, -1), ("LRANGE", k.staging, 0, -1)]
-            for items in self._ask(calls) if calls else []:
-                for raw in items:
-                    status = str(Entry.from_json(raw).status)
-                    counts[status] = counts.get(status, 0) + 1
+            for found in self.status_counts((ws, ses) for ses in sessions):
+                for status, n in found.items():
+                    counts[status] = counts.get(status, 0) + n
             seen += len(sessions)
             if seen >= max_sessions:
                 break

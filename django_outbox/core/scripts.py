@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "renew",
     "release",
     "snapshot",
+    "statuses",
     "operate",
     "recover",
     "cleanup",
@@ -36,7 +37,7 @@ SCRIPT_NAMES = (
 #: Copies of a script that run only one of its operations: ``{name: (file, operation)}``.
 #: They exist for their flags (see ALLOW_OOM).
 VARIANTS = {"dismiss": ("operate", "dismiss"), "settle_delivered": ("settle", "delivered")}
-READ_ONLY = {"snapshot", "due"}
+READ_ONLY = {"snapshot", "statuses", "due"}
 #: Scripts Valkey runs even at ``maxmemory`` (flag ``allow-oom``): what frees memory or
 #: keeps a delivery safe — a claim, then a delivered-settle and a release, free a whole
 #: entry; renewing keeps a lease from expiring under a running delivery; recovery,

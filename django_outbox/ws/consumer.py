@@ -4,10 +4,12 @@ README "Live updates (WebSocket)" describes the frames. Route:
 ``ws/outbox/workspaces/<ws>/sessions/<ses>/`` (see :mod:`django_outbox.ws.routing`).
 The user comes from the scope (``AuthMiddlewareStack``, or any middleware that
 sets ``scope["user"]``, e.g. a token middleware); the access policy decides
-(action ``view``). Frames the client may send: ``{"type": "resync"}`` →
-a fresh ``queue.snapshot``. Anything else gets an error frame and the socket
-stays open; binary frames (close 1003) and frames over ``MAX_FRAME_BYTES``
-(close 1009) close that socket only.
+(action ``view``, README "Access policy"), on connect and again on every resync,
+with the user read afresh from the database (a refusal closes with 4403). Frames
+the client may send: ``{"type": "resync"}`` → a fresh ``queue.snapshot``.
+Anything else gets an error frame and the socket stays open; binary frames
+(close 1003) and frames over ``MAX_FRAME_BYTES`` (close 1009) close that socket
+only.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.db.models import Model
 
-from ..conf import outbox_settings
 from ..core.rules import IDENTIFIER_RE
 from ..errors import OutboxUnavailable
 from ..outbox import get_outbox
+from ..policy import is_allowed
 from .publish import group_name
 
 # The logger keeps the name it had before the module moved into ws/ (logging configs use it).
@@ -52,8 +55,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         ):
             await self.close(code=CLOSE_INVALID)
             return
-        user = self.scope.get("user")
-        if not await self._allowed(user):
+        if not await self._allowed(fresh=False):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         # Count this client before joining the group and reading the snapshot, so
@@ -80,7 +82,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 logger.warning("outbox: cannot unregister a watcher: %s", exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """Answer ``{"type": "resync"}`` with a snapshot; anything else with an error frame."""
+        """Answer ``{"type": "resync"}`` with a snapshot once the access policy still
+        allows it (else close 4403); anything else with an error frame."""
         if bytes_data is not None:
             await self.close(code=CLOSE_UNSUPPORTED)
             return
@@ -95,6 +98,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             return
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "resync":
+            if not await self._allowed(fresh=True):
+                await self.close(code=CLOSE_FORBIDDEN)
+                return
             await self._send_snapshot()
         else:
             await self._error(
@@ -111,15 +117,14 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         await get_outbox().awatch(self.workspace_id, self.session_id, delta)
 
     @sync_to_async
-    def _allowed(self, user: Any) -> bool:
-        if user is None:
-            return False
-        try:
-            policy = outbox_settings().resolve("ACCESS_POLICY")
-            return bool(policy and policy(user, self.workspace_id, self.session_id, "view"))
-        except Exception:
-            logger.exception("outbox: access policy failed")
-            return False
+    def _allowed(self, fresh: bool) -> bool:
+        """Whether the access policy lets the scope's user ``view`` this session; with
+        ``fresh``, the user as the database holds it now (Django caches permissions
+        on a user object, and the scope's is as old as the connection)."""
+        user = self.scope.get("user")
+        if fresh and isinstance(user, Model) and user.pk is not None:
+            user = user.__class__._default_manager.filter(pk=user.pk).first()
+        return is_allowed(user, self.workspace_id, self.session_id, "view")
 
     async def _send_snapshot(self) -> None:
         try:

@@ -44,6 +44,10 @@ class AgentSession(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [
+            # README "The demo": the fake agent's knobs are shared by every workspace.
+            ("control_agent", "Can read every prompt count and change the fake agent's knobs"),
+        ]
 
     def __str__(self) -> str:
         return self.title or self.session_id

@@ -1,4 +1,9 @@
-"""The queue page and the small JSON endpoints it uses beside the outbox API."""
+"""The queue page and the small JSON endpoints it uses beside the outbox API.
+
+Every endpoint answers from the access policy (``policy.py``): a member sees and
+changes only what belongs to their workspaces; staff get what their permissions
+allow (README "The demo", "Security").
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from django_outbox.conf import outbox_settings
+from django_outbox.policy import has_outbox_permission
 
 from . import agent
 from .models import AgentSession, Membership
@@ -22,6 +28,11 @@ from .policy import workspace_members
 #: Where ``example_project/urls.py`` mounts ``django_outbox.urls``; outbox.js appends
 #: ``api/workspaces/<ws>/sessions/<ses>/messages/`` to it.
 OUTBOX_MOUNT = "/outbox/"
+#: The permission to read every prompt count and change the fake agent's shared knobs.
+CONTROL_AGENT = "demo.control_agent"
+#: The fake agent's knobs that act on every session (only ``CONTROL_AGENT`` may change
+#: them); a member may only add rules for their own sessions.
+GLOBAL_KNOBS = ("latency", "cutRate", "errorRate", "clearRules")
 
 
 def _error(status: int, code: str, detail: str) -> JsonResponse:
@@ -42,9 +53,24 @@ def json_login_required(view: Callable[..., HttpResponse]) -> Callable[..., Http
 
 def _workspaces(user: Any) -> list[str]:
     names = set(Membership.objects.filter(user=user).values_list("workspace_id", flat=True))
-    if user.is_staff:
+    if has_outbox_permission(user, "view"):
         names |= set(AgentSession.objects.values_list("workspace_id", flat=True).distinct())
     return sorted(names)
+
+
+def controls_agent(user: Any) -> bool:
+    """Active staff holding ``demo.control_agent``: every knob, every prompt count."""
+    return bool(user.is_active and user.is_staff and user.has_perm(CONTROL_AGENT))
+
+
+def _own_sessions(user: Any) -> set[str]:
+    """The agent sessions of the workspaces ``user`` may send prompts into."""
+    workspaces = Membership.objects.filter(user=user).values_list("workspace_id", flat=True)
+    return {
+        s.session_id
+        for s in AgentSession.objects.filter(workspace_id__in=list(workspaces))
+        if workspace_members(user, s.workspace_id, s.session_id, "accept")
+    }
 
 
 @login_required
@@ -68,6 +94,7 @@ def queue_page(request: HttpRequest) -> HttpResponse:
         "sessionsURL": reverse("demo-sessions", args=[workspace]) if workspace else "",
         "transcriptURL": (reverse("demo-transcript", args=[workspace, session]) if session else ""),
         "agentURL": reverse("demo-agent"),
+        "controlsAgent": controls_agent(request.user),
         "maxTextBytes": config.max_text_bytes,
     }
     return render(
@@ -130,17 +157,55 @@ def transcript_api(request: HttpRequest, workspace_id: str, session_id: str) -> 
 @json_login_required
 @require_http_methods(["GET", "POST"])
 def agent_api(request: HttpRequest) -> HttpResponse:
-    """The fake agent's knobs: latency, cut/error rates, one-shot rules (fake agent only)."""
+    """The fake agent's knobs (fake agent only).
+
+    Staff with ``demo.control_agent``: everything (``GET`` the knobs, the rules and how
+    many POSTs each prompt text received; ``POST`` any change). A workspace member:
+    ``GET`` the shared knobs and the rules of their own sessions (no prompt counts: they
+    are keyed by other people's prompt texts); ``POST {"rules": [...]}`` where every rule
+    names one of their sessions (``"session"``), so it fails only their own deliveries.
+    Anyone else: 403.
+    """
     if agent.kind() != "fake":
         return _error(404, "not_found", "The real opencode server has no knobs.")
+    user = request.user
+    operator = controls_agent(user)
+    own = set() if operator else _own_sessions(user)
+    if not operator and not own:
+        return _error(403, "permission_denied", "The agent's knobs are for its users.")
     try:
-        if request.method == "GET":
-            return JsonResponse(agent.control())
-        body = json.loads(request.body or b"{}")
-        if not isinstance(body, dict):
-            return _error(400, "parse_error", "Send a JSON object.")
-        return JsonResponse(agent.control(body))
+        if request.method == "POST":
+            body = json.loads(request.body or b"{}")
+            if not isinstance(body, dict):
+                return _error(400, "parse_error", "Send a JSON object.")
+            if not operator:
+                refused = _refused_change(body, own)
+                if refused:
+                    return _error(403, "permission_denied", refused)
+            knobs = agent.control(body)
+        else:
+            knobs = agent.control()
     except ValueError:
         return _error(400, "parse_error", "Send a JSON object.")
     except agent.AgentError as exc:
         return _error(502, "agent_unavailable", str(exc))
+    if operator:
+        return JsonResponse(knobs)
+    return JsonResponse(
+        {
+            **{k: knobs.get(k) for k in ("latency", "cutRate", "errorRate")},
+            "rules": [r for r in knobs.get("rules", []) if r.get("session") in own],
+        }
+    )
+
+
+def _refused_change(body: dict[str, Any], own: set[str]) -> str | None:
+    """Why a member may not make this change (None: they may)."""
+    shared = [k for k in GLOBAL_KNOBS if k in body]
+    if shared:
+        return f"Only staff with {CONTROL_AGENT} may change {', '.join(shared)}."
+    rules = body.get("rules", [])
+    for rule in rules if isinstance(rules, list) else [None]:
+        if not isinstance(rule, dict) or rule.get("session") not in own:
+            return 'Each rule must name one of your sessions ("session").'
+    return None

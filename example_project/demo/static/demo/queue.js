@@ -289,7 +289,8 @@ if (panel) {
   });
   for (const button of panel.querySelectorAll("button[data-rule]")) {
     button.addEventListener("click", async () => {
-      const rule = { match: "", action: button.dataset.rule, times: 1 };
+      // Scoped to this session: a member's rule may only fail their own deliveries.
+      const rule = { match: "", action: button.dataset.rule, times: 1, session: page.session };
       if (rule.action === "delay") rule.seconds = 20;
       try {
         await postJSON(page.agentURL, { rules: [rule] });
