@@ -8,7 +8,10 @@ REST endpoint, WebSocket frame and admin action needs, and which permission of
 :class:`~django_outbox.models.OutboxEntry` grants it.
 
 ``session_id`` is given for every session action (``view``, ``accept``, ``retry``,
-``dismiss``) and is None for the workspace actions (``park``, ``cleanup``). The outbox
+``dismiss``) and is None for the workspace operations, park/unpark and cleanup, which a
+policy is asked as the one action ``operate`` (the contract since the first release);
+:func:`current_operation` tells a policy which of the two it is, and the built-in policy
+asks each its own permission (``park_workspace`` or ``cleanup_workspace``). The outbox
 hands prompts to the agent by session ID alone, so a policy must check that the
 session belongs to the workspace: :func:`session_scoped` does it, and a system check
 (``W007``) warns about a policy that does not say it does.
@@ -16,6 +19,7 @@ session belongs to the workspace: :func:`session_scoped` does it, and a system c
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 from collections.abc import Callable
@@ -89,6 +93,19 @@ ACCESS_TABLE: tuple[AccessRow, ...] = (
 ACTIONS: tuple[str, ...] = tuple(row.name for row in ACCESS_TABLE)
 #: The actions on a workspace as a whole: their ``session_id`` is None.
 WORKSPACE_ACTIONS = frozenset({"park", "cleanup"})
+#: What a policy is asked for each action: the workspace operations are all ``operate``.
+POLICY_ACTION = {"park": "operate", "cleanup": "operate"}
+_operation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "outbox_operation", default=None
+)
+
+
+def current_operation() -> str | None:
+    """While a policy is asked ``operate``: which workspace operation it is, ``"park"``
+    (park or unpark) or ``"cleanup"``; None otherwise."""
+    return _operation.get()
+
+
 #: action -> the permissions (``"app_label.codename"``) it needs in the default policy.
 PERMISSIONS: dict[str, tuple[str, ...]] = {
     row.name: tuple(
@@ -102,6 +119,10 @@ def has_outbox_permission(user: Any, action: str) -> bool:
     """True when ``user`` may do ``action`` in every workspace, as the admin would let
     it: an active staff account (the admin's own gate) holding ``PERMISSIONS[action]``
     (active superusers hold every permission). False for an unknown action."""
+    if action == "operate":  # a policy asked for a workspace operation passes it on
+        operation = current_operation()
+        operations = (operation,) if operation else tuple(sorted(WORKSPACE_ACTIONS))
+        return all(has_outbox_permission(user, op) for op in operations)
     needed = PERMISSIONS.get(action)
     if needed is None:
         return False
@@ -166,7 +187,14 @@ def is_allowed(user: Any, workspace_id: str, session_id: str | None, action: str
     if action not in ACTIONS or (action in WORKSPACE_ACTIONS) != (session_id is None):
         return False
     try:
-        return bool(configured_policy()(user, workspace_id, session_id, action))
+        policy = configured_policy()
+        if policy is staff_only:  # the built-in policy tells park from cleanup
+            return has_outbox_permission(user, action)
+        token = _operation.set(action if action in WORKSPACE_ACTIONS else None)
+        try:
+            return bool(policy(user, workspace_id, session_id, POLICY_ACTION.get(action, action)))
+        finally:
+            _operation.reset(token)
     except Exception:
         logger.exception("outbox: the access policy failed (action %s); refused", action)
         return False

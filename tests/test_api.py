@@ -198,9 +198,9 @@ def test_policy_gets_workspace_session_and_action(users):
         ("w", "s", "view"),
         ("w", "s", "retry"),
         ("w", "s", "dismiss"),
-        ("w", None, "park"),
-        ("w", None, "park"),
-        ("w", None, "cleanup"),
+        ("w", None, "operate"),  # the pinned action of every workspace operation
+        ("w", None, "operate"),
+        ("w", None, "operate"),
     ]
 
 

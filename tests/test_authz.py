@@ -334,8 +334,28 @@ def test_the_table_names_every_rest_route_and_admin_action():
 
 
 def test_an_unknown_action_is_refused_even_to_a_superuser(people):
-    assert policy.staff_only(people["superuser"], WS, SES, "operate") is False
     assert policy.has_outbox_permission(people["superuser"], "nope") is False
+    assert policy.staff_only(people["superuser"], WS, SES, "nope") is False
+
+
+def test_custom_policies_are_asked_operate_and_can_tell_park_from_cleanup(people):
+    """The pinned contract: park, unpark and cleanup reach a policy as ``operate``;
+    ``current_operation()`` (and has_outbox_permission with "operate") tell them apart."""
+    seen = []
+
+    def custom(user, workspace_id, session_id, action):
+        seen.append((action, policy.current_operation()))
+        return policy.has_outbox_permission(user, action)
+
+    with override_settings(OUTBOX={"ACCESS_POLICY": custom}):
+        parker = people["parker"]
+        assert policy.is_allowed(parker, WS, None, "park") is True
+        assert policy.is_allowed(parker, WS, None, "cleanup") is False
+    assert seen == [("operate", "park"), ("operate", "cleanup")]
+    assert policy.current_operation() is None
+    # outside an operation, "operate" needs both permissions
+    assert policy.has_outbox_permission(parker, "operate") is False
+    assert policy.has_outbox_permission(people["superuser"], "operate") is True
 
 
 def test_an_inactive_or_non_staff_superuser_gets_nothing(people, django_user_model):

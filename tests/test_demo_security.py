@@ -155,9 +155,8 @@ def test_the_policy_gets_both_ids_and_workspace_actions_none(demo):
     alice, root = demo["alice"], demo["root"]
     assert workspace_members(alice, "wa", "ses_a", "view")
     assert not workspace_members(alice, "wa", "ses_b", "view")
-    assert not workspace_members(alice, "wa", None, "park")
-    assert not workspace_members(alice, "wa", None, "cleanup")
-    assert workspace_members(root, "wa", None, "cleanup")
+    assert not workspace_members(alice, "wa", None, "operate")
+    assert workspace_members(root, "wa", None, "operate")
     assert client(alice).post("/outbox/api/workspaces/wa/park/", {"reason": "x"}).status_code == 403
     assert client(alice).delete("/outbox/api/workspaces/wa/").status_code == 403
 
@@ -172,8 +171,8 @@ def test_session_scoped_asks_first_and_lets_workspace_actions_through():
     checked = session_scoped(lambda ws, ses: (ws, ses) == ("wa", "ses_a"))(policy)
     assert checked(None, "wa", "ses_a", "accept") is True
     assert checked(None, "wa", "ses_b", "accept") is False
-    assert checked(None, "wa", None, "park") is True
-    assert asked == [("wa", "ses_a", "accept"), ("wa", None, "park")]
+    assert checked(None, "wa", None, "operate") is True
+    assert asked == [("wa", "ses_a", "accept"), ("wa", None, "operate")]
     assert checked.checks_session_in_workspace is True
     assert checked.__name__ == "policy"
 
