@@ -41,6 +41,7 @@ LOGGER_NAMES = (
     "django_outbox.worker",
     "django_outbox.events",
     "django_outbox.consumers",
+    "django_outbox.policy",
 )
 
 # scheme://userinfo@ — greedy up to the last "@" before the host (a password may hold "@").
