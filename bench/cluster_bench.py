@@ -138,7 +138,13 @@ def accept_all(store: Store, shape: tuple[int, int, int], timeout: float) -> flo
     from django_outbox.core.service import Outbox
 
     workspaces, sessions, per = shape
-    ob = Outbox(url=store.url, cluster=store.cluster, cap=10**6)
+    ob = Outbox(
+        url=store.url,
+        cluster=store.cluster,
+        cap=10**6,
+        user_max_queued=0,  # one synthetic user sends the whole load
+        user_accepts_per_minute=0,
+    )
     ob.load_scripts()
 
     async def run():

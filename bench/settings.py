@@ -17,6 +17,9 @@ OUTBOX = {
     "DELIVERER": os.environ.get("BENCH_DELIVERER", "bench.agents.noop"),
     "ACCESS_POLICY": "django_outbox.policy.staff_only",
     "CAP": 10_000,
+    # One synthetic user sends the whole load: no per-user bounds.
+    "USER_MAX_QUEUED": 0,
+    "USER_ACCEPTS_PER_MINUTE": 0,
     "CONCURRENCY": int(os.environ.get("BENCH_CONCURRENCY", "64")),
     "CLUSTER": cluster,
 }

@@ -48,7 +48,7 @@ def wait(predicate, timeout, interval=0.01):
 def outbox(url):
     from django_outbox.core.service import Outbox
 
-    return Outbox(url=url, cap=10_000)
+    return Outbox(url=url, cap=10_000, user_max_queued=0, user_accepts_per_minute=0)
 
 
 def latency(url, n=500):

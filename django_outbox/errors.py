@@ -16,6 +16,7 @@ from .core.errors import (
     OutboxFull,
     OutboxUnavailable,
     PriorAttemptPendingError,
+    RateLimited,
     TransientDeliveryError,
 )
 
@@ -30,5 +31,6 @@ __all__ = [
     "OutboxFull",
     "OutboxUnavailable",
     "PriorAttemptPendingError",
+    "RateLimited",
     "TransientDeliveryError",
 ]

@@ -31,6 +31,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
+#: One user "u" stands in for all the load: the per-user bounds (tested in
+#: tests/test_user_bounds.py) are off, as tests.helpers.NO_USER_BOUNDS.
+NO_USER_BOUNDS = {"user_max_queued": 0, "user_accepts_per_minute": 0}
+
 
 @dataclass
 class Row:
@@ -145,7 +149,7 @@ def kill_workers(tmp: Path, short: bool) -> Row:
     row = Row("1 worker SIGKILLs")
     server = _valkey(tmp / "valkey")
     r = redis.Redis.from_url(server.url, decode_responses=True)
-    outbox = Outbox(url=server.url)
+    outbox = Outbox(url=server.url, **NO_USER_BOUNDS)
     started = time.monotonic()
     try:
         ids = _accept_all(outbox, sessions, per)
@@ -260,6 +264,7 @@ def _outbox(url: str, agent: _Agent, signals: list[str], **tunables):
         verify_delay=0,
         retry_backoff=0.05,
         max_backoff=0.2,
+        **NO_USER_BOUNDS,
         **tunables,
     )
 
@@ -291,7 +296,7 @@ def valkey_restart(tmp: Path, short: bool, fsync: str, wait_aof: bool = False) -
     tunables = {"wait_aof": True, "wait_timeout": 2.0} if wait_aof else {}
     agent, signals = _Agent(), []
     outbox = _outbox(server.url, agent, signals, **tunables)
-    client = CoreOutbox(url=server.url, **tunables)
+    client = CoreOutbox(url=server.url, **NO_USER_BOUNDS, **tunables)
     started = time.monotonic()
     ids: dict[str, list[str]] = {f"s{i}": [] for i in range(sessions)}
 
@@ -370,7 +375,7 @@ def proxy_faults(tmp: Path, short: bool) -> Row:
     outbox = _outbox(proxy.url, agent, signals)
     started = time.monotonic()
     try:
-        client = CoreOutbox(url=server.url)
+        client = CoreOutbox(url=server.url, **NO_USER_BOUNDS)
         ids = _accept_all(client, sessions, per)
         client.close()
 
@@ -406,7 +411,7 @@ def agent_stalls(tmp: Path, short: bool) -> Row:
     outbox = _outbox(server.url, agent, signals, delivery_timeout=0.3)
     started = time.monotonic()
     try:
-        client = CoreOutbox(url=server.url)
+        client = CoreOutbox(url=server.url, **NO_USER_BOUNDS)
         ids = _accept_all(client, sessions, per)
         client.close()
 
@@ -571,7 +576,7 @@ def lost_replies(tmp: Path, short: bool) -> Row:
     ids: dict[str, list[str]] = {"s0": []}
     try:
         outbox.load_scripts()
-        client = CoreOutbox(url=proxy.url, cap=rounds)
+        client = CoreOutbox(url=proxy.url, cap=rounds, **NO_USER_BOUNDS)
         for n in range(rounds):
             proxy.drop_reply_to(outbox.scripts["accept"].sha.encode())
             try:
@@ -695,7 +700,11 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
                 ws.transport.abort()  # gone without a close frame
             row.faults = abandoned
             outbox = Outbox(
-                url=server.url, deliverer=agent.deliver, verifier=agent.verify, cap=10_000
+                url=server.url,
+                deliverer=agent.deliver,
+                verifier=agent.verify,
+                cap=10_000,
+                **NO_USER_BOUNDS,
             )
             stop = asyncio.Event()
             run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))

@@ -15,6 +15,7 @@ import pytest
 from django_outbox import Verdict
 from django_outbox.errors import Duplicate, OutboxUnavailable
 
+from .helpers import NO_USER_BOUNDS
 from .valkey import ValkeyProcess
 
 pytestmark = pytest.mark.slow
@@ -43,7 +44,7 @@ async def test_valkey_killed_and_restarted_mid_delivery_loses_nothing(tmp_path, 
         retry_backoff=0.05,
         max_backoff=0.2,
     )
-    client = make_outbox(url=server.url)
+    client = make_outbox(url=server.url, **NO_USER_BOUNDS)  # "u" stands in for many users
     stop = asyncio.Event()
     run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))
     accepted: dict[tuple[str, int], str] = {}
@@ -110,7 +111,7 @@ async def test_connections_cut_again_and_again_lose_nothing(valkey, make_outbox)
     async def verify(entry, **kwargs):
         return Verdict.DELIVERED if entry.id in seen else Verdict.ABSENT
 
-    client = make_outbox()
+    client = make_outbox(**NO_USER_BOUNDS)  # "u" stands in for many users
     for n in range(PER_SESSION):
         for s in range(SESSIONS):
             await client.aaccept("w1", f"s{s}", user_id="u", client_message_id=f"k{n}", text=str(n))

@@ -8,7 +8,7 @@ import pytest
 from django_outbox import Status, Verdict
 from django_outbox.errors import AmbiguousError
 
-from .helpers import BlockingDeliverer, wait_for
+from .helpers import NO_USER_BOUNDS, BlockingDeliverer, wait_for
 
 WS = "w1"
 
@@ -199,7 +199,9 @@ async def test_many_concurrent_deliveries_share_a_bounded_pool(make_outbox, sign
     async def deliver(entry, **kwargs):
         await asyncio.sleep(0.01)
 
-    outbox = make_outbox(deliverer=deliver, client_options={"max_connections": 16})
+    outbox = make_outbox(
+        deliverer=deliver, client_options={"max_connections": 16}, **NO_USER_BOUNDS
+    )  # "u" stands in for many users
     for i in range(300):
         await outbox.aaccept(WS, f"s{i}", user_id="u", client_message_id="a", text="a")
         await outbox.aaccept(WS, f"s{i}", user_id="u", client_message_id="b", text="b")
@@ -274,7 +276,7 @@ async def test_a_full_scan_page_is_followed_at_once_not_at_the_next_tick(make_ou
         started.add(session_id)
         await release.wait()
 
-    outbox = make_outbox(deliverer=deliver)
+    outbox = make_outbox(deliverer=deliver, **NO_USER_BOUNDS)  # "u" stands in for many
     sessions = 2 * SCAN_LIMIT + 500
     pipe_calls = [
         outbox.aaccept(WS, f"s{i}", user_id="u", client_message_id="k", text="t")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import accept
+from .helpers import NO_USER_BOUNDS, accept
 from .valkey import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +133,8 @@ def wait_delivered(r, total: int, timeout: float) -> None:
     )
 
 
-def test_200_messages_over_20_sessions_two_workers(outbox, r, workers):
+def test_200_messages_over_20_sessions_two_workers(make_outbox, r, workers):
+    outbox = make_outbox(**NO_USER_BOUNDS)  # "u" stands in for many users
     ids = accept_many(outbox, 20, 10)
     w = workers(OUTBOX_TEST_TURN="0.005")
     w.start("--tick", "0.2")
@@ -145,7 +146,8 @@ def test_200_messages_over_20_sessions_two_workers(outbox, r, workers):
 
 
 @pytest.mark.parametrize("count", [2, 3])
-def test_random_sigkills_lose_nothing(outbox, r, workers, count):
+def test_random_sigkills_lose_nothing(make_outbox, r, workers, count):
+    outbox = make_outbox(**NO_USER_BOUNDS)  # "u" stands in for many users
     rng = random.Random(count)
     ids = accept_many(outbox, 20, 15)
     w = workers(

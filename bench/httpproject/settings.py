@@ -24,6 +24,9 @@ OUTBOX = {
     "DELIVERER": "bench.agents.noop",
     "ACCESS_POLICY": "bench.httpproject.views.allow_all",
     "CAP": 1_000_000,
+    # One synthetic user sends the whole load: no per-user bounds.
+    "USER_MAX_QUEUED": 0,
+    "USER_ACCEPTS_PER_MINUTE": 0,
 }
 SILENCED_SYSTEM_CHECKS = ["django_outbox.W001"]
 LOGGING = {"version": 1, "root": {"level": "WARNING"}}

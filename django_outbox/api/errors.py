@@ -11,7 +11,8 @@ outcome                                             status  body / ``code``
 accepted (answered by the view)                     202     the entry
 ``Duplicate`` (answered by the view)                200     ``{"id", "duplicate": true}``
 ``IdempotencyConflict``                             422     ``idempotency_conflict``
-``OutboxFull``                                      429     ``outbox_full``
+``OutboxFull`` (session ``CAP`` / user bound)       429     ``outbox_full`` + ``scope``
+``RateLimited`` (``USER_ACCEPTS_PER_MINUTE``)       429     ``rate_limited``
 ``ContentTooLarge`` (text over ``MAX_TEXT_BYTES``)  413     ``too_large``
 body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``           413     ``too_large``
 ``InvalidIdentifier`` (ID in the path)              400     ``invalid_identifier``
@@ -22,8 +23,10 @@ body shape / content rule (serializer)              400     ``invalid`` + ``fiel
 ``OutboxUnavailable``                               503     ``unavailable`` + ``accepted``
 ==================================================  ======  ==============================
 
-429 carries ``Retry-After: 30`` and 503 ``Retry-After: 5`` (:data:`FULL_RETRY_AFTER`,
-:data:`UNAVAILABLE_RETRY_AFTER`). DRF's own refusals keep their status and code
+``outbox_full`` carries ``Retry-After: 30``, ``rate_limited`` the seconds until the user's
+next accept can succeed, and 503 ``Retry-After: 5`` (:data:`FULL_RETRY_AFTER`,
+:data:`UNAVAILABLE_RETRY_AFTER`; README "Per-user bounds"). DRF's own refusals keep their
+status and code
 (``not_authenticated``, ``permission_denied``, ``parse_error``,
 ``unsupported_media_type``, …) in the same ``{"detail", "code"}`` body. Any other
 exception, a plain ``ValueError`` included, is a server bug and answers 500.
@@ -49,6 +52,7 @@ from ..errors import (
     InvalidIdentifier,
     OutboxFull,
     OutboxUnavailable,
+    RateLimited,
 )
 
 logger = logging.getLogger("django_outbox")
@@ -137,12 +141,24 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             "message.",
         )
     if isinstance(exc, OutboxFull):
+        if exc.scope == "user":
+            held = f"You already have {exc.cap} queued messages in this workspace"
+        else:
+            held = f"The session already holds {exc.cap} queued messages"
         return error_response(
             status.HTTP_429_TOO_MANY_REQUESTS,
             "outbox_full",
-            f"The session already holds {exc.cap} queued messages; nothing was stored. "
-            "Retry later with the same clientMessageID.",
+            f"{held}; nothing was stored. Retry later with the same clientMessageID.",
             headers={"Retry-After": str(FULL_RETRY_AFTER)},
+            scope=exc.scope,
+        )
+    if isinstance(exc, RateLimited):
+        return error_response(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            "rate_limited",
+            f"You sent {exc.limit} messages to this workspace within a minute; nothing was "
+            f"stored. Retry in {exc.retry_after} s with the same clientMessageID.",
+            headers={"Retry-After": str(exc.retry_after)},
         )
     if isinstance(exc, OutboxUnavailable):
         logger.warning("outbox API: %s", exc)

@@ -49,7 +49,8 @@ FULL_RETRY_AFTER_HEADER = OpenApiParameter(
     int,
     OpenApiParameter.HEADER,
     response=[429],
-    description=f"Seconds to wait before retrying ({FULL_RETRY_AFTER}).",
+    description=f"Seconds to wait before retrying ({FULL_RETRY_AFTER} for outbox_full; for "
+    "rate_limited, the seconds until the user's next accept can succeed).",
 )
 UNAVAILABLE_RETRY_AFTER_HEADER = OpenApiParameter(
     "Retry-After",

@@ -238,7 +238,8 @@ class ErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
     code = serializers.CharField(
         help_text="Stable machine code: invalid, invalid_identifier, not_found, busy, "
-        "idempotency_conflict, outbox_full, too_large, unavailable, not_authenticated, "
+        "idempotency_conflict, outbox_full (with scope: session or user), rate_limited, "
+        "too_large, unavailable, not_authenticated, "
         "authentication_failed, permission_denied, parse_error, unsupported_media_type, "
         "method_not_allowed, not_acceptable, throttled."
     )

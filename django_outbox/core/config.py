@@ -69,6 +69,11 @@ class Config:
     #: On a cluster: how many shards each global index is split into. Every
     #: process of a deployment must use the same number.
     cluster_shards: int = 8
+    #: Per-user bounds (README "Per-user bounds"): entries one user may have queued or in
+    #: flight across the sessions of one workspace, and accepts per minute into one
+    #: workspace (a burst of that many, then one every 60/n seconds). 0 turns a bound off.
+    user_max_queued: int = 100
+    user_accepts_per_minute: int = 30
 
     DURATIONS: ClassVar[set[str]] = {
         "dedupe_ttl",
@@ -92,6 +97,8 @@ class Config:
         "concurrency",
         "cluster_shards",
     }
+    #: Integers that may be 0 (a bound turned off); None means 0 too.
+    OPTIONAL_LIMITS: ClassVar[set[str]] = {"user_max_queued", "user_accepts_per_minute"}
     #: Durations that may be zero (everything else must be > 0).
     ZERO_OK: ClassVar[set[str]] = {"retry_backoff", "verify_delay", "verify_backoff"}
 
@@ -127,6 +134,12 @@ class Config:
         if name in cls.POSITIVE_INTS:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(key, "must be an integer >= 1")
+            return value
+        if name in cls.OPTIONAL_LIMITS:
+            if value is None:
+                return 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(key, "must be an integer >= 0 (0 or None: no bound)")
             return value
         if name == "wait_replicas":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

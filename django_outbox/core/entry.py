@@ -181,10 +181,18 @@ _STRING_FIELDS = {
     "text": "text",
 }
 _PARKED_FROM = {"pending", "verifying", "delivering"}
-_KNOWN = {name for name, _ in _STATE_FIELDS + _CONTENT_FIELDS} | {
-    "blockedByInFlight",
-    "inFlightFor",
-}
+#: State members the scripts keep that an Entry does not carry: ``userDigest``, the
+#: accepting user as the per-user bound counts it (README "Per-user bounds"); stored
+#: last in the state run, read past here, never part of the wire shape.
+_STORED_ONLY = {"userDigest"}
+_KNOWN = (
+    {name for name, _ in _STATE_FIELDS + _CONTENT_FIELDS}
+    | _STORED_ONLY
+    | {
+        "blockedByInFlight",
+        "inFlightFor",
+    }
+)
 CONTENT_MARKER = ',"clientMessageID":'
 
 

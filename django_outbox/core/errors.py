@@ -35,11 +35,33 @@ class IdempotencyConflict(OutboxError):
 
 
 class OutboxFull(OutboxError):
-    """The session already holds ``CAP`` entries (HTTP 429)."""
+    """A bound on queued entries is reached (HTTP 429): ``scope`` ``"session"``, the
+    session holds ``CAP`` entries; ``"user"``, the accepting user has ``USER_MAX_QUEUED``
+    entries queued or in flight in the workspace (README "Per-user bounds"). ``cap`` is
+    the bound that was reached."""
 
-    def __init__(self, cap: int) -> None:
-        super().__init__(f"session outbox is full ({cap} entries)")
+    def __init__(self, cap: int, scope: str = "session") -> None:
+        if scope == "user":
+            message = f"this user already has {cap} entries queued in the workspace"
+        else:
+            message = f"session outbox is full ({cap} entries)"
+        super().__init__(message)
         self.cap = cap
+        self.scope = scope
+
+
+class RateLimited(OutboxError):
+    """The accepting user used up ``USER_ACCEPTS_PER_MINUTE`` (``limit``) in the workspace
+    (HTTP 429); an accept can succeed again in ``retry_after`` seconds (README "Per-user
+    bounds")."""
+
+    def __init__(self, retry_after: int, limit: int) -> None:
+        super().__init__(
+            f"this user accepted {limit} messages into the workspace within a minute; "
+            f"retry in {retry_after} s"
+        )
+        self.retry_after = retry_after
+        self.limit = limit
 
 
 class InvalidIdentifier(OutboxError, ValueError):

@@ -35,6 +35,7 @@ class SessionKeys:
     watch: str  # STRING: number of WebSocket clients watching (events are skipped at 0)
     attention: str  # ZSET of the workspace: session -> since (ms); kept on a cluster only
     pause: str  # STRING of the workspace: the reason it is parked (absent: not parked)
+    users: str  # HASH of the workspace: user digest -> "<queued> <bucket full at>" (user bounds)
 
     def script_keys(self) -> list[str]:
         return [
@@ -49,6 +50,7 @@ class SessionKeys:
             self.watch,
             self.attention,
             self.pause,
+            self.users,
         ]
 
 
@@ -114,6 +116,7 @@ class KeySpace:
             watch=f"{p}watch:{{{ws}}}:{ses}",
             attention=f"{p}attn:{{{ws}}}",
             pause=self.pause(ws),
+            users=self.users(ws),
         )
 
     def dedupe(self, workspace_id: str, session_id: str, marker: str) -> str:
@@ -127,6 +130,13 @@ class KeySpace:
         """The workspace's pause: a STRING holding the park reason while it is parked."""
         ws = check_identifier("workspace ID", workspace_id)
         return f"{self.prefix}pause:{{{ws}}}"
+
+    def users(self, workspace_id: str) -> str:
+        """The workspace's HASH user digest (:func:`user_digest`) -> ``"<n> <full-at>"``:
+        ``n`` of the user's entries are queued or in flight there, and the user's accept
+        bucket is full again at ``full-at`` (microseconds). README "Per-user bounds"."""
+        ws = check_identifier("workspace ID", workspace_id)
+        return f"{self.prefix}users:{{{ws}}}"
 
     def due(self, workspace_id: str) -> str:
         ws = check_identifier("workspace ID", workspace_id)
@@ -180,5 +190,10 @@ def dedupe_marker(user_id: str, client_message_id: str) -> str:
     as the first 24 hex digits of its SHA-256, a fixed width, so no user ID can
     alias another user's keys and the marker stays printable ASCII.
     """
-    digest = hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    return f"{digest}:{client_message_id}"
+    return f"{user_digest(user_id)}:{client_message_id}"
+
+
+def user_digest(user_id: str) -> str:
+    """A user ID as it enters key names and the per-user counts: the first 24 hex digits
+    of its SHA-256 (fixed width, printable; no user ID can alias another's)."""
+    return hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]

@@ -116,13 +116,30 @@ def accept_argv(
     dedupe_ttl_ms: int,
     marker: str,
     target: str = "queue",
+    user: str = "",
+    user_max_queued: int = 0,
+    user_accepts_per_minute: int = 0,
 ) -> list[Any]:
-    """ARGV[6..12] of ``accept.lua``: the entry's JSON and ID, the content fingerprint,
+    """ARGV[6..15] of ``accept.lua``: the entry's JSON and ID, the content fingerprint,
     ``CAP`` (0: no cap, no marker: seeding), the dedupe TTL in milliseconds, the
     marker's name (:func:`~django_outbox.core.keys.dedupe_marker`: the key scoped to the
-    accepting user), and ``"queue"`` or ``"staging"`` (seeding a dead holder's delivery).
+    accepting user), ``"queue"`` or ``"staging"`` (seeding a dead holder's delivery),
+    then the per-user bounds (README "Per-user bounds"): the user's digest
+    (:func:`~django_outbox.core.keys.user_digest`; ``""``: not counted, as seeding),
+    ``USER_MAX_QUEUED`` and ``USER_ACCEPTS_PER_MINUTE`` (0: off).
     KEYS: the session layout, then the dedupe marker key."""
-    return [entry_json, entry_id, fingerprint, cap, dedupe_ttl_ms, marker, target]
+    return [
+        entry_json,
+        entry_id,
+        fingerprint,
+        cap,
+        dedupe_ttl_ms,
+        marker,
+        target,
+        user,
+        user_max_queued,
+        user_accepts_per_minute,
+    ]
 
 
 def claim_argv(token: str, lock_ttl_ms: int, acknowledge: Iterable[str] = ()) -> list[Any]:

@@ -39,8 +39,8 @@ from .entry import (
     fresh_entry_json,
     new_entry_id,
 )
-from .errors import Duplicate, IdempotencyConflict, OutboxFull
-from .keys import dedupe_marker
+from .errors import Duplicate, IdempotencyConflict, OutboxFull, RateLimited
+from .keys import dedupe_marker, user_digest
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .reads import QueueReads
 from .rules import check_identifier, check_reason, check_user_id, validate_content
@@ -87,6 +87,7 @@ class Outbox(QueueReads, OutboxDelivery):
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
         user_id = check_user_id(user_id)
+        user = user_digest(user_id)
         marker = dedupe_marker(user_id, client_message_id)
         now_us = self._now_us()  # 0: the script stamps acceptedAt on the server's clock
         entry_id = new_entry_id(now_us // 1000 if now_us else None)
@@ -106,6 +107,10 @@ class Outbox(QueueReads, OutboxDelivery):
                     self.config.cap,
                     self._dedupe_ttl_ms,
                     marker,
+                    "queue",
+                    user,
+                    self.config.user_max_queued,
+                    self.config.user_accepts_per_minute,
                 ),
             ],
         )
@@ -137,6 +142,10 @@ class Outbox(QueueReads, OutboxDelivery):
             raise IdempotencyConflict(as_text(answer[1]))
         if status == "full":
             raise OutboxFull(self.config.cap)
+        if status == "user_full":
+            raise OutboxFull(self.config.user_max_queued, scope="user")
+        if status == "rate_limited":
+            raise RateLimited(int(answer[1]), self.config.user_accepts_per_minute)
         raise AssertionError(f"unexpected accept answer {answer!r}")  # pragma: no cover
 
     def accept(
@@ -156,7 +165,10 @@ class Outbox(QueueReads, OutboxDelivery):
         ``DEDUPE_TTL`` seconds) and updates the indices: a refused or failed call
         writes nothing. Raises :class:`Duplicate` (same key, same content; carries
         ``accepted_id``), :class:`IdempotencyConflict` (same key, other content),
-        :class:`OutboxFull` (``CAP`` reached), :class:`InvalidIdentifier`,
+        :class:`OutboxFull` (``CAP`` reached; ``scope`` ``"user"``: the user already has
+        ``USER_MAX_QUEUED`` entries queued in the workspace), :class:`RateLimited` (the
+        user's ``USER_ACCEPTS_PER_MINUTE`` are used up; ``retry_after`` seconds; README
+        "Per-user bounds"), :class:`InvalidIdentifier`,
         :class:`InvalidContent` (text, model, key or user ID breaks a rule of
         :mod:`~django_outbox.core.rules`; :class:`ContentTooLarge` for sizes; both
         are ``ValueError`` subclasses) and

@@ -14,7 +14,13 @@
 --                     need an operator's eye (kept on a cluster only, see HINT below)
 --   KEYS[11] pause    STRING of the workspace: the reason it is parked; while it exists
 --                     every entry accepted into the workspace is held as parked
---   KEYS[12..16]      (standalone servers only) global keys: workspaces-due ZSET,
+--   KEYS[12] users    HASH of the workspace: user digest -> "<n> <full-at>": n of the
+--                     user's entries are queued or in flight (not yet delivered) in the
+--                     workspace, and the user's accept bucket is full again at full-at
+--                     (us; see accept.lua). An entry carries the digest in its state
+--                     ("userDigest"), so each path that removes one counts it out in the
+--                     same script (uncount below)
+--   KEYS[13..17]      (standalone servers only) global keys: workspaces-due ZSET,
 --                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLPOP),
 --                     all-sessions ZSET ("<ws> <ses>" -> first accept, ms) and
 --                     attention ZSET ("<ws> <ses>" -> since, ms: sessions holding
@@ -38,11 +44,11 @@
 -- re-encodes only the state, in a fixed member order.
 
 local Q, D, LOCK, VER, MARKERS, RECEIPT, DUE, SESSIONS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local WATCH, WS_ATTENTION, PAUSE = KEYS[9], KEYS[10], KEYS[11]
+local WATCH, WS_ATTENTION, PAUSE, USERS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local G = tonumber(ARGV[1])
-local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17]
 local MAX_WAKE_ITEMS = 10000
-local EXTRA = 12 + G
+local EXTRA = 13 + G
 -- Cluster only: what the global indices need, reported to the client.
 --   [1] the workspace's earliest due time (ms) when it moved earlier, else -1
 --   [2] 1: wake a worker for this session   [3] attention: 1 in, 0 out, -1 unchanged
@@ -70,7 +76,7 @@ local ONLY_OP = false
 local MARK = ',"clientMessageID":'
 local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
                'transientFails', 'acceptedAt', 'seq', 'lastAttemptAt', 'nextAttemptAt', 'lastError',
-               'deliveredAt'}
+               'deliveredAt', 'userDigest'}
 local ZERO_OMITTED = {verifyAttempts = true, transientFails = true}
 
 local function split(raw)
@@ -337,6 +343,33 @@ end
 -- receivers have not been acknowledged yet: the signal is still owed.
 local function is_done(st)
   return st.deliveredAt ~= nil and st.deliveredAt ~= cjson.null
+end
+
+-- A user's state in USERS (README "Per-user bounds"): queued entries in the workspace
+-- and the time (us) at which the user's accept bucket is full again.
+local function user_state(user)
+  local n, full_at = string.match(redis.call('HGET', USERS, user) or '', '^(%d+) (%d+)$')
+  return tonumber(n) or 0, tonumber(full_at) or 0
+end
+
+-- A user with nothing queued and a full bucket is no different from one never seen:
+-- the field goes, so the HASH holds only users with something to remember.
+local function set_user_state(user, n, full_at)
+  if n <= 0 and full_at <= NOW then
+    redis.call('HDEL', USERS, user)
+  else
+    redis.call('HSET', USERS, user, math.max(n, 0) .. ' ' .. string.format('%.0f', full_at))
+  end
+end
+
+-- Count an entry out of its user's queued entries. Called once per entry, by the
+-- transition that removes it or marks it delivered; entries accepted without a digest
+-- (seeded, or by an older version) were never counted in. Never below zero.
+local function uncount(st)
+  local user = st.userDigest
+  if type(user) ~= 'string' then return end
+  local n, full_at = user_state(user)
+  set_user_state(user, n - 1, full_at)
 end
 
 -- Staged entries whose signal is owed, as raw JSON.

@@ -6,14 +6,23 @@
 -- ARGV[10] dedupe TTL (ms)  ARGV[11] the marker's name, "<user digest>:<clientMessageID>"
 --   (keys are scoped to the session and the accepting user; see keys.dedupe_marker)
 -- ARGV[12] 'queue', or 'staging' (seeding a delivery a dead worker left behind)
+-- ARGV[13] the accepting user's digest (keys.user_digest; '' when seeding: not counted)
+-- ARGV[14] USER_MAX_QUEUED  ARGV[15] USER_ACCEPTS_PER_MINUTE (0: that bound is off)
 -- Returns {'ok', version, watched, acceptedAt} | {'own', version, watched, seq, acceptedAt}
 -- (this very entry was already written: a replay after a lost reply) | {'duplicate', id}
--- | {'conflict', id} | {'full'} | {'exists'} (seeding an ID already queued). Nothing is
+-- | {'conflict', id} | {'full'} | {'user_full'} (the user's queued entries in the
+-- workspace reached USER_MAX_QUEUED) | {'rate_limited', seconds until an accept can
+-- succeed} | {'exists'} (seeding an ID already queued). Nothing is
 -- written unless the answer is 'ok'. The stored entry gets 'seq' = the returned version
--- and 'acceptedAt' = now on the server's clock (a seeded entry keeps its own).
+-- and 'acceptedAt' = now on the server's clock (a seeded entry keeps its own), and
+-- 'userDigest', counted in the workspace's users HASH until it leaves (_lib.lua uncount).
 local raw, id, fp, cap = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
 local ttl, marker_name = tonumber(ARGV[10]), ARGV[11]
 local marker_key = KEYS[EXTRA]
+local user = ARGV[13] or ''
+local max_queued, per_minute = tonumber(ARGV[14] or 0), tonumber(ARGV[15] or 0)
+local MINUTE = 60000000  -- us
+local queued, full_at = 0, 0
 
 if cap > 0 then
   local marker = redis.call('GET', marker_key)
@@ -32,6 +41,20 @@ if cap > 0 then
     return {'conflict', mid or marker}
   end
   if redis.call('LLEN', Q) + redis.call('LLEN', D) >= cap then return {'full'} end
+  -- Per-user bounds (README "Per-user bounds"), read before anything is written.
+  if user ~= '' then
+    queued, full_at = user_state(user)
+    if max_queued > 0 and queued >= max_queued then return {'user_full'} end
+    if per_minute > 0 then
+      -- A bucket of per_minute accepts, refilled one every MINUTE / per_minute (GCRA):
+      -- its state is the time at which it is full again. An accept takes one; it is
+      -- refused while taking one would put that time more than a minute ahead.
+      full_at = math.max(full_at, NOW) + math.floor(MINUTE / per_minute)
+      if full_at - NOW > MINUTE then
+        return {'rate_limited', math.max(1, math.ceil((full_at - MINUTE - NOW) / 1000000))}
+      end
+    end
+  end
 end
 
 if cap == 0 and (find(Q, id) or find(D, id)) then return {'exists'} end
@@ -45,6 +68,10 @@ if cap > 0 then st.acceptedAt = iso(NOW) end
 -- until unpark releases the session (README "Admin": parking pauses a workspace).
 local held = cap > 0 and held_reason()
 if held then st.status, st.parkedFrom, st.reason = 'parked', 'pending', held end
+if user ~= '' then
+  st.userDigest = user
+  set_user_state(user, queued + 1, full_at)
+end
 redis.call('RPUSH', ARGV[12] == 'staging' and D or Q, join(st, content))
 if cap > 0 then
   redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)

@@ -16,19 +16,27 @@ for i = 6, #ARGV do
   redis.call('ZREM', MARKERS, ARGV[i])
 end
 if redis.call('ZCARD', MARKERS) > 0 then return {'again', removed} end
-local gone = {}
+local gone, gone_states = {}, {}
 for _, list in ipairs({Q, D}) do
   for _, raw in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    if not is_done((split(raw))) then gone[#gone + 1] = raw end
+    local st = split(raw)
+    if not is_done(st) then
+      gone[#gone + 1] = raw
+      gone_states[#gone_states + 1] = st
+    end
   end
 end
 local version = bump()
-local shared_before = redis.call('EXISTS', SESSIONS, DUE)
+local shared_before = redis.call('EXISTS', SESSIONS, DUE, USERS)
+for _, st in ipairs(gone_states) do uncount(st) end
 removed = removed + had_markers + redis.call('DEL', Q, D, LOCK, VER, RECEIPT)
 redis.call('ZREM', WS_ATTENTION, SES)
 redis.call('SREM', SESSIONS, SES)
 redis.call('ZREM', DUE, SES)
-removed = removed + shared_before - redis.call('EXISTS', SESSIONS, DUE)
+-- No session left, so no entry: whatever the users HASH still says is drift (entries
+-- removed by hand, or by an older version's scripts), and it ends here.
+if redis.call('EXISTS', SESSIONS) == 0 then redis.call('DEL', USERS) end
+removed = removed + shared_before - redis.call('EXISTS', SESSIONS, DUE, USERS)
 sync_workspace()
 HINT[5] = 1
 HINT[6] = 1 - redis.call('EXISTS', SESSIONS)

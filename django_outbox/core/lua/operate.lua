@@ -37,6 +37,7 @@ if op == 'retry' or op == 'dismiss' then
     -- Staged by a holder that is gone: its outcome is unknown.
     if op == 'dismiss' then
       redis.call('LREM', D, 1, raw)
+      uncount((split(raw)))
       changed[1] = raw
       return finish('removed', 1)
     end
@@ -49,6 +50,7 @@ if op == 'retry' or op == 'dismiss' then
   local st, content = split(raw)
   if op == 'dismiss' then
     redis.call('LREM', Q, 1, raw)
+    uncount(st)
     changed[1] = raw
     return finish('removed', 1)
   end
@@ -134,6 +136,7 @@ if op == 'ledger_complete' or op == 'ledger_rearm' then
     -- next claim of the session (a worker, woken now) fires exactly once.
     redis.call('LREM', Q, 1, raw)
     st.deliveredAt = iso(NOW)
+    uncount(st)
     redis.call('RPUSH', D, join(st, content))
     changed[1] = raw
     return finish('removed', 1)

@@ -50,6 +50,7 @@ local st, content = split(raw)
 
 if outcome == 'delivered' then
   st.deliveredAt = iso(NOW)
+  uncount(st)  -- delivered: no longer queued for its user, though its signal may be owed
   local done = join(st, content)
   if where == D then
     redis.call('LSET', D, idx, done)
