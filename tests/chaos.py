@@ -1054,7 +1054,7 @@ def clock_skew(tmp: Path, short: bool) -> Row:
     server = _valkey(tmp / "valkey")
     r = redis.Redis.from_url(server.url, decode_responses=True)
     names = [f"s{i}" for i in range(sessions)]
-    outbox = CoreOutbox(url=server.url)
+    outbox = CoreOutbox(url=server.url, **NO_USER_BOUNDS)
     locks = {ses: KeySpace().session("alice", ses).lock for ses in names}
     kills = _HolderKills(r, outbox, locks, random.Random(8))
     try:
@@ -1174,7 +1174,7 @@ class _FullClients:
         from django_outbox.core.service import Outbox as CoreOutbox
         from django_outbox.errors import Duplicate, OutboxUnavailable
 
-        client = CoreOutbox(url=self.url, cap=1000)
+        client = CoreOutbox(url=self.url, cap=1000, **NO_USER_BOUNDS)
         try:
             for _ in range(tries):
                 try:
@@ -1226,7 +1226,7 @@ def full_valkey(tmp: Path, short: bool) -> Row:
     recorder = _valkey(tmp / "recorder")
     v = redis.Redis.from_url(server.url, decode_responses=True)
     r = redis.Redis.from_url(recorder.url, decode_responses=True)
-    outbox = CoreOutbox(url=server.url, cap=1000)
+    outbox = CoreOutbox(url=server.url, cap=1000, **NO_USER_BOUNDS)
     ids: dict[str, list[str]] = {f"f{i}": [] for i in range(fills)}
     try:
         with asgi_server(server.url, tmp / "web") as web:

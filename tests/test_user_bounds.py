@@ -563,7 +563,9 @@ def staff_client(django_user_model):
     from rest_framework.test import APIClient
 
     client = APIClient()
-    client.force_login(django_user_model.objects.create_user("root", is_staff=True))
+    client.force_login(
+        django_user_model.objects.create_user("root", is_staff=True, is_superuser=True)
+    )
     return client
 
 
