@@ -494,6 +494,7 @@ class TestSnapshotPreview:
         assert Entry.from_json(staged[0]).text == "x" * 10
 
 
+@pytest.mark.standalone  # the global indices of a standalone server
 class TestAdminIndices:
     def test_every_session_is_indexed_once_until_cleanup(self, outbox, r):
         seed(outbox)

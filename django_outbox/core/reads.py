@@ -662,8 +662,10 @@ class QueueReads(OutboxBase):
         seconds, micros = await client.time()
         now = seconds + micros / 1_000_000
         record = dataclasses.replace(record, last_seen=now)
+        # The record before its index entry: on a cluster they live on different nodes,
+        # and a pipeline's commands to two nodes may land in either order.
+        await client.set(keys.heartbeat(record.id), record.to_json(), px=int(ttl * 1000))
         pipe = client.pipeline(transaction=False)
-        pipe.set(keys.heartbeat(record.id), record.to_json(), px=int(ttl * 1000))
         pipe.zadd(keys.workers, {record.id: int(now * 1000)})
         pipe.zremrangebyscore(keys.workers, "-inf", int((now - 10 * ttl) * 1000))
         await pipe.execute()
