@@ -200,6 +200,35 @@ def dismiss_entries(
     )
 
 
+def _per_workspace(
+    modeladmin: ActionAdmin,
+    request: HttpRequest,
+    ids: list[str],
+    apply: Callable[[str], int],
+    verb: str,
+    *,
+    nothing: str,
+    detail: str = "",
+) -> None:
+    """Run ``apply(ws) -> entries changed`` for each workspace, then write the
+    ``LogEntry`` and report it (``verb``: "Parked"); ``nothing`` (with ``{ws}``) is the
+    warning for a workspace where nothing changed."""
+    for ws in ids:
+        count = apply(ws)
+        if count:
+            _log(
+                request,
+                [OutboxEntry.for_workspace(ws)],
+                CHANGE,
+                f"{verb} workspace {ws} from the admin: {count} entries{detail}.",
+            )
+            modeladmin.message_user(
+                request, f"{verb} {count} entr(ies) of workspace {ws}.", messages.SUCCESS
+            )
+        else:
+            modeladmin.message_user(request, nothing.format(ws=ws), messages.WARNING)
+
+
 @admin.action(description="Park the workspaces of selected entries…", permissions=["park"])
 def park_workspaces(
     modeladmin: ActionAdmin, request: HttpRequest, refs: list[str], workspaces: list[str]
@@ -211,25 +240,16 @@ def park_workspaces(
     outbox = get_outbox()
     if form.is_bound and form.is_valid():
         reason = form.cleaned_data["reason"]
-        for ws in ids:
-            count = outbox.park_workspace(ws, reason)
-            if count:
-                _log(
-                    request,
-                    [OutboxEntry.for_workspace(ws)],
-                    CHANGE,
-                    f"Parked workspace {ws} from the admin: {count} entries, reason {reason!r}.",
-                )
-                modeladmin.message_user(
-                    request, f"Parked {count} entr(ies) of workspace {ws}.", messages.SUCCESS
-                )
-            else:
-                modeladmin.message_user(
-                    request,
-                    f"Nothing to park in workspace {ws}: no pending, verifying or "
-                    "delivering entries.",
-                    messages.WARNING,
-                )
+        _per_workspace(
+            modeladmin,
+            request,
+            ids,
+            lambda ws: outbox.park_workspace(ws, reason),
+            "Parked",
+            detail=f", reason {reason!r}",
+            nothing="Nothing to park in workspace {ws}: no pending, verifying or delivering "
+            "entries.",
+        )
         return None
     context = modeladmin.page_context(
         request,
@@ -247,23 +267,14 @@ def park_workspaces(
 def unpark_workspaces(
     modeladmin: ActionAdmin, request: HttpRequest, refs: list[str], workspaces: list[str]
 ) -> None:
-    outbox = get_outbox()
-    for ws in workspace_ids(modeladmin, request, refs, workspaces):
-        count = outbox.unpark_workspace(ws)
-        if count:
-            _log(
-                request,
-                [OutboxEntry.for_workspace(ws)],
-                CHANGE,
-                f"Unparked workspace {ws} from the admin: {count} entries.",
-            )
-            modeladmin.message_user(
-                request, f"Unparked {count} entr(ies) of workspace {ws}.", messages.SUCCESS
-            )
-        else:
-            modeladmin.message_user(
-                request, f"Nothing to unpark in workspace {ws}.", messages.WARNING
-            )
+    _per_workspace(
+        modeladmin,
+        request,
+        workspace_ids(modeladmin, request, refs, workspaces),
+        get_outbox().unpark_workspace,
+        "Unparked",
+        nothing="Nothing to unpark in workspace {ws}.",
+    )
 
 
 @admin.action(

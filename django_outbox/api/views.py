@@ -11,6 +11,7 @@ atomic Valkey script, so a client that disconnects mid-request cannot split it.
 
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema_view
@@ -218,7 +219,7 @@ class WorkspaceView(OutboxAPIView):
         return Response({"removed": get_outbox().cleanup_workspace(workspace_id)})
 
 
-class WorkspaceBulkView(OutboxAPIView):
+class WorkspaceBulkView(OutboxAPIView, abc.ABC):
     """Base of ``park/`` and ``unpark/``: validate the ``{reason}`` body with
     ``request_serializer``, run :meth:`run` over the workspace and answer
     ``{count_member: count}``. Needs ``park`` (park and unpark alike)."""
@@ -227,10 +228,10 @@ class WorkspaceBulkView(OutboxAPIView):
     request_serializer: ClassVar[type[serializers.Serializer]]
     count_member: ClassVar[str]
 
+    @abc.abstractmethod
     def run(self, workspace_id: str, data: dict[str, Any]) -> int:
         """Apply the operation to the workspace with the validated body ``data``; return
         how many entries it changed. Raises what the service raises."""
-        raise NotImplementedError
 
     def post(self, request: Request, workspace_id: str) -> Response:
         serializer = self.request_serializer(data=request.data)

@@ -21,6 +21,7 @@ from .config import Config
 from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
 from .errors import OutboxUnavailable
 from .keys import KeySpace, SessionKeys
+from .paging import score_pairs
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
 from .scripts import due_argv, index_drop_argv, session_prefix
 from .transport import Transport, as_text
@@ -339,7 +340,7 @@ class OutboxBase(Transport):
         for shard in answers:
             if isinstance(shard, Exception):
                 raise shard
-            for ws, score in _score_pairs(shard):
+            for ws, score in score_pairs(shard):
                 workspaces[as_text(ws)] = int(float(score))
         if not workspaces:
             return []
@@ -437,10 +438,3 @@ class OutboxBase(Transport):
                 await client.zadd(shard_keys[0], earliest, lt=True)
             checked += len(workspaces)
         return checked
-
-
-def _score_pairs(reply: list[Any]) -> list[tuple[Any, Any]]:
-    """``[(member, score), ...]`` of a WITHSCORES reply, flat (RESP2) or paired (RESP3)."""
-    if reply and isinstance(reply[0], list | tuple):
-        return [(m, s) for m, s in reply]
-    return list(zip(reply[::2], reply[1::2], strict=True))
