@@ -168,11 +168,13 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
                 "append-only file. Retry with the same clientMessageID: it answers 200 with the "
                 "message's ID once stored."
             )
-        else:
+        elif _is_write(context):
             detail = (
                 "The outbox store is unavailable; nothing was changed. Retry shortly (an accept "
-                "with the same clientMessageID)."
+                "retried with the same clientMessageID is stored once)."
             )
+        else:
+            detail = "The outbox store is unavailable. Retry shortly."
         return error_response(
             status.HTTP_503_SERVICE_UNAVAILABLE,
             "unavailable",
@@ -195,3 +197,9 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             detail = "; ".join(f"{k}: {v}" for k, v in _messages(detail).items())
         response.data = {"detail": str(detail), "code": _code_of(exc)}
     return response
+
+
+def _is_write(context: dict[str, Any]) -> bool:
+    """Whether the failed request was one that changes something (POST, PUT, ...)."""
+    request = context.get("request") if context else None
+    return getattr(request, "method", "POST") not in ("GET", "HEAD", "OPTIONS")

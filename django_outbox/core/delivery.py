@@ -392,7 +392,7 @@ class OutboxDelivery(OutboxBase):
         if verdict is Verdict.DELIVERED:
             return "delivered", ""
         if verdict is Verdict.ABSENT:
-            return "absent", "verifier: not in the agent's transcript"
+            return "absent", "verifier: the agent does not have it (absent)"
         if verdict is not Verdict.INCONCLUSIVE:
             logger.warning("outbox: verifier returned a %s, not a Verdict", type(verdict).__name__)
         return "inconclusive", "verifier: inconclusive"
