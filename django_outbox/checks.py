@@ -347,7 +347,7 @@ def _check_origin_validation() -> list[checks.CheckMessage]:
     routing = _asgi_routing()
     if routing is None:
         return []  # no ASGI application named: nothing to look at
-    path = settings.ASGI_APPLICATION
+    path: str = getattr(settings, "ASGI_APPLICATION", "")
     hint = (
         "Wrap the WebSocket routes in channels.security.websocket."
         "AllowedHostsOriginValidator (or OriginValidator), outside the authentication "

@@ -114,7 +114,7 @@ def workspace_ids(
 
 def _log(request: HttpRequest, objs: list[OutboxEntry], flag: int, message: str) -> None:
     if objs:
-        LogEntry.objects.log_actions(request.user.pk, objs, flag, message)
+        LogEntry.objects.log_actions(request.user.pk, objs, flag, message)  # type: ignore[arg-type]
 
 
 def _report(

@@ -192,9 +192,12 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             "fieldErrors": _messages(exc.detail),
         }
     else:
-        detail = exc.detail
-        if not isinstance(detail, str):  # a dict or list detail from custom code
-            detail = "; ".join(f"{k}: {v}" for k, v in _messages(detail).items())
+        raw = exc.detail  # custom code may give a dict or a list: joined
+        detail = (
+            raw
+            if isinstance(raw, str)
+            else "; ".join(f"{k}: {v}" for k, v in _messages(raw).items())
+        )
         response.data = {"detail": str(detail), "code": _code_of(exc)}
     return response
 
