@@ -18,6 +18,7 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check django_outbox tests example_project
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Valkey Cluster: the cluster tests (one-node and three-master clusters, a failover; these
@@ -35,9 +36,12 @@ test-cluster: $(STAMP)
 	OUTBOX_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CORE_SUITES) $(PYTEST_ARGS) \
 		-W "ignore::pytest.PytestUnraisableExceptionWarning"
 
+# Types: strict on django_outbox/core, django-stubs / djangorestframework-stubs for the
+# rest (pyproject.toml [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check django_outbox tests example_project
 	$(BIN)/ruff format --check django_outbox tests
+	$(BIN)/mypy
 
 # The whole stack on one machine (README "The demo"): embedded Valkey, a fake opencode
 # agent, uvicorn and a worker under one parent; Ctrl-C stops it all. Data in var/demo/.

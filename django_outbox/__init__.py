@@ -26,6 +26,9 @@ from .core.entry import (
 if TYPE_CHECKING:
     from .outbox import Outbox, get_outbox
 
+#: The package's version (the one place it is written; pyproject.toml reads it).
+__version__ = "0.1.0"
+
 __all__ = [
     "LEDGER_STATE_ADMITTED",
     "LEDGER_STATE_FAILED",

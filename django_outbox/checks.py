@@ -22,6 +22,8 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
   way (cross-site WebSocket hijacking with the session cookie)
 - ``W009`` the check cannot see whether the consumer is routed behind an origin
   validator (``ASGI_APPLICATION`` does not import, or a layer hides what it wraps)
+- ``W010`` the environment's ``OUTBOX_VALKEY_URL`` names another server than
+  ``OUTBOX['VALKEY_URL']`` or ``CONNECTION_ALIAS``, which win
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -30,6 +32,7 @@ reads too (``Outbox.server_settings``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +112,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_outbox.W002",
             )
         )
+    errors += _check_valkey_url_sources()
     errors += _check_channel_layer()
     errors += _check_origin_validation()
     return errors
@@ -165,7 +169,10 @@ def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                     "it evicts keys, silently deleting queued messages, leases and dedupe "
                     "markers.",
                     hint="Run Valkey with 'maxmemory-policy noeviction' (accepts then get 503 "
-                    "when memory is full, and nothing accepted is lost).",
+                    "when memory is full, and nothing accepted is lost). Until then, other "
+                    "commands run with --skip-checks (e.g. 'manage.py migrate --skip-checks') "
+                    "or with SILENCED_SYSTEM_CHECKS = ['django_outbox.E003']; outbox_worker "
+                    "still refuses to start on an evicting Valkey unless --allow-eviction.",
                     id="django_outbox.E003",
                 )
             )
@@ -291,6 +298,33 @@ def _asgi_routing() -> _Routing | str | None:
     return out
 
 
+def _check_valkey_url_sources() -> list[checks.CheckMessage]:
+    """W010: the environment's ``OUTBOX_VALKEY_URL`` names another server than the settings,
+    which win (README "Settings": settings first, then the environment, then the default)."""
+    from_env = os.environ.get("OUTBOX_VALKEY_URL")
+    raw = getattr(settings, "OUTBOX", None) or {}
+    if not from_env or not isinstance(raw, dict):
+        return []
+    if raw.get("CONNECTION_ALIAS") is not None:
+        source = f"OUTBOX['CONNECTION_ALIAS'] ({raw['CONNECTION_ALIAS']!r})"
+    elif raw.get("VALKEY_URL"):
+        source = "OUTBOX['VALKEY_URL']"
+    else:
+        return []
+    used = outbox_settings().valkey_url
+    if used.rstrip("/") == from_env.rstrip("/"):
+        return []
+    return [
+        checks.Warning(
+            f"The environment sets OUTBOX_VALKEY_URL={redact(from_env)!r}, but {source} names "
+            f"{redact(used)!r}, which wins: the environment variable is ignored.",
+            hint="Remove one of them, or read the environment in your settings: "
+            "OUTBOX = {'VALKEY_URL': os.environ['OUTBOX_VALKEY_URL'], ...}.",
+            id="django_outbox.W010",
+        )
+    ]
+
+
 def _check_channel_layer() -> list[checks.CheckMessage]:
     if getattr(settings, "CHANNEL_LAYERS", None):
         return []
@@ -313,7 +347,7 @@ def _check_origin_validation() -> list[checks.CheckMessage]:
     routing = _asgi_routing()
     if routing is None:
         return []  # no ASGI application named: nothing to look at
-    path = settings.ASGI_APPLICATION
+    path: str = getattr(settings, "ASGI_APPLICATION", "")
     hint = (
         "Wrap the WebSocket routes in channels.security.websocket."
         "AllowedHostsOriginValidator (or OriginValidator), outside the authentication "

@@ -103,7 +103,7 @@ class ValkeyServer:
         self, workdir: str | Path | None = None, *, port: int | None = None, **config: str
     ) -> None:
         self._tmp = None if workdir is not None else tempfile.TemporaryDirectory()
-        self.workdir = Path(workdir if workdir is not None else self._tmp.name)
+        self.workdir = Path(self._tmp.name if self._tmp is not None else workdir)  # type: ignore[arg-type]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.config = {"save": "", "appendonly": "no", **config}

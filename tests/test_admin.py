@@ -337,7 +337,7 @@ def test_retry_rearms_and_logs(operator, failing):
 
     response = post_action(operator, "retry_entries", [ref])
     assert response.status_code == 200
-    assert any("Re-armed 1 entr(ies)" in m for m in texts(response))
+    assert any("Re-armed 1 entry" in m for m in texts(response))
     assert failing.list("ws", "ses")[0].status is Status.PENDING
     log = LogEntry.objects.get()
     assert (log.object_id, log.action_flag) == (ref, CHANGE)
@@ -348,7 +348,7 @@ def test_retry_rearms_and_logs(operator, failing):
 def test_dismiss_removes_and_logs(operator, outbox):
     entry = accept(outbox, "ws", "ses")
     response = post_action(operator, "dismiss_entries", [f"ws/ses/{entry.id}"])
-    assert any("Dismissed 1 entr(ies)" in m for m in texts(response))
+    assert any("Dismissed 1 entry" in m for m in texts(response))
     assert outbox.list("ws", "ses") == []
     assert LogEntry.objects.get().action_flag == DELETION
 
@@ -434,7 +434,7 @@ def test_park_asks_for_a_reason_then_parks(operator, outbox):
     assert response.status_code == 200 and "This field is required" in response.content.decode()
 
     response = operator.post(CHANGELIST, {**form, "reason": "maintenance"}, follow=True)
-    assert any("Parked 2 entr(ies) of workspace ws" in m for m in texts(response))
+    assert any("Parked 2 entries of workspace ws" in m for m in texts(response))
     assert {e.status for s in ("s1", "s2") for e in outbox.list("ws", s)} == {Status.PARKED}
     assert outbox.list("other", "s1")[0].status is Status.PENDING
     log = LogEntry.objects.get()
@@ -442,7 +442,7 @@ def test_park_asks_for_a_reason_then_parks(operator, outbox):
     assert "maintenance" in log.change_message
 
     response = post_action(operator, "unpark_workspaces", workspaces=["ws"])
-    assert any("Unparked 2 entr(ies) of workspace ws" in m for m in texts(response))
+    assert any("Unparked 2 entries of workspace ws" in m for m in texts(response))
     assert outbox.list("ws", "s1")[0].status is Status.PENDING
     response = post_action(operator, "unpark_workspaces", workspaces=["ws"])
     assert texts(response) == ["Nothing to unpark in workspace ws."]
@@ -640,3 +640,11 @@ def test_a_page_costs_the_same_for_100_and_10000_sessions(admin_client, outbox, 
             assert commands == index_commands + 50  # and one snapshot per session
             # a snapshot runs TIME (the server's clock), GET, LRANGE x2, GET, PTTL
             assert server_commands == index_commands + 50 * 7
+
+
+def test_detail_of_a_parked_entry_says_it_waits_for_unpark(admin_client, outbox):
+    entry = outbox.accept("ws", "ses", user_id="u1", client_message_id="c1", text="hi")
+    outbox.park_workspace("ws", "maintenance")
+    page = admin_client.get(detail_url(f"ws/ses/{entry.id}")).content.decode()
+    assert "held until the workspace is unparked" in page
+    assert "due now" not in page

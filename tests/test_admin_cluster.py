@@ -318,10 +318,10 @@ def test_retry_and_dismiss_from_the_changelist(operator, boxes):
     assert set(rows) == set(workspaces)
 
     response = post_action(operator, "retry_entries", [rows[workspaces[0]].ref])
-    assert any("Re-armed 1 entr(ies)" in m for m in texts(response))
+    assert any("Re-armed 1 entry" in m for m in texts(response))
     assert outbox.list(workspaces[0], "a")[0].status is Status.PENDING
     response = post_action(operator, "dismiss_entries", [rows[workspaces[1]].ref])
-    assert any("Dismissed 1 entr(ies)" in m for m in texts(response))
+    assert any("Dismissed 1 entry" in m for m in texts(response))
     assert outbox.list(workspaces[1], "b") == []
 
     after = operator.get(CHANGELIST)

@@ -339,7 +339,9 @@ def test_valkey_down_503_then_back_202(staff):
             ("delete", message_url("e1")),
             ("delete", workspace_url()),
         ]:
-            assert_error(getattr(staff, method)(url), 503, "unavailable")
+            data = assert_error(getattr(staff, method)(url), 503, "unavailable")
+            # only a write is told about retrying an accept
+            assert ("clientMessageID" in data["detail"]) == (method != "get"), data
     assert post_json(staff, messages_url(), body("k3")).status_code == 202
     assert len(entries()) == 1
 

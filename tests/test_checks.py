@@ -122,3 +122,32 @@ def test_on_a_cluster_every_primary_is_checked(cluster_node_url, monkeypatch):
     finally:
         node.config_set("maxmemory-policy", "noeviction")
         node.close()
+
+
+def test_environment_url_overridden_by_settings_warns(valkey, monkeypatch):
+    # Settings win over OUTBOX_VALKEY_URL (README "Settings"); a disagreement is said.
+    other = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", other)
+    with override_settings(OUTBOX={**GOOD, "VALKEY_URL": valkey}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.W010"]
+    assert other in messages[0].msg and valkey in messages[0].msg
+
+
+def test_environment_url_equal_to_settings_is_quiet(valkey, monkeypatch):
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", valkey + "/")
+    with override_settings(OUTBOX={**GOOD, "VALKEY_URL": valkey}):
+        assert ids() == []
+
+
+def test_evicting_valkey_hint_says_how_to_migrate_meanwhile(valkey, r):
+    # E003 stays an error; its hint names the overrides (migrate --skip-checks, silencing)
+    # and that the worker keeps refusing.
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with override_settings(OUTBOX=GOOD):
+            (message,) = checks.run_checks(tags=["outbox"])
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+    assert "migrate --skip-checks" in message.hint
+    assert "SILENCED_SYSTEM_CHECKS" in message.hint and "--allow-eviction" in message.hint

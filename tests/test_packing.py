@@ -4,7 +4,7 @@ the bytes on the wire must be exactly redis-py's own."""
 import pytest
 import redis.asyncio
 
-from django_outbox.core.transport import with_hiredis_packing
+from django_outbox.core.packing import with_hiredis_packing
 
 hiredis = pytest.importorskip("hiredis")  # in the test extra; optional for users
 

@@ -86,7 +86,9 @@ class OutboxEntryAdmin(admin.ModelAdmin):
     """A changelist-like admin over the outbox in Valkey (no ORM queries)."""
 
     sessions_per_page = SESSIONS_PER_PAGE
-    actions = [
+    # The outbox's actions take the selected references, not a queryset (there are no ORM
+    # rows); run_action calls them, so Django's action signature does not apply.
+    actions: list[Any] = [
         retry_entries,
         dismiss_entries,
         park_workspaces,
@@ -126,7 +128,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         # Only this admin's actions: the site-wide delete_selected needs the ORM.
-        actions = self._filter_actions_by_permissions(
+        actions = self._filter_actions_by_permissions(  # type: ignore[attr-defined]
             request, [self.get_action(action) for action in self.actions]
         )
         return {name: (func, name, desc) for func, name, desc in actions}
@@ -326,7 +328,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
         name = request.POST.get("action", "")
         allowed = self.get_actions(request)
         if name not in allowed:
-            if name in {action.__name__ for action in self.actions}:
+            if name in {getattr(action, "__name__", action) for action in self.actions}:
                 raise PermissionDenied  # a known action this user may not run
             self.message_user(request, "No action selected.", messages.WARNING)
             return self._back(request)

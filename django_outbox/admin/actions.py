@@ -20,6 +20,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils.translation import ngettext
 
 from ..core.entry import DismissResult, RetryResult
 from ..core.errors import InvalidIdentifier
@@ -113,7 +114,7 @@ def workspace_ids(
 
 def _log(request: HttpRequest, objs: list[OutboxEntry], flag: int, message: str) -> None:
     if objs:
-        LogEntry.objects.log_actions(request.user.pk, objs, flag, message)
+        LogEntry.objects.log_actions(request.user.pk, objs, flag, message)  # type: ignore[arg-type]
 
 
 def _report(
@@ -122,7 +123,13 @@ def _report(
     if not refs:
         return
     shown = ", ".join(refs[:10]) + (f" and {len(refs) - 10} more" if len(refs) > 10 else "")
-    modeladmin.message_user(request, template.format(n=len(refs), refs=shown), level)
+    message = template.format(n=len(refs), entries=entries_text(len(refs)), refs=shown)
+    modeladmin.message_user(request, message, level)
+
+
+def entries_text(n: int) -> str:
+    """``"1 entry"`` or ``"n entries"`` (translated like Django's admin messages)."""
+    return ngettext("%(n)d entry", "%(n)d entries", n) % {"n": n}
 
 
 def per_entry(
@@ -176,7 +183,7 @@ def retry_entries(
         RetryResult.BUSY,
         CHANGE,
         "Retried from the admin: re-armed (due now).",
-        "Re-armed {n} entr(ies): {refs}.",
+        "Re-armed {entries}: {refs}.",
         "Busy, not retried ({n}): {refs} — being delivered or verified under a live "
         "lease, or parked (unpark the workspace instead).",
     )
@@ -195,7 +202,7 @@ def dismiss_entries(
         DismissResult.BUSY,
         DELETION,
         "Dismissed from the admin: removed, never to be delivered.",
-        "Dismissed {n} entr(ies): {refs}.",
+        "Dismissed {entries}: {refs}.",
         "Busy, not dismissed ({n}): {refs} — being delivered or verified under a live lease.",
     )
 
@@ -220,10 +227,10 @@ def _per_workspace(
                 request,
                 [OutboxEntry.for_workspace(ws)],
                 CHANGE,
-                f"{verb} workspace {ws} from the admin: {count} entries{detail}.",
+                f"{verb} workspace {ws} from the admin: {entries_text(count)}{detail}.",
             )
             modeladmin.message_user(
-                request, f"{verb} {count} entr(ies) of workspace {ws}.", messages.SUCCESS
+                request, f"{verb} {entries_text(count)} of workspace {ws}.", messages.SUCCESS
             )
         else:
             modeladmin.message_user(request, nothing.format(ws=ws), messages.WARNING)

@@ -168,11 +168,13 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
                 "append-only file. Retry with the same clientMessageID: it answers 200 with the "
                 "message's ID once stored."
             )
-        else:
+        elif _is_write(context):
             detail = (
                 "The outbox store is unavailable; nothing was changed. Retry shortly (an accept "
-                "with the same clientMessageID)."
+                "retried with the same clientMessageID is stored once)."
             )
+        else:
+            detail = "The outbox store is unavailable. Retry shortly."
         return error_response(
             status.HTTP_503_SERVICE_UNAVAILABLE,
             "unavailable",
@@ -190,8 +192,17 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             "fieldErrors": _messages(exc.detail),
         }
     else:
-        detail = exc.detail
-        if not isinstance(detail, str):  # a dict or list detail from custom code
-            detail = "; ".join(f"{k}: {v}" for k, v in _messages(detail).items())
+        raw = exc.detail  # custom code may give a dict or a list: joined
+        detail = (
+            raw
+            if isinstance(raw, str)
+            else "; ".join(f"{k}: {v}" for k, v in _messages(raw).items())
+        )
         response.data = {"detail": str(detail), "code": _code_of(exc)}
     return response
+
+
+def _is_write(context: dict[str, Any]) -> bool:
+    """Whether the failed request was one that changes something (POST, PUT, ...)."""
+    request = context.get("request") if context else None
+    return getattr(request, "method", "POST") not in ("GET", "HEAD", "OPTIONS")

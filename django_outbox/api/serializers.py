@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.validators import RegexValidator
+from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
-from rest_framework.fields import ProhibitNullCharactersValidator
 
 from ..core.entry import Status
 from ..core.rules import (

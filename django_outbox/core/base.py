@@ -13,6 +13,7 @@ the reads and waits a worker uses to find due sessions (README "Architecture").
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -108,7 +109,7 @@ class OutboxBase(Transport):
 
     # -- durability -------------------------------------------------------------------------
 
-    def _durably(self, call: Eval) -> Plan:
+    def _durably(self, call: Eval) -> Plan[tuple[Any, OutboxUnavailable | None]]:
         """Run ``call``; with ``WAIT_REPLICAS`` / ``WAIT_AOF`` follow it with the wait,
         pipelined on the same connection (the wait counts that connection's writes).
         Returns ``(answer, None)``, or ``(answer, OutboxUnavailable)`` when the write
@@ -184,11 +185,13 @@ class OutboxBase(Transport):
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    def _snapshot_plan(self, workspace_id: str, session_id: str) -> Plan:
+    def _snapshot_plan(self, workspace_id: str, session_id: str) -> Plan[Snapshot]:
         answer = yield self._session_eval("snapshot", workspace_id, session_id)
         return self._snapshot_from(answer)
 
-    def _snapshots_plan(self, pairs: Iterable[tuple[str, str]], preview_chars: int = 0) -> Plan:
+    def _snapshots_plan(
+        self, pairs: Iterable[tuple[str, str]], preview_chars: int = 0
+    ) -> Plan[builtins.list[Snapshot]]:
         extra = [preview_chars] if preview_chars > 0 else []
         calls = [self._session_eval("snapshot", ws, ses, extra) for ws, ses in pairs]
         if not calls:
@@ -260,7 +263,9 @@ class OutboxBase(Transport):
         """Async :meth:`snapshots`."""
         return await self._arun(self._snapshots_plan(list(pairs), preview_chars))
 
-    def _statuses_plan(self, pairs: Iterable[tuple[str, str]]) -> Plan:
+    def _statuses_plan(
+        self, pairs: Iterable[tuple[str, str]]
+    ) -> Plan[builtins.list[dict[str, int]]]:
         calls = [self._session_eval("statuses", ws, ses) for ws, ses in pairs]
         if not calls:
             return []
@@ -289,34 +294,34 @@ class OutboxBase(Transport):
         """
         return self.snapshot(workspace_id, session_id).entries
 
-    async def alist(self, workspace_id: str, session_id: str) -> list[Entry]:
+    async def alist(self, workspace_id: str, session_id: str) -> builtins.list[Entry]:
         """Async :meth:`list`."""
         return (await self.asnapshot(workspace_id, session_id)).entries
 
     # -- the indices a worker reads ---------------------------------------------------------
 
-    def _workspaces_plan(self) -> Plan:
+    def _workspaces_plan(self) -> Plan[builtins.list[str]]:
         """Every workspace with sessions, sorted (one SMEMBERS per shard on a cluster)."""
         answers = yield Pipe([Cmd(("SMEMBERS", k)) for k in self.keys.index_keys("workspaces")])
-        members = set()
+        members: set[str] = set()
         for answer in answers:
             if isinstance(answer, Exception):
                 raise answer
             members.update(as_text(m) for m in answer)
         return sorted(members)
 
-    def workspaces(self) -> list[str]:
+    def workspaces(self) -> builtins.list[str]:
         """Every workspace that has sessions, sorted (one ``SMEMBERS`` per shard).
 
         Raises :class:`OutboxUnavailable`.
         """
         return self._run(self._workspaces_plan())
 
-    async def aworkspaces(self) -> list[str]:
+    async def aworkspaces(self) -> builtins.list[str]:
         """Async :meth:`workspaces`."""
         return await self._arun(self._workspaces_plan())
 
-    async def adue_sessions(self, limit: int) -> list[tuple[str, str]]:
+    async def adue_sessions(self, limit: int) -> builtins.list[tuple[str, str]]:
         """``(workspace_id, session_id)`` of sessions due now, at most ``limit``
         workspaces (every shard of the workspaces-due index on a cluster) and
         ``limit`` sessions of each, in two pipelined round trips.
@@ -351,7 +356,7 @@ class OutboxBase(Transport):
                 )
             )
         )
-        due: list[tuple[str, str]] = []
+        due: builtins.list[tuple[str, str]] = []
         idle: dict[str, int] = {}
         for ws, sessions in zip(workspaces, answers, strict=True):
             if isinstance(sessions, Exception):
@@ -381,7 +386,9 @@ class OutboxBase(Transport):
 
         await asyncio.gather(*(one(ws, score) for ws, score in idle.items()))
 
-    async def await_wake(self, key: str, block: float, batch: int) -> list[tuple[str, str]]:
+    async def await_wake(
+        self, key: str, block: float, batch: int
+    ) -> builtins.list[tuple[str, str]]:
         """Wait up to ``block`` seconds on wake list ``key`` (one of
         ``keys.index_keys("wake")``); return the ``(workspace_id, session_id)`` pairs
         taken: the first one BLPOP hands to exactly this caller, then up to ``batch``

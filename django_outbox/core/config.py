@@ -33,12 +33,12 @@ def duration(key: str, value: Any, *, zero_ok: bool = False) -> float:
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(key, "must be a number of seconds or a timedelta")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
         raise ConfigError(key, "must be a finite, non-negative duration")
-    if value == 0 and not zero_ok:
+    if seconds == 0 and not zero_ok:
         raise ConfigError(key, "must be positive")
-    return value
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,8 @@ from .keys import SessionKeys
 from .plans import Emit, Eval, Pipe, Plan, iter_once
 from .rules import MAX_ERROR_CHARS, clean_text, describe_error
 from .scripts import claim_argv, due_argv, release_argv, renew_call, settle_argv
-from .transport import as_text, is_async_callable, retry_unavailable
+from .transport import as_text, is_async_callable
+from .unavailable import retry_unavailable
 
 logger = logging.getLogger("django_outbox")
 
@@ -265,7 +266,9 @@ class OutboxDelivery(OutboxBase):
 
     # -- the claim, the call and the settle ------------------------------------------------
 
-    def _claim_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
+    def _claim_plan(
+        self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()
+    ) -> Plan[Any]:
         call = self._session_eval(
             "claim", ws, ses, extra_args=claim_argv(token, self._lock_ttl_ms, acknowledge)
         )
@@ -273,7 +276,7 @@ class OutboxDelivery(OutboxBase):
         # is called: a claim lost in a failover would make the entry look never
         # tried, and it would be sent again without verification.
         answer, unacknowledged = yield from self._durably(call)
-        kind = as_text(answer[0])
+        kind: str = as_text(answer[0])
         if unacknowledged is not None and kind == "deliver":  # (a verification sends nothing)
             kind = "unreplicated"
         if kind == "busy":
@@ -392,7 +395,7 @@ class OutboxDelivery(OutboxBase):
         if verdict is Verdict.DELIVERED:
             return "delivered", ""
         if verdict is Verdict.ABSENT:
-            return "absent", "verifier: not in the agent's transcript"
+            return "absent", "verifier: the agent does not have it (absent)"
         if verdict is not Verdict.INCONCLUSIVE:
             logger.warning("outbox: verifier returned a %s, not a Verdict", type(verdict).__name__)
         return "inconclusive", "verifier: inconclusive"
@@ -425,7 +428,7 @@ class OutboxDelivery(OutboxBase):
 
     def _settle_plan(
         self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
-    ) -> Plan:
+    ) -> Plan[str]:
         # Durable before entry_delivered fires: a delivered-settle lost in a
         # failover would be verified again and fire the signal a second time.
         answer, unacknowledged = yield from self._durably(
@@ -445,7 +448,7 @@ class OutboxDelivery(OutboxBase):
         )
         if unacknowledged is not None:
             logger.warning("outbox: settle of %s: %s", entry.id, unacknowledged)
-        kind = as_text(answer[0])
+        kind: str = as_text(answer[0])
         if kind == "removed" or (kind == "replayed" and as_text(answer[1]) == "removed"):
             # Delivered. The lease is still ours and the entry stays staged as
             # delivered until its receivers ran: acknowledge it afterwards, so a
@@ -475,7 +478,9 @@ class OutboxDelivery(OutboxBase):
             )
         return kind
 
-    def _release_plan(self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()) -> Plan:
+    def _release_plan(
+        self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()
+    ) -> Plan[Any]:
         return (
             yield self._session_eval(
                 "release", ws, ses, extra_args=release_argv(token, acknowledge)
@@ -509,7 +514,7 @@ class OutboxDelivery(OutboxBase):
 
     # -- recovery ---------------------------------------------------------------------------
 
-    def _recover_plan(self) -> Plan:
+    def _recover_plan(self) -> Plan[int]:
         recovered = 0
         now_us = self._now_us()  # 0: the server's clock decides what is due (due.lua)
         for workspace_id in (yield from self._workspaces_plan()):

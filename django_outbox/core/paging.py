@@ -109,10 +109,10 @@ def as_text(value: Any) -> str:
 
 def score_pairs(values: Any) -> list[Any]:
     """ZRANGE ... WITHSCORES answers as (member, score) pairs, whatever the client decoded."""
-    values = list(values or [])
-    if values and isinstance(values[0], tuple | list):
-        return values
-    return list(zip(values[::2], values[1::2], strict=True))
+    flat: list[Any] = list(values or [])
+    if flat and isinstance(flat[0], tuple | list):
+        return flat
+    return list(zip(flat[::2], flat[1::2], strict=True))
 
 
 def index_rows(values: Iterable[Any]) -> list[Row]:
@@ -192,26 +192,28 @@ def first_page_plan(key: str, need: int, descending: bool) -> ReadPlan:
     return CopyPage(rows, 0, True, tie_offsets(rows))
 
 
-def _from_score(key: str, score: float, descending: bool, offset: int, count: int) -> tuple:
+def _from_score(
+    key: str, score: float, descending: bool, offset: int, count: int
+) -> tuple[Any, ...]:
     """Rows from the ``offset``-th of score ``score`` on, in seek order."""
     s = format_score(score)
     bounds = (s, "-inf", "BYSCORE", "REV") if descending else (s, "+inf", "BYSCORE")
     return ("ZRANGE", key, *bounds, "LIMIT", offset, count, "WITHSCORES")
 
 
-def _tie_probe(key: str, score: float, descending: bool, offset: int) -> tuple:
+def _tie_probe(key: str, score: float, descending: bool, offset: int) -> tuple[Any, ...]:
     """The ``offset``-th row of score ``score`` exactly, in seek order."""
     s = format_score(score)
     rev = ("REV",) if descending else ()
     return ("ZRANGE", key, s, s, "BYSCORE", *rev, "LIMIT", offset, 1, "WITHSCORES")
 
 
-def _count_ties(key: str, score: float) -> tuple:
+def _count_ties(key: str, score: float) -> tuple[Any, ...]:
     s = format_score(score)
     return ("ZCOUNT", key, s, s)
 
 
-def _count_before(key: str, score: float, descending: bool) -> tuple:
+def _count_before(key: str, score: float, descending: bool) -> tuple[Any, ...]:
     s = format_score(score)
     return ("ZCOUNT", key, f"({s}", "+inf") if descending else ("ZCOUNT", key, "-inf", f"({s}")
 
@@ -359,7 +361,7 @@ def page_of_given(
     (None, or one of ``pairs``: raises ``ValueError`` otherwise). Same shape as
     :func:`page_of_sorted`."""
     members = [f"{ws} {ses}" for ws, ses in pairs]
-    seq = [(ws, ses, None) for ws, ses in pairs]
+    seq: list[tuple[str, str, float | None]] = [(ws, ses, None) for ws, ses in pairs]
     if not forward:
         seq.reverse()
         members.reverse()

@@ -11,9 +11,9 @@ calls user code (a ledger probe). The sync and the async driver of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .entry import OutboxEvent
 
@@ -39,7 +39,7 @@ class Pipe:
     """Run ``calls`` in one round trip; the result is their answers in order, an
     error as its exception object (each script still atomic on its own)."""
 
-    calls: list[Eval | Cmd]
+    calls: Sequence[Eval | Cmd]
 
 
 @dataclass(slots=True)
@@ -57,9 +57,13 @@ class Call:
     kwargs: dict[str, Any]
 
 
-Plan = Generator[Any, Any, Any]
+T = TypeVar("T")
+
+#: A plan returning ``T``: it yields effects and is sent their results (Any: what a
+#: script or command answers is decoded by the plan itself).
+Plan = Generator[Any, Any, T]
 
 
-def iter_once(effect: Any) -> Plan:
+def iter_once(effect: Any) -> Plan[Any]:
     """A plan of one effect, returning its result."""
     return (yield effect)

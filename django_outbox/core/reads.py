@@ -345,7 +345,8 @@ class QueueReads(OutboxBase):
             try:
                 calls = plan.send(answers)  # type: ignore[arg-type]
             except StopIteration as done:
-                return done.value
+                results: list[Any] = done.value
+                return results
             answers = self.execute_many(calls) if calls else []
             for answer in answers:
                 if isinstance(answer, Exception):
@@ -353,6 +354,7 @@ class QueueReads(OutboxBase):
 
     def _ask(self, calls: list[tuple[Any, ...]]) -> list[Any]:
         """One round trip of plain commands; a failed command raises its error."""
+        answers: list[Any]
         (answers,) = self._read(_asking(calls))
         return answers
 
@@ -505,6 +507,7 @@ class QueueReads(OutboxBase):
     def index_totals(self) -> IndexTotals:
         """The global counts (one round trip; on a cluster every shard's copies are summed,
         and they may lag behind the workspaces' own keys)."""
+        totals: IndexTotals
         (totals,) = self._read(self._totals_plan())
         return totals
 
@@ -642,6 +645,7 @@ class QueueReads(OutboxBase):
     def workers(self) -> list[WorkerHeartbeat]:
         """Every worker seen lately (the last ``10 * HEARTBEAT_TTL`` seconds), live ones
         first, then most recently seen first (two round trips)."""
+        workers: list[WorkerHeartbeat]
         (workers,) = self._read(self._workers_plan())
         return workers
 

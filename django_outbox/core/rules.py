@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier
@@ -78,6 +79,7 @@ def check_user_id(user_id: object) -> str:
 def json_depth(value: Any, limit: int = MAX_MODEL_DEPTH) -> int:
     """Nesting depth of a JSON value (a scalar is 0, ``{}`` is 1), counting no further
     than ``limit + 1`` so a hostile value costs at most ``limit`` levels of recursion."""
+    children: Iterable[Any]
     if isinstance(value, dict):
         children = value.values()
     elif isinstance(value, list):

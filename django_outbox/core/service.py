@@ -83,7 +83,7 @@ class Outbox(QueueReads, OutboxDelivery):
         client_message_id: Any,
         text: Any,
         model: Any,
-    ) -> Plan:
+    ) -> Plan[Entry]:
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
         user_id = check_user_id(user_id)
@@ -204,7 +204,7 @@ class Outbox(QueueReads, OutboxDelivery):
         arg1: str = "",
         arg2: str = "",
         removed_state: str = "dismissed",
-    ) -> Plan:
+    ) -> Plan[tuple[str, int, list[Any]]]:
         # Dismissal only frees memory: its own copy of the script runs on a full server.
         script = "dismiss" if op == "dismiss" else "operate"
         answer = yield self._session_eval(
@@ -219,7 +219,7 @@ class Outbox(QueueReads, OutboxDelivery):
             )
         return result, count, changed
 
-    def _retry_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan:
+    def _retry_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan[RetryResult]:
         check_identifier("entry ID", entry_id)
         has_verifier = "1" if self.verifier is not None else "0"
         result, _, _ = yield from self._operate_plan(
@@ -248,7 +248,9 @@ class Outbox(QueueReads, OutboxDelivery):
         """Async :meth:`retry`."""
         return await self._arun(self._retry_plan(workspace_id, session_id, entry_id))
 
-    def _dismiss_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan:
+    def _dismiss_plan(
+        self, workspace_id: str, session_id: str, entry_id: str
+    ) -> Plan[DismissResult]:
         check_identifier("entry ID", entry_id)
         result, _, _ = yield from self._operate_plan(workspace_id, session_id, "dismiss", entry_id)
         return {"removed": DismissResult.REMOVED, "busy": DismissResult.BUSY}.get(
@@ -267,11 +269,11 @@ class Outbox(QueueReads, OutboxDelivery):
         """Async :meth:`dismiss`."""
         return await self._arun(self._dismiss_plan(workspace_id, session_id, entry_id))
 
-    def _sessions_plan(self, workspace_id: str) -> Plan:
+    def _sessions_plan(self, workspace_id: str) -> Plan[list[str]]:
         members = yield Cmd(("SMEMBERS", self.keys.sessions(workspace_id)))
         return sorted(as_text(m) for m in members)
 
-    def _bulk_plan(self, workspace_id: str, op: str, arg1: str = "") -> Plan:
+    def _bulk_plan(self, workspace_id: str, op: str, arg1: str = "") -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
         total = 0
         for session_id in (yield from self._sessions_plan(workspace_id)):
@@ -279,7 +281,7 @@ class Outbox(QueueReads, OutboxDelivery):
             total += count
         return total
 
-    def _park_plan(self, workspace_id: str, reason: str) -> Plan:
+    def _park_plan(self, workspace_id: str, reason: str) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
         reason = check_reason(reason)
         # Pause first: from here on every accept into the workspace is held, so none
@@ -290,7 +292,7 @@ class Outbox(QueueReads, OutboxDelivery):
                 raise answer
         return (yield from self._bulk_plan(workspace_id, "park", reason))
 
-    def _unpark_plan(self, workspace_id: str, reason: str | None) -> Plan:
+    def _unpark_plan(self, workspace_id: str, reason: str | None) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
         arg = "" if reason is None else check_reason(reason)
         total = 0
@@ -352,7 +354,7 @@ class Outbox(QueueReads, OutboxDelivery):
 
     # -- sweeps and cleanup ---------------------------------------------------------------------
 
-    def _sweep_unverifiable_plan(self, workspace_id: str) -> Plan:
+    def _sweep_unverifiable_plan(self, workspace_id: str) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
         if self.verifier is None:
             return 0
@@ -369,7 +371,7 @@ class Outbox(QueueReads, OutboxDelivery):
         """Async :meth:`sweep_workspace_unverifiable`."""
         return await self._arun(self._sweep_unverifiable_plan(workspace_id))
 
-    def _sweep_parked_plan(self, workspace_id: str) -> Plan:
+    def _sweep_parked_plan(self, workspace_id: str) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
         probe = self.ledger_probe
         if probe is None:
@@ -430,7 +432,7 @@ class Outbox(QueueReads, OutboxDelivery):
         """Async :meth:`sweep_workspace_parked_errors`."""
         return await self._arun(self._sweep_parked_plan(workspace_id))
 
-    def _cleanup_plan(self, workspace_id: str) -> Plan:
+    def _cleanup_plan(self, workspace_id: str) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
         removed = 0
         for session_id in (yield from self._sessions_plan(workspace_id)):
@@ -531,7 +533,7 @@ class Outbox(QueueReads, OutboxDelivery):
 
     # -- testing --------------------------------------------------------------------------------
 
-    def _seed_plan(self, workspace_id: str, session_id: str, raw_json: str | bytes) -> Plan:
+    def _seed_plan(self, workspace_id: str, session_id: str, raw_json: str | bytes) -> Plan[None]:
         entry = Entry.from_json(raw_json)
         check_identifier("entry ID", entry.id)
         if entry.accepted_at is None:

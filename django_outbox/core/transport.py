@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from typing import Any, TypeGuard, TypeVar, cast
 
 import redis
 import redis.asyncio
+import redis.cluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import NoScriptError, RedisClusterException
@@ -32,8 +33,15 @@ from redis.retry import Retry
 from .entry import OutboxEvent
 from .errors import OutboxUnavailable
 from .keys import KeySpace
-from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
+from .packing import with_hiredis_packing
+from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, T, iter_once
 from .scripts import HINTED, Script, index_hint_argv, load_scripts
+from .unavailable import UNREACHABLE, classified, is_unavailable_reply, unavailable_error
+
+V = TypeVar("V")
+#: Sends one pipeline's calls and returns their answers in order (errors as objects).
+Sender = Callable[[list[Eval | Cmd]], list[Any]]
+AsyncSender = Callable[[list[Eval | Cmd]], Awaitable[list[Any]]]
 
 logger = logging.getLogger("django_outbox")
 
@@ -42,100 +50,18 @@ CLUSTER_MAX_CONNECTIONS = 10_000
 #: Most items a cluster shard's wake list holds (the standalone list's cap is in _lib.lua).
 MAX_WAKE_ITEMS = 10000
 
-#: Errors that mean "Valkey cannot be reached right now": a cut connection, a
-#: timeout, or a cluster between topologies (a failover, slots not yet covered).
-UNREACHABLE = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.ClusterError,
-    RedisClusterException,
-)
-
-UNAVAILABLE_REPLIES = (
-    "OOM",
-    "READONLY",
-    "MASTERDOWN",
-    "LOADING",
-    "BUSY",
-    "NOREPLICAS",
-    "TRYAGAIN",
-    "CLUSTERDOWN",
-)
-
-
-def unavailable_error(exc: Exception) -> OutboxUnavailable:
-    """The :class:`OutboxUnavailable` for a redis-py error that means "not now"."""
-    if isinstance(exc, redis.OutOfMemoryError) or str(exc).startswith("OOM"):
-        return OutboxUnavailable(
-            "Valkey is out of memory (maxmemory reached) and refused this change whole, "
-            "before it ran; deliveries, dismissals and cleanup still run and free memory"
-        )
-    return OutboxUnavailable(f"Valkey unavailable: {type(exc).__name__}: {exc}")
-
-
-def classified(result: Any) -> Any:
-    """A pipeline's per-command result, with "Valkey unavailable" errors (a cut
-    connection, a cluster between topologies, OOM, READONLY, ...) turned into
-    :class:`OutboxUnavailable` like the drivers do for single calls."""
-    if isinstance(result, (*UNREACHABLE, redis.exceptions.AskError)) or (
-        isinstance(result, redis.ResponseError) and is_unavailable_reply(result)
-    ):
-        return unavailable_error(result)
-    return result
-
-
-def is_unavailable_reply(exc: Exception) -> bool:
-    if isinstance(exc, redis.OutOfMemoryError | redis.ReadOnlyError | redis.BusyLoadingError):
-        return True
-    text = str(exc)
-    return any(text.startswith(code) for code in UNAVAILABLE_REPLIES) or "maxmemory" in text
-
 
 def is_moved(result: Any) -> bool:
     return isinstance(result, redis.exceptions.AskError)  # MovedError is an AskError
 
 
-def is_hinted(call: Any, result: Any) -> bool:
+def _node_pipeline(node: Any) -> Any:
+    """A non-transactional pipeline on one cluster node's own connection."""
+    return node.redis_connection.pipeline(transaction=False)
+
+
+def is_hinted(call: Eval | Cmd, result: Any) -> TypeGuard[Eval]:
     return isinstance(call, Eval) and call.script in HINTED and not isinstance(result, Exception)
-
-
-try:
-    import hiredis
-except ImportError:  # optional: pip install django-outbox[fast]
-    hiredis = None
-
-
-class HiredisPacking:
-    """Mixed into redis-py's async connection classes when hiredis is installed: pack
-    commands in C, as redis-py's sync client already does (its async client packs in
-    Python, a sixth of a worker's CPU). Same bytes on the wire; anything hiredis will
-    not pack falls back to redis-py's own packer."""
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        head = args[0]
-        if isinstance(head, str):
-            packed = (*head.encode().split(), *args[1:])
-        elif b" " in head:
-            packed = (*head.split(), *args[1:])
-        else:
-            packed = args
-        try:
-            return [hiredis.pack_command(packed)]
-        except (TypeError, hiredis.HiredisError):
-            return super().pack_command(*args)  # type: ignore[misc]
-
-
-PACKING_CLASSES: dict[type, type] = {}
-
-
-def with_hiredis_packing(connection_class: type) -> type:
-    if hiredis is None or not hasattr(hiredis, "pack_command"):
-        return connection_class
-    cls = PACKING_CLASSES.get(connection_class)
-    if cls is None:
-        name = f"HiredisPacking{connection_class.__name__}"
-        cls = PACKING_CLASSES[connection_class] = type(name, (HiredisPacking, connection_class), {})
-    return cls
 
 
 def as_text(value: Any) -> Any:
@@ -214,35 +140,6 @@ class Batcher:
                 future.set_result(result)
 
 
-async def retry_unavailable(
-    step: Callable[[], Any],
-    *,
-    patience: float,
-    first_delay: float,
-    max_delay: float,
-    what: str,
-    sleep: Callable[[float], Any] = asyncio.sleep,
-    give_up: Callable[[], bool] = lambda: False,
-) -> Any:
-    """Await ``step()``, retrying while it raises :class:`OutboxUnavailable`.
-
-    Delays start at ``first_delay`` seconds and double up to ``max_delay``; after
-    ``patience`` seconds (or as soon as ``give_up()`` is true) the last error
-    propagates. ``sleep`` may be an interruptible wait.
-    """
-    deadline = time.monotonic() + patience
-    delay = first_delay
-    while True:
-        try:
-            return await step()
-        except OutboxUnavailable as exc:
-            if give_up() or time.monotonic() + delay > deadline:
-                raise
-            logger.warning("outbox: %s failed (%s); retrying in %.2fs", what, exc, delay)
-            await sleep(delay)
-            delay = min(delay * 2, max_delay)
-
-
 async def awaited(awaitable: Any) -> Any:
     return await awaitable
 
@@ -285,7 +182,7 @@ class Transport:
         options.update(client_options or {})
         self._client_options = options
         self._explicit_options = set(client_options or ())
-        self._client: redis.Redis | None = None
+        self._client: redis.Redis | redis.cluster.RedisCluster | None = None
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
@@ -355,14 +252,19 @@ class Transport:
         self._last_loop, self._last_client = loop, client
         return client
 
-    def _loop_local(self, last: str, table: weakref.WeakKeyDictionary, make: Callable) -> Any:
+    def _loop_local(
+        self,
+        last: str,
+        table: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, V],
+        make: Callable[[asyncio.AbstractEventLoop], V],
+    ) -> V:
         """The running loop's object in ``table`` (made by ``make(loop)`` on first use),
         remembered in attribute ``last``: a worker runs one loop, and WeakKeyDictionary
         lookups showed in its profile."""
         loop = asyncio.get_running_loop()
-        value = getattr(self, last)
-        if value is not None and value.loop is loop:
-            return value
+        remembered = getattr(self, last)
+        if remembered is not None and remembered.loop is loop:
+            return cast(V, remembered)
         value = table.get(loop)
         if value is None:
             value = table[loop] = make(loop)
@@ -423,7 +325,7 @@ class Transport:
 
     # -- drivers ---------------------------------------------------------------------
 
-    def _run(self, plan: Plan) -> Any:
+    def _run(self, plan: Plan[T]) -> T:
         try:
             effect = next(plan)
             while True:
@@ -434,9 +336,9 @@ class Transport:
                 else:
                     effect = plan.send(result)
         except StopIteration as stop:
-            return stop.value
+            return cast(T, stop.value)
 
-    async def _arun(self, plan: Plan) -> Any:
+    async def _arun(self, plan: Plan[T]) -> T:
         try:
             effect = next(plan)
             while True:
@@ -447,7 +349,7 @@ class Transport:
                 else:
                     effect = plan.send(result)
         except StopIteration as stop:
-            return stop.value
+            return cast(T, stop.value)
 
     def _evalsha(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self.scripts[name]
@@ -560,7 +462,7 @@ class Transport:
     # or one node's). Calls that found their script missing (a restarted server)
     # are re-sent once after loading it; the others ran and must not run twice.
 
-    def _pipelined(self, client: Any, send: Callable, calls: list[Eval | Cmd]) -> list[Any]:
+    def _pipelined(self, client: Any, send: Sender, calls: list[Eval | Cmd]) -> list[Any]:
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for _ in range(2):
@@ -573,7 +475,9 @@ class Transport:
                 client.script_load(script.text)
         return results
 
-    async def _apipelined(self, client: Any, send: Callable, calls: list[Eval | Cmd]) -> list[Any]:
+    async def _apipelined(
+        self, client: Any, send: AsyncSender, calls: list[Eval | Cmd]
+    ) -> list[Any]:
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for _ in range(2):
@@ -586,21 +490,23 @@ class Transport:
                 await client.script_load(script.text)
         return results
 
-    def _pipeline_sender(self, pipeline: Callable[[], Any]) -> Callable:
+    def _pipeline_sender(self, pipeline: Callable[[], Any]) -> Sender:
         def send(calls: list[Eval | Cmd]) -> list[Any]:
             pipe = pipeline()
             for call in calls:
                 self._queue(pipe, call)
-            return pipe.execute(raise_on_error=False)
+            answers: list[Any] = pipe.execute(raise_on_error=False)
+            return answers
 
         return send
 
-    def _apipeline_sender(self, pipeline: Callable[[], Any]) -> Callable:
+    def _apipeline_sender(self, pipeline: Callable[[], Any]) -> AsyncSender:
         async def send(calls: list[Eval | Cmd]) -> list[Any]:
             pipe = pipeline()
             for call in calls:
                 self._queue(pipe, call)
-            return await pipe.execute(raise_on_error=False)
+            answers: list[Any] = await pipe.execute(raise_on_error=False)
+            return answers
 
         return send
 
@@ -616,6 +522,7 @@ class Transport:
         anchor: str | None = None
         groups: dict[str, tuple[Any, list[int]]] = {}
         for i, call in enumerate(calls):
+            key: str | None
             if isinstance(call, Eval):
                 key = anchor = call.keys[0]
             elif call.args[0] in ("WAIT", "WAITAOF"):
@@ -638,9 +545,7 @@ class Transport:
                 client.nodes_manager.initialize()
             for node, indices in self._node_groups(client, [calls[i] for i in todo]):
                 group = [calls[todo[j]] for j in indices]
-                send = self._pipeline_sender(
-                    lambda node=node: node.redis_connection.pipeline(transaction=False)
-                )
+                send = self._pipeline_sender(partial(_node_pipeline, node))
                 answers = self._pipelined(client, send, group)
                 for j, answer in zip(indices, answers, strict=True):
                     results[todo[j]] = answer

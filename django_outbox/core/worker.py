@@ -27,7 +27,7 @@ from .config import Config
 from .errors import OutboxUnavailable
 from .keys import KeySpace
 from .reads import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, WorkerHeartbeat
-from .transport import retry_unavailable
+from .unavailable import retry_unavailable
 
 logger = logging.getLogger("django_outbox.worker")
 
@@ -101,9 +101,10 @@ class Worker:
         worker_id: str | None = None,
     ) -> None:
         self.outbox = outbox
-        self.deliverer = deliverer or outbox.deliverer
-        if self.deliverer is None:
+        chosen = deliverer or outbox.deliverer
+        if chosen is None:
             raise ValueError("no deliverer: pass one or configure DELIVERER")
+        self.deliverer: Callable[..., Any] = chosen
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         if tick <= 0:

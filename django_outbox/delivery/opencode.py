@@ -88,6 +88,12 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
+def _skip_space(text: str, i: int) -> int:
+    """The index of the first non-JSON-whitespace character of ``text`` at or after ``i``."""
+    match = _JSON_SPACE.match(text, i)
+    return match.end() if match else i
+
+
 class OpencodeError(Exception):
     """A definitive delivery failure reported by this module (not ambiguous, not transient)."""
 
@@ -177,21 +183,21 @@ def _json_array(text: str) -> Iterator[Any]:
     """The elements of the JSON array ``text``, parsed one at a time (so only one is held
     at once). Raises ``ValueError`` when ``text`` is not exactly one JSON array."""
     decoder = json.JSONDecoder()
-    i = _JSON_SPACE.match(text).end()
+    i = _skip_space(text, 0)
     if text[i : i + 1] != "[":
         raise ValueError("not a JSON array")
-    i = _JSON_SPACE.match(text, i + 1).end()
+    i = _skip_space(text, i + 1)
     if text[i : i + 1] != "]":
         while True:
             value, i = decoder.raw_decode(text, i)
             yield value
-            i = _JSON_SPACE.match(text, i).end()
+            i = _skip_space(text, i)
             if text[i : i + 1] == "]":
                 break
             if text[i : i + 1] != ",":
                 raise ValueError("malformed JSON array")
-            i = _JSON_SPACE.match(text, i + 1).end()
-    if _JSON_SPACE.match(text, i + 1).end() != len(text):
+            i = _skip_space(text, i + 1)
+    if _skip_space(text, i + 1) != len(text):
         raise ValueError("extra data after the JSON array")
 
 
@@ -503,6 +509,8 @@ class OpencodeClient:
         verdict: Verdict | None = None
         next_url: str | None = url
         for _ in range(100):
+            if next_url is None:
+                break
             status, body, next_url = await self._get(client, next_url, limits, paged=True)
             if status != 200:
                 return Verdict.INCONCLUSIVE
