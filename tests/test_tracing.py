@@ -11,9 +11,9 @@ import pytest
 from django.urls import reverse
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.util._once import Once
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
 
 from django_outbox.core import tracing
 from django_outbox.core.entry import Entry
@@ -131,4 +131,3 @@ def test_one_trace_from_the_request_to_the_worker_process(admin_client, valkey, 
         [dict(s.attributes) for s in spans.get_finished_spans()]
     )
     assert SECRET_TEXT not in everything
-
