@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from .core.entry import Status
+from .core.entry import Entry, Status, parse_time
 
 SAMPLE_EVERY = 30.0  # seconds between entries-by-status samples
 SAMPLE_MAX_SESSIONS = 50_000
@@ -57,6 +57,13 @@ class WorkerMetrics:
             buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600),
             registry=self.registry,
         )
+        self.latency = Histogram(
+            "outbox_delivery_latency_seconds",
+            "Seconds from an entry's accept to its confirmed delivery (deliverer, verifier or "
+            "ledger), as its entry_delivered receivers see it",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+            registry=self.registry,
+        )
         self._sample: dict[str, int] = {}
         self._sampled_at = 0.0
         self.registry.register(self)
@@ -74,6 +81,15 @@ class WorkerMetrics:
             self.ambiguous.inc()
         elif outcome != "inconclusive":
             self.failed.labels(outcome).inc()
+
+    def on_delivered(self, sender: Any, entry: Entry, **kwargs: Any) -> None:
+        """An ``entry_delivered`` receiver: observe the entry's accept → delivered latency
+        (connected by ``outbox_worker --metrics-port``; a replayed signal, README
+        "The worker", is observed again)."""
+        if entry.delivered_at is None:
+            return
+        seconds = (parse_time(entry.delivered_at) - parse_time(entry.accepted_at)) / 1_000_000
+        self.latency.observe(max(0.0, seconds))
 
     def collect(self):  # prometheus_client collector protocol
         if time.monotonic() - self._sampled_at > SAMPLE_EVERY:

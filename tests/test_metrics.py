@@ -41,6 +41,30 @@ def test_steps_are_counted_by_outcome(make_outbox):
     assert sample(metrics, "outbox_delivery_duration_seconds_count", {"step": "deliver"}) == 3
 
 
+def test_accept_to_delivery_latency(make_outbox):
+    from django_outbox.signals import entry_delivered
+
+    async def deliver(entry, **kwargs):
+        await asyncio.sleep(0.06)
+
+    outbox = make_outbox(deliverer=deliver)
+    metrics = WorkerMetrics(outbox)
+    entry_delivered.connect(metrics.on_delivered, weak=False, dispatch_uid="test-latency")
+    try:
+        outbox.accept("w1", "s1", user_id="u", client_message_id="a", text="a")
+
+        async def main():
+            await outbox.adeliver_once("w1", "s1")
+            await outbox.aclose()
+
+        asyncio.run(main())
+    finally:
+        entry_delivered.disconnect(dispatch_uid="test-latency")
+    assert sample(metrics, "outbox_delivery_latency_seconds_count") == 1
+    assert sample(metrics, "outbox_delivery_latency_seconds_bucket", {"le": "0.05"}) == 0
+    assert sample(metrics, "outbox_delivery_latency_seconds_sum") >= 0.06
+
+
 def test_entries_by_status(make_outbox):
     outbox = make_outbox()
     outbox.accept("w1", "s1", user_id="u", client_message_id="a", text="a")
@@ -67,3 +91,22 @@ def test_counting_entries_never_reads_their_texts(make_outbox, r):
     assert metrics.count_entries() == {"parked": 3, "pending": 1}
     sent = r.info("stats")["total_net_output_bytes"] - before
     assert sent < 10_000, f"{sent} bytes sent to count 4 entries"
+
+
+def test_the_grafana_dashboard_names_only_metrics_a_worker_exposes(make_outbox):
+    """deploy/grafana/django-outbox.json (README "The worker") stays true to WorkerMetrics."""
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = Path(__file__).resolve().parent.parent / "deploy/grafana/django-outbox.json"
+    panels = json.loads(dashboard.read_text())["panels"]
+    exprs = [target["expr"] for panel in panels for target in panel["targets"]]
+    named = {name for expr in exprs for name in re.findall(r"\boutbox_[a-z_]+", expr)}
+    metrics = WorkerMetrics(make_outbox())
+    metrics.on_step("deliver", "failed", "updated", 0.1)  # labelled series appear once used
+    exposed = set(
+        re.findall(r"^(outbox_[a-z_]+)", generate_latest(metrics.registry).decode(), re.M)
+    )
+    assert named and named <= exposed, named - exposed
+    assert "outbox_delivery_latency_seconds_bucket" in named

@@ -39,6 +39,7 @@ from .keys import SessionKeys
 from .plans import Emit, Eval, Pipe, Plan, iter_once
 from .rules import MAX_ERROR_CHARS, clean_text, describe_error
 from .scripts import claim_argv, due_argv, release_argv, renew_call, settle_argv
+from .tracing import record, settle_span, step_span
 from .transport import as_text, is_async_callable
 from .unavailable import retry_unavailable
 
@@ -212,27 +213,34 @@ class OutboxDelivery(OutboxBase):
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
         started = time.monotonic()
-        try:
-            if kind == "deliver":
-                outcome, error = await self._deliver(deliverer, entry, ws, ses)
-            else:
-                outcome, error = await self._verify(entry, ws, ses)
-        except asyncio.CancelledError:
-            keeper.drop(token)
-            if kind == "deliver":
-                await asyncio.shield(
-                    self._arun(self._settle_plan(ws, ses, token, entry, "ambiguous", "cancelled"))
-                )
-            else:
-                await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
-            raise
-        try:
-            result = await self._asettle(ws, ses, token, entry, outcome, error)
-        finally:
-            if keeper.drop(token):
-                logger.warning("outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id)
-        seconds = time.monotonic() - started
         step = "deliver" if kind == "deliver" else "verify"
+        with step_span(step, entry.traceparent, ws, ses, entry.id, entry.attempts + 1) as span:
+            try:
+                if kind == "deliver":
+                    outcome, error = await self._deliver(deliverer, entry, ws, ses)
+                else:
+                    outcome, error = await self._verify(entry, ws, ses)
+            except asyncio.CancelledError:
+                keeper.drop(token)
+                if kind == "deliver":
+                    await asyncio.shield(
+                        self._arun(
+                            self._settle_plan(ws, ses, token, entry, "ambiguous", "cancelled")
+                        )
+                    )
+                else:
+                    await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
+                raise
+            try:
+                with settle_span(outcome):
+                    result = await self._asettle(ws, ses, token, entry, outcome, error)
+            finally:
+                if keeper.drop(token):
+                    logger.warning(
+                        "outbox: lease lost while delivering %s/%s %s", ws, ses, entry.id
+                    )
+            record(span, outcome=outcome, result=result)
+        seconds = time.monotonic() - started
         if logger.isEnabledFor(logging.INFO):
             logger.info(
                 "outbox %s ws=%s ses=%s entry=%s attempt=%d outcome=%s result=%s duration=%.3fs%s",

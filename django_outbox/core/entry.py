@@ -172,6 +172,7 @@ _CONTENT_FIELDS = (
     ("userID", "user_id"),
     ("text", "text"),
     ("model", "model"),
+    ("traceparent", "traceparent"),
 )
 _ZERO_OMITTED = {"verifyAttempts", "transientFails", "seq"}
 _STRING_FIELDS = {
@@ -179,6 +180,7 @@ _STRING_FIELDS = {
     "lastError": "last_error",
     "userID": "user_id",
     "text": "text",
+    "traceparent": "traceparent",
 }
 _PARKED_FROM = {"pending", "verifying", "delivering"}
 #: State members the scripts keep that an Entry does not carry: ``userDigest``, the
@@ -227,6 +229,9 @@ class Entry:
     reason: str | None = None
     parked_from: str | None = None
     delivered_at: str | None = None
+    #: The W3C trace context of the accept, when it ran in a traced request (README
+    #: "Tracing"); the worker's spans of this entry continue that trace.
+    traceparent: str | None = None
     #: Place in the session's accept order (the session's version at accept).
     seq: int = 0
     blocked_by_in_flight: bool = False
@@ -330,6 +335,7 @@ def fresh_entry_json(
     user_id: str,
     text: str,
     model: dict[str, Any] | None,
+    traceparent: str | None = None,
 ) -> str:
     """``Entry(...).to_json()`` of a just-accepted entry (pending, no attempts), without
     building the Entry: the accept path's hot spot. ``entry_id`` comes from
@@ -342,6 +348,8 @@ def fresh_entry_json(
     }
     if model is not None:
         content["model"] = model
+    if traceparent is not None:
+        content["traceparent"] = traceparent
     head = f'{{"id":"{entry_id}","status":"pending","attempts":0,"acceptedAt":"{accepted_at}"'
     return f"{head},{_dumps(content)[1:]}"
 

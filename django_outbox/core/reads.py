@@ -48,8 +48,10 @@ from .paging import (
     side_by_side,
 )
 from .paging import as_text as _text
+from .plans import Eval, Pipe, iter_once
 from .redaction import redact
 from .rules import check_identifier
+from .scripts import due_argv
 
 HEARTBEAT_INTERVAL = 5.0  # seconds between a worker's heartbeats
 HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
@@ -239,6 +241,16 @@ class WorkspaceSummary:
     def leased(self) -> int:
         """Sessions with a delivery in flight."""
         return sum(s.leased for s in self.sessions)
+
+
+@dataclass(frozen=True, slots=True)
+class OverdueSession:
+    """A session due before now: ``due_at`` is the epoch seconds it became due (its
+    backoff ended, or its lease expired)."""
+
+    workspace_id: str
+    session_id: str
+    due_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -626,6 +638,27 @@ class QueueReads(OutboxBase):
             if seen >= max_sessions:
                 break
         return counts
+
+    def most_overdue(self, max_workspaces: int = COUNT_MAX_SESSIONS) -> OverdueSession | None:
+        """The session that has waited longest past its due time on the server's clock
+        (a queued entry whose backoff has passed, or a lease that expired), or None when
+        nothing is overdue; looks at the first ``max_workspaces`` workspaces (sorted),
+        one due-index script per workspace in one round trip. A session being delivered
+        under a live lease is not overdue."""
+        names = self.workspaces()[:max_workspaces]
+        if not names:
+            return None
+        calls = [Eval("due", [self.keys.due(ws)], due_argv(0, 1, with_scores=True)) for ws in names]
+        answers = self._run(iter_once(Pipe(calls)))
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        found = [
+            OverdueSession(ws, _text(answer[0]), float(answer[1]) / 1000)
+            for ws, answer in zip(names, answers, strict=True)
+            if answer
+        ]
+        return min(found, key=lambda o: o.due_at, default=None)
 
     # -- workers --------------------------------------------------------------------------
 

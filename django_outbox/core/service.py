@@ -45,6 +45,7 @@ from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .reads import QueueReads
 from .rules import check_identifier, check_reason, check_user_id, validate_content
 from .scripts import accept_argv, operate_argv
+from .tracing import accept_span, current_traceparent, record
 from .transport import as_text
 from .worker import Worker, WorkerStats
 
@@ -93,6 +94,7 @@ class Outbox(QueueReads, OutboxDelivery):
         entry_id = new_entry_id(now_us // 1000 if now_us else None)
         accepted_at = format_time(now_us)
         script_keys, args = self._session_args(keys, workspace_id, session_id, now_us)
+        traceparent = current_traceparent()
         call = Eval(
             "accept",
             [*script_keys, self.keys.dedupe(workspace_id, session_id, marker)],
@@ -100,7 +102,7 @@ class Outbox(QueueReads, OutboxDelivery):
                 *args,
                 *accept_argv(
                     fresh_entry_json(
-                        entry_id, accepted_at, client_message_id, user_id, text, model
+                        entry_id, accepted_at, client_message_id, user_id, text, model, traceparent
                     ),
                     entry_id,
                     fingerprint(text, model),
@@ -127,6 +129,7 @@ class Outbox(QueueReads, OutboxDelivery):
                 model=model,
                 accepted_at=accepted_at,
                 seq=version if status == "ok" else int(answer[3]),
+                traceparent=traceparent,
             )
             if unacknowledged is not None:
                 raise unacknowledged
@@ -175,9 +178,12 @@ class Outbox(QueueReads, OutboxDelivery):
         :class:`OutboxUnavailable` (Valkey unreachable, out of memory, or a
         ``WAIT_REPLICAS``/``WAIT_AOF`` wait timed out — then ``accepted`` is True).
         """
-        return self._run(
-            self._accept_plan(workspace_id, session_id, user_id, client_message_id, text, model)
-        )
+        with accept_span(workspace_id, session_id) as span:
+            entry = self._run(
+                self._accept_plan(workspace_id, session_id, user_id, client_message_id, text, model)
+            )
+            record(span, entry_id=entry.id)
+            return entry
 
     async def aaccept(
         self,
@@ -190,9 +196,12 @@ class Outbox(QueueReads, OutboxDelivery):
         model: dict[str, Any] | None = None,
     ) -> Entry:
         """Async :meth:`accept`. The write is one script, so a cancelled caller cannot split it."""
-        return await self._arun(
-            self._accept_plan(workspace_id, session_id, user_id, client_message_id, text, model)
-        )
+        with accept_span(workspace_id, session_id) as span:
+            entry = await self._arun(
+                self._accept_plan(workspace_id, session_id, user_id, client_message_id, text, model)
+            )
+            record(span, entry_id=entry.id)
+            return entry
 
     # -- operator actions ---------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from django_outbox.conf import outbox_settings
 from django_outbox.core.redaction import RedactingFilter, redact
 from django_outbox.errors import OutboxUnavailable
 from django_outbox.outbox import get_outbox
+from django_outbox.signals import entry_delivered
 
 logger = logging.getLogger("django_outbox.worker")
 
@@ -187,6 +188,7 @@ class Command(BaseCommand):
 
         metrics = WorkerMetrics(outbox)
         outbox.step_listeners.append(metrics.on_step)
+        entry_delivered.connect(metrics.on_delivered, weak=False, dispatch_uid="outbox-metrics")
         start_http_server(port, addr=host, registry=metrics.registry)
         logger.info("outbox worker: metrics on http://%s:%d/metrics", host, port)
 

@@ -1,0 +1,278 @@
+"""``manage.py outbox``: look at the queue and act on it from a shell (README "Command line").
+
+Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the admin:
+
+- ``status [--json]``: totals, entries by status, the most overdue session, workers.
+- ``inspect <workspace> [<session>] [--json]``: a workspace's sessions, or one session's
+  entries and lease.
+- ``retry <workspace> <session> <entry>``, ``dismiss <workspace> <session> <entry>``.
+- ``park <workspace> --reason CODE``, ``unpark <workspace> [--reason CODE]``.
+- ``cleanup <workspace> [--yes]``: asks for confirmation unless ``--yes``.
+
+Exit codes scripts can rely on: 0 done, 1 not found (no such entry, session or
+workspace), 2 refused (busy under a live lease, bad input, a cleanup not confirmed),
+3 Valkey unavailable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from argparse import ArgumentParser
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_outbox.core.entry import DismissResult, RetryResult
+from django_outbox.errors import InvalidContent, InvalidIdentifier, OutboxUnavailable
+from django_outbox.outbox import Outbox, get_outbox
+
+OK, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 1, 2, 3
+
+
+def _exit(message: str, code: int) -> CommandError:
+    """The error that ends a run with a documented exit code (README "Command line")."""
+    return CommandError(message, returncode=code)
+
+
+def _when(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+def _ago(epoch: float | None, now: float) -> str:
+    if epoch is None:
+        return "—"
+    seconds = max(0.0, now - epoch)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}min"
+    return f"{seconds / 3600:.1f}h"
+
+
+class Command(BaseCommand):
+    help = (
+        "Look at the outbox and act on it: status, inspect, retry, dismiss, park, unpark, "
+        "cleanup. Exit codes: 0 done, 1 not found, 2 refused (busy, bad input, not "
+        "confirmed), 3 Valkey unavailable."
+    )
+    # The outbox's own checks would refuse to run while Valkey is unreachable or evicting;
+    # an operator needs this command exactly then.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+
+        status = sub.add_parser("status", help="totals, entries by status, overdue, workers")
+        status.add_argument("--json", action="store_true", help="print one JSON object")
+
+        inspect = sub.add_parser("inspect", help="a workspace's sessions or a session's entries")
+        inspect.add_argument("workspace")
+        inspect.add_argument("session", nargs="?")
+        inspect.add_argument("--json", action="store_true", help="print one JSON object")
+
+        for name, what in (("retry", "re-arm an entry now"), ("dismiss", "remove an entry")):
+            one = sub.add_parser(name, help=what)
+            one.add_argument("workspace")
+            one.add_argument("session")
+            one.add_argument("entry")
+
+        park = sub.add_parser("park", help="pause a workspace (parks what is queued)")
+        park.add_argument("workspace")
+        park.add_argument("--reason", required=True, help="a machine code, e.g. maintenance")
+
+        unpark = sub.add_parser("unpark", help="end a workspace's pause")
+        unpark.add_argument("workspace")
+        unpark.add_argument("--reason", help="only entries parked with this reason")
+
+        cleanup = sub.add_parser("cleanup", help="delete every key of a workspace")
+        cleanup.add_argument("workspace")
+        cleanup.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        outbox = get_outbox()
+        run = getattr(self, f"_{options['subcommand']}")
+        try:
+            run(outbox, options)
+        except OutboxUnavailable as exc:
+            raise _exit(f"Valkey unavailable: {exc}", UNAVAILABLE) from exc
+        except (InvalidIdentifier, InvalidContent) as exc:
+            raise _exit(str(exc), REFUSED) from exc
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _status(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        totals = outbox.index_totals()
+        counts = outbox.entry_counts()
+        overdue = outbox.most_overdue()
+        workers = outbox.workers()
+        now = time.time()
+        if options["json"]:
+            self._json(
+                {
+                    "workspaces": totals.workspaces,
+                    "sessions": totals.sessions,
+                    "attention": totals.attention,
+                    "entries": counts,
+                    "mostOverdue": None
+                    if overdue is None
+                    else {
+                        "workspaceID": overdue.workspace_id,
+                        "sessionID": overdue.session_id,
+                        "dueAt": _when(overdue.due_at),
+                        "overdueSeconds": round(max(0.0, now - overdue.due_at), 3),
+                    },
+                    "workers": [
+                        {**asdict(w), "lastSeen": _when(w.last_seen), "started": _when(w.started)}
+                        for w in workers
+                    ],
+                }
+            )
+            return
+        out = self.stdout.write
+        out(
+            f"Workspaces {totals.workspaces} · sessions {totals.sessions} · "
+            f"needing attention {totals.attention}"
+        )
+        by_status = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
+        out(f"Entries: {by_status or 'none'}")
+        if overdue is None:
+            out("Overdue: nothing")
+        else:
+            out(
+                f"Most overdue: {overdue.workspace_id}/{overdue.session_id}, due "
+                f"{_ago(overdue.due_at, now)} ago ({_when(overdue.due_at)})"
+            )
+        live = [w for w in workers if w.live]
+        out(f"Workers: {len(live)} live, {len(workers) - len(live)} silent")
+        for w in workers:
+            state = "live" if w.live else "silent"
+            load = "" if w.in_flight is None else f", in flight {w.in_flight}/{w.concurrency}"
+            where = "" if w.host is None else f" on {w.host} pid {w.pid}"
+            out(f"  {w.id}{where}: {state}, seen {_ago(w.last_seen, now)} ago{load}")
+
+    def _inspect(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ws, ses = options["workspace"], options["session"]
+        if ses is None:
+            (summary,) = outbox.workspace_summaries([ws])
+            if not summary.sessions:
+                raise _exit(f"No sessions in workspace {ws}.", NOT_FOUND)
+            if options["json"]:
+                self._json(
+                    {
+                        "workspaceID": ws,
+                        "sessions": [
+                            {"sessionID": s.session_id, "entries": s.entries, "leased": s.leased}
+                            for s in summary.sessions
+                        ],
+                    }
+                )
+                return
+            self.stdout.write(
+                f"Workspace {ws}: {len(summary.sessions)} sessions, "
+                f"{summary.entry_count} entries, {summary.leased} being delivered"
+            )
+            for s in summary.sessions:
+                held = " (lease held)" if s.leased else ""
+                self.stdout.write(f"  {s.session_id}: {s.entries} entries{held}")
+            return
+        snapshot = outbox.snapshot(ws, ses)
+        if not snapshot.entries and snapshot.lease is None:
+            raise _exit(f"No entries in session {ws}/{ses}.", NOT_FOUND)
+        if options["json"]:
+            self._json(
+                {
+                    "workspaceID": ws,
+                    "sessionID": ses,
+                    "version": snapshot.version,
+                    "lease": None if snapshot.lease is None else asdict(snapshot.lease),
+                    "entries": [entry.to_dict() for entry in snapshot.entries],
+                }
+            )
+            return
+        out = self.stdout.write
+        out(f"Session {ws}/{ses}: version {snapshot.version}, {len(snapshot.entries)} entries")
+        if snapshot.lease is not None:
+            lease = snapshot.lease
+            out(f"  lease: {lease.owner} on {lease.entry_id or '—'} for {lease.held_for:.1f}s")
+        for entry in snapshot.entries:
+            error = f" — {entry.last_error[:80]}" if entry.last_error else ""
+            reason = f" ({entry.reason})" if entry.reason else ""
+            out(
+                f"  {entry.id} {entry.status}{reason}, attempts {entry.attempts}, "
+                f"accepted {entry.accepted_at}{error}"
+            )
+
+    # -- acting -------------------------------------------------------------------------
+
+    def _retry(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ref = self._ref(options)
+        result = outbox.retry(options["workspace"], options["session"], options["entry"])
+        if result is RetryResult.NOT_FOUND:
+            raise _exit(f"Not found: {ref} (delivered, dismissed or cleaned up).", NOT_FOUND)
+        if result is RetryResult.BUSY:
+            raise _exit(
+                f"Busy, not retried: {ref} is being delivered or verified under a live lease, "
+                "or parked (unpark the workspace instead).",
+                REFUSED,
+            )
+        self.stdout.write(f"Re-armed {ref}: due now.")
+
+    def _dismiss(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ref = self._ref(options)
+        result = outbox.dismiss(options["workspace"], options["session"], options["entry"])
+        if result is DismissResult.NOT_FOUND:
+            raise _exit(f"Not found: {ref} (delivered, dismissed or cleaned up).", NOT_FOUND)
+        if result is DismissResult.BUSY:
+            raise _exit(
+                f"Busy, not dismissed: {ref} is being delivered or verified under a live lease.",
+                REFUSED,
+            )
+        self.stdout.write(f"Dismissed {ref}: it will never be delivered.")
+
+    def _park(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ws = options["workspace"]
+        count = outbox.park_workspace(ws, options["reason"])
+        self.stdout.write(
+            f"Parked workspace {ws} ({options['reason']}): {count} entries now; what is "
+            "accepted into it is held until unpark."
+        )
+
+    def _unpark(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ws = options["workspace"]
+        count = outbox.unpark_workspace(ws, options["reason"])
+        self.stdout.write(f"Unparked workspace {ws}: {count} entries released in accept order.")
+
+    def _cleanup(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ws = options["workspace"]
+        (summary,) = outbox.workspace_summaries([ws])
+        if not summary.sessions:
+            raise _exit(f"No sessions in workspace {ws}: nothing to clean up.", NOT_FOUND)
+        what = (
+            f"workspace {ws}: {len(summary.sessions)} sessions, {summary.entry_count} entries "
+            f"({summary.leased} being delivered)"
+        )
+        if not options["yes"]:
+            if not sys.stdin.isatty():
+                raise _exit(f"Not confirmed (no terminal): pass --yes to delete {what}.", REFUSED)
+            answer = input(f"Delete every key of {what}? Type the workspace ID to confirm: ")
+            if answer.strip() != ws:
+                raise _exit("Not confirmed: nothing was deleted.", REFUSED)
+        removed = outbox.cleanup_workspace(ws)
+        self.stdout.write(
+            f"Cleaned up workspace {ws}: {summary.entry_count} entries, {removed} keys removed."
+        )
+
+    # -- helpers ------------------------------------------------------------------------
+
+    @staticmethod
+    def _ref(options: dict[str, Any]) -> str:
+        return f"{options['workspace']}/{options['session']}/{options['entry']}"
+
+    def _json(self, value: Any) -> None:
+        self.stdout.write(json.dumps(value, ensure_ascii=False, indent=2, default=str))
