@@ -44,7 +44,7 @@ from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
 from .core.errors import OutboxUnavailable
 from .core.reads import ServerSettings, read_server_settings, redis_py_version
 from .core.redaction import redact
-from .policy import CHECKS_SESSION
+from .policy import CHECKS_SESSION, is_async_callable
 
 CONNECT_TIMEOUT = 1.0
 
@@ -80,6 +80,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="django_outbox.E002",
                 )
             )
+    errors += _check_async_policy(conf)
     if conf.access_policy == DEFAULT_ACCESS_POLICY:
         errors.append(
             checks.Warning(
@@ -116,6 +117,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     errors += _check_channel_layer()
     errors += _check_origin_validation()
     return errors
+
+
+def _check_async_policy(conf: Any) -> list[checks.CheckMessage]:
+    """E002 for an ``async def`` access policy: it would be called without being awaited
+    (is_allowed refuses everything it is asked, fail closed)."""
+    try:
+        policy = conf.resolve("ACCESS_POLICY")
+    except ImproperlyConfigured:
+        return []  # E002 says so already
+    if policy is None or not is_async_callable(policy):
+        return []
+    return [
+        checks.Error(
+            "OUTBOX['ACCESS_POLICY'] is an async function; the outbox calls it from a thread "
+            "and never awaits it, so every request would be refused.",
+            hint="Make it a plain def (it may use the ORM: REST views and the WebSocket "
+            "consumer call it in a thread).",
+            id="django_outbox.E002",
+        )
+    ]
 
 
 def _policy_checks_sessions(conf: Any) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,6 +140,30 @@ def staff_only(user: Any, workspace_id: str, session_id: str | None, action: str
     return has_outbox_permission(user, action)
 
 
+def is_async_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` returns a coroutine (``async def``, or an object whose
+    ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    )
+
+
+def decision(answer: Any, what: str) -> bool:
+    """A policy's ``answer`` as allowed (True) or refused. An awaitable is refused: an
+    ``async def`` policy's coroutine is truthy whatever it would decide, so it must
+    not count as a yes (fail closed; check ``django_outbox.E002`` names such a policy)."""
+    if inspect.isawaitable(answer):
+        if inspect.iscoroutine(answer):
+            answer.close()
+        logger.error(
+            "outbox: the %s returned an awaitable; it must be a plain function (it runs in a "
+            "thread and may use the ORM); refused",
+            what,
+        )
+        return False
+    return bool(answer)
+
+
 def session_scoped(
     session_in_workspace: Callable[[str, str], bool],
 ) -> Callable[[Policy], Policy]:
@@ -153,12 +178,20 @@ def session_scoped(
         def may_use_outbox(user, workspace_id, session_id, action): ...
     """
 
+    if is_async_callable(session_in_workspace):
+        raise TypeError("session_scoped needs a plain function, not an async one")
+
     def decorate(policy: Policy) -> Policy:
+        if is_async_callable(policy):
+            raise TypeError("an outbox access policy must be a plain function, not an async one")
+
         @functools.wraps(policy)
         def checked(user: Any, workspace_id: str, session_id: str | None, action: str) -> bool:
-            if session_id is not None and not session_in_workspace(workspace_id, session_id):
+            if session_id is not None and not decision(
+                session_in_workspace(workspace_id, session_id), "session_in_workspace"
+            ):
                 return False
-            return bool(policy(user, workspace_id, session_id, action))
+            return decision(policy(user, workspace_id, session_id, action), "access policy")
 
         setattr(checked, CHECKS_SESSION, True)
         return checked
@@ -192,9 +225,10 @@ def is_allowed(user: Any, workspace_id: str, session_id: str | None, action: str
             return has_outbox_permission(user, action)
         token = _operation.set(action if action in WORKSPACE_ACTIONS else None)
         try:
-            return bool(policy(user, workspace_id, session_id, POLICY_ACTION.get(action, action)))
+            answer = policy(user, workspace_id, session_id, POLICY_ACTION.get(action, action))
         finally:
             _operation.reset(token)
+        return decision(answer, "access policy")
     except Exception:
         logger.exception("outbox: the access policy failed (action %s); refused", action)
         return False

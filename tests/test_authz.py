@@ -363,3 +363,45 @@ def test_an_inactive_or_non_staff_superuser_gets_nothing(people, django_user_mod
     assert not any(policy.staff_only(root, WS, SES, a) for a in policy.ACTIONS)
     root.is_staff, root.is_active = True, False
     assert not any(policy.staff_only(root, WS, SES, a) for a in policy.ACTIONS)
+
+
+async def _async_allow_nothing(user, workspace_id, session_id, action):
+    return False
+
+
+async def _async_allow_all(user, workspace_id, session_id, action):
+    return True
+
+
+@pytest.mark.parametrize("policy", [_async_allow_nothing, _async_allow_all])
+def test_an_async_policy_is_refused_not_waved_through(policy, caplog):
+    # An async def policy returns a coroutine, which is truthy: it used to allow everything.
+    from django.contrib.auth.models import User
+
+    from django_outbox.policy import is_allowed
+
+    user = User(username="x", is_active=True)
+    with override_settings(OUTBOX={"ACCESS_POLICY": policy}):
+        assert is_allowed(user, "w1", "s1", "view") is False
+    assert "returned an awaitable" in caplog.text
+
+
+def test_an_async_policy_is_a_check_error():
+    from django.core import checks
+
+    with override_settings(OUTBOX={"ACCESS_POLICY": _async_allow_all}):
+        found = [m for m in checks.run_checks(tags=["outbox"]) if m.id == "django_outbox.E002"]
+    assert len(found) == 1 and "async" in found[0].msg
+
+
+def test_session_scoped_refuses_async_parts():
+    from django_outbox.policy import session_scoped
+
+    with pytest.raises(TypeError):
+        session_scoped(lambda ws, ses: True)(_async_allow_all)
+
+    async def in_workspace(ws, ses):
+        return True
+
+    with pytest.raises(TypeError):
+        session_scoped(in_workspace)
