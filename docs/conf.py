@@ -51,7 +51,6 @@ html_static_path: list[str] = []
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_class_signature = "separated"
 autodoc_default_options = {"show-inheritance": False}
 
 graphviz_output_format = "svg"
