@@ -230,7 +230,8 @@ class Entry:
     #: ``ABSENT`` verdict (``attempts``); the deliverer's ``attempt`` argument is this + 1.
     #: ``error`` / ``max_attempts`` once it reaches ``MAX_ATTEMPTS``; retry keeps it.
     attempts: int = 0
-    #: When a worker last claimed it for delivery or verification (``lastAttemptAt``).
+    #: When a worker last claimed it for delivery (``lastAttemptAt``; verification passes
+    #: leave it).
     last_attempt_at: str | None = None
     #: Inconclusive verification passes of the current unknown outcome (``verifyAttempts``);
     #: ``error`` / ``unverifiable`` at ``MAX_VERIFY_ATTEMPTS``; retry resets it.
