@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-cluster lint demo venv clean opencode chaos bench
+.PHONY: test test-cluster lint demo venv clean opencode chaos bench docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,21 @@ bench: $(VENV)/.installed-bench
 bench-cluster: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.cluster_bench $(ARGS)
 
+# The documentation (docs/, Sphinx + Furo): HTML in docs/_build/html, every warning an
+# error (a broken cross-reference or relative link between pages is one). The state
+# diagram is drawn by Graphviz's dot at build time; as root on Debian it is installed here.
+$(VENV)/.installed-docs: pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,demo,docs]'
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	@command -v dot >/dev/null 2>&1 || { \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && apt-get install -y -qq graphviz >/dev/null; \
+		else echo "make docs needs Graphviz's dot (Debian: apt-get install graphviz)"; exit 1; fi; }
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: file://$(CURDIR)/docs/_build/html/index.html"
+
 # The fault suite, long run (a short run is part of make test).
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos
@@ -83,4 +98,4 @@ opencode:
 	sh scripts/install-opencode.sh
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache docs/_build docs/_generated

@@ -213,28 +213,59 @@ class Entry:
     and ``in_flight_for`` (seconds, float) are set only by ``list`` and never stored.
     """
 
+    #: The entry ID (JSON ``id``): 12 hex digits of time and counter, then 14 base62
+    #: characters; the same for every attempt (opencode's messageID is ``"msg_" + id``).
     id: str
+    #: The client's idempotency key (``clientMessageID``), 1 to 128 printable ASCII characters.
     client_message_id: str
+    #: The accepting user (``userID``), as given to ``accept``; the REST API stores the pk.
     user_id: str
+    #: The prompt, 1 byte to ``MAX_TEXT_BYTES`` of UTF-8.
     text: str
+    #: When it was accepted (``acceptedAt``), on Valkey's clock.
     accepted_at: str
+    #: The stored status: pending, delivering, verifying, error or parked.
     status: Status = Status.PENDING
+    #: The client's ``model`` JSON object, passed to the deliverer untouched, or None.
     model: dict[str, Any] | None = None
+    #: Attempts that failed for good so far: a deliverer's definitive failure or an
+    #: ``ABSENT`` verdict (``attempts``); the deliverer's ``attempt`` argument is this + 1.
+    #: ``error`` / ``max_attempts`` once it reaches ``MAX_ATTEMPTS``; retry keeps it.
     attempts: int = 0
+    #: When a worker last claimed it for delivery (``lastAttemptAt``; verification passes
+    #: leave it).
     last_attempt_at: str | None = None
+    #: Inconclusive verification passes of the current unknown outcome (``verifyAttempts``);
+    #: ``error`` / ``unverifiable`` at ``MAX_VERIFY_ATTEMPTS``; retry resets it.
     verify_attempts: int = 0
+    #: Transient failures over the entry's life (``transientFails``); ``error`` /
+    #: ``transient_exhausted`` at ``MAX_TRANSIENT_FAILURES``; retry resets it.
     transient_fails: int = 0
+    #: When it is due again after a backoff or verification delay (``nextAttemptAt``);
+    #: None: due now.
     next_attempt_at: str | None = None
+    #: The last failure as ``"Type: message"`` (``lastError``), credentials redacted, at
+    #: most 2,000 characters; kept until a later failure replaces it.
     last_error: str | None = None
+    #: A machine code: for ``error``, ``max_attempts``, ``unverifiable`` or
+    #: ``transient_exhausted``; for ``parked``, the park's reason. None otherwise.
     reason: str | None = None
+    #: For a parked entry, the status unpark returns it to (``parkedFrom``): pending,
+    #: verifying or delivering.
     parked_from: str | None = None
+    #: When delivery was confirmed (``deliveredAt``); only ``entry_delivered`` receivers
+    #: see an entry with it set.
     delivered_at: str | None = None
     #: The W3C trace context of the accept, when it ran in a traced request (README
     #: "Tracing"); the worker's spans of this entry continue that trace.
     traceparent: str | None = None
     #: Place in the session's accept order (the session's version at accept).
     seq: int = 0
+    #: Set by ``list`` / snapshots only, never stored (``blockedByInFlight``): a pending
+    #: entry waiting behind a delivery in flight in its session.
     blocked_by_in_flight: bool = False
+    #: With ``blocked_by_in_flight``: seconds the session's lease has been held
+    #: (``inFlightFor``); None otherwise.
     in_flight_for: float | None = field(default=None)
 
     # -- wire format ---------------------------------------------------------

@@ -1,0 +1,9 @@
+"""mysite/urls.py: the admin, and the outbox's REST API under outbox/."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("outbox/", include("django_outbox.urls")),  # OpenAPI document: outbox/api/schema/
+]
