@@ -39,6 +39,13 @@ def worker_parser():
     return Command().create_parser("manage.py", "outbox_worker")
 
 
+def outbox_parser():
+    """The argparse parser of ``manage.py outbox`` (its subcommands included)."""
+    from django_outbox.management.commands.outbox import Command
+
+    return Command().create_parser("manage.py", "outbox")
+
+
 def _on_builder_inited(app) -> None:
     write_openapi()
 
