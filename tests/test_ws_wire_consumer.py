@@ -269,3 +269,21 @@ def test_the_setting_is_validated(valkey):
         assert outbox_settings().config.ws_max_sockets_per_user == 0
     with override_settings(OUTBOX={}):
         assert outbox_settings().config.ws_max_sockets_per_user == 20
+
+
+async def test_a_failure_on_connect_closes_1011_after_accepting(layers, r, monkeypatch, caplog):
+    """An access policy that raises is no HTTP 500 on the handshake: accept, close 1011,
+    nothing counted."""
+    from django_outbox.ws.consumer import OutboxConsumer
+
+    async def broken(self, fresh):
+        raise RuntimeError("policy backend exploded")
+
+    monkeypatch.setattr(OutboxConsumer, "_allowed", broken)
+    comm = communicator()
+    assert await first(comm) == {"type": "websocket.close", "code": 1011}
+    assert "policy backend exploded" in caplog.text
+    await comm.disconnect()
+    assert r.get(get_outbox().keys.session("alice", "s1").watch) is None
+    assert r.exists(get_outbox().keys.sockets("alice")) == 0
+    await cleanup()

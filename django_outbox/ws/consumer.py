@@ -145,10 +145,16 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             if kind == "websocket.disconnect":
                 await self._release()
                 raise StopConsumer() from None
-            if kind == "websocket.receive":
-                await self._error("internal")
-            else:
-                await self.close(code=CLOSE_INTERNAL)
+            try:
+                if kind == "websocket.connect":
+                    await self._release()
+                    await self._refuse(CLOSE_INTERNAL)
+                elif kind == "websocket.receive":
+                    await self._error("internal")
+                else:
+                    await self.close(code=CLOSE_INTERNAL)
+            except Exception as exc:  # the client is gone: its disconnect releases
+                logger.warning("outbox: cannot answer a failure: %s", redact(str(exc)))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Answer ``{"type": "resync"}`` with a snapshot once the access policy still
