@@ -344,7 +344,7 @@ def _check_channel_layer() -> list[checks.CheckMessage]:
     return [
         checks.Error(
             "The outbox WebSocket consumer is routed but CHANNEL_LAYERS is not configured: "
-            "every outbox WebSocket would be closed with 1011 and clients would get no live "
+            "every outbox WebSocket would be closed with 4500 and clients would get no live "
             "queue updates.",
             hint="Configure a channel layer, e.g. channels_redis.core.RedisChannelLayer on your "
             "Valkey.",

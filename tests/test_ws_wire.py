@@ -198,10 +198,10 @@ async def test_a_deeply_nested_frame_gets_an_error_and_leaks_nothing(servers, ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_no_channel_layer_closes_1011_and_says_why(valkey, tmp_path, kind):
+async def test_no_channel_layer_closes_4500_and_says_why(valkey, tmp_path, kind):
     log = tmp_path / "server.log"
     with asgi_server(kind, valkey, log, OUTBOX_TEST_NO_LAYER="1") as address:
-        assert await outcome(address, path()) == ("close", 1011)
+        assert await outcome(address, path()) == ("close", 4500)
         wait_until(lambda: "CHANNEL_LAYERS is missing" in log.read_text(), 10, message="log")
     assert watchers(valkey) is None and open_sockets(valkey) == 0
 

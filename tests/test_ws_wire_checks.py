@@ -40,7 +40,7 @@ def test_the_e004_message_says_what_clients_see(valkey, monkeypatch):
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.ws_wire_project.settings")
     with override_settings(OUTBOX=GOOD):
         (found,) = [m for m in checks.run_checks(tags=["outbox"]) if m.id.endswith("E004")]
-    assert "1011" in found.msg and "CHANNEL_LAYERS" in found.msg
+    assert "4500" in found.msg and "CHANNEL_LAYERS" in found.msg
 
 
 @pytest.mark.parametrize("name", ["guarded", "explicit"])

@@ -155,11 +155,11 @@ async def test_valkey_down_on_connect_closes_4503_after_accepting(valkey, tmp_pa
             reset_outbox()
 
 
-async def test_no_channel_layer_closes_1011_and_logs_why(valkey, r, caplog):
+async def test_no_channel_layer_closes_4500_and_logs_why(valkey, r, caplog):
     with override_settings(CHANNEL_LAYERS={}, OUTBOX={"ACCESS_POLICY": POLICY}):
         comm = communicator()
         with caplog.at_level(logging.ERROR, "django_outbox.consumers"):
-            assert await first(comm) == {"type": "websocket.close", "code": 1011}
+            assert await first(comm) == {"type": "websocket.close", "code": 4500}
         assert "CHANNEL_LAYERS is missing" in caplog.text
         await comm.disconnect()
         assert r.get(get_outbox().keys.session("alice", "s1").watch) is None
@@ -271,8 +271,8 @@ def test_the_setting_is_validated(valkey):
         assert outbox_settings().config.ws_max_sockets_per_user == 20
 
 
-async def test_a_failure_on_connect_closes_1011_after_accepting(layers, r, monkeypatch, caplog):
-    """An access policy that raises is no HTTP 500 on the handshake: accept, close 1011,
+async def test_a_failure_on_connect_closes_4500_after_accepting(layers, r, monkeypatch, caplog):
+    """An access policy that raises is no HTTP 500 on the handshake: accept, close 4500,
     nothing counted."""
     from django_outbox.ws.consumer import OutboxConsumer
 
@@ -281,7 +281,7 @@ async def test_a_failure_on_connect_closes_1011_after_accepting(layers, r, monke
 
     monkeypatch.setattr(OutboxConsumer, "_allowed", broken)
     comm = communicator()
-    assert await first(comm) == {"type": "websocket.close", "code": 1011}
+    assert await first(comm) == {"type": "websocket.close", "code": 4500}
     assert "policy backend exploded" in caplog.text
     await comm.disconnect()
     assert r.get(get_outbox().keys.session("alice", "s1").watch) is None

@@ -15,7 +15,7 @@ Every refusal accepts the handshake and then closes with its code, so the code
 reaches the client through a real server (a close before accepting is an HTTP 403
 on the wire, seen as 1006): 4400 an invalid ID, 4403 refused by the access policy,
 4429 the user holds ``WS_MAX_SOCKETS_PER_USER`` sockets already, 4503 Valkey or the
-channel layer unreachable (after one retry), 1011 no channel layer configured or an
+channel layer unreachable (after one retry), 4500 no channel layer configured or an
 unexpected error. No frame is sent before such a close. Whatever fails while a
 message is handled, the socket's registrations (watcher count, group, socket
 count) are undone when it closes.
@@ -52,7 +52,9 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_INVALID = 4400
 CLOSE_UNAVAILABLE = 4503
 CLOSE_TOO_MANY = 4429
-CLOSE_INTERNAL = 1011
+#: Server error (no channel layer, an unexpected failure). Not 1011: daphne (autobahn)
+#: refuses an application close code outside 1000 and 3000-4999.
+CLOSE_INTERNAL = 4500
 #: Seconds a socket counts towards its user's ``WS_MAX_SOCKETS_PER_USER`` after it was
 #: counted or last refreshed (:meth:`OutboxConsumer.refresh_socket`): a socket of a server
 #: process that died stops counting after this long.
@@ -78,7 +80,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         """Check the IDs and the access policy, count the user's socket and the session's
         watcher, join the group, accept and send the snapshot. A refusal accepts and
         closes: 4400 (bad ID), 4403 (denied), 4429 (too many sockets), 4503 (Valkey or
-        the channel layer down), 1011 (no channel layer, or an unexpected error)."""
+        the channel layer down), 4500 (no channel layer, or an unexpected error)."""
         try:
             code = await self._admit()
         except Exception:
@@ -100,7 +102,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         or None once the socket is counted and in its group."""
         if self.channel_layer is None:
             logger.error(
-                "outbox: WebSocket to %s closed with 1011: CHANNEL_LAYERS is missing from "
+                "outbox: WebSocket to %s closed with 4500: CHANNEL_LAYERS is missing from "
                 "the settings, so no queue update could reach it (README 'Live updates "
                 "(WebSocket)')",
                 self.scope.get("path"),
@@ -134,7 +136,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch, made to survive what a handler raises: a frame that fails
         gets an error frame (the socket stays open); any other failure is logged and
-        closes the socket with 1011; a failed disconnect still undoes the counts."""
+        closes the socket with 4500; a failed disconnect still undoes the counts."""
         try:
             await super().dispatch(message)
         except StopConsumer:

@@ -63,6 +63,7 @@ const CLOSE_DETAILS = {
 const SLOW_CLOSE_CODES = new Map([
   [4429, 3], // this user holds WS_MAX_SOCKETS_PER_USER sockets: wait for one to close
   [4503, 3], // the server cannot reach its store right now
+  [4500, 3], // a server error (e.g. no channel layer configured)
 ]);
 /** What a held prompt waits for, by hold code (view.hold.detail). */
 const HOLD_DETAILS = {
