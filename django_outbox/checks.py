@@ -5,7 +5,8 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``E001`` the ``OUTBOX`` settings are invalid
 - ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY does not import or call
 - ``E003`` Valkey's ``maxmemory-policy`` is not ``noeviction`` (it would delete queued messages)
-- ``E004`` the outbox WebSocket consumer is routed but no channel layer is configured
+- ``E004`` the outbox WebSocket consumer is routed (by ``ASGI_APPLICATION``, or by the
+  project's ``asgi`` module next to the settings) but no channel layer is configured
 - ``W001`` the default access policy (staff only) is in use
 - ``W002`` no DELIVERER is configured (``outbox_worker`` will refuse to start)
 - ``W003`` (deploy) Valkey persists nothing: neither AOF nor RDB snapshots
@@ -346,16 +347,59 @@ def _check_valkey_url_sources() -> list[checks.CheckMessage]:
     ]
 
 
+def _guessed_asgi_modules() -> list[str]:
+    """Where ``startproject`` puts the ASGI application when ``ASGI_APPLICATION`` is not
+    set (uvicorn and daphne are pointed at it directly): the ``asgi`` module next to
+    the settings module (``mysite.settings`` -> ``mysite.asgi``) and next to
+    ``WSGI_APPLICATION``'s module (``mysite.wsgi.application`` -> ``mysite.asgi``)."""
+    settings_module = os.environ.get("DJANGO_SETTINGS_MODULE") or getattr(
+        settings, "SETTINGS_MODULE", None
+    )
+    wsgi = getattr(settings, "WSGI_APPLICATION", None)
+    modules = []
+    for dotted in (settings_module, wsgi.rpartition(".")[0] if wsgi else None):
+        if dotted and "." in dotted:
+            candidate = dotted.rpartition(".")[0] + ".asgi"
+            if candidate not in modules:
+                modules.append(candidate)
+    return modules
+
+
+def _guessed_routing() -> _Routing | None:
+    """What the project's ``asgi`` module (:func:`_guessed_asgi_modules`) routes; None
+    when there is none that imports."""
+    from importlib import import_module
+    from importlib.util import find_spec
+
+    for name in _guessed_asgi_modules():
+        try:
+            if find_spec(name) is None:
+                continue
+            application = getattr(import_module(name), "application", None)
+        except Exception:  # a guess: a module that does not import is not ours to report
+            continue
+        if application is not None:
+            out = _Routing()
+            _walk(application, False, frozenset(), out)
+            return out
+    return None
+
+
 def _check_channel_layer() -> list[checks.CheckMessage]:
+    """E004, whether ``ASGI_APPLICATION`` names the application or the server is pointed
+    at the project's ``asgi`` module directly (see :func:`_guessed_asgi_modules`)."""
     if getattr(settings, "CHANNEL_LAYERS", None):
         return []
     routing = _asgi_routing()
+    if routing is None:
+        routing = _guessed_routing()
     if not isinstance(routing, _Routing) or not routing.consumer_routes:
         return []  # Channels reports an unloadable ASGI_APPLICATION itself
     return [
         checks.Error(
             "The outbox WebSocket consumer is routed but CHANNEL_LAYERS is not configured: "
-            "clients would get no live queue updates.",
+            "every outbox WebSocket would be closed with 4500 and clients would get no live "
+            "queue updates.",
             hint="Configure a channel layer, e.g. channels_redis.core.RedisChannelLayer on your "
             "Valkey.",
             id="django_outbox.E004",
@@ -370,9 +414,10 @@ def _check_origin_validation() -> list[checks.CheckMessage]:
         return []  # no ASGI application named: nothing to look at
     path: str = getattr(settings, "ASGI_APPLICATION", "")
     hint = (
-        "Wrap the WebSocket routes in channels.security.websocket."
-        "AllowedHostsOriginValidator (or OriginValidator), outside the authentication "
-        "middleware, as README 'Live updates (WebSocket)' shows."
+        "Wrap the WebSocket routes in django_outbox.ws.AllowedHostsOriginValidator (or "
+        "OriginValidator; channels' own classes work too, but refuse without a log line or "
+        "a close code the client can see), outside the authentication middleware, as "
+        "README 'Live updates (WebSocket)' shows."
     )
     if isinstance(routing, str):
         return [

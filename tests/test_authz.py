@@ -168,10 +168,12 @@ def ws_session(user, revoke=None) -> tuple[object, object]:
         )
         comm.scope["user"] = user if user is not None else AnonymousUser()
         try:
-            connected, code = await comm.connect()
-            if not connected:
-                return code, None
-            first = json.loads(await comm.receive_from(5))
+            connected, _ = await comm.connect()
+            assert connected  # a refusal accepts, then closes with its code (case 23)
+            output = await comm.receive_output(5)
+            if output["type"] == "websocket.close":
+                return output["code"], None
+            first = json.loads(output["text"])
             assert first["type"] == "queue.snapshot"
             if revoke is not None:
                 from asgiref.sync import sync_to_async

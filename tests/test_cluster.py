@@ -98,6 +98,9 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(cluster_outbox, monk
     await outbox.acleanup_workspace("wc")
     worker = Worker(outbox, slow, concurrency=4, tick=1, stop=asyncio.Event(), heartbeat=False)
     await worker.scan()
+    assert await outbox.aopen_socket("u1", "sock1", limit=2, ttl=60)  # a user's WebSockets
+    await outbox.arefresh_socket("u1", "sock1", ttl=60)
+    await outbox.aclose_socket("u1", "sock1")
     await outbox.aclose()
 
     assert {name for name, _ in calls} == {*SCRIPT_NAMES, *VARIANTS}

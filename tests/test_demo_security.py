@@ -135,7 +135,12 @@ def _ws_connect(user, ws: str, ses: str):
         )
         comm.scope["user"] = user
         try:
-            return await comm.connect()
+            connected, _ = await comm.connect()
+            assert connected  # a refusal accepts, then closes with its code (case 23)
+            output = await comm.receive_output(5)
+            if output["type"] == "websocket.close":
+                return False, output["code"]
+            return True, None
         finally:
             await comm.disconnect()
             await get_outbox().aclose()

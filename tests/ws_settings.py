@@ -15,3 +15,6 @@ CHANNEL_LAYERS = {
         },
     }
 }
+# One staff user stands in for every client (hundreds of sockets): the per-user socket
+# bound is off here and tested in tests/test_ws_wire.py.
+OUTBOX = {"WS_MAX_SOCKETS_PER_USER": 0}

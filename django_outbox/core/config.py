@@ -74,6 +74,9 @@ class Config:
     #: workspace (a burst of that many, then one every 60/n seconds). 0 turns a bound off.
     user_max_queued: int = 100
     user_accepts_per_minute: int = 30
+    #: Outbox WebSockets one user may hold open at once, across server processes
+    #: (README "Live updates (WebSocket)"); one more is closed with 4429. 0 turns it off.
+    ws_max_sockets_per_user: int = 20
 
     DURATIONS: ClassVar[set[str]] = {
         "dedupe_ttl",
@@ -98,7 +101,11 @@ class Config:
         "cluster_shards",
     }
     #: Integers that may be 0 (a bound turned off); None means 0 too.
-    OPTIONAL_LIMITS: ClassVar[set[str]] = {"user_max_queued", "user_accepts_per_minute"}
+    OPTIONAL_LIMITS: ClassVar[set[str]] = {
+        "user_max_queued",
+        "user_accepts_per_minute",
+        "ws_max_sockets_per_user",
+    }
     #: Durations that may be zero (everything else must be > 0).
     ZERO_OK: ClassVar[set[str]] = {"retry_backoff", "verify_delay", "verify_backoff"}
 

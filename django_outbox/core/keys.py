@@ -138,6 +138,12 @@ class KeySpace:
         ws = check_identifier("workspace ID", workspace_id)
         return f"{self.prefix}users:{{{ws}}}"
 
+    def sockets(self, user_id: str) -> str:
+        """A user's ZSET socket ID -> expiry (ms, server clock): their open outbox
+        WebSockets across server processes, hash-tagged by :func:`user_digest` (README
+        "Live updates (WebSocket)")."""
+        return f"{self.prefix}sockets:{{u{user_digest(user_id)}}}"
+
     def due(self, workspace_id: str) -> str:
         ws = check_identifier("workspace ID", workspace_id)
         return f"{self.prefix}due:{{{ws}}}"

@@ -33,6 +33,7 @@ SCRIPT_NAMES = (
     "cleanup",
     "index",
     "due",
+    "sockets",
 )
 #: Copies of a script that run only one of its operations: ``{name: (file, operation)}``.
 #: They exist for their flags (see ALLOW_OOM).
@@ -53,7 +54,7 @@ HINTED = frozenset(
      "recover", "cleanup"}
 )  # fmt: skip
 #: Scripts on a cluster shard's keys, without the per-session library.
-WITHOUT_LIBRARY = frozenset({"index", "due"})
+WITHOUT_LIBRARY = frozenset({"index", "due", "sockets"})
 
 
 @dataclass(frozen=True, slots=True)

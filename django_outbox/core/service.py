@@ -504,6 +504,37 @@ class Outbox(QueueReads, OutboxDelivery):
             await self._arun(iter_once(Cmd(("DEL", key))))
         return int(count)
 
+    # -- a user's open WebSockets ------------------------------------------------------------
+
+    async def aopen_socket(self, user_id: str, socket_id: str, *, limit: int, ttl: float) -> bool:
+        """Count WebSocket ``socket_id`` among ``user_id``'s open sockets unless the user
+        already holds ``limit`` live ones (0: no bound); True if counted.
+
+        Each socket expires ``ttl`` seconds after it was counted or last refreshed
+        (:meth:`arefresh_socket`), on Valkey's clock, so the sockets of a server
+        process that died without closing them stop counting on their own.
+        Raises :class:`OutboxUnavailable`.
+        """
+        answer = await self._arun(self._socket_eval("open", user_id, socket_id, ttl, limit))
+        return int(answer) == 1
+
+    async def arefresh_socket(self, user_id: str, socket_id: str, *, ttl: float) -> None:
+        """Push the expiry of an open socket (see :meth:`aopen_socket`) ``ttl`` seconds
+        ahead (it is counted again if it had expired). Raises :class:`OutboxUnavailable`."""
+        await self._arun(self._socket_eval("refresh", user_id, socket_id, ttl, 0))
+
+    async def aclose_socket(self, user_id: str, socket_id: str) -> None:
+        """Stop counting a socket (see :meth:`aopen_socket`). Raises
+        :class:`OutboxUnavailable`."""
+        await self._arun(iter_once(Cmd(("ZREM", self.keys.sockets(user_id), socket_id))))
+
+    def _socket_eval(
+        self, op: str, user_id: str, socket_id: str, ttl: float, limit: int
+    ) -> Plan[Any]:
+        ttl_ms = max(1, int(ttl * 1000))
+        args = [op, socket_id, ttl_ms, limit]
+        return iter_once(Eval("sockets", [self.keys.sockets(user_id)], args))
+
     # -- the worker -----------------------------------------------------------------------------
 
     async def arun(

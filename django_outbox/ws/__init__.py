@@ -4,7 +4,24 @@
   session's queue (a snapshot on connect, then every ``queue.update``);
 - :mod:`django_outbox.ws.routing`: ``websocket_urlpatterns`` for your ``URLRouter``;
 - :mod:`django_outbox.ws.publish`: the channel-layer publisher of ``queue.update``
-  messages, called by :class:`django_outbox.outbox.Outbox` on every change.
+  messages, called by :class:`django_outbox.outbox.Outbox` on every change;
+- :mod:`django_outbox.ws.origin`: ``OriginValidator`` and ``AllowedHostsOriginValidator``,
+  channels' origin checks that log a refusal and close with 4403 where the client sees
+  it; importable from here (``from django_outbox.ws import AllowedHostsOriginValidator``).
 
-Nothing is imported here, so importing the publisher does not load the consumer.
+Nothing is imported here until asked for, so importing the publisher does not load
+the consumer or channels' WebSocket classes.
 """
+
+from typing import Any
+
+__all__ = ["AllowedHostsOriginValidator", "OriginValidator"]
+
+
+def __getattr__(name: str) -> Any:
+    """The origin validators of :mod:`django_outbox.ws.origin`, imported on first use."""
+    if name in __all__:
+        from . import origin
+
+        return getattr(origin, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,6 +39,8 @@
  * recovery, park/unpark) publishes one event per entry with the same version, and
  * re-applying a state is harmless. The socket reconnects with backoff, but not after
  * close codes 4400 (invalid ID) or 4403 (refused): those set `view.error` and stop.
+ * After 4429 (the user holds too many sockets) and 4503 (the server's store is down) the
+ * backoff starts further along: reconnecting at once would only be refused again.
  */
 
 const PENDING = ":pending:"; // `${storageKey}:pending:${clientMessageID}` holds one prompt
@@ -57,6 +59,12 @@ const CLOSE_DETAILS = {
   4403: "the server refused the queue socket: you may not watch this session, or you " +
     "are not logged in (4403)",
 };
+/** Transient close codes after which the first reconnect waits longer (backoff step). */
+const SLOW_CLOSE_CODES = new Map([
+  [4429, 3], // this user holds WS_MAX_SOCKETS_PER_USER sockets: wait for one to close
+  [4503, 3], // the server cannot reach its store right now
+  [4500, 3], // a server error (e.g. no channel layer configured)
+]);
 /** What a held prompt waits for, by hold code (view.hold.detail). */
 const HOLD_DETAILS = {
   not_authenticated:
@@ -894,7 +902,7 @@ class Subscription {
         this._render();
         return;
       }
-      this.attempt += 1;
+      this.attempt = Math.max(this.attempt + 1, SLOW_CLOSE_CODES.get(event.code) || 0);
       const delay = backoffDelay(this.attempt, this.opts.reconnect);
       this._render();
       this.reconnectTimer = setTimeout(() => this._open(), delay);
