@@ -266,8 +266,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         wait = live.last_snapshot + interval - self.clock()
         if wait > 0:
             await asyncio.sleep(wait)
-        live.snapshot_wanted = False
-        await self._send_snapshot()
+        await self._send_snapshot(wanted=True)
 
     # -- helpers -----------------------------------------------------------------
 
@@ -284,14 +283,18 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             user = user.__class__._default_manager.filter(pk=user.pk).first()
         return is_allowed(user, self.workspace_id, self.session_id, "view")
 
-    async def _send_snapshot(self) -> None:
+    async def _send_snapshot(self, wanted: bool = False) -> None:
         """Read the session and send it as ``queue.snapshot`` pages (no update between
-        them); an unavailable Valkey gets an error frame."""
+        them); an unavailable Valkey gets an error frame. ``wanted``: this answers the
+        requests :meth:`_want_snapshot` collected (later ones start another wait; while
+        this one waits for a slow reader, none does)."""
         live = self._live
         if live.closing:
             return
         outbox = get_outbox()
         async with live.lock:
+            if wanted:
+                live.snapshot_wanted = False
             live.last_snapshot = self.clock()
             try:
                 snapshot = await outbox.asnapshot(self.workspace_id, self.session_id)
