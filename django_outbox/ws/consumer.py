@@ -102,10 +102,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 logger.warning("outbox: cannot unregister a watcher: %s", exc)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """Answer ``{"type": "resync"}`` with a snapshot once the access policy still
-        allows it (else close 4403); anything else with an error frame."""
-        if self._live.closing:
-            return
+        """Answer ``{"type": "resync"}`` (see :meth:`resync`); anything else with an error
+        frame."""
         if bytes_data is not None:
             await self.close(code=CLOSE_UNSUPPORTED)
             return
@@ -120,15 +118,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             return
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "resync":
-            if self._budget is None:
-                self._budget = ResyncBudget(get_outbox().config.ws_resync_budget, self.clock)
-            if not self._budget.spend():
-                await self.close(code=CLOSE_TOO_MANY_RESYNCS, reason="too many resyncs")
-                return
-            if not await self._still_allowed():
-                await self.close(code=CLOSE_FORBIDDEN)
-                return
-            self._want_snapshot()
+            await self.resync()
         else:
             await self._error(
                 "unknown_type", 'the only frame a client may send is {"type": "resync"}'
@@ -248,6 +238,23 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         if not current.is_authenticated or current.pk != getattr(user, "pk", None):
             return False
         return await sync_to_async(is_allowed)(current, self.workspace_id, self.session_id, "view")
+
+    async def resync(self) -> None:
+        """Answer a client's ``{"type": "resync"}``: past ``WS_RESYNC_BUDGET`` resyncs in
+        60 s close with 4429; a policy that refuses now (or a login that is gone) closes
+        with 4403; else a fresh snapshot, now or when ``WS_RESYNC_INTERVAL`` has passed
+        since the last one (resyncs meanwhile share it). Nothing once a close is decided."""
+        if self._live.closing:
+            return
+        if self._budget is None:
+            self._budget = ResyncBudget(get_outbox().config.ws_resync_budget, self.clock)
+        if not self._budget.spend():
+            await self.close(code=CLOSE_TOO_MANY_RESYNCS, reason="too many resyncs")
+            return
+        if not await self._still_allowed():
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self._want_snapshot()
 
     def _want_snapshot(self) -> None:
         """Send a fresh snapshot now, or when ``WS_RESYNC_INTERVAL`` has passed since the
