@@ -613,9 +613,72 @@ def lost_replies(tmp: Path, short: bool) -> Row:
     return row
 
 
+class _Watcher:
+    """A WebSocket client that reads everything and keeps the view it implies: snapshot
+    pages assembled, then updates applied (README "Live updates (WebSocket)")."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.entries: set[str] = set()
+        self.version: int | None = None
+        self.pages: list[dict] = []
+        self.snapshots = 0
+
+    async def run(self) -> None:
+        import json
+
+        import websockets
+
+        try:
+            async for raw in self.ws:
+                m = json.loads(raw)
+                if m["type"] == "queue.snapshot":
+                    self.pages.append(m)
+                    if m["page"] == m["pages"]:
+                        self.entries = {e["id"] for p in self.pages for e in p["entries"]}
+                        self.version, self.pages = m["version"], []
+                        self.snapshots += 1
+                elif m["type"] == "queue.update":
+                    if m["state"] in ("sent", "dismissed"):
+                        self.entries.discard(m["entry"]["id"])
+                    else:
+                        self.entries.add(m["entry"]["id"])
+                    self.version = max(self.version or 0, m["version"])
+        except websockets.ConnectionClosed:
+            pass
+
+
+async def _flood(url: str, frames: int) -> tuple[int, int | None]:
+    """Send ``frames`` resync frames without reading (each send at most 5 s), then read
+    until the server closes (at most 30 s): (frames sent, the close code or None)."""
+    import websockets
+
+    ws = await websockets.connect(url, max_queue=1)
+    sent = 0
+    try:
+        for _ in range(frames):
+            await asyncio.wait_for(ws.send('{"type": "resync"}'), 5)
+            sent += 1
+    except (websockets.ConnectionClosed, TimeoutError):
+        pass
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            await asyncio.wait_for(ws.recv(), deadline - time.monotonic())
+    except websockets.ConnectionClosed as closed:
+        return sent, closed.rcvd.code if closed.rcvd else None
+    except TimeoutError:
+        pass
+    await ws.close()
+    return sent, None
+
+
 def websocket_readers(tmp: Path, short: bool) -> Row:
-    """Abandoned and slow WebSocket readers while messages are accepted and delivered (case 07):
-    the server's memory levels off and group membership shrinks to the live sockets."""
+    """Abandoned, slow, flooding and day-old WebSocket readers while messages are accepted
+    and delivered (cases 07 and 13): the server's memory levels off, group membership
+    shrinks to the live sockets, resync floods are closed with 4429, and every watcher
+    converges to the true queue although the channel layer forgets its groups after 2 s
+    (standing in for channels-redis's day)."""
     import socket as socketlib
     import subprocess
 
@@ -626,14 +689,17 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
     from tests.valkey import free_port, wait_until
 
     abandoned, slow, window = (60, 10, 6) if short else (300, 50, 60)
-    row = Row("7 abandoned and slow WebSocket readers (case 07)")
+    watchers, flooders, big = (5, 2, 10) if short else (20, 10, 20)
+    group_expiry = 2
+    row = Row("7 abandoned, slow, flooding and day-old WebSocket readers (cases 07, 13)")
     server = _valkey(tmp / "valkey-ws")
     port = free_port()
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "tests.ws_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.truth_ws_settings",
         "OUTBOX_VALKEY_URL": server.url,
+        "OUTBOX_TEST_GROUP_EXPIRY": str(group_expiry),
     }
     log = open(tmp / "uvicorn.log", "wb")
     web = subprocess.Popen(
@@ -677,12 +743,14 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
                 "hosts": [{"address": server.url, "socket_timeout": 30}],
                 "capacity": 100,
                 "expiry": 10,
+                "group_expiry": group_expiry,
             },
         }
     }
     agent, rss = _Agent(), []
     sessions = [f"s{i}" for i in range(10)]
-    ids: dict[str, list[str]] = {s: [] for s in sessions}
+    ids: dict[str, list[str]] = {s: [] for s in [*sessions, "big"]}
+    flood_figures: dict[str, object] = {}
     try:
         wait_until(listening, 30, 0.1, message="uvicorn listens")
 
@@ -690,15 +758,6 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
             from django_outbox.outbox import Outbox
 
             url = f"ws://127.0.0.1:{port}/ws/outbox/workspaces/w1/sessions/"
-            keep = []
-            for i in range(abandoned + slow):
-                ws = await websockets.connect(f"{url}{sessions[i % 10]}/", max_queue=4)
-                await ws.recv()  # the snapshot
-                keep.append(ws)
-            rss.append(rss_mb())
-            for ws in keep[:abandoned]:
-                ws.transport.abort()  # gone without a close frame
-            row.faults = abandoned
             outbox = Outbox(
                 url=server.url,
                 deliverer=agent.deliver,
@@ -706,6 +765,31 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
                 cap=10_000,
                 **NO_USER_BOUNDS,
             )
+            for n in range(big):  # full-size prompts (a number padded with spaces)
+                text = str(n).ljust(102_400)
+                e = await outbox.aaccept(
+                    "w1", "big", user_id="u", client_message_id=f"b{n}", text=text
+                )
+                ids["big"].append(e.id)
+            keep = []
+            for i in range(abandoned + slow):
+                ws = await websockets.connect(f"{url}{sessions[i % 10]}/", max_queue=4)
+                await ws.recv()  # the snapshot
+                keep.append(ws)
+            views = []
+            for i in range(watchers):
+                view = _Watcher(await websockets.connect(f"{url}{sessions[i % 10]}/"))
+                view.task = asyncio.create_task(view.run())
+                views.append(view)
+            rss.append(rss_mb())
+            for ws in keep[:abandoned]:
+                ws.transport.abort()  # gone without a close frame
+            before_flood = rss_mb()
+            floods = await asyncio.gather(*(_flood(f"{url}big/", 600) for _ in range(flooders)))
+            flood_figures.update(before=before_flood, after=rss_mb(), floods=floods)
+            row.faults = abandoned + flooders + watchers
+            # Day-old watchers: idle past the layer's group expiry before anything changes.
+            await asyncio.sleep(group_expiry + 1)
             stop = asyncio.Event()
             run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))
             deadline = time.monotonic() + window
@@ -725,12 +809,27 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
                 await asyncio.sleep(0.05)
             stop.set()
             await run
+
+            async def converged() -> int:
+                truth = await outbox.asnapshots([("w1", sessions[i % 10]) for i in range(watchers)])
+                return sum(
+                    v.version == t.version and v.entries == {e.id for e in t.entries}
+                    for v, t in zip(views, truth, strict=True)
+                )
+
+            end = time.monotonic() + 15
+            while (done := await converged()) < watchers and time.monotonic() < end:
+                await asyncio.sleep(0.1)
+            flood_figures["converged"] = done
             await outbox.aclose()
             await asyncio.sleep(1)
             rss.append(rss_mb())
             r = redis.Redis.from_url(server.url)
             members = sum(r.zcard(f"asgi:group:{group_name('w1', s)}") for s in sessions)
             r.close()
+            for view in views:
+                await view.ws.close()
+                await view.task
             for ws in keep[abandoned:]:
                 ws.transport.abort()
             return members
@@ -742,13 +841,29 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
         row.notes.append(
             f"server RSS {rss[0]:.0f} MB after connecting, peak {max(rss):.0f}, end {rss[-1]:.0f}"
         )
-        row.notes.append(f"group members after: {members} (live slow readers: {slow})")
+        row.notes.append(
+            f"group members after: {members} (live slow readers and watchers: {slow + watchers})"
+        )
+        floods = flood_figures["floods"]
+        closed = sum(code == 4429 for _, code in floods)
+        growth = flood_figures["after"] - flood_figures["before"]
+        row.notes.append(
+            f"{flooders} unread resync floods ({sum(s for s, _ in floods)} frames): {closed} "
+            f"closed 4429, RSS {flood_figures['before']:.0f} -> {flood_figures['after']:.0f} MB"
+        )
+        row.notes.append(f"day-old watchers converged: {flood_figures['converged']}/{watchers}")
         # The server may also drop slow readers that stop answering its pings (uvicorn
         # does after about 40 s), so fewer members is fine; more would be a leak.
-        if members > slow:
-            row.failures.append(f"{members - slow} abandoned sockets still in their group")
+        if members > slow + watchers:
+            row.failures.append(f"{members - slow - watchers} abandoned sockets still in a group")
         if rss[-1] > rss[0] + 100:
             row.failures.append("server RSS grew by more than 100 MB")
+        if closed < flooders:
+            row.failures.append(f"{flooders - closed} resync floods not closed with 4429")
+        if growth >= 64:
+            row.failures.append(f"server RSS grew {growth:.0f} MB under unread resync floods")
+        if flood_figures["converged"] < watchers:
+            row.failures.append(f"{watchers - flood_figures['converged']} watchers never converged")
     finally:
         web.terminate()
         try:

@@ -17,7 +17,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from django_outbox.outbox import get_outbox, reset_outbox
-from django_outbox.ws.consumer import SOCKET_TTL, socket_user_id
+from django_outbox.ws.consumer import socket_ttl, socket_user_id
 from django_outbox.ws.routing import websocket_urlpatterns
 
 from .valkey import ValkeyProcess
@@ -177,8 +177,8 @@ async def test_the_socket_bound_is_per_user_and_frees_on_close(valkey, r):
         assert await three.receive_nothing()  # no frame before or after the close
         await three.disconnect()
         assert r.get(get_outbox().keys.session("alice", "s3").watch) is None
-        # every socket expires on Valkey's clock within SOCKET_TTL
-        assert r.zcard(key) == 2 and 0 < r.pttl(key) <= SOCKET_TTL * 1000
+        # every socket expires on Valkey's clock within socket_ttl()
+        assert r.zcard(key) == 2 and 0 < r.pttl(key) <= socket_ttl() * 1000
         await one.disconnect()
         assert r.zcard(key) == 1
         four = communicator(ses="s3")

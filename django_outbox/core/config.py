@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, fields
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from .rules import min_snapshot_frame_bytes
+
 
 class ConfigError(ValueError):
     """A tunable has the wrong type or value; ``key`` is its OUTBOX settings name."""
@@ -77,6 +79,16 @@ class Config:
     #: Outbox WebSockets one user may hold open at once, across server processes
     #: (README "Live updates (WebSocket)"); one more is closed with 4429. 0 turns it off.
     ws_max_sockets_per_user: int = 20
+    #: Live updates (README "Live updates (WebSocket)"): seconds between a socket's
+    #: checks (its position against the session's version, its access, its group).
+    ws_check_interval: float = 30.0
+    #: Seconds between two snapshots of one socket (resyncs inside coalesce).
+    ws_resync_interval: float = 1.0
+    #: Resync frames one socket may send in 60 s; one more closes it with 4429.
+    ws_resync_budget: int = 30
+    #: Largest snapshot frame in bytes (a snapshot is split into pages). Must hold
+    #: the largest possible entry (see rules.min_snapshot_frame_bytes).
+    ws_max_frame_bytes: int = 768 * 1024
 
     DURATIONS: ClassVar[set[str]] = {
         "dedupe_ttl",
@@ -90,6 +102,8 @@ class Config:
         "parked_sweep_interval",
         "tick",
         "wait_timeout",
+        "ws_check_interval",
+        "ws_resync_interval",
     }
     POSITIVE_INTS: ClassVar[set[str]] = {
         "max_attempts",
@@ -99,6 +113,8 @@ class Config:
         "max_text_bytes",
         "concurrency",
         "cluster_shards",
+        "ws_resync_budget",
+        "ws_max_frame_bytes",
     }
     #: Integers that may be 0 (a bound turned off); None means 0 too.
     OPTIONAL_LIMITS: ClassVar[set[str]] = {
@@ -131,6 +147,13 @@ class Config:
             raise ConfigError("MAX_BACKOFF", "must be at least RETRY_BACKOFF")
         if config.max_verify_backoff < config.verify_backoff:
             raise ConfigError("MAX_VERIFY_BACKOFF", "must be at least VERIFY_BACKOFF")
+        smallest = min_snapshot_frame_bytes(config.max_text_bytes)
+        if config.ws_max_frame_bytes < smallest:
+            raise ConfigError(
+                "WS_MAX_FRAME_BYTES",
+                f"must be at least {smallest} bytes, so that one entry of MAX_TEXT_BYTES "
+                f"({config.max_text_bytes}) always fits in a snapshot frame",
+            )
         return config
 
     @classmethod

@@ -184,3 +184,36 @@ def describe_error(exc: BaseException, *, with_type: bool = True) -> str:
 
 #: Longest stored error text (characters).
 MAX_ERROR_CHARS = 2000
+
+
+# --- the size of an entry on the wire -----------------------------------------------------
+
+#: JSON escapes one character into at most six bytes (a control character becomes ``\u00XX``).
+_ESCAPED = 6
+#: Bytes of an entry's JSON that no rule above bounds by itself: member names, the ID,
+#: status, times, counters, ``parkedFrom``, ``blockedByInFlight`` and ``inFlightFor``
+#: (about 700 in the worst case), rounded up generously.
+_ENTRY_FIXED_BYTES = 4096
+#: Bytes a snapshot frame adds around its entries: type, workspace and session IDs (128
+#: characters each at most), version, page and page count.
+SNAPSHOT_ENVELOPE_BYTES = 1024
+
+
+def max_entry_json_bytes(max_text_bytes: int) -> int:
+    """The most UTF-8 bytes one entry's JSON (its wire shape, ``Entry.to_dict`` encoded
+    with ``ensure_ascii=False``) can take when its text is at most ``max_text_bytes``
+    UTF-8 bytes: every text byte, error, reason and user ID character escaped six-fold,
+    the model at its 16 KiB bound, the client message ID escaped two-fold."""
+    return (
+        _ESCAPED * max_text_bytes
+        + MAX_MODEL_BYTES
+        + _ESCAPED * (MAX_ERROR_CHARS + MAX_REASON_CHARS + MAX_USER_ID_CHARS)
+        + 2 * 128
+        + _ENTRY_FIXED_BYTES
+    )
+
+
+def min_snapshot_frame_bytes(max_text_bytes: int) -> int:
+    """The smallest ``WS_MAX_FRAME_BYTES`` that always fits one entry (int bytes): with
+    the default ``MAX_TEXT_BYTES`` (102,400) it is 650,890; the default is 786,432."""
+    return max_entry_json_bytes(max_text_bytes) + SNAPSHOT_ENVELOPE_BYTES

@@ -535,6 +535,31 @@ class Outbox(QueueReads, OutboxDelivery):
         args = [op, socket_id, ttl_ms, limit]
         return iter_once(Eval("sockets", [self.keys.sockets(user_id)], args))
 
+    async def asession_version(
+        self, workspace_id: str, session_id: str, *, watching: bool = False
+    ) -> int | None:
+        """The session's version (int) as Valkey holds it now, or None when the session
+        has no version (it never changed, or ``cleanup_workspace`` removed it: it has no
+        entries then). One ``GET``, no entry is read: a watcher compares it with the
+        highest version it was sent (README "Live updates (WebSocket)").
+
+        With ``watching`` (a live watcher asking) the same round trip also renews the
+        watcher count's ``WATCH_TTL``; a count that is gone (expired or flushed while
+        watchers stay open) is counted again (+1), so the scripts keep publishing.
+        Raises :class:`InvalidIdentifier` or :class:`OutboxUnavailable`.
+        """
+        keys = self.keys.session(workspace_id, session_id)
+        calls: list[Cmd | Eval] = [Cmd(("GET", keys.version))]
+        if watching:
+            calls.append(Cmd(("EXPIRE", keys.watch, WATCH_TTL)))
+        answers = await self._arun(iter_once(Pipe(calls)))
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        if watching and not int(answers[1]):
+            await self.awatch(workspace_id, session_id, +1)
+        return None if answers[0] is None else int(answers[0])
+
     # -- the worker -----------------------------------------------------------------------------
 
     async def arun(

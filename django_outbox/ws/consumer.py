@@ -4,34 +4,49 @@ README "Live updates (WebSocket)" describes the frames. Route:
 ``ws/outbox/workspaces/<ws>/sessions/<ses>/`` (see :mod:`django_outbox.ws.routing`).
 The user comes from the scope (``AuthMiddlewareStack``, or any middleware that
 sets ``scope["user"]``, e.g. a token middleware); the access policy decides
-(action ``view``, README "Access policy"), on connect and again on every resync,
-with the user read afresh from the database (a refusal closes with 4403). Frames
-the client may send: ``{"type": "resync"}`` → a fresh ``queue.snapshot``.
-Anything else gets an error frame and the socket stays open; binary frames
-(close 1003) and frames over ``MAX_FRAME_BYTES`` (close 1009) close that socket
-only.
+(action ``view``, README "Access policy"), on connect, on every resync and at
+every periodic check, with the user read afresh from the database and, when the
+scope has a Django login session, that session read afresh (a refusal, a logout
+or a password change closes with 4403). Frames the client may send:
+``{"type": "resync"}`` → a fresh ``queue.snapshot`` (at most one per
+``WS_RESYNC_INTERVAL``, resyncs in between coalesce; more than
+``WS_RESYNC_BUDGET`` in 60 s close with 4429). Anything else gets an error frame
+and the socket stays open; binary frames (close 1003) and frames over
+``MAX_FRAME_BYTES`` (close 1009) close that socket only.
+
+Staying true (README "Live updates (WebSocket)"): every ``WS_CHECK_INTERVAL``
+seconds each socket re-authorises, re-joins its group (channels-redis forgets
+members after ``group_expiry``), and compares the session's version in Valkey
+with the highest version it sent; behind (the channel layer lost something) or
+ahead (Valkey lost something) → a fresh snapshot. Snapshots go out in pages of at
+most ``WS_MAX_FRAME_BYTES`` (:func:`django_outbox.ws.truth.snapshot_frames`).
 
 Every refusal accepts the handshake and then closes with its code, so the code
 reaches the client through a real server (a close before accepting is an HTTP 403
 on the wire, seen as 1006): 4400 an invalid ID, 4403 refused by the access policy,
-4429 the user holds ``WS_MAX_SOCKETS_PER_USER`` sockets already, 4503 Valkey or the
-channel layer unreachable (after one retry), 4500 no channel layer configured or an
-unexpected error. No frame is sent before such a close. Whatever fails while a
-message is handled, the socket's registrations (watcher count, group, socket
-count) are undone when it closes.
+4429 the user holds ``WS_MAX_SOCKETS_PER_USER`` sockets already (or a resync
+flood), 4503 Valkey or the channel layer unreachable (after one retry), 4500 no
+channel layer configured or an unexpected error. No frame is sent before such a
+close. Whatever fails while a message is handled, the socket's registrations
+(watcher count, group, socket count) are undone when it closes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
+from importlib import import_module
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from channels.auth import get_user
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.db.models import Model
 
 from ..conf import outbox_settings
@@ -41,6 +56,7 @@ from ..errors import OutboxUnavailable
 from ..outbox import get_outbox
 from ..policy import is_allowed
 from .publish import group_name
+from .truth import PUBLISH_GRACE, ResyncBudget, SocketState, is_behind, snapshot_frames
 
 # The logger keeps the name it had before the module moved into ws/ (logging configs use it).
 logger = logging.getLogger("django_outbox.consumers")
@@ -55,15 +71,20 @@ CLOSE_TOO_MANY = 4429
 #: Server error (no channel layer, an unexpected failure). Not 1011: daphne (autobahn)
 #: refuses an application close code outside 1000 and 3000-4999.
 CLOSE_INTERNAL = 4500
-#: Seconds a socket counts towards its user's ``WS_MAX_SOCKETS_PER_USER`` after it was
-#: counted or last refreshed (:meth:`OutboxConsumer.refresh_socket`): a socket of a server
+#: A socket counts towards its user's ``WS_MAX_SOCKETS_PER_USER`` for this many
+#: ``WS_CHECK_INTERVAL`` after it was counted or last refreshed (every periodic check
+#: refreshes it), and at least :data:`MIN_SOCKET_TTL` seconds: a socket of a server
 #: process that died stops counting after this long.
-SOCKET_TTL = 600.0
+SOCKET_TTL_CHECKS = 3
+MIN_SOCKET_TTL = 60.0
 #: What an error frame says (the cause, which may name servers, goes to the log only).
 ERROR_TEXT = {
     "unavailable": "the queue store is unavailable right now; ask again with a resync",
     "internal": "the server could not handle this frame",
 }
+#: A client that sends more than ``WS_RESYNC_BUDGET`` resyncs a minute (same code as
+#: too many sockets: "slow down").
+CLOSE_TOO_MANY_RESYNCS = CLOSE_TOO_MANY
 
 
 class OutboxConsumer(AsyncWebsocketConsumer):
@@ -96,6 +117,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         except Exception:
             logger.exception("outbox: cannot send the snapshot to %s", self.scope.get("path"))
             await self.close(code=CLOSE_INTERNAL)
+            return
+        self._start_checks()
 
     async def _admit(self) -> int | None:
         """Everything :meth:`connect` does before accepting; the close code of a refusal,
@@ -129,8 +152,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         return None
 
     async def disconnect(self, code: int) -> None:
-        """Leave the group, uncount the watcher and the user's socket (best effort: the
-        counts expire on their own)."""
+        """Stop the periodic check, leave the group, uncount the watcher and the user's
+        socket (best effort: the counts expire on their own)."""
+        self._live.cancel()
         await self._release()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
@@ -159,8 +183,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 logger.warning("outbox: cannot answer a failure: %s", redact(str(exc)))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """Answer ``{"type": "resync"}`` with a snapshot once the access policy still
-        allows it (else close 4403); anything else with an error frame."""
+        """Answer ``{"type": "resync"}`` (see :meth:`resync`); anything else with an error
+        frame."""
         if bytes_data is not None:
             await self.close(code=CLOSE_UNSUPPORTED)
             return
@@ -175,29 +199,169 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             return
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "resync":
-            if not await self._allowed(fresh=True):
-                await self.close(code=CLOSE_FORBIDDEN)
-                return
-            await self._send_snapshot()
+            await self.resync()
         else:
             await self._error(
                 "unknown_type", 'the only frame a client may send is {"type": "resync"}'
             )
 
     async def queue_update(self, message: dict[str, Any]) -> None:
-        """Relay a ``queue.update`` from the channel layer."""
-        await self.send(text_data=json.dumps(message, ensure_ascii=False))
+        """Relay a ``queue.update`` from the channel layer (never between the pages of a
+        snapshot, nothing once a close is decided)."""
+        live = self._live
+        async with live.lock:
+            if live.closing:
+                return
+            await self.send(text_data=json.dumps(message, ensure_ascii=False))
+            version = message.get("version")
+            if isinstance(version, int):
+                live.sent_update(version)
+
+    async def send(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
+    ) -> None:
+        """Send a frame, unless a close of this socket was decided (then nothing)."""
+        if self._live.closing:
+            return
+        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        """Close the socket with ``code`` (once: a second close is ignored); every frame
+        after this is dropped."""
+        if self._live.closing:
+            return
+        self._live.closing = True
+        await super().close(code=code, reason=reason)
+
+    # -- staying true (README "Live updates (WebSocket)") ---------------------------------
+
+    #: Seconds of a monotonic clock (tests may replace it).
+    clock = staticmethod(time.monotonic)
+    _state: SocketState | None = None
+    _budget: ResyncBudget | None = None
+
+    @property
+    def _live(self) -> SocketState:
+        if self._state is None:
+            self._state = SocketState(clock=self.clock)
+        return self._state
+
+    def _start_checks(self) -> None:
+        """Start this socket's periodic check (when the socket is open and in its group)."""
+        if self.group is not None and not self._live.closing:
+            self._live.spawn(self._checks())
+
+    async def _checks(self) -> None:
+        interval = get_outbox().config.ws_check_interval
+        while not self._live.closing:
+            await asyncio.sleep(interval)
+            try:
+                await self.check(grace=min(PUBLISH_GRACE, interval / 2))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failed check is tried again next interval
+                logger.warning(
+                    "outbox: live check of %s/%s failed: %s",
+                    self.workspace_id,
+                    self.session_id,
+                    exc,
+                )
+
+    async def check(self, grace: float = 0.0) -> None:
+        """One periodic check: re-authorise (refused → close 4403), re-join the group,
+        renew the watcher count, and send a fresh snapshot if the socket is behind or
+        ahead of the session's version in Valkey. ``grace``: seconds an update already
+        published may take to arrive before the socket counts as behind."""
+        live = self._live
+        if live.closing:
+            return
+        if not await self._still_allowed():
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        if self.group is not None:
+            try:
+                await self.channel_layer.group_add(self.group, self.channel_name)
+            except Exception as exc:  # the version check below still converges
+                logger.warning("outbox: cannot re-join group %s: %s", self.group, exc)
+        await self.refresh_socket()
+        before = live.version
+        held = await get_outbox().asession_version(
+            self.workspace_id, self.session_id, watching=True
+        )
+        if is_behind(live, held, before) and grace > 0 and held is not None:
+            await asyncio.sleep(grace)  # an update on its way arrives meanwhile
+        if is_behind(live, held, before):
+            logger.info(
+                "outbox: watcher of %s/%s at version %s, Valkey at %s: a fresh snapshot",
+                self.workspace_id,
+                self.session_id,
+                live.version,
+                held,
+            )
+            self._want_snapshot()
+
+    async def _still_allowed(self) -> bool:
+        """The access policy's answer for the user as it is now: with a Django login
+        session in the scope, the user that session (read afresh) belongs to, which must
+        be the one the socket connected as (a logout, a flushed session or a password
+        change give none); otherwise the scope's user read afresh from the database."""
+        session = self.scope.get("session")
+        key = getattr(session, "session_key", None) if session is not None else None
+        user = self.scope.get("user")
+        if key is None or not getattr(user, "is_authenticated", False):
+            return await self._allowed(fresh=True)
+        store = import_module(settings.SESSION_ENGINE).SessionStore(key)
+        current = await get_user({"session": store})
+        if not current.is_authenticated or current.pk != getattr(user, "pk", None):
+            return False
+        return await sync_to_async(is_allowed)(current, self.workspace_id, self.session_id, "view")
+
+    async def resync(self) -> None:
+        """Answer a client's ``{"type": "resync"}``: past ``WS_RESYNC_BUDGET`` resyncs in
+        60 s close with 4429; a policy that refuses now (or a login that is gone) closes
+        with 4403; else a fresh snapshot, now or when ``WS_RESYNC_INTERVAL`` has passed
+        since the last one (resyncs meanwhile share it). Nothing once a close is decided."""
+        if self._live.closing:
+            return
+        if self._budget is None:
+            self._budget = ResyncBudget(get_outbox().config.ws_resync_budget, self.clock)
+        if not self._budget.spend():
+            await self.close(code=CLOSE_TOO_MANY_RESYNCS, reason="too many resyncs")
+            return
+        if not await self._still_allowed():
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self._want_snapshot()
+
+    def _want_snapshot(self) -> None:
+        """Send a fresh snapshot now, or when ``WS_RESYNC_INTERVAL`` has passed since the
+        last one (every request meanwhile is answered by that one snapshot)."""
+        live = self._live
+        if live.closing:
+            return
+        already = live.snapshot_wanted
+        live.snapshot_wanted = True
+        if not already:
+            live.spawn(self._snapshot_when_due())
+
+    async def _snapshot_when_due(self) -> None:
+        live = self._live
+        interval = get_outbox().config.ws_resync_interval
+        wait = live.last_snapshot + interval - self.clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        await self._send_snapshot(wanted=True)
 
     # -- helpers -----------------------------------------------------------------
 
     async def refresh_socket(self) -> None:
         """Keep this socket counted towards its user's ``WS_MAX_SOCKETS_PER_USER`` for
-        another :data:`SOCKET_TTL` seconds (call it at least every ``SOCKET_TTL / 2``).
+        another :func:`socket_ttl` seconds (every periodic check calls it).
         Logs and returns on failure (the count expires, it never blocks wrongly)."""
         if self.socket_user is None:
             return
         try:
-            await get_outbox().arefresh_socket(self.socket_user, self.socket_id, ttl=SOCKET_TTL)
+            await get_outbox().arefresh_socket(self.socket_user, self.socket_id, ttl=socket_ttl())
         except Exception as exc:
             logger.warning("outbox: cannot refresh a socket's count: %s", redact(str(exc)))
 
@@ -235,7 +399,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             return True
         self.socket_id = self.socket_id or uuid.uuid4().hex
         if not await get_outbox().aopen_socket(
-            user_id, self.socket_id, limit=limit, ttl=SOCKET_TTL
+            user_id, self.socket_id, limit=limit, ttl=socket_ttl()
         ):
             logger.warning(
                 "outbox: WebSocket to %s closed with 4429: the user already holds %d sockets "
@@ -275,7 +439,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             user, self.socket_user = self.socket_user, None
             try:
                 await get_outbox().aclose_socket(user, self.socket_id)
-            except Exception as exc:  # it expires on its own (SOCKET_TTL)
+            except Exception as exc:  # it expires on its own (socket_ttl())
                 logger.warning("outbox: cannot uncount a socket: %s", redact(str(exc)))
 
     @sync_to_async
@@ -288,24 +452,34 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             user = user.__class__._default_manager.filter(pk=user.pk).first()
         return is_allowed(user, self.workspace_id, self.session_id, "view")
 
-    async def _send_snapshot(self) -> None:
-        try:
-            snapshot = await get_outbox().asnapshot(self.workspace_id, self.session_id)
-        except OutboxUnavailable as exc:
-            await self._error("unavailable", str(exc))
+    async def _send_snapshot(self, wanted: bool = False) -> None:
+        """Read the session and send it as ``queue.snapshot`` pages (no update between
+        them); an unavailable Valkey gets an error frame. ``wanted``: this answers the
+        requests :meth:`_want_snapshot` collected (later ones start another wait; while
+        this one waits for a slow reader, none does)."""
+        live = self._live
+        if live.closing:
             return
-        await self.send(
-            text_data=json.dumps(
-                {
-                    "type": "queue.snapshot",
-                    "workspaceID": self.workspace_id,
-                    "sessionID": self.session_id,
-                    "version": snapshot.version,
-                    "entries": [e.to_dict() for e in snapshot.entries],
-                },
-                ensure_ascii=False,
+        outbox = get_outbox()
+        async with live.lock:
+            if wanted:
+                live.snapshot_wanted = False
+            live.last_snapshot = self.clock()
+            try:
+                snapshot = await outbox.asnapshot(self.workspace_id, self.session_id)
+            except OutboxUnavailable as exc:
+                await self._error("unavailable", str(exc))
+                return
+            frames = snapshot_frames(
+                self.workspace_id,
+                self.session_id,
+                snapshot.version,
+                (e.to_dict() for e in snapshot.entries),
+                outbox.config.ws_max_frame_bytes,
             )
-        )
+            for frame in frames:
+                await self.send(text_data=frame)
+            live.sent_snapshot(snapshot.version, not snapshot.entries)
 
     async def _error(self, code: str, detail: str = "") -> None:
         """Send an error frame ``{"type": "error", "code", "detail"}``. For the codes of
@@ -329,3 +503,10 @@ def socket_user_id(user: Any) -> str | None:
         return None
     pk = getattr(user, "pk", None)
     return None if pk is None else str(pk)
+
+
+def socket_ttl() -> float:
+    """Seconds a socket stays counted for ``WS_MAX_SOCKETS_PER_USER`` without a refresh:
+    :data:`SOCKET_TTL_CHECKS` periodic checks, at least :data:`MIN_SOCKET_TTL`."""
+    interval = outbox_settings().config.ws_check_interval
+    return max(MIN_SOCKET_TTL, SOCKET_TTL_CHECKS * interval)

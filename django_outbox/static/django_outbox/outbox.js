@@ -37,7 +37,9 @@
  * then it sends {"type": "resync"} and applies the fresh snapshot. Updates whose version
  * equals the current one are applied too: one mutation that changes several entries (a
  * recovery, park/unpark) publishes one event per entry with the same version, and
- * re-applying a state is harmless. The socket reconnects with backoff, but not after
+ * re-applying a state is harmless. A snapshot may come in pages ({page, pages}, one
+ * version): they are collected and applied together when the last arrives. The socket
+ * reconnects with backoff, also after 4429 (too many resyncs: transient), but not after
  * close codes 4400 (invalid ID) or 4403 (refused): those set `view.error` and stop.
  * After 4429 (the user holds too many sockets) and 4503 (the server's store is down) the
  * backoff starts further along: reconnecting at once would only be refused again.
@@ -824,6 +826,7 @@ class Subscription {
     this.reconnectTimer = null;
     this.resyncAsked = false;
     this.held = []; // updates that arrived ahead of a missing version
+    this.paging = null; // {version, pages, next, entries} while a paged snapshot arrives
     this.gapTimer = null;
     this.closed = false;
     this.stopped = null; // the final close code that stopped reconnecting
@@ -888,6 +891,7 @@ class Subscription {
       this.connected = false;
       this.resyncAsked = false;
       this.held = [];
+      this.paging = null;
       clearTimeout(this.gapTimer);
       this.gapTimer = null;
       if (this.closed) return;
@@ -918,6 +922,7 @@ class Subscription {
     clearTimeout(this.gapTimer);
     this.gapTimer = null;
     this.held = [];
+    this.paging = null;
     this.resyncAsked = false;
     const ws = this.ws;
     this.ws = null;
@@ -950,8 +955,16 @@ class Subscription {
       return;
     }
     if (message.type === "queue.snapshot") {
-      this._snapshot(message);
+      if ((message.pages ?? 1) > 1) this._page(message);
+      else {
+        this.paging = null;
+        this._snapshot(message);
+      }
     } else if (message.type === "queue.update") {
+      if (this.paging) {
+        this.held.push(message); // applied (or dropped as stale) once the snapshot is whole
+        return;
+      }
       if (this.version === null || message.version < this.version) return;
       if (message.version > this.version + 1) {
         this._hold(message);
@@ -964,6 +977,32 @@ class Subscription {
     } else if (message.type === "error") {
       this.error = { code: message.code, detail: message.detail };
       this._render();
+    }
+  }
+
+  /**
+   * One page of a snapshot split by the server (pages 1..pages, one version): collect
+   * them and apply the snapshot when the last arrives. A new page 1 drops an unfinished
+   * set; a page that does not follow drops the set and asks for a fresh snapshot.
+   */
+  _page(message) {
+    const set = this.paging;
+    if (message.page === 1) {
+      this.paging = { version: message.version, pages: message.pages, next: 2,
+        entries: [...(message.entries || [])] };
+    } else if (set && message.page === set.next && message.version === set.version &&
+               message.pages === set.pages) {
+      set.entries.push(...(message.entries || []));
+      set.next += 1;
+    } else {
+      this.paging = null;
+      this.resync();
+      return;
+    }
+    if (this.paging.next > this.paging.pages) {
+      const entries = this.paging.entries;
+      this.paging = null;
+      this._snapshot({ ...message, page: 1, pages: 1, entries });
     }
   }
 

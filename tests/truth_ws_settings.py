@@ -1,0 +1,14 @@
+"""Settings of the WebSocket server of the fault suite's row 7 (tests/chaos.py):
+``tests.ws_settings`` with channels-redis forgetting group members after
+``OUTBOX_TEST_GROUP_EXPIRY`` seconds (standing in for a day) and short live-update
+intervals, so day-old watchers and resync floods fit in the row's window."""
+
+import os
+
+from tests.ws_settings import *  # noqa: F403
+from tests.ws_settings import CHANNEL_LAYERS
+
+CHANNEL_LAYERS["default"]["CONFIG"]["group_expiry"] = int(
+    os.environ.get("OUTBOX_TEST_GROUP_EXPIRY", "86400")
+)
+OUTBOX = {"WS_CHECK_INTERVAL": 0.5, "WS_RESYNC_INTERVAL": 0.5, "WS_RESYNC_BUDGET": 30}
