@@ -287,3 +287,17 @@ async def test_a_failure_on_connect_closes_4500_after_accepting(layers, r, monke
     assert r.get(get_outbox().keys.session("alice", "s1").watch) is None
     assert r.exists(get_outbox().keys.sockets("alice")) == 0
     await cleanup()
+
+
+async def test_a_failing_layer_receive_is_retried_not_a_crash(valkey):
+    """channels calls the layer's receive outside dispatch: a stale connection there used
+    to end the socket with a traceback; it is retried and updates still arrive."""
+    layer = {"default": {"BACKEND": "tests.flaky_layer.FlakyReceiveLayer", "CONFIG": {}}}
+    with override_settings(CHANNEL_LAYERS=layer, OUTBOX={"ACCESS_POLICY": POLICY}):
+        comm = communicator()
+        assert (await first(comm))["type"] == "queue.snapshot"
+        await get_outbox().aaccept("alice", "s1", user_id="u", client_message_id="k", text="t")
+        update = json.loads(await comm.receive_from(5))
+        assert update["type"] == "queue.update" and update["state"] == "queued"
+        await comm.disconnect()
+        await get_outbox().aclose()

@@ -97,6 +97,40 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     socket_user: str | None = None
     socket_id = ""
 
+    #: Attempts of the channel layer's receive before the socket gives up (a pooled
+    #: connection may be stale after a Valkey restart), with doubling delays from
+    #: :data:`LAYER_RETRY_DELAY` seconds.
+    LAYER_RECEIVE_ATTEMPTS = 5
+    LAYER_RETRY_DELAY = 0.1
+
+    @property
+    def channel_receive(self) -> Callable[[], Awaitable[dict[str, Any]]]:
+        """The channel layer's receive for this socket, retried on failure (channels
+        calls it outside :meth:`dispatch`, so a failure there would end the socket with
+        a traceback instead of a close code)."""
+        return self._channel_receive
+
+    @channel_receive.setter
+    def channel_receive(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        async def resilient() -> dict[str, Any]:
+            delay = self.LAYER_RETRY_DELAY
+            for attempt in range(1, self.LAYER_RECEIVE_ATTEMPTS + 1):
+                try:
+                    return await receive()
+                except Exception as exc:
+                    if attempt == self.LAYER_RECEIVE_ATTEMPTS:
+                        logger.warning(
+                            "outbox: the channel layer's receive failed %d times: %s",
+                            attempt,
+                            redact(f"{type(exc).__name__}: {exc}"),
+                        )
+                        raise
+                    await asyncio.sleep(delay)
+                    delay *= 2
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        self._channel_receive = resilient
+
     async def connect(self) -> None:
         """Check the IDs and the access policy, count the user's socket and the session's
         watcher, join the group, accept and send the snapshot. A refusal accepts and
