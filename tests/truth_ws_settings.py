@@ -6,9 +6,9 @@ intervals, so day-old watchers and resync floods fit in the row's window."""
 import os
 
 from tests.ws_settings import *  # noqa: F403
-from tests.ws_settings import CHANNEL_LAYERS
+from tests.ws_settings import CHANNEL_LAYERS, OUTBOX
 
 CHANNEL_LAYERS["default"]["CONFIG"]["group_expiry"] = int(
     os.environ.get("OUTBOX_TEST_GROUP_EXPIRY", "86400")
 )
-OUTBOX = {"WS_CHECK_INTERVAL": 0.5, "WS_RESYNC_INTERVAL": 0.5, "WS_RESYNC_BUDGET": 30}
+OUTBOX = {**OUTBOX, "WS_CHECK_INTERVAL": 0.5, "WS_RESYNC_INTERVAL": 0.5, "WS_RESYNC_BUDGET": 30}
