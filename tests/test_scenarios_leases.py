@@ -295,7 +295,7 @@ async def test_a_sigkilled_holders_lease_expires_within_lock_ttl(
 # -- scenario 13: a carried lease is released when the session runs dry --------------------
 
 
-async def test_a_carried_lease_is_released_when_the_session_runs_dry(amake):
+async def test_a_carried_lease_is_released_when_the_session_runs_dry(amake, signals_log):
     delivered = []
 
     async def agent(entry, **kwargs):
@@ -313,5 +313,7 @@ async def test_a_carried_lease_is_released_when_the_session_runs_dry(amake):
     await aaccept(outbox, "k2")
     await wait_for(lambda: len(delivered) == 2, 10, message="k2 delivered")
     assert delivered[1][1] - accepted < 1.0  # woken at once, not after the lease or a tick
+    await wait_for(lambda: len(signals_log.ids("delivered")) == 2, 10)
     stop.set()
     await run
+    assert [e.text for e, _ in signals_log.calls["delivered"]] == ["k1", "k2"]  # once each
