@@ -220,12 +220,15 @@ async def test_the_attention_index_follows_each_state(amake):
     agent = BlockingDeliverer()
     outbox = amake(deliverer=agent, max_attempts=1)
     k1 = await aaccept(outbox, "k1")
+    k0 = await aaccept(outbox, "k0")
     assert not await asyncio.to_thread(needs_attention, outbox)  # pending, nothing held
     step = asyncio.create_task(outbox.adeliver_once(WS, SES))
     await asyncio.wait_for(agent.started.wait(), 10)
+    assert await asyncio.to_thread(needs_attention, outbox)  # k0 behind the claimed lease
+    assert await outbox.adismiss(WS, SES, k0.id) is DismissResult.REMOVED
     assert not await asyncio.to_thread(needs_attention, outbox)  # delivering, nothing behind
     k2 = await aaccept(outbox, "k2")
-    assert await asyncio.to_thread(needs_attention, outbox)  # pending behind a lease
+    assert await asyncio.to_thread(needs_attention, outbox)  # accepted behind a lease
     assert await outbox.adismiss(WS, SES, k2.id) is DismissResult.REMOVED
     assert not await asyncio.to_thread(needs_attention, outbox)
     agent.release()
