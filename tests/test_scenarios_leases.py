@@ -136,6 +136,7 @@ async def test_a_pending_entry_behind_a_verification_lease_is_not_busy(amake):
     with pytest.raises(asyncio.CancelledError):
         await step
     assert await astatuses(outbox) == [("k1", "verifying")]
+    assert (await outbox.asnapshot(WS, SES)).lease is None  # a cancelled check gives it back
 
 
 async def test_a_carried_lease_names_a_delivered_entry_that_is_gone(amake, signals_log):
@@ -144,6 +145,7 @@ async def test_a_carried_lease_names_a_delivered_entry_that_is_gone(amake, signa
     took, carry = await outbox.astep(WS, SES, nothing)
     assert took and carry is not None
     assert (await outbox.asnapshot(WS, SES)).lease.entry_id == k1.id
+    assert await outbox.alist(WS, SES) == []  # delivered: only its signal's ack is owed
     assert await outbox.aretry(WS, SES, k1.id) is RetryResult.NOT_FOUND
     assert await outbox.adismiss(WS, SES, k1.id) is DismissResult.NOT_FOUND
     await outbox.arelease(WS, SES, carry)
@@ -317,3 +319,52 @@ async def test_a_carried_lease_is_released_when_the_session_runs_dry(amake, sign
     stop.set()
     await run
     assert [e.text for e, _ in signals_log.calls["delivered"]] == ["k1", "k2"]  # once each
+
+
+# -- a wake that arrives while the session's task is finishing -------------------------------
+
+
+class AcceptAfterIdle:
+    """The worker's outbox, except that its first idle step accepts one more prompt and
+    waits until the worker has taken the wake, all before the step returns (the window
+    between a session's last claim and the end of its task)."""
+
+    def __init__(self, outbox, client) -> None:
+        self.outbox = outbox
+        self.client = client
+        self.worker = None
+        self.done = False
+
+    def __getattr__(self, name):
+        return getattr(self.outbox, name)
+
+    def __setattr__(self, name, value):
+        if name == "owner":
+            self.outbox.owner = value
+        object.__setattr__(self, name, value)
+
+    async def astep(self, ws, ses, deliverer, carry=None):
+        took, carry = await self.outbox.astep(ws, ses, deliverer, carry)
+        if not took and not self.done:
+            self.done = True
+            wakes = self.worker.stats.wakes
+            await aaccept(self.client, "k2")
+            await wait_for(lambda: self.worker.stats.wakes > wakes, 10, message="woken")
+        return took, carry
+
+
+async def test_a_wake_during_a_sessions_last_step_is_not_lost(amake):
+    delivered = []
+
+    async def agent(entry, **kwargs):
+        delivered.append(entry.text)
+
+    wrapped = AcceptAfterIdle(amake(deliverer=agent), amake())
+    stop = asyncio.Event()
+    worker = Worker(wrapped, None, concurrency=4, tick=30, stop=stop, heartbeat=False)
+    wrapped.worker = worker
+    run = asyncio.create_task(worker.run())
+    await aaccept(wrapped.client, "k1")
+    await wait_for(lambda: delivered == ["k1", "k2"], 10, message="k2 delivered before the tick")
+    stop.set()
+    await run

@@ -248,3 +248,29 @@ async def test_the_attention_index_follows_each_state(amake):
     assert not await asyncio.to_thread(needs_attention, outbox)
     assert await outbox.adeliver_once(WS, SES, deliverer=ambiguous)
     assert await asyncio.to_thread(needs_attention, outbox)  # error: unverifiable
+
+
+# -- a settle whose reply was lost recognises its own write ----------------------------------
+
+
+async def test_an_updating_settle_whose_reply_was_lost_is_replayed_not_lost(amake, valkey):
+    from .proxy import TcpProxy
+
+    proxy = TcpProxy(int(valkey.rsplit(":", 1)[1].split("/")[0])).start()
+    try:
+        outbox = amake(url=proxy.url, deliverer=failing(RuntimeError("500")))
+        steps = []
+        outbox.step_listeners.append(lambda *step: steps.append(step[:3]))
+        await aaccept(outbox)
+        await outbox.aload_scripts()
+        proxy.drop_reply_to(outbox.scripts["settle"].sha.encode())
+        assert await outbox.adeliver_once(WS, SES)
+        assert proxy.dropped == 1
+        # The retried settle found the first one's receipt: its outcome stands, and the
+        # step is not reported as a lost lease ("left to verification").
+        assert steps == [("deliver", "failed", "replayed")]
+        stored = (await outbox.alist(WS, SES))[0]
+        assert (stored.status, stored.attempts) == (Status.PENDING, 1)
+        assert (await outbox.asnapshot(WS, SES)).lease is None
+    finally:
+        proxy.close()
