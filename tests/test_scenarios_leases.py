@@ -108,6 +108,8 @@ async def test_busy_while_delivering_and_while_parked_in_flight(amake):
     assert await outbox.adismiss(WS, SES, k1.id) is DismissResult.BUSY
     # k2 waits behind the lease; the lease does not name it.
     assert await outbox.aretry(WS, SES, k2.id) is RetryResult.UPDATED
+    listed = [(e.text, e.blocked_by_in_flight) for e in await outbox.alist(WS, SES)]
+    assert listed == [("k1", False), ("k2", True)]  # k2 waits for the lease, k1 holds it
     # Parked mid-delivery: still the lease's entry, still busy.
     assert await outbox.apark_workspace(WS, "hold") == 2
     assert await outbox.aretry(WS, SES, k1.id) is RetryResult.BUSY

@@ -274,3 +274,28 @@ async def test_an_updating_settle_whose_reply_was_lost_is_replayed_not_lost(amak
         assert (await outbox.asnapshot(WS, SES)).lease is None
     finally:
         proxy.close()
+
+
+async def test_a_new_ambiguous_attempt_gets_a_fresh_verification_window(amake):
+    verdicts = iter([Verdict.INCONCLUSIVE, Verdict.ABSENT, Verdict.INCONCLUSIVE])
+
+    async def verifier(entry, **kwargs):
+        return next(verdicts)
+
+    outbox = amake(
+        deliverer=ambiguous,
+        verifier=verifier,
+        verify_delay=0,
+        verify_backoff=0,
+        retry_backoff=0,
+        max_verify_attempts=2,
+    )
+    await aaccept(outbox)
+    assert await outbox.adeliver_once(WS, SES)  # ambiguous
+    assert await outbox.adeliver_once(WS, SES)  # inconclusive: 1 of 2 passes used
+    assert await outbox.adeliver_once(WS, SES)  # absent: sent again
+    assert await outbox.adeliver_once(WS, SES)  # ambiguous again: a new window
+    assert (await outbox.alist(WS, SES))[0].verify_attempts == 0
+    assert await outbox.adeliver_once(WS, SES)  # inconclusive: 1 of 2 again, not exhausted
+    stored = (await outbox.alist(WS, SES))[0]
+    assert (stored.status, stored.verify_attempts) == (Status.VERIFYING, 1)

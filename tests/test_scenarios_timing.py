@@ -248,3 +248,31 @@ async def test_a_release_with_more_work_queued_wakes_an_idle_worker(amake):
     assert delivered[0][0] == "k2" and delivered[0][1] - at < WAKE_BOUND
     stop.set()
     await task
+
+
+# -- a session in flight is due again only when its lease would expire ---------------------
+
+
+async def test_a_session_under_a_live_lease_is_not_due(amake):
+    """README "The worker": a session in flight is indexed at its lease's expiry, and each
+    renewal moves it on, so no scan offers it while its lease lives (a worker would only
+    get busy)."""
+    from .helpers import BlockingDeliverer
+
+    lock_ttl = 0.6  # renewed every 0.2 s
+    agent = BlockingDeliverer()
+    outbox = amake(deliverer=agent, lock_ttl=lock_ttl)
+    await aaccept(outbox)
+    step = asyncio.create_task(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.started.wait(), 10)
+    assert await outbox.adue_sessions(100) == []
+
+    async def held_past_the_first_expiry():
+        lease = (await outbox.asnapshot(WS, SES)).lease
+        return lease.held_for > lock_ttl * 1.5
+
+    await wait_for(held_past_the_first_expiry, 10, message="the lease is renewed past its TTL")
+    assert await outbox.adue_sessions(100) == []  # renewals moved the due time on
+    agent.release()
+    assert await step
+    assert await outbox.alist(WS, SES) == []
