@@ -270,7 +270,7 @@ def seed_owed(outbox, key="k1"):
 async def test_a_sigkilled_holders_lease_expires_within_lock_ttl(
     amake, r, valkey, signals_log, mode
 ):
-    lock_ttl = 1.5  # renewed every 0.5 s: the child dies long before its first renewal
+    lock_ttl = 3.0  # renewed every second: the child dies long before its first renewal
     outbox = amake(
         verifier=lambda entry, **kw: Verdict.DELIVERED, verify_delay=0, lock_ttl=lock_ttl
     )

@@ -259,7 +259,7 @@ async def test_a_session_under_a_live_lease_is_not_due(amake):
     get busy)."""
     from .helpers import BlockingDeliverer
 
-    lock_ttl = 0.6  # renewed every 0.2 s
+    lock_ttl = 1.0  # renewed every 0.33 s
     agent = BlockingDeliverer()
     outbox = amake(deliverer=agent, lock_ttl=lock_ttl)
     await aaccept(outbox)
