@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-cluster lint demo venv clean opencode chaos bench docs
+.PHONY: test test-cluster lint demo venv clean opencode chaos bench docs mutate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,12 @@ docs: $(VENV)/.installed-docs
 		else echo "make docs needs Graphviz's dot (Debian: apt-get install graphviz)"; exit 1; fi; }
 	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 	@echo "docs: file://$(CURDIR)/docs/_build/html/index.html"
+
+# Mutation check (README "Testing"): plants each mutant of tools/mutate/mutants.toml in a
+# temporary copy of the tree, runs its mapped tests, prints a table and the kill rate
+# (exit 1 below 95 %). Not part of make test. ARGS="--only S01-worker-no-release" etc.
+mutate: $(STAMP)
+	$(BIN)/python tools/mutate/run.py $(ARGS)
 
 # The fault suite, long run (a short run is part of make test).
 chaos: $(STAMP)
