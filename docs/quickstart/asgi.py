@@ -12,8 +12,9 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+# channels' validator that also logs why it refused a socket (and closes with 4403).
+from django_outbox.ws import AllowedHostsOriginValidator  # noqa: E402
 from django_outbox.ws.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
