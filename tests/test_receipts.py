@@ -169,6 +169,23 @@ def test_a_failing_plain_receiver_no_longer_stops_the_others():
     assert effects(entry.id) == 1
 
 
+def test_the_sync_emit_runs_an_async_once_receiver_in_its_transaction():
+    from django_outbox.core.entry import OutboxEvent
+    from django_outbox.core.errors import SignalOwed
+
+    entry_delivered.connect(ameter, once=True)
+    failures_left["ameter"] = 1
+    outbox = Outbox(url="redis://127.0.0.1:1/0")  # no Valkey needed: emit only
+    entry = make_entry(delivered_at="2026-01-01T00:00:00.000001Z")
+    event = OutboxEvent("delivered", "sent", entry, WS, SES, 1)
+    with pytest.raises(SignalOwed):
+        outbox.emit(event)
+    assert effects(entry.id) == 0 and DeliveryReceipt.objects.count() == 0
+    outbox.emit(event)
+    outbox.emit(event)
+    assert effects(entry.id) == 1 and DeliveryReceipt.objects.count() == 1
+
+
 # -- through the worker's delivery step -----------------------------------------------------
 
 

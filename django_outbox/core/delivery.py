@@ -12,7 +12,9 @@ the step a worker takes for one session (README "How delivery works"):
 3. ``settle.lua`` records the outcome and releases the lease in one script; a
    delivered entry stays staged until ``entry_delivered`` ran, and is
    acknowledged by the release (or by the next claim, which reuses the lease:
-   the *carry*).
+   the *carry*). If an emit hook raises
+   :class:`~django_outbox.core.errors.SignalOwed` it is not acknowledged: the
+   lease is left to expire and the next claim fires the owed signal again.
 
 :meth:`OutboxDelivery.arecover` returns staged entries whose lease is gone to
 their queue as verifying. Deliverers answer by returning or by raising one of
