@@ -77,6 +77,25 @@ def _reset():
         entry_delivered.disconnect(fn)
 
 
+def _drop_this_threads_connections() -> None:
+    from django.db import connections
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    for conn in connections.all(initialized_only=True):
+        # SQLite ignores close() on the in-memory test database; really close this
+        # thread's connection (the database lives on in the main thread's).
+        BaseDatabaseWrapper.close(conn)
+
+
+@pytest.fixture(autouse=True)
+def _no_connection_left_in_the_orm_thread():
+    """The ORM calls of async code run in asgiref's one thread-sensitive thread, which the
+    whole test run shares: a connection left open there would make a later test without
+    database access fail when Channels closes old connections."""
+    yield
+    asyncio.run(sync_to_async(_drop_this_threads_connections)())
+
+
 def effects(entry_id: str) -> int:
     return Group.objects.filter(name__startswith=f"{entry_id}:").count()
 

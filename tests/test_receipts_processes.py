@@ -46,13 +46,14 @@ def lingering(r, w: Workers, patience: float):
 
 
 @pytest.fixture
-def db(tmp_path, valkey):
+def metering_db(tmp_path, valkey):
     return prepare_db(tmp_path, valkey)
 
 
 def test_once_receiver_meters_every_delivery_exactly_once_under_sigkills(
-    make_outbox, r, db, tmp_path, valkey
+    make_outbox, r, metering_db, tmp_path, valkey
 ):
+    db = metering_db
     outbox = make_outbox(**NO_USER_BOUNDS)  # "u" stands in for many users
     ids = accept_many(outbox, SESSIONS, PER_SESSION)
     total = SESSIONS * PER_SESSION
