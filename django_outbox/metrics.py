@@ -6,8 +6,9 @@ import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from . import receipts
 from .core.entry import Entry, Status, parse_time
 
 SAMPLE_EVERY = 30.0  # seconds between entries-by-status samples
@@ -102,6 +103,14 @@ class WorkerMetrics:
         for status in Status:
             family.add_metric([status.value], self._sample.get(status.value, 0))
         yield family
+        failures = CounterMetricFamily(
+            "outbox_receiver_failures",
+            "Failed firings of once=True entry_delivered receivers (the signal stays owed)",
+            labels=["receiver"],
+        )
+        for name, count in sorted(receipts.FAILURES.items()):
+            failures.add_metric([name], count)
+        yield failures
 
     def describe(self):
         return []

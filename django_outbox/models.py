@@ -1,6 +1,9 @@
-"""Only what Django needs for the admin: an unmanaged placeholder model (README "Admin").
+"""The app's models: an unmanaged placeholder for the admin (README "Admin") and the
+receipts of opted-in ``entry_delivered`` receivers (README "Signals").
 
-The outbox's data lives in Valkey, not in the database. :class:`OutboxEntry`
+The outbox's data lives in Valkey, not in the database. :class:`DeliveryReceipt`
+is the one table: a row per (delivery, opted-in receiver) that ran, written in
+the receiver's own transaction. :class:`OutboxEntry`
 has no table; it exists so the admin gets a content type, real permissions
 and :class:`~django.contrib.admin.models.LogEntry` rows. The permissions are
 what the default access policy and the admin check (``django_outbox.policy``,
@@ -13,6 +16,7 @@ an entry or ``"<ws>"`` for a workspace (identifiers never contain ``/``).
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 
 class OutboxEntry(models.Model):
@@ -53,3 +57,34 @@ class OutboxEntry(models.Model):
     @classmethod
     def for_workspace(cls, workspace_id: str) -> OutboxEntry:
         return cls(ref=workspace_id)
+
+
+class DeliveryReceipt(models.Model):
+    """An opted-in ``entry_delivered`` receiver ran for one delivery, and committed.
+
+    Written in the same ``transaction.atomic()`` as the receiver's own writes by
+    :mod:`django_outbox.receipts`; the unique constraint on ``(entry_id,
+    delivered_at, receiver)`` is what makes a replayed signal skip the receiver.
+    ``entry_id`` and ``delivered_at`` are the entry's ``id`` and ``delivered_at``
+    (RFC 3339, as on :class:`~django_outbox.Entry`), ``receiver`` the receiver's
+    dotted name, ``created`` when the row was written: rows older than
+    ``DEDUPE_TTL`` are pruned (``manage.py outbox_prune_receipts``, and by the worker).
+    """
+
+    entry_id = models.CharField(max_length=128)
+    delivered_at = models.CharField(max_length=40)
+    receiver = models.CharField(max_length=255)
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["entry_id", "delivered_at", "receiver"],
+                name="django_outbox_receipt_once",
+            )
+        ]
+        verbose_name = "delivery receipt"
+        verbose_name_plural = "delivery receipts"
+
+    def __str__(self) -> str:
+        return f"{self.receiver} ran for {self.entry_id} delivered at {self.delivered_at}"

@@ -7,14 +7,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from . import receipts
 from .conf import outbox_settings
 from .core.entry import OutboxEvent
+from .core.errors import SignalOwed
 from .core.service import Outbox as CoreOutbox
 from .signals import entry_delivered, entry_staged, entry_updated
 from .ws import publish
@@ -24,7 +27,8 @@ _SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": ent
 
 class Outbox(CoreOutbox):
     """:class:`django_outbox.core.service.Outbox` that sends the signals of
-    :mod:`django_outbox.signals` for every event and publishes ``queue.update``
+    :mod:`django_outbox.signals` for every event (``send_robust``: a failing receiver
+    is logged and does not stop the others) and publishes ``queue.update``
     to the session's Channels group (:mod:`django_outbox.ws.publish`). Construct it
     directly in tests: ``Outbox(url=..., deliverer=..., verifier=...,
     ledger_probe=..., **tunables)``.
@@ -36,12 +40,39 @@ class Outbox(CoreOutbox):
         return watched or _SIGNALS[kind].has_listeners(sender=Outbox)
 
     def emit(self, event: OutboxEvent) -> None:
-        _SIGNALS[event.kind].send(sender=Outbox, **_signal_kwargs(event))
+        """Send the event's signal to every receiver (one failing receiver does not stop
+        the others), then publish it. Raises :class:`SignalOwed` when an opted-in
+        ``entry_delivered`` receiver failed (the core then leaves the signal owed)."""
+        responses = _SIGNALS[event.kind].send_robust(sender=Outbox, **_signal_kwargs(event))
         publish.publish(event)
+        _raise_if_owed(event, responses)
 
     async def aemit(self, event: OutboxEvent) -> None:
-        await _SIGNALS[event.kind].asend(sender=Outbox, **_signal_kwargs(event))
+        """Async :meth:`emit`."""
+        responses = await _SIGNALS[event.kind].asend_robust(sender=Outbox, **_signal_kwargs(event))
         await publish.apublish(event)
+        _raise_if_owed(event, responses)
+
+    async def arun(self, *args: Any, stop: asyncio.Event | None = None, **kwargs: Any) -> Any:
+        """The core worker loop (``Outbox.arun``), with the delivery receipts of opted-in
+        ``entry_delivered`` receivers pruned beside it (``receipts.aprune_every``)."""
+        stop = stop or asyncio.Event()
+        pruner = asyncio.create_task(receipts.aprune_every(stop, entry_delivered.once_receivers))
+        try:
+            return await super().arun(*args, stop=stop, **kwargs)
+        finally:
+            pruner.cancel()
+            await asyncio.gather(pruner, return_exceptions=True)
+
+
+def _raise_if_owed(event: OutboxEvent, responses: list[tuple[Any, Any]]) -> None:
+    failed = [
+        receiver.outbox_once
+        for receiver, response in responses
+        if isinstance(response, Exception) and receipts.is_once(receiver)
+    ]
+    if failed and event.kind == "delivered":
+        raise SignalOwed(f"entry_delivered receivers failed: {', '.join(failed)}")
 
 
 def _signal_kwargs(event: OutboxEvent) -> dict[str, Any]:

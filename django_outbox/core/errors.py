@@ -103,6 +103,18 @@ class OutboxUnavailable(OutboxError):
         self.accepted = accepted
 
 
+class SignalOwed(Exception):
+    """Raised by an emit hook (``Outbox.emit`` / ``aemit``) for a ``delivered`` event
+    whose receivers must run again: the entry is not acknowledged, its
+    ``entry_delivered`` stays owed and is fired again by a later claim of the session,
+    once the lease it was fired under has expired (``LOCK_TTL`` seconds; README
+    "Signals"). ``reason`` says which receivers failed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class _DeliveryOutcome(Exception):
     """Base of the deliverer outcome errors; ``err`` is the wrapped cause (or None)."""
 

@@ -44,7 +44,9 @@ class Pipe:
 
 @dataclass(slots=True)
 class Emit:
-    """Hand ``events`` to the outbox's hooks (``emit`` / ``aemit``)."""
+    """Hand ``events`` to the outbox's hooks (``emit`` / ``aemit``). The result is the
+    list of events whose hook raised :class:`~django_outbox.core.errors.SignalOwed`
+    (empty when every hook ran or failed otherwise: other failures are logged)."""
 
     events: list[OutboxEvent]
 

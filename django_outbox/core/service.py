@@ -418,7 +418,7 @@ class Outbox(QueueReads, OutboxDelivery):
                         logger.warning("outbox: unknown ledger state %r for %s", state, entry.id)
                     continue
                 # A completed entry's entry_delivered is owed and fired by the
-                # next claim of its session (exactly once, even if we die now).
+                # next claim of its session (never lost, even if we die now).
                 result, _, _ = yield from self._operate_plan(
                     workspace_id, session_id, op, entry.id, str(entry.attempts), "sent"
                 )

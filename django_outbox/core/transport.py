@@ -31,7 +31,7 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from .entry import OutboxEvent
-from .errors import OutboxUnavailable
+from .errors import OutboxUnavailable, SignalOwed
 from .keys import KeySpace
 from .packing import with_hiredis_packing
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, T, iter_once
@@ -597,10 +597,8 @@ class Transport:
         return out
 
     def _do(self, effect: Any) -> Any:
-        if isinstance(effect, Emit):
-            for event in effect.events:
-                self._safe_emit(event)
-            return None
+        if isinstance(effect, Emit):  # answers the events whose hooks raised SignalOwed
+            return [e for e in effect.events if not self._safe_emit(e)]
         if isinstance(effect, Call):
             result = effect.fn(**effect.kwargs)
             if inspect.isawaitable(result):
@@ -627,9 +625,7 @@ class Transport:
 
     async def _ado(self, effect: Any, batch: bool = True) -> Any:
         if isinstance(effect, Emit):
-            for event in effect.events:
-                await self._safe_aemit(event)
-            return None
+            return [e for e in effect.events if not await self._safe_aemit(e)]
         if isinstance(effect, Call):
             if is_async_callable(effect.fn):
                 return await effect.fn(**effect.kwargs)
@@ -677,14 +673,21 @@ class Transport:
         if type(self).emit is not Transport.emit:
             await asyncio.to_thread(self.emit, event)
 
-    def _safe_emit(self, event: OutboxEvent) -> None:
+    def _safe_emit(self, event: OutboxEvent) -> bool:
+        """Run the hook; False if it raised :class:`SignalOwed` (the event stays owed)."""
         try:
             self.emit(event)
+        except SignalOwed:
+            return False
         except Exception:
             logger.exception("outbox: event listener failed for %s", event.kind)
+        return True
 
-    async def _safe_aemit(self, event: OutboxEvent) -> None:
+    async def _safe_aemit(self, event: OutboxEvent) -> bool:
         try:
             await self.aemit(event)
+        except SignalOwed:
+            return False
         except Exception:
             logger.exception("outbox: event listener failed for %s", event.kind)
+        return True

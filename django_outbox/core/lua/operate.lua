@@ -133,7 +133,7 @@ if op == 'ledger_complete' or op == 'ledger_rearm' then
   end
   if op == 'ledger_complete' then
     -- Confirmed delivered: staged as delivered with its signal owed, which the
-    -- next claim of the session (a worker, woken now) fires exactly once.
+    -- next claim of the session (a worker, woken now) fires (never lost).
     redis.call('LREM', Q, 1, raw)
     st.deliveredAt = iso(NOW)
     uncount(st)

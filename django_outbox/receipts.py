@@ -1,0 +1,190 @@
+"""Exactly-once effects for opted-in ``entry_delivered`` receivers (README "Signals").
+
+``entry_delivered`` fires at least once per delivery: a worker SIGKILLed after
+the receivers ran and before its acknowledgement reached Valkey leaves the
+signal owed, and the next claim fires it again with the same idempotency key
+``(entry.id, entry.delivered_at)``. A receiver connected with ``once=True``
+(:class:`~django_outbox.signals.DeliveredSignal`) runs here instead: inside
+``transaction.atomic()`` together with the insert of a
+:class:`~django_outbox.models.DeliveryReceipt` row keyed on that pair and the
+receiver's dotted name. A replay finds the row (the unique constraint answers
+``IntegrityError`` inside a savepoint) and skips the receiver; a receiver that
+raises rolls back its writes and the receipt, and the signal stays owed.
+
+Failures are counted per receiver (:data:`FAILURES`, exported by the worker's
+metrics as ``outbox_receiver_failures_total``) and logged at ERROR each time.
+:func:`prune` deletes receipts older than ``DEDUPE_TTL`` in bounded batches; the
+worker calls it every :data:`PRUNE_INTERVAL` seconds, ``manage.py
+outbox_prune_receipts`` on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
+from django.db import IntegrityError, connections, router, transaction
+from django.utils import timezone
+
+logger = logging.getLogger("django_outbox")
+
+#: Seconds between two prune passes of a worker.
+PRUNE_INTERVAL = 600.0
+#: Most receipts one prune pass (or one batch of the command) deletes.
+PRUNE_BATCH = 1000
+#: Longest ``receiver`` value stored; longer dotted names are cut and suffixed with a hash.
+MAX_NAME = 255
+
+#: Failed firings of opted-in receivers in this process, by receiver name.
+FAILURES: Counter[str] = Counter()
+#: Failed firings per (entry ID, deliveredAt, receiver) in this process, for the log.
+_per_delivery: dict[tuple[str, str, str], int] = {}
+_PER_DELIVERY_MAX = 10_000
+
+
+def receiver_name(receiver: Callable[..., Any]) -> str:
+    """The dotted name a receipt records for ``receiver``: ``"<module>.<qualname>"``
+    (at most :data:`MAX_NAME` characters; a longer name is cut and ends in a hash of
+    the whole). Renaming or moving a receiver changes its name, and a replay of an
+    older delivery then runs it again."""
+    module = getattr(receiver, "__module__", None) or type(receiver).__module__
+    qualname = getattr(receiver, "__qualname__", None) or type(receiver).__qualname__
+    name = f"{module}.{qualname}"
+    if len(name) > MAX_NAME:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        name = f"{name[: MAX_NAME - 17]}~{digest}"
+    return name
+
+
+def once(receiver: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """Wrap ``receiver`` so that it runs at most once per delivery, atomically with its
+    receipt (see the module docstring). The wrapper is async when ``receiver`` is; it
+    carries ``outbox_once = name``. Raises what the receiver raised (after the rollback)."""
+    if iscoroutinefunction(receiver):
+
+        async def run_async(signal: Any, sender: Any, **kwargs: Any) -> Any:
+            # The transaction belongs to the thread that runs the ORM for this event
+            # loop (thread_sensitive); the receiver's own sync_to_async calls land in
+            # that same thread, inside the transaction, while it waits for them.
+            def call() -> Any:
+                return async_to_sync(receiver)(signal=signal, sender=sender, **kwargs)
+
+            return await sync_to_async(_fire, thread_sensitive=True)(call, name, kwargs)
+
+        run_async.outbox_once = name  # type: ignore[attr-defined]
+        return run_async
+
+    def run(signal: Any, sender: Any, **kwargs: Any) -> Any:
+        return _fire(lambda: receiver(signal=signal, sender=sender, **kwargs), name, kwargs)
+
+    run.outbox_once = name  # type: ignore[attr-defined]
+    return run
+
+
+def _fire(call: Callable[[], Any], name: str, kwargs: dict[str, Any]) -> Any:
+    from .models import DeliveryReceipt
+
+    entry = kwargs["entry"]
+    key = (entry.id, entry.delivered_at or "", name)
+    using = router.db_for_write(DeliveryReceipt)
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        # A worker has no request cycle to close a connection the database dropped.
+        connection.close_if_unusable_or_obsolete()
+    try:
+        with transaction.atomic(using=using):
+            try:
+                with transaction.atomic(using=using):
+                    DeliveryReceipt.objects.using(using).create(
+                        entry_id=key[0], delivered_at=key[1], receiver=name
+                    )
+            except IntegrityError:
+                logger.info(
+                    "outbox: %s already ran for %s delivered at %s; skipped", name, *key[:2]
+                )
+                return None
+            result = call()
+    except Exception:
+        _count_failure(key)
+        raise
+    _per_delivery.pop(key, None)
+    return result
+
+
+def _count_failure(key: tuple[str, str, str]) -> None:
+    entry_id, delivered_at, name = key
+    FAILURES[name] += 1
+    if key not in _per_delivery and len(_per_delivery) >= _PER_DELIVERY_MAX:
+        _per_delivery.pop(next(iter(_per_delivery)))
+    n = _per_delivery[key] = _per_delivery.get(key, 0) + 1
+    logger.error(
+        "outbox: once receiver %s failed for entry %s delivered at %s (%d time(s) in this "
+        "process); its writes and receipt were rolled back and entry_delivered stays owed: "
+        "the session's next claim fires it again, after LOCK_TTL, and its later messages wait",
+        name,
+        entry_id,
+        delivered_at,
+        n,
+    )
+
+
+def is_once(receiver: Any) -> bool:
+    """Whether ``receiver`` (as a signal's ``send_robust`` returns it) is an opted-in wrapper."""
+    return getattr(receiver, "outbox_once", None) is not None
+
+
+# -- pruning ---------------------------------------------------------------------------------
+
+
+def prune(older_than: float | None = None, batch: int = PRUNE_BATCH) -> int:
+    """Delete up to ``batch`` receipts created more than ``older_than`` seconds ago
+    (default ``DEDUPE_TTL``), oldest first; return how many were deleted. Raises
+    ``ValueError`` for a negative age or a batch below 1, and what the database raises."""
+    from .conf import outbox_settings
+    from .models import DeliveryReceipt
+
+    if older_than is None:
+        older_than = outbox_settings().config.dedupe_ttl
+    if older_than < 0 or batch < 1:
+        raise ValueError("older_than must be >= 0 seconds and batch >= 1")
+    cutoff = timezone.now() - timedelta(seconds=older_than)
+    using = router.db_for_write(DeliveryReceipt)
+    rows = DeliveryReceipt.objects.using(using)
+    # The IDs first: not every database takes a LIMIT inside DELETE ... WHERE id IN (...).
+    ids = list(
+        rows.filter(created__lt=cutoff).order_by("created").values_list("pk", flat=True)[:batch]
+    )
+    if not ids:
+        return 0
+    deleted, _ = rows.filter(pk__in=ids).delete()
+    return deleted
+
+
+async def aprune_every(
+    stop: asyncio.Event, wanted: Callable[[], Any], interval: float = PRUNE_INTERVAL
+) -> None:
+    """Until ``stop`` is set: one :func:`prune` batch every ``interval`` seconds while
+    ``wanted()`` is truthy (the worker passes ``entry_delivered.once_receivers``: no
+    opted-in receiver here, no receipts written, no pass). A failed pass is logged
+    and tried again at the next interval."""
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), interval)
+            return
+        except TimeoutError:
+            pass
+        if not wanted():
+            continue
+        try:
+            deleted = await sync_to_async(prune, thread_sensitive=True)()
+        except Exception as exc:
+            logger.warning("outbox: pruning delivery receipts failed: %s", exc)
+            continue
+        if deleted:
+            logger.info("outbox: pruned %d delivery receipts older than DEDUPE_TTL", deleted)

@@ -1,0 +1,20 @@
+"""Settings for worker processes with a ``once=True`` receiver (issue 18): those of
+tests/worker_settings.py, plus the metering app and a SQLite file every process shares
+(``OUTBOX_TEST_DB``; WAL, ``BEGIN IMMEDIATE`` so concurrent writers wait their turn)."""
+
+import os
+
+from tests.worker_settings import *  # noqa: F403
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.metering"]  # noqa: F405
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("OUTBOX_TEST_DB", ":memory:"),
+        "OPTIONS": {
+            "init_command": "PRAGMA journal_mode=WAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+        },
+    }
+}
