@@ -74,6 +74,13 @@ def test_inspect_of_nothing_is_not_found(outbox):
     assert exit_code("inspect", WS, "nope") == 1
 
 
+def test_inspect_of_an_emptied_session_is_not_an_error(outbox):
+    entry = accept(outbox, "a")
+    outbox.dismiss(WS, SES, entry.id)
+    assert "0 entries" in run("inspect", WS, SES)
+    assert json.loads(run("inspect", WS, SES, "--json"))["entries"] == []
+
+
 def test_retry_and_dismiss_codes(outbox):
     entry = accept(outbox, "a")
     assert "Re-armed" in run("retry", WS, SES, entry.id)

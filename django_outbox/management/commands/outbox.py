@@ -183,7 +183,9 @@ class Command(BaseCommand):
             return
         snapshot = outbox.snapshot(ws, ses)
         if not snapshot.entries and snapshot.lease is None:
-            raise _exit(f"No entries in session {ws}/{ses}.", NOT_FOUND)
+            (summary,) = outbox.workspace_summaries([ws])
+            if ses not in {s.session_id for s in summary.sessions}:
+                raise _exit(f"No session {ws}/{ses}.", NOT_FOUND)
         if options["json"]:
             self._json(
                 {
