@@ -145,3 +145,22 @@ def test_exit_codes_reach_the_shell(outbox, valkey):
     assert refused.returncode == 2 and "pass --yes" in refused.stderr
     status = shell("status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["entries"] == {}
+
+
+def test_status_json_names_workers_in_camel_case(outbox):
+    import asyncio
+    import time
+
+    from django_outbox.core.reads import WorkerHeartbeat
+
+    beat = WorkerHeartbeat("w-1", time.time(), host="h", pid=7, in_flight=2, concurrency=8)
+
+    async def publish():
+        await outbox.abeat(beat, 15)
+        await outbox.aclose()
+
+    asyncio.run(publish())
+    (worker,) = json.loads(run("status", "--json"))["workers"]
+    assert worker["id"] == "w-1" and worker["live"] is True
+    assert worker["inFlight"] == 2 and worker["concurrency"] == 8 and worker["pid"] == 7
+    assert worker["lastSeen"].endswith("+00:00") and "last_seen" not in worker

@@ -20,7 +20,6 @@ import json
 import sys
 import time
 from argparse import ArgumentParser
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -128,7 +127,16 @@ class Command(BaseCommand):
                         "overdueSeconds": round(max(0.0, now - overdue.due_at), 3),
                     },
                     "workers": [
-                        {**asdict(w), "lastSeen": _when(w.last_seen), "started": _when(w.started)}
+                        {
+                            "id": w.id,
+                            "live": w.live,
+                            "host": w.host,
+                            "pid": w.pid,
+                            "inFlight": w.in_flight,
+                            "concurrency": w.concurrency,
+                            "lastSeen": _when(w.last_seen),
+                            "started": _when(w.started),
+                        }
                         for w in workers
                     ],
                 }
@@ -192,7 +200,14 @@ class Command(BaseCommand):
                     "workspaceID": ws,
                     "sessionID": ses,
                     "version": snapshot.version,
-                    "lease": None if snapshot.lease is None else asdict(snapshot.lease),
+                    "lease": None
+                    if snapshot.lease is None
+                    else {
+                        "owner": snapshot.lease.owner,
+                        "acquiredAt": snapshot.lease.acquired_at,
+                        "entryID": snapshot.lease.entry_id,
+                        "heldFor": round(snapshot.lease.held_for, 3),
+                    },
                     "entries": [entry.to_dict() for entry in snapshot.entries],
                 }
             )
