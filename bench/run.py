@@ -94,7 +94,7 @@ def sizes(quick: bool, repeats: int | None) -> dict[str, int]:
         "costs_per": 20,
         "split_sessions": 50 if q else 100,
         "split_per": 10,
-        "bounded_sessions": 600 if q else 2000,
+        "bounded_sessions": 1000 if q else 2000,
         "bounded_per": 1 if q else 2,
         "bounded_sleep_ms": 20,
         "peer_n": 3000 if q else 20_000,
