@@ -259,11 +259,12 @@ end
 
 -- Keep the due index exact for this session and (on standalone) its workspace,
 -- and the admin's attention index. items (the queue, as LRANGE Q would return it
--- now) and staged (LLEN D now) may be passed by a caller that already has them;
--- nil: read here.
-local function reindex(items, staged)
+-- now), staged (LLEN D now) and pttl (PTTL of the lease now: a script's clock stands
+-- still, so right after SET ... PX ttl it is ttl) may be passed by a caller that
+-- already has them; nil: read here.
+local function reindex(items, staged, pttl)
   local score = nil
-  local pttl = redis.call('PTTL', LOCK)  -- -2: no lease; -1: a lease without a TTL
+  pttl = pttl or redis.call('PTTL', LOCK)  -- -2: no lease; -1: a lease without a TTL
   local locked = pttl ~= -2
   staged = staged or redis.call('LLEN', D)
   items = items or redis.call('LRANGE', Q, 0, -1)

@@ -90,6 +90,6 @@ table.remove(items, idx + 1)  -- the queue as it is now (entry IDs are unique)
 redis.call('RPUSH', D, staged)
 redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
 -- The staging list held nothing before (a staged or owed entry answers above, and a
--- recovery empties it): it holds this one entry now.
-reindex(items, 1)
+-- recovery empties it): it holds this one entry now, under a lease of ttl ms.
+reindex(items, 1, ttl)
 return answer('deliver', staged, bump())
