@@ -58,7 +58,7 @@ demo: $(STAMP)
 # Benchmarks (docs/explanation/testing.md "Performance"): our accept/deliver figures next to the
 # raw Valkey limit and peer queues (dramatiq, arq, saq) on a private valkey-server, in one run,
 # and the work per message (Valkey commands and CPU, worker CPU). Writes
-# bench/results/latest.json and latest.md (~10 min; ARGS=--quick for a ~3 min smoke run).
+# bench/results/latest.json and latest.md (~12 min; ARGS=--quick for a ~3 min smoke run).
 # The peers run from their own .venv-peers (bench/peers/requirements.txt): arq pins redis-py
 # below 6, and the project's .venv keeps the redis-py CI runs.
 PEERS_VENV := .venv-peers
