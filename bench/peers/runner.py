@@ -4,11 +4,17 @@ For each peer: enqueue ``n`` no-op jobs from this process (jobs/s), then start t
 worker CLI on the app beside this module (bench/peers/<name>_app.py) and time the drain from
 the first job taken to the last one done (jobs/s). The apps read the server's URL from
 BENCH_PEER_URL.
+
+The peers live in their own virtual environment (.venv-peers, bench/peers/requirements.txt;
+arq pins redis-py below 6, the project's .venv keeps the one CI runs): bench/run.py calls
+:func:`run_peer_subprocess`, which runs this module under that interpreter
+(``python -m bench.peers.runner NAME URL N TIMEOUT``, one JSON line on stdout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -19,9 +25,12 @@ from pathlib import Path
 
 import redis
 
-from bench.common import PAYLOAD, ROOT, child_env, spawn, stop
+from bench.common import PAYLOAD, ROOT, child_env, interrupt_on_sigterm, spawn, stop
 
 BIN = Path(sys.executable).parent  #: where the peers' worker CLIs are installed
+#: The peers' interpreter: BENCH_PEERS_PYTHON (the Makefile sets it), else .venv-peers's.
+PEERS_PYTHON = os.environ.get("BENCH_PEERS_PYTHON") or str(ROOT / ".venv-peers" / "bin" / "python")
+PEER_NAMES = ("dramatiq", "arq", "saq")
 
 
 def _enqueue_dramatiq(url: str, n: int) -> float:
@@ -142,3 +151,48 @@ def run_peer(peer: Peer, url: str, n: int, timeout: float) -> tuple[float, float
         return enqueue, n / secs
     finally:
         client.close()
+
+
+def run_peer_subprocess(name: str, url: str, n: int, timeout: float) -> tuple[float, float]:
+    """:func:`run_peer` for peer ``name`` under the peers' interpreter (PEERS_PYTHON), in a
+    child process bounded by ``timeout`` + 60 seconds: (enqueue jobs/s, end-to-end jobs/s).
+    Raises RuntimeError when that interpreter is missing or the child fails."""
+    if not Path(PEERS_PYTHON).exists():
+        raise RuntimeError(f"no {PEERS_PYTHON}: `make bench` creates .venv-peers")
+    proc = spawn(
+        [PEERS_PYTHON, "-m", "bench.peers.runner", name, url, str(n), str(timeout)],
+        cwd=ROOT,
+        env=child_env(url),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout + 60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise TimeoutError(f"{name} runner: no answer in {timeout + 60}s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} runner exited with {proc.returncode}")
+    answer = json.loads(out.strip().splitlines()[-1])
+    return answer["enqueue"], answer["e2e"]
+
+
+def peer_versions() -> dict[str, str | None]:
+    """The peers' installed versions in their interpreter (empty when it is missing)."""
+    if not Path(PEERS_PYTHON).exists():
+        return {}
+    code = (
+        "import json\nfrom importlib import metadata as m\n"
+        "def v(p):\n    try:\n        return m.version(p)\n    except Exception:\n"
+        "        return None\n"
+        f"print(json.dumps({{p: v(p) for p in {[*PEER_NAMES, 'redis']!r}}}))"
+    )
+    out = subprocess.run([PEERS_PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+if __name__ == "__main__":
+    interrupt_on_sigterm()  # stopped by bench/run.py: the peer's worker is stopped too
+    _name, _url, _n, _timeout = sys.argv[1:5]
+    _enq, _e2e = run_peer(PEERS[_name], _url, int(_n), float(_timeout))
+    print(json.dumps({"enqueue": _enq, "e2e": _e2e}), flush=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = Path(__file__).resolve().parent / "mutants.toml"
 #: What the copy holds: the package, its tests and what they load.
-COPIED = ("django_outbox", "tests", "example_project", "pyproject.toml")
+COPIED = ("django_outbox", "tests", "example_project", "deploy", "pyproject.toml")
 PYTEST_FLAGS = ["-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
 
 

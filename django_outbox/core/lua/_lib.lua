@@ -258,15 +258,19 @@ local function earliest_due()
 end
 
 -- Keep the due index exact for this session and (on standalone) its workspace,
--- and the admin's attention index.
-local function reindex()
+-- and the admin's attention index. items (the queue, as LRANGE Q would return it
+-- now), staged (LLEN D now) and pttl (PTTL of the lease now: a script's clock stands
+-- still, so right after SET ... PX ttl it is ttl) may be passed by a caller that
+-- already has them; nil: read here.
+local function reindex(items, staged, pttl)
   local score = nil
-  local locked = redis.call('EXISTS', LOCK) == 1
-  local staged = redis.call('LLEN', D)
-  local items = redis.call('LRANGE', Q, 0, -1)
+  pttl = pttl or redis.call('PTTL', LOCK)  -- -2: no lease; -1: a lease without a TTL
+  local locked = pttl ~= -2
+  staged = staged or redis.call('LLEN', D)
+  items = items or redis.call('LRANGE', Q, 0, -1)
   if locked then
     -- In flight: look again when the lease would expire (renewals push it on).
-    score = NOW_MS + math.max(redis.call('PTTL', LOCK), 0)
+    score = NOW_MS + math.max(pttl, 0)
   elseif staged > 0 then
     score = NOW_MS  -- staged entries without a lease: recover them now
   else
@@ -372,23 +376,25 @@ local function uncount(st)
   set_user_state(user, n - 1, full_at)
 end
 
--- Staged entries whose signal is owed, as raw JSON.
-local function owed_signals()
+-- Staged entries whose signal is owed, as raw JSON. staged: the staging list
+-- as the caller read it (LRANGE D), or nil to read it here.
+local function owed_signals(staged)
   local owed = {}
-  for _, raw in ipairs(redis.call('LRANGE', D, 0, -1)) do
+  for _, raw in ipairs(staged or redis.call('LRANGE', D, 0, -1)) do
     if is_done((split(raw))) then owed[#owed + 1] = raw end
   end
   return owed
 end
 
--- Find an entry by ID in a list: index (0-based), raw; or nil.
+-- Find an entry by ID in a list: index (0-based), raw, the list's length; or nil,
+-- nil, the list's length.
 local function find(key, id)
   local prefix = id_prefix(id)
   local items = redis.call('LRANGE', key, 0, -1)
   for i, raw in ipairs(items) do
-    if string.sub(raw, 1, #prefix) == prefix then return i - 1, raw end
+    if string.sub(raw, 1, #prefix) == prefix then return i - 1, raw, #items end
   end
-  return nil
+  return nil, nil, #items
 end
 
 -- Accept order: the per-session sequence number accept.lua gives every entry
@@ -419,10 +425,12 @@ end
 
 -- Move staged entries left by a holder that is gone back into the queue as
 -- verifying: the interrupted attempt's outcome is unknown. An entry already in
--- the queue (same ID) is not added twice. Returns the moved entries.
-local function recover_staged()
+-- the queue (same ID) is not added twice. Returns the moved entries. staged: the
+-- staging list as the caller read it (LRANGE D), or nil to read it here.
+local function recover_staged(staged)
   local moved = {}
-  local staged = redis.call('LRANGE', D, 0, -1)
+  staged = staged or redis.call('LRANGE', D, 0, -1)
+  if #staged == 0 then return moved end  -- no staging list: nothing to move or delete
   local keep = {}
   for _, raw in ipairs(staged) do
     local st, content = split(raw)

@@ -21,14 +21,25 @@ if owner and owner ~= token then
   return {'busy', redis.call('PTTL', LOCK)}
 end
 
+-- The staging list, read once: the acknowledgements, the owed signals, the carried
+-- entry and the recovery below all work on this copy, kept equal to D.
+local staged_items = redis.call('LRANGE', D, 0, -1)
 if owner == nil or owner == token then
   for i = 8, #ARGV do
-    local _, raw = find(D, ARGV[i])
-    if raw and is_done((split(raw))) then redis.call('LREM', D, 1, raw) end
+    local prefix = id_prefix(ARGV[i])
+    for j, raw in ipairs(staged_items) do
+      if string.sub(raw, 1, #prefix) == prefix then
+        if is_done((split(raw))) then
+          redis.call('LREM', D, 1, raw)
+          table.remove(staged_items, j)
+        end
+        break
+      end
+    end
   end
 end
 
-local owed = owed_signals()
+local owed = owed_signals(staged_items)
 if #owed > 0 then
   redis.call('SET', LOCK, token .. ' ' .. NOW_MS, 'PX', ttl)
   reindex()
@@ -39,13 +50,13 @@ end
 
 local recovered = {}
 if owner == token then
-  local staged = redis.call('LINDEX', D, 0)
+  local staged = staged_items[1]
   if staged then
     redis.call('PEXPIRE', LOCK, ttl)
     return {'deliver', staged, current_version(), watched()}
   end
 else
-  recovered = recover_staged()
+  recovered = recover_staged(staged_items)
 end
 
 local function answer(kind, entry, version)
@@ -54,7 +65,8 @@ local function answer(kind, entry, version)
   return out
 end
 
-local idx, raw, st, content = find_head(redis.call('LRANGE', Q, 0, -1))
+local items = redis.call('LRANGE', Q, 0, -1)
+local idx, raw, st, content = find_head(items)
 if idx == nil then
   if owner == token then redis.call('DEL', LOCK) end
   reindex()
@@ -74,7 +86,10 @@ st.lastAttemptAt = iso(NOW)
 st.nextAttemptAt = nil
 local staged = join(st, content)
 redis.call('LREM', Q, 1, raw)
+table.remove(items, idx + 1)  -- the queue as it is now (entry IDs are unique)
 redis.call('RPUSH', D, staged)
 redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
-reindex()
+-- The staging list held nothing before (a staged or owed entry answers above, and a
+-- recovery empties it): it holds this one entry now, under a lease of ttl ms.
+reindex(items, 1, ttl)
 return answer('deliver', staged, bump())
