@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(
         tuple(int(p) for p in redis.__version__.split(".")[:2]) < (7, 2),
         reason="redis-py < 7.2: its async cluster client never reconnects after a failover "
-        "(redis-py #3917). make test gets a newer one; the bench extra's arq pins redis<6",
+        "(redis-py #3917).",
     ),
 ]
 
