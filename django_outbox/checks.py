@@ -45,7 +45,8 @@ from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
 from .core.errors import OutboxUnavailable
 from .core.reads import ServerSettings, read_server_settings, redis_py_version
 from .core.redaction import redact
-from .policy import CHECKS_SESSION, is_async_callable
+from .core.transport import is_async_callable
+from .policy import CHECKS_SESSION
 
 CONNECT_TIMEOUT = 1.0
 

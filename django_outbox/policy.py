@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .conf import outbox_settings
+from .core.transport import is_async_callable
 
 logger = logging.getLogger("django_outbox.policy")
 
@@ -138,14 +139,6 @@ def staff_only(user: Any, workspace_id: str, session_id: str | None, action: str
     every workspace; nobody else gets anything. It cannot know which sessions belong to
     which workspace: it suits operators only (system check ``W001``)."""
     return has_outbox_permission(user, action)
-
-
-def is_async_callable(fn: Any) -> bool:
-    """Whether calling ``fn`` returns a coroutine (``async def``, or an object whose
-    ``__call__`` is one)."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
-    )
 
 
 def decision(answer: Any, what: str) -> bool:
