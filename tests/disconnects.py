@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import httpx
 
+from .helpers import stop_process
 from .valkey import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,12 +121,7 @@ def asgi_server(valkey: str, tmp: Path, **extra_env: str) -> Iterator[Server]:
         wait_until(up, 30, 0.1, message="uvicorn answers")
         yield Server(base, port, env, log_path, session)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
 
 
 T = TypeVar("T")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -101,3 +102,14 @@ class BlockingDeliverer:
     def release(self) -> None:
         """Let the current call, and every later one, return."""
         self.released.set()
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM ``proc`` and wait up to ``grace`` seconds for it, then SIGKILL it (a server a
+    test started must not outlive the test)."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

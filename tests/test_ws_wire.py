@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from django_outbox.core.keys import KeySpace
 
+from .helpers import stop_process
 from .valkey import ValkeyProcess, free_port, wait_until
 
 pytestmark = pytest.mark.slow
@@ -71,12 +72,7 @@ def asgi_server(kind: str, valkey_url: str, log: Path, **env: str) -> Iterator[s
         wait_until(up, 30, interval=0.1, message=f"{kind} serving tests.asgi_ws_wire")
         yield address
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

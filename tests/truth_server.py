@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .disconnects import SETUP
+from .helpers import stop_process
 from .valkey import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,9 +132,4 @@ def serve(
             log_path,
         )
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
