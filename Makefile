@@ -29,7 +29,7 @@ test: $(STAMP)
 CORE_SUITES = tests/test_accept.py tests/test_scripts.py tests/test_worker.py \
 	tests/test_delivery.py tests/test_operator.py tests/test_recovery.py tests/test_entry.py \
 	tests/test_metrics.py tests/test_park.py tests/test_versions.py tests/test_idempotency.py \
-	tests/test_delivery_edges.py tests/test_user_bounds.py
+	tests/test_delivery_edges.py tests/test_user_bounds.py tests/test_history.py
 
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)

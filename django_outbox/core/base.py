@@ -21,6 +21,7 @@ from typing import Any
 from .config import Config
 from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
 from .errors import OutboxUnavailable
+from .history import HistoryCounter
 from .keys import KeySpace, SessionKeys
 from .paging import score_pairs
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
@@ -74,6 +75,12 @@ class OutboxBase(Transport):
         self.ledger_probe = ledger_probe
         self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
         self._dedupe_ttl_ms = int(self.config.dedupe_ttl * 1000)
+        # The per-minute history outlives the window by two minutes (the last one
+        # shown is whole); 0: history off (README "Dashboard").
+        window = self.config.history_window
+        self._history_ttl_ms = int((window + 120) * 1000) if window else 0
+        #: This process's settles, counted until a worker writes them (core/history.py).
+        self.history_counter = HistoryCounter(self.keys, self._history_ttl_ms)
         self._global_keys = [] if cluster else self.keys.global_keys()
         #: SessionKeys -> the KEYS list of its scripts (shared, never mutated).
         self._script_keys: dict[SessionKeys, list[str]] = {}

@@ -15,6 +15,9 @@ from typing import Any, ClassVar
 
 from .rules import min_snapshot_frame_bytes
 
+#: The longest HISTORY_WINDOW (seconds): a month of per-minute HASHes per workspace.
+MAX_HISTORY_WINDOW = 31 * 24 * 3600.0
+
 
 class ConfigError(ValueError):
     """A tunable has the wrong type or value; ``key`` is its OUTBOX settings name."""
@@ -89,6 +92,9 @@ class Config:
     #: Largest snapshot frame in bytes (a snapshot is split into pages). Must hold
     #: the largest possible entry (see rules.min_snapshot_frame_bytes).
     ws_max_frame_bytes: int = 768 * 1024
+    #: Seconds of per-minute history kept in Valkey for the admin dashboard (README
+    #: "Dashboard"); 0 turns history off (no counter is written).
+    history_window: float = 24 * 3600.0
 
     DURATIONS: ClassVar[set[str]] = {
         "dedupe_ttl",
@@ -104,6 +110,7 @@ class Config:
         "wait_timeout",
         "ws_check_interval",
         "ws_resync_interval",
+        "history_window",
     }
     POSITIVE_INTS: ClassVar[set[str]] = {
         "max_attempts",
@@ -123,7 +130,12 @@ class Config:
         "ws_max_sockets_per_user",
     }
     #: Durations that may be zero (everything else must be > 0).
-    ZERO_OK: ClassVar[set[str]] = {"retry_backoff", "verify_delay", "verify_backoff"}
+    ZERO_OK: ClassVar[set[str]] = {
+        "retry_backoff",
+        "verify_delay",
+        "verify_backoff",
+        "history_window",
+    }
 
     @classmethod
     def setting_name(cls, attr: str) -> str:
@@ -147,6 +159,8 @@ class Config:
             raise ConfigError("MAX_BACKOFF", "must be at least RETRY_BACKOFF")
         if config.max_verify_backoff < config.verify_backoff:
             raise ConfigError("MAX_VERIFY_BACKOFF", "must be at least VERIFY_BACKOFF")
+        if config.history_window > MAX_HISTORY_WINDOW:
+            raise ConfigError("HISTORY_WINDOW", "must be at most 31 days (2,678,400 seconds)")
         smallest = min_snapshot_frame_bytes(config.max_text_bytes)
         if config.ws_max_frame_bytes < smallest:
             raise ConfigError(

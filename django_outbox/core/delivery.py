@@ -461,6 +461,9 @@ class OutboxDelivery(OutboxBase):
         if unacknowledged is not None:
             logger.warning("outbox: settle of %s: %s", entry.id, unacknowledged)
         kind: str = as_text(answer[0])
+        self.history_counter.settled(
+            ws, entry, outcome, kind, answer[1] if kind in ("removed", "updated") else None
+        )
         if kind == "removed" or (kind == "replayed" and as_text(answer[1]) == "removed"):
             # Delivered. The lease is still ours and the entry stays staged as
             # delivered until its receivers ran: acknowledge it afterwards, so a

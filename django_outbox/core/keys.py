@@ -182,6 +182,21 @@ class KeySpace:
             return [self.index(name)]
         return [self.index(name, k) for k in range(self.shards)]
 
+    def history(self, minute: int, workspace_id: str | None = None) -> str:
+        """The per-minute history HASH of ``minute`` (epoch seconds // 60 on Valkey's
+        clock): the workspace's, in its slot, or the total over every workspace when
+        ``workspace_id`` is None (README "Dashboard"; the fields are listed in
+        :mod:`django_outbox.core.history`). ``_lib.lua`` count_history builds the same
+        names from the pause key."""
+        if workspace_id is None:
+            return f"{self.prefix}hist:{minute}"
+        ws = check_identifier("workspace ID", workspace_id)
+        return f"{self.prefix}hist:{{{ws}}}:{minute}"
+
+    def history_sample(self, minute: int) -> str:
+        """The claim of the one worker that samples depth for ``minute`` (a STRING)."""
+        return f"{self.prefix}histsample:{minute}"
+
     def heartbeat(self, worker_id: str) -> str:
         return f"{self.heartbeat_prefix}{worker_id}"
 

@@ -86,7 +86,8 @@ class WorkerHeartbeat:
     ``id``; ``last_seen``: epoch seconds of its last beat; ``live``: its heartbeat key
     still exists (a beat less than :data:`HEARTBEAT_TTL` ago). What that beat
     published: ``host``, ``pid``, ``started`` (epoch seconds), ``in_flight`` (sessions
-    being delivered) and ``concurrency``; all None once the key has expired.
+    being delivered), ``concurrency`` and ``steps`` (delivery steps taken since it
+    started); all None once the key has expired.
     """
 
     id: str
@@ -97,10 +98,11 @@ class WorkerHeartbeat:
     started: float | None = None
     in_flight: int | None = None
     concurrency: int | None = None
+    steps: int | None = None
 
     def to_json(self) -> str:
         """The stored record: a JSON object of ``id``, ``host``, ``pid``, ``started``,
-        ``last_seen``, ``in_flight`` and ``concurrency``."""
+        ``last_seen``, ``in_flight``, ``concurrency`` and ``steps``."""
         return json.dumps(
             {
                 "id": self.id,
@@ -110,6 +112,7 @@ class WorkerHeartbeat:
                 "last_seen": self.last_seen,
                 "in_flight": self.in_flight,
                 "concurrency": self.concurrency,
+                "steps": self.steps,
             }
         )
 
@@ -133,6 +136,7 @@ class WorkerHeartbeat:
             started=record.get("started"),
             in_flight=record.get("in_flight"),
             concurrency=record.get("concurrency"),
+            steps=record.get("steps"),
         )
 
 

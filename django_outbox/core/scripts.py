@@ -120,6 +120,7 @@ def accept_argv(
     user: str = "",
     user_max_queued: int = 0,
     user_accepts_per_minute: int = 0,
+    history_ttl_ms: int = 0,
 ) -> list[Any]:
     """ARGV[6..15] of ``accept.lua``: the entry's JSON and ID, the content fingerprint,
     ``CAP`` (0: no cap, no marker: seeding), the dedupe TTL in milliseconds, the
@@ -127,8 +128,9 @@ def accept_argv(
     accepting user), ``"queue"`` or ``"staging"`` (seeding a dead holder's delivery),
     then the per-user bounds (README "Per-user bounds"): the user's digest
     (:func:`~django_outbox.core.keys.user_digest`; ``""``: not counted, as seeding),
-    ``USER_MAX_QUEUED`` and ``USER_ACCEPTS_PER_MINUTE`` (0: off).
-    KEYS: the session layout, then the dedupe marker key."""
+    ``USER_MAX_QUEUED`` and ``USER_ACCEPTS_PER_MINUTE`` (0: off), and how long the
+    per-minute history keeps the count, in milliseconds (``HISTORY_WINDOW``; 0: not
+    counted; README "Dashboard"). KEYS: the session layout, then the dedupe marker key."""
     return [
         entry_json,
         entry_id,
@@ -140,6 +142,7 @@ def accept_argv(
         user,
         user_max_queued,
         user_accepts_per_minute,
+        history_ttl_ms,
     ]
 
 
@@ -180,11 +183,11 @@ def release_argv(token: str, acknowledge: Iterable[str] = ()) -> list[Any]:
     return [token, *acknowledge]
 
 
-def operate_argv(op: str, arg1: str = "", arg2: str = "") -> list[Any]:
-    """ARGV[6..8] of ``operate.lua``: the operation (``retry``, ``dismiss``, ``park``,
-    ``unpark``, ``rearm_unverifiable``, ``ledger_complete``, ``ledger_rearm``) and
-    its two arguments."""
-    return [op, arg1, arg2]
+def operate_argv(op: str, arg1: str = "", arg2: str = "", history_ttl_ms: int = 0) -> list[Any]:
+    """ARGV[6..9] of ``operate.lua``: the operation (``retry``, ``dismiss``, ``park``,
+    ``unpark``, ``rearm_unverifiable``, ``ledger_complete``, ``ledger_rearm``), its two
+    arguments, and the per-minute history's TTL in milliseconds (0: not counted)."""
+    return [op, arg1, arg2, history_ttl_ms]
 
 
 def renew_call(

@@ -40,6 +40,7 @@ from .entry import (
     new_entry_id,
 )
 from .errors import Duplicate, IdempotencyConflict, OutboxFull, RateLimited
+from .history import HistoryReads
 from .keys import dedupe_marker, user_digest
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .reads import QueueReads
@@ -59,7 +60,7 @@ UNPAUSE_PASSES = 10
 WATCH_TTL = 24 * 3600
 
 
-class Outbox(QueueReads, OutboxDelivery):
+class Outbox(QueueReads, HistoryReads, OutboxDelivery):
     """The outbox service: one per process, safe for concurrent use.
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,
@@ -113,6 +114,7 @@ class Outbox(QueueReads, OutboxDelivery):
                     user,
                     self.config.user_max_queued,
                     self.config.user_accepts_per_minute,
+                    self._history_ttl_ms,
                 ),
             ],
         )
@@ -217,7 +219,10 @@ class Outbox(QueueReads, OutboxDelivery):
         # Dismissal only frees memory: its own copy of the script runs on a full server.
         script = "dismiss" if op == "dismiss" else "operate"
         answer = yield self._session_eval(
-            script, workspace_id, session_id, extra_args=operate_argv(op, arg1, arg2)
+            script,
+            workspace_id,
+            session_id,
+            extra_args=operate_argv(op, arg1, arg2, self._history_ttl_ms),
         )
         result, version, count = as_text(answer[0]), int(answer[1]), int(answer[2])
         watched, changed = bool(answer[3]), answer[4:]
@@ -464,11 +469,21 @@ class Outbox(QueueReads, OutboxDelivery):
             if events:
                 yield Emit(events)
         removed += int((yield Cmd(("DEL", self.keys.pause(workspace_id)))))
+        # Its per-minute history too (README "Dashboard"): every minute of the window,
+        # one slot, so a few UNLINKs of many keys each.
+        if self._history_ttl_ms:
+            now = self._history_now((yield Cmd(("TIME",))))
+            last = int(now) // 60 + 1
+            first = last - self._history_ttl_ms // 60_000 - 1
+            names = [self.keys.history(m, workspace_id) for m in range(first, last + 1)]
+            for i in range(0, len(names), 512):
+                removed += int((yield Cmd(("UNLINK", *names[i : i + 512]))))
         return removed
 
     def cleanup_workspace(self, workspace_id: str) -> int:
-        """Delete every key of the workspace — queues, staging, leases, versions and
-        dedupe markers (so its idempotency keys are free again). Walks the
+        """Delete every key of the workspace — queues, staging, leases, versions,
+        dedupe markers (so its idempotency keys are free again) and its per-minute
+        history. Walks the
         workspace's session set, never the keyspace. Returns the number of keys
         removed; idempotent. A delivery in flight meanwhile loses its lease and
         settles nothing. Each removed entry is reported as an ``updated`` event with

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from .config import Config
 from .errors import OutboxUnavailable
+from .history import FLUSH_EVERY
 from .keys import KeySpace
 from .reads import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, WorkerHeartbeat
 from .unavailable import retry_unavailable
@@ -38,6 +39,7 @@ SCAN_AGAIN_AFTER = 0.05  # seconds before the next scan when one returned a full
 STARTUP_PATIENCE = 30.0  # seconds start-up retries while Valkey is unavailable
 REPAIR_INTERVAL = 10.0  # seconds between passes of the cluster index repair
 REPAIR_BATCH = 100  # workspaces per shard per repair pass (SSCAN COUNT hint)
+SAMPLE_EVERY = 20.0  # seconds between tries to sample the minute's depth (one worker wins)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class WorkerOutbox(Protocol):
     deliverer: Callable[..., Any] | None
     ledger_probe: Callable[..., Any] | None
     owner: str
+    history_counter: Any
 
     async def astep(
         self, workspace_id: str, session_id: str, deliverer: Callable[..., Any], carry: Any = None
@@ -75,6 +78,8 @@ class WorkerOutbox(Protocol):
     async def asweep_workspace_parked_errors(self, workspace_id: str) -> int: ...
     async def aload_scripts(self) -> None: ...
     async def arecover(self) -> int: ...
+    async def aflush_history(self, counter: Any) -> int: ...
+    async def asample_history(self, worker_id: str) -> bool: ...
 
 
 class Worker:
@@ -269,6 +274,7 @@ class Worker:
             started=self.started,
             in_flight=len(self._running),
             concurrency=self.concurrency,
+            steps=self.stats.steps,
         )
 
     async def beat(self) -> None:
@@ -321,6 +327,28 @@ class Worker:
             except Exception as exc:
                 logger.warning("outbox worker %s: ledger sweep failed: %s", self.id, exc)
 
+    async def write_history(self, *, sample: bool = False) -> None:
+        """Write the settles counted since the last write into the per-minute history
+        and, with ``sample``, sample the minute's depth unless another worker did
+        (README "Dashboard"). Failures are logged; the counts wait for the next write."""
+        outbox = self.outbox
+        try:
+            if outbox.history_counter.pending or outbox.history_counter.offset_us is None:
+                await outbox.aflush_history(outbox.history_counter)
+            if sample:
+                await outbox.asample_history(self.id)
+        except Exception as exc:
+            logger.warning("outbox worker %s: writing history failed: %s", self.id, exc)
+
+    async def _history_loop(self) -> None:
+        sampled_at = 0.0
+        while not self.stop.is_set():
+            due = time.monotonic() - sampled_at >= SAMPLE_EVERY
+            if due:
+                sampled_at = time.monotonic()
+            await self.write_history(sample=due)
+            await self._sleep(FLUSH_EVERY)
+
     # -- the run ---------------------------------------------------------------------------
 
     async def run(self) -> WorkerStats:
@@ -342,6 +370,8 @@ class Worker:
             helpers.append(asyncio.create_task(self._tick_loop()))
             if outbox.ledger_probe is not None:
                 helpers.append(asyncio.create_task(self._parked_sweep_loop()))
+            if outbox.history_counter.enabled:
+                helpers.append(asyncio.create_task(self._history_loop()))
         logger.info(
             "outbox worker %s started (concurrency %d, tick %ss)",
             self.id,
@@ -356,6 +386,8 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            if outbox.history_counter.enabled:
+                await self.write_history()
             if self.heartbeat:
                 await self._forget()
             logger.info("outbox worker %s stopped: %s", self.id, self.stats)

@@ -8,6 +8,7 @@
 -- ARGV[12] 'queue', or 'staging' (seeding a delivery a dead worker left behind)
 -- ARGV[13] the accepting user's digest (keys.user_digest; '' when seeding: not counted)
 -- ARGV[14] USER_MAX_QUEUED  ARGV[15] USER_ACCEPTS_PER_MINUTE (0: that bound is off)
+-- ARGV[16] HISTORY_WINDOW (ms; 0 or absent: no history is counted)
 -- Returns {'ok', version, watched, acceptedAt} | {'own', version, watched, seq, acceptedAt}
 -- (this very entry was already written: a replay after a lost reply) | {'duplicate', id}
 -- | {'conflict', id} | {'full'} | {'user_full'} (the user's queued entries in the
@@ -21,6 +22,7 @@ local ttl, marker_name = tonumber(ARGV[10]), ARGV[11]
 local marker_key = KEYS[EXTRA]
 local user = ARGV[13] or ''
 local max_queued, per_minute = tonumber(ARGV[14] or 0), tonumber(ARGV[15] or 0)
+local history_ttl = tonumber(ARGV[16] or 0)
 local MINUTE = 60000000  -- us
 local queued, full_at = 0, 0
 
@@ -74,6 +76,8 @@ if user ~= '' then
 end
 redis.call('RPUSH', ARGV[12] == 'staging' and D or Q, join(st, content))
 if cap > 0 then
+  count_history('a', 1, history_ttl)
+  if held then count_history('p', 1, history_ttl) end
   redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)
   redis.call('ZREMRANGEBYSCORE', MARKERS, '-inf', NOW_MS)
   redis.call('ZADD', MARKERS, NOW_MS + ttl, marker_name)

@@ -14,11 +14,13 @@
 --   ledger_complete <id> <attempts> error entry confirmed delivered by the ledger -> removed
 --                                  (its entry_delivered is owed; the next claim fires it)
 --   ledger_rearm <id> <attempts>   error entry with no ledger row or a failed one -> pending
--- ARGV[7], ARGV[8]: the op's arguments as above.
+-- ARGV[7], ARGV[8]: the op's arguments as above. ARGV[9]: HISTORY_WINDOW (ms; 0 or
+-- absent: nothing counted): park counts its entries as parked, ledger_complete as
+-- verified, in the per-minute history (README "Dashboard").
 -- An entry staged with a live lease, or the entry the lease is held for, is busy.
 -- Returns {result, version, count, watched, changed entries...}; result is 'updated',
 -- 'removed', 'not_found', 'busy' or 'ok' (bulk ops; count says how many).
-local op, arg1, arg2 = ARGV[6], ARGV[7], ARGV[8]
+local op, arg1, arg2, history_ttl = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9] or 0)
 if ONLY_OP and op ~= ONLY_OP then error({err = 'outbox: this script only runs ' .. ONLY_OP}) end
 local owner, _, lock_entry = lock_parts()
 local changed = {}
@@ -103,6 +105,7 @@ if op == 'park' or op == 'unpark' or op == 'rearm_unverifiable' then
       end
     end
   end
+  if op == 'park' then count_history('p', #changed, history_ttl) end
   if op == 'unpark' then
     local reason = redis.call('HGET', PAUSE, 'reason')
     if reason and (arg1 == '' or arg1 == reason) then
@@ -138,6 +141,7 @@ if op == 'ledger_complete' or op == 'ledger_rearm' then
     st.deliveredAt = iso(NOW)
     uncount(st)
     redis.call('RPUSH', D, join(st, content))
+    count_history('v', 1, history_ttl)
     changed[1] = raw
     return finish('removed', 1)
   end

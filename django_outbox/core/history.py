@@ -1,0 +1,423 @@
+"""Per-minute history in Valkey: what the admin dashboard and ``manage.py outbox status``
+chart (README "Dashboard").
+
+Where it lives: one HASH per minute (``minute`` = epoch seconds // 60 on Valkey's
+clock) for each workspace (:meth:`KeySpace.history` with the workspace, in its
+slot) and one in total (without), each expiring ``HISTORY_WINDOW`` + 2 minutes after
+its last new field. ``HISTORY_WINDOW`` = 0 writes nothing.
+
+Fields (all counts, except the samples):
+
+==============  ========================================================================
+``a``           accepted (``accept.lua``, replays and refusals not counted)
+``p``           entries parked (accepted into a parked workspace, or by a park)
+``d``           delivered by the deliverer
+``v``           confirmed delivered by the verifier, or by the ledger probe
+``o:<outcome>`` settles of any other outcome: ``failed``, ``absent``, ``transient``,
+                ``prior_pending``, ``ambiguous``, ``inconclusive``, ``unverifiable``
+``e``           entries a settle moved to error (attempts or verification exhausted)
+``l<i>``        deliveries (``d`` and the verifier's ``v``) whose accept → delivered
+                time fell in bucket ``i`` of :data:`LATENCY_BUCKETS`
+``n:<status>``  (total only) entries by status when the minute was sampled
+``oldest``      (total only) seconds the most overdue session had waited past its due
+                time then (0: none overdue)
+``workers``     (total only) live workers then
+==============  ========================================================================
+
+Who writes what, and what it costs:
+
+* ``accept.lua`` and ``operate.lua`` count ``a``, ``p`` and the ledger's ``v`` in the
+  same script as the transition: exact, one HINCRBY per key (the TTL is set only when a
+  field is new). On a cluster they reach the workspace's HASH only (the total lives in
+  another slot); the worker sampling a minute adds the workspaces' ``a`` and ``p`` of
+  the minute before into the total (:meth:`HistoryReads.asample_history`).
+* The worker counts its own settles in memory (:class:`HistoryCounter`) and writes
+  them every :data:`FLUSH_EVERY` seconds in one pipeline, off the delivery path: no
+  command per message. A worker killed with SIGKILL loses at most that much of its
+  counts; a graceful stop writes them.
+* Once a minute one worker (whichever claims ``histsample:<minute>`` first) samples
+  depth by status, the most overdue session and the live workers into the total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .entry import Entry, parse_time
+from .keys import KeySpace
+from .paging import as_text
+from .plans import Cmd, Pipe, iter_once
+from .transport import Transport
+
+logger = logging.getLogger("django_outbox")
+
+#: Upper bounds (seconds) of the accept → delivered latency buckets; the last is open.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+    math.inf,
+)
+#: The settle outcomes counted as ``o:<outcome>`` (every one but delivered).
+OUTCOMES = (
+    "failed",
+    "absent",
+    "transient",
+    "prior_pending",
+    "ambiguous",
+    "inconclusive",
+    "unverifiable",
+)
+#: Seconds between two writes of a worker's counts.
+FLUSH_EVERY = 2.0
+#: Minutes of unwritten counts a worker keeps while Valkey cannot be reached.
+MAX_PENDING_MINUTES = 60
+#: Workspaces whose accepts the cluster sampler adds into the total, at most.
+ROLLUP_MAX_WORKSPACES = 10_000
+
+_DELIVERED_AT = '"deliveredAt":"'
+_ERROR_STATE = '"status":"error"'
+_CONTENT = ',"clientMessageID":'
+
+
+def latency_bucket(seconds: float) -> int:
+    """The index in :data:`LATENCY_BUCKETS` of a latency of ``seconds``."""
+    for i, bound in enumerate(LATENCY_BUCKETS):
+        if seconds <= bound:
+            return i
+    return len(LATENCY_BUCKETS) - 1  # pragma: no cover (the last bound is infinite)
+
+
+def _state_part(raw: Any) -> str:
+    text = as_text(raw)
+    cut = text.find(_CONTENT)
+    return text if cut < 0 else text[:cut]
+
+
+def delivered_at_us(raw: Any) -> int | None:
+    """The ``deliveredAt`` of a stored entry's JSON, in microseconds (Valkey's clock),
+    read from its state members only; None when it has none."""
+    state = _state_part(raw)
+    at = state.find(_DELIVERED_AT)
+    if at < 0:
+        return None
+    start = at + len(_DELIVERED_AT)
+    end = state.find('"', start)
+    try:
+        return parse_time(state[start:end])
+    except ValueError:
+        return None
+
+
+class HistoryCounter:
+    """A worker's settles, counted in memory until :meth:`take` hands them to a flush.
+
+    ``ttl_ms`` is the keys' TTL (0: history off, nothing is counted). Minutes are on
+    Valkey's clock: a delivery's own ``deliveredAt``, otherwise the local clock plus
+    :attr:`offset_us` (Valkey's ``TIME`` minus the local clock, measured by each flush).
+    ``clock`` returns local epoch microseconds (injectable for tests).
+    """
+
+    def __init__(self, keys: KeySpace, ttl_ms: int, clock: Any = None) -> None:
+        self.keys = keys
+        self.ttl_ms = ttl_ms
+        self.offset_us: int | None = None
+        self._clock = clock or (lambda: time.time_ns() // 1000)
+        self._counts: dict[tuple[int, str], Counter[str]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.ttl_ms > 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether counts wait to be written."""
+        return bool(self._counts)
+
+    def _minute(self, at_us: int | None = None) -> int:
+        if at_us is None:
+            at_us = self._clock() + (self.offset_us or 0)
+        return at_us // 60_000_000
+
+    def add(self, workspace_id: str, name: str, n: int = 1, at_us: int | None = None) -> None:
+        """Count ``n`` of field ``name`` for ``workspace_id`` in the minute of ``at_us``
+        (Valkey-clock microseconds; None: now)."""
+        if not self.enabled or n <= 0:
+            return
+        key = (self._minute(at_us), workspace_id)
+        counts = self._counts.get(key)
+        if counts is None:
+            counts = self._counts[key] = Counter()
+        counts[name] += n
+
+    def settled(self, workspace_id: str, entry: Entry, outcome: str, kind: str, raw: Any) -> None:
+        """Count one settle: ``entry`` as claimed (a ``verifying`` one was a verification),
+        the ``outcome`` recorded, the settle's answer ``kind`` (``removed``, ``updated``,
+        ``replayed``, ``lost``, ``gone``) and the stored entry it answered with (``raw``,
+        None for a replay). A lost or gone settle recorded nothing: not counted."""
+        if not self.enabled or kind not in ("removed", "updated", "replayed"):
+            return
+        if outcome != "delivered":
+            self.add(workspace_id, f"o:{outcome}")
+            if raw is not None and _ERROR_STATE in _state_part(raw):
+                self.add(workspace_id, "e")
+            return
+        at = delivered_at_us(raw) if raw is not None else None
+        self.add(workspace_id, "v" if entry.status == "verifying" else "d", at_us=at)
+        if at is None:
+            at = self._clock() + (self.offset_us or 0)
+        try:
+            seconds = (at - parse_time(entry.accepted_at)) / 1_000_000
+        except ValueError:
+            return
+        self.add(workspace_id, f"l{latency_bucket(max(0.0, seconds))}", at_us=at)
+
+    def take(self) -> dict[tuple[int, str], Counter[str]]:
+        """Everything counted since the last take (the counter starts empty again)."""
+        counts, self._counts = self._counts, {}
+        return counts
+
+    def give_back(self, counts: dict[tuple[int, str], Counter[str]]) -> None:
+        """Return counts whose flush failed; minutes older than
+        :data:`MAX_PENDING_MINUTES` are dropped (their keys have expired or soon will)."""
+        oldest = self._minute() - MAX_PENDING_MINUTES
+        for key, found in counts.items():
+            if key[0] < oldest:
+                continue
+            mine = self._counts.setdefault(key, Counter())
+            mine.update(found)
+
+    def flush_calls(self, counts: dict[tuple[int, str], Counter[str]]) -> list[Cmd]:
+        """The commands that write ``counts`` (as :meth:`take` returns them): HINCRBY into
+        each workspace's and the total HASH of each minute, then a PEXPIRE of each key."""
+        calls: list[Cmd] = []
+        totals: dict[int, Counter[str]] = {}
+        for (minute, ws), found in sorted(counts.items()):
+            key = self.keys.history(minute, ws)
+            calls += [Cmd(("HINCRBY", key, name, n)) for name, n in sorted(found.items())]
+            calls.append(Cmd(("PEXPIRE", key, self.ttl_ms)))
+            totals.setdefault(minute, Counter()).update(found)
+        for minute, found in sorted(totals.items()):
+            key = self.keys.history(minute)
+            calls += [Cmd(("HINCRBY", key, name, n)) for name, n in sorted(found.items())]
+            calls.append(Cmd(("PEXPIRE", key, self.ttl_ms)))
+        return calls
+
+
+# =====================================================================================
+# what a window of history holds
+# =====================================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryMinute:
+    """One minute of history: ``minute`` (epoch seconds // 60) and its ``fields`` as
+    stored (absent fields are 0)."""
+
+    minute: int
+    fields: dict[str, int] = field(default_factory=dict)
+
+    def get(self, name: str) -> int:
+        return self.fields.get(name, 0)
+
+    @property
+    def delivered(self) -> int:
+        """Delivered in the minute: by the deliverer and confirmed by the verifier or ledger."""
+        return self.get("d") + self.get("v")
+
+    @property
+    def failed(self) -> int:
+        """Settles of the minute that did not deliver (every outcome of :data:`OUTCOMES`)."""
+        return sum(self.get(f"o:{o}") for o in OUTCOMES)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether a worker sampled depth in this minute."""
+        return "workers" in self.fields
+
+    def depth(self) -> dict[str, int]:
+        """Entries by status when the minute was sampled (``{}`` if it was not)."""
+        return {k[2:]: v for k, v in self.fields.items() if k.startswith("n:")}
+
+    def latency_counts(self) -> list[int]:
+        """Deliveries per bucket of :data:`LATENCY_BUCKETS`."""
+        return [self.get(f"l{i}") for i in range(len(LATENCY_BUCKETS))]
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """``minutes`` of history, oldest first, one per minute of the window (minutes with
+    nothing stored are empty), of ``workspace_id`` (None: every workspace); ``now`` is
+    Valkey's clock when read (epoch seconds)."""
+
+    minutes: list[HistoryMinute]
+    workspace_id: str | None
+    now: float
+
+    def total(self, name: str) -> int:
+        """The sum of field ``name`` over the window."""
+        return sum(m.get(name) for m in self.minutes)
+
+    def latency_counts(self) -> list[int]:
+        """Deliveries per latency bucket over the window."""
+        sums = [0] * len(LATENCY_BUCKETS)
+        for m in self.minutes:
+            for i, n in enumerate(m.latency_counts()):
+                sums[i] += n
+        return sums
+
+    def latency_quantile(
+        self, q: float, minutes: Iterable[HistoryMinute] | None = None
+    ) -> float | None:
+        """The ``q`` quantile (0..1) of accept → delivered seconds over the window (or over
+        ``minutes``), as the upper bound of the bucket it falls in (``inf`` past the
+        last bound), the way Prometheus' ``histogram_quantile`` reads buckets without
+        interpolating; None when nothing was delivered."""
+        source = self.minutes if minutes is None else list(minutes)
+        sums = [0] * len(LATENCY_BUCKETS)
+        for m in source:
+            for i, n in enumerate(m.latency_counts()):
+                sums[i] += n
+        count = sum(sums)
+        if not count:
+            return None
+        rank = q * count
+        seen = 0
+        for bound, n in zip(LATENCY_BUCKETS, sums, strict=True):
+            seen += n
+            if seen >= rank and n:
+                return bound
+        return LATENCY_BUCKETS[-1]  # pragma: no cover
+
+
+def _fields(raw: Any) -> dict[str, int]:
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(raw, dict):
+        items = raw.items()
+    else:  # a flat [field, value, ...] reply
+        items = zip(raw[::2], raw[1::2], strict=True)
+    out: dict[str, int] = {}
+    for k, v in items:
+        try:
+            out[as_text(k)] = int(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class HistoryReads(Transport):
+    """Reading and writing the per-minute history (mixed into the core ``Outbox``)."""
+
+    _history_ttl_ms: int  # set by OutboxBase from HISTORY_WINDOW
+
+    def history(self, minutes: int = 60, workspace_id: str | None = None) -> History:
+        """The last ``minutes`` whole-or-current minutes of history (1 .. 31 days' worth),
+        of one workspace or in total, read in two round trips (Valkey's TIME, then every
+        minute's HASH). Raises ``ValueError`` for a bad ``minutes``,
+        :class:`~django_outbox.core.errors.InvalidIdentifier` for a bad workspace ID and
+        :class:`~django_outbox.core.errors.OutboxUnavailable`."""
+        if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 44_640:
+            raise ValueError("minutes must be an integer from 1 to 44640 (31 days)")
+        if workspace_id is not None:
+            self.keys.history(0, workspace_id)  # checks the ID before anything is read
+        now = self._history_now(self._run(iter_once(Cmd(("TIME",)))))
+        last = int(now) // 60
+        names = list(range(last - minutes + 1, last + 1))
+        answers = self.execute_many(("HGETALL", self.keys.history(m, workspace_id)) for m in names)
+        rows = []
+        for m, raw in zip(names, answers, strict=True):
+            if isinstance(raw, Exception):
+                raise raw
+            rows.append(HistoryMinute(m, _fields(raw)))
+        return History(rows, workspace_id, now)
+
+    def _history_now(self, time_reply: Any) -> float:
+        """Epoch seconds: the injected clock (tests), else Valkey's ``TIME`` reply."""
+        if self.clock is not None:
+            return float(self.clock())
+        seconds, micros = time_reply
+        return int(seconds) + int(micros) / 1_000_000
+
+    async def aflush_history(self, counter: HistoryCounter) -> int:
+        """Write what ``counter`` holds in one pipeline, after a ``TIME`` that updates
+        its clock offset (a cluster pipeline cannot carry a keyless command). Returns
+        the commands sent; on failure the counts are given back and the error raised
+        (:class:`~django_outbox.core.errors.OutboxUnavailable` when Valkey is away)."""
+        counts = counter.take()
+        try:
+            sent_at = counter._clock()
+            seconds, micros = await self._arun(iter_once(Cmd(("TIME",))))
+            counter.offset_us = int(seconds) * 1_000_000 + int(micros) - sent_at
+            calls: list[Any] = counter.flush_calls(counts)
+            answers = await self._arun(iter_once(Pipe(calls))) if calls else []
+        except BaseException:
+            counter.give_back(counts)
+            raise
+        for answer in answers:
+            if isinstance(answer, Exception):
+                logger.warning("outbox: writing history: %s", answer)
+                break
+        return len(calls) + 1
+
+    async def asample_history(self, worker_id: str) -> bool:
+        """Sample this minute's depth into the total history unless another worker did
+        already (the claim is ``histsample:<minute>``); on a cluster also add every
+        workspace's accepts and parks of the minute before into the total. Returns
+        whether this worker sampled. Runs the sync reads in a thread."""
+        ttl_ms = self._history_ttl_ms
+        if not ttl_ms:
+            return False
+        now = self._history_now(await self._arun(iter_once(Cmd(("TIME",)))))
+        minute = int(now) // 60
+        claim = ("SET", self.keys.history_sample(minute), worker_id, "NX", "PX", 120_000)
+        if not await self._arun(iter_once(Cmd(claim))):
+            return False
+        counts, overdue, workers = await asyncio.to_thread(self._depth_sample)
+        key = self.keys.history(minute)
+        mapping: dict[str, int] = {f"n:{status}": n for status, n in counts.items()}
+        mapping["workers"] = workers
+        mapping["oldest"] = max(0, int(now - overdue.due_at)) if overdue is not None else 0
+        calls = [Cmd(("HSET", key, *[x for kv in sorted(mapping.items()) for x in kv]))]
+        calls.append(Cmd(("PEXPIRE", key, ttl_ms)))
+        if self.cluster:
+            calls += await asyncio.to_thread(self._rollup_calls, minute - 1)
+        await self._arun(iter_once(Pipe(calls)))
+        return True
+
+    def _depth_sample(self) -> tuple[dict[str, int], Any, int]:
+        reads: Any = self
+        return reads.entry_counts(), reads.most_overdue(), len(reads.live_workers())
+
+    def _rollup_calls(self, minute: int) -> list[Cmd]:
+        reads: Any = self
+        names = reads.workspaces()[:ROLLUP_MAX_WORKSPACES]
+        answers = self.execute_many(
+            ("HMGET", self.keys.history(minute, ws), "a", "p") for ws in names
+        )
+        accepted = parked = 0
+        for answer in answers:
+            if isinstance(answer, Exception):
+                continue
+            accepted += int(answer[0] or 0)
+            parked += int(answer[1] or 0)
+        key = self.keys.history(minute)
+        return [
+            Cmd(("HSET", key, "a", accepted, "p", parked)),
+            Cmd(("PEXPIRE", key, self._history_ttl_ms)),
+        ]

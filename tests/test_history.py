@@ -1,0 +1,226 @@
+"""Per-minute history in Valkey (issue 17, README "Dashboard"): what the scripts count on
+accept and park, what workers count from their settles and write off the delivery path,
+the minute's depth sample, the TTL bound, and that a window of 0 writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from django_outbox import Verdict
+from django_outbox.core.errors import Duplicate, OutboxFull, OutboxUnavailable
+from django_outbox.core.history import LATENCY_BUCKETS, HistoryCounter, latency_bucket
+from django_outbox.core.keys import KeySpace
+from django_outbox.core.worker import Worker
+
+from .conftest import ON_CLUSTER
+from .helpers import NO_USER_BOUNDS, WS, accept
+from .scenarios import ambiguous
+from .test_worker_processes import Workers, accept_many
+from .valkey import wait_until
+
+T0 = 1_900_000_020.0  # an injected clock: 20 s into minute 31,666,667
+MINUTE = int(T0) // 60
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def hist(r, minute: int, ws: str | None = None) -> dict[str, int]:
+    key = f"outboxhist:{{{ws}}}:{minute}" if ws else f"outboxhist:{minute}"
+    return {k: int(v) for k, v in r.hgetall(key).items()}
+
+
+# -- counted by the scripts ------------------------------------------------------------------
+
+
+def test_accepts_are_counted_once_in_the_minute_of_valkeys_clock(make_outbox, r):
+    clock = Clock()
+    outbox = make_outbox(clock=clock, cap=3, **NO_USER_BOUNDS)
+    for n in range(3):
+        accept(outbox, f"k{n}", f"text {n}")
+    with pytest.raises(Duplicate):
+        accept(outbox, "k0", "text 0")  # a resend of the same key: not a new accept
+    with pytest.raises(OutboxFull):
+        accept(outbox, "k9", "one too many")  # refused: nothing counted
+    accept(outbox, "k0", "text 0", ses="s2")
+    clock.now += 60  # the next minute
+    accept(outbox, "k1", "text 1", ses="s2")
+
+    assert hist(r, MINUTE, WS) == {"a": 4}
+    assert hist(r, MINUTE + 1, WS) == {"a": 1}
+    if not ON_CLUSTER:  # the total lives in another slot there (see the sampler test)
+        assert hist(r, MINUTE, None) == {"a": 4}
+    history = outbox.history(minutes=3, workspace_id=WS)
+    assert [m.minute for m in history.minutes] == [MINUTE - 1, MINUTE, MINUTE + 1]
+    assert [m.get("a") for m in history.minutes] == [0, 4, 1]
+    assert history.total("a") == 5
+
+
+def test_history_keys_expire_after_the_window(make_outbox, r):
+    outbox = make_outbox(clock=Clock(), history_window=600)
+    accept(outbox, "k1", "hello")
+    keys = [f"outboxhist:{{w1}}:{MINUTE}"] + ([] if ON_CLUSTER else [f"outboxhist:{MINUTE}"])
+    for key in keys:
+        assert 600_000 < r.pttl(key) <= 720_000  # the window + 2 minutes
+
+
+def test_a_window_of_zero_writes_no_history(make_outbox, r):
+    outbox = make_outbox(clock=Clock(), history_window=0)
+    accept(outbox, "k1", "hello")
+    outbox.park_workspace(WS, reason="maintenance")
+    assert hist(r, MINUTE, WS) == {} and hist(r, MINUTE, None) == {}
+    assert outbox.history(minutes=5, workspace_id=WS).total("a") == 0
+
+
+def test_parking_counts_the_entries_it_parks(make_outbox, r):
+    clock = Clock()
+    outbox = make_outbox(clock=clock)
+    accept(outbox, "k1", "one")
+    accept(outbox, "k2", "two")
+    outbox.park_workspace(WS, reason="maintenance")
+    accept(outbox, "k3", "held by the park")
+    assert hist(r, MINUTE, WS) == {"a": 3, "p": 3}
+
+
+# -- counted by the worker -----------------------------------------------------------------
+
+
+def test_the_worker_writes_outcomes_and_latency(make_outbox, r):
+    outbox = make_outbox(
+        max_attempts=2, retry_backoff=0, verify_delay=0, verifier=lambda *a, **k: Verdict.DELIVERED
+    )
+
+    async def agent(entry, **kwargs):
+        if entry.text == "always fails":
+            raise RuntimeError("refused")
+        if entry.text == "unknown":
+            await ambiguous(entry)
+
+    accept(outbox, "k1", "delivered")
+    accept(outbox, "k2", "always fails", ses="s2")
+    accept(outbox, "k3", "unknown", ses="s3")
+
+    async def run():
+        stop = asyncio.Event()
+        worker = Worker(outbox, agent, concurrency=4, tick=0.05, stop=stop, once=True)
+        await worker.run()
+        await outbox.aclose()
+
+    asyncio.run(run())
+    history = outbox.history(minutes=2, workspace_id=WS)
+    total = outbox.history(minutes=2)
+    for h in (history, total):
+        assert h.total("d") == 1  # by the deliverer
+        assert h.total("v") == 1  # the ambiguous one, confirmed by the verifier
+        assert h.total("o:failed") == 2  # both attempts of the failing one
+        assert h.total("e") == 1  # ... which then went to error
+        assert h.total("o:ambiguous") == 1
+        assert sum(h.latency_counts()) == 2  # every delivery has a latency
+        assert h.latency_quantile(0.5) in LATENCY_BUCKETS[:8]  # seconds here, not minutes
+    assert not outbox.history_counter.pending
+
+
+def test_a_failed_write_keeps_the_counts_for_the_next(make_outbox, valkey):
+    outbox = make_outbox(url="redis://127.0.0.1:1/0")  # nothing listens there
+    counter = outbox.history_counter
+    counter.add(WS, "d", 2)
+
+    async def flush():
+        await outbox.aflush_history(counter)
+
+    with pytest.raises(OutboxUnavailable):
+        asyncio.run(flush())
+    assert counter.pending
+    assert sum(c["d"] for c in counter.take().values()) == 2
+
+
+def test_the_counter_uses_valkeys_clock_and_the_deliveries_own_time():
+    now = {"us": 1_900_000_000_000_000}
+    counter = HistoryCounter(KeySpace(), ttl_ms=60_000, clock=lambda: now["us"])
+    counter.offset_us = 90_000_000  # Valkey is 90 s ahead of this process
+    counter.add("w1", "o:failed")
+    ((minute, ws),) = counter.take()
+    assert ws == "w1"
+    assert minute == (now["us"] + 90_000_000) // 60_000_000
+    assert latency_bucket(0.05) == 0 and latency_bucket(7200) == len(LATENCY_BUCKETS) - 1
+
+
+def test_off_counter_counts_nothing():
+    counter = HistoryCounter(KeySpace(), ttl_ms=0)
+    counter.add("w1", "d")
+    assert not counter.pending
+
+
+# -- the minute's sample ------------------------------------------------------------------
+
+
+def test_one_worker_samples_depth_each_minute(make_outbox, r):
+    outbox = make_outbox()
+    accept(outbox, "k1", "one")
+    accept(outbox, "k2", "two", ses="s2")
+
+    async def sample():
+        try:
+            return [await outbox.asample_history("a"), await outbox.asample_history("b")]
+        finally:
+            await outbox.aclose()
+
+    assert asyncio.run(sample()) == [True, False]  # the second worker finds it done
+    last = outbox.history(minutes=1).minutes[-1]
+    assert last.sampled
+    assert last.depth() == {"pending": 2}
+    assert last.get("workers") == 0
+    assert last.get("oldest") >= 0
+
+
+@pytest.mark.skipif(not ON_CLUSTER, reason="the rollup is for a cluster only")
+def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(make_outbox, r):
+    clock = Clock()
+    outbox = make_outbox(clock=clock)
+    accept(outbox, "k1", "one")
+    accept(outbox, "k2", "two", ws="w2")
+    clock.now += 60
+
+    async def sample():
+        try:
+            return await outbox.asample_history("a")
+        finally:
+            await outbox.aclose()
+
+    assert asyncio.run(sample())
+    assert hist(r, MINUTE, None)["a"] == 2
+
+
+# -- real worker processes ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.standalone  # the processes' settings name a standalone server
+def test_worker_processes_write_every_delivery(make_outbox, r, valkey, tmp_path):
+    outbox = make_outbox(**NO_USER_BOUNDS)
+    accept_many(outbox, 10, 6)  # 60 prompts over 10 sessions
+    w = Workers(valkey, tmp_path, OUTBOX_TEST_TURN="0.002")
+    try:
+        w.start("--tick", "0.2")
+        w.start("--tick", "0.2")
+        wait_until(
+            lambda: outbox.history(minutes=3).total("d") == 60,
+            30,
+            0.1,
+            message="60 deliveries in the history",
+        )
+    finally:
+        w.stop_all()
+    history = outbox.history(minutes=3)
+    assert history.total("a") == 60
+    assert sum(history.latency_counts()) == 60
+    assert any(m.sampled for m in history.minutes)
+    per_ws = outbox.history(minutes=3, workspace_id=WS)
+    assert per_ws.total("d") == 60 and per_ws.total("a") == 60
