@@ -88,3 +88,14 @@ class DeliveryReceipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.receiver} ran for {self.entry_id} delivered at {self.delivered_at}"
+
+
+class OutboxDashboard(OutboxEntry):
+    """The admin index's link to the outbox dashboard (README "Dashboard"): a proxy with
+    no table, no rows and no permissions of its own (the dashboard asks for view)."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = "outbox dashboard"
+        verbose_name_plural = "outbox dashboard"

@@ -47,9 +47,10 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
 from ..core.errors import InvalidIdentifier, OutboxUnavailable
 from ..core.rules import check_identifier
-from ..models import OutboxEntry
+from ..models import OutboxDashboard, OutboxEntry
 from ..outbox import get_outbox
 from ..policy import has_outbox_permission
+from . import dashboard
 from .actions import (
     cleanup_workspaces,
     dismiss_entries,
@@ -140,6 +141,11 @@ class OutboxEntryAdmin(admin.ModelAdmin):
         site = self.admin_site
         return [
             path("", site.admin_view(self.changelist_view), name="{}_{}_changelist".format(*info)),
+            path(
+                "dashboard/",
+                site.admin_view(self.dashboard_view),
+                name="{}_{}_dashboard".format(*info),
+            ),
             # Django's own name and shape, so LogEntry.get_admin_url() links here.
             path(
                 "<path:object_id>/change/",
@@ -167,6 +173,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             "title": title,
             "media": self.media,
             "changelist_url": self._changelist_url(),
+            "dashboard_url": reverse(f"{self.admin_site.name}:django_outbox_outboxentry_dashboard"),
             **extra,
         }
 
@@ -259,6 +266,37 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             "park": self.has_park_permission(request),
             "cleanup": self.has_cleanup_permission(request),
         }
+
+    # -- the dashboard -------------------------------------------------------------------
+
+    dashboard_template = "django_outbox/admin/dashboard.html"
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """Charts of the per-minute history, the workers and the sessions needing
+        attention (``django_outbox.admin.dashboard``); ``?window=hour|day``;
+        ``?fragment=1`` answers the body alone, for the page's refresh."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET"])
+        window = request.GET.get("window", "hour")
+        if window not in dashboard.WINDOWS:
+            window = "hour"
+        fragment = request.GET.get("fragment") == "1"
+        template = (
+            "django_outbox/admin/dashboard_body.html" if fragment else self.dashboard_template
+        )
+        try:
+            data = dashboard.context(get_outbox(), window)
+        except OutboxUnavailable as exc:
+            context = self.page_context(request, "Outbox dashboard", unavailable=str(exc))
+            return TemplateResponse(request, template, context, status=503)
+        context = self.page_context(
+            request,
+            "Outbox dashboard",
+            **data,
+        )
+        return TemplateResponse(request, template, context)
 
     # -- the entry page ------------------------------------------------------------------
 
@@ -357,3 +395,37 @@ class OutboxEntryAdmin(admin.ModelAdmin):
         ):
             target = self._changelist_url()
         return HttpResponseRedirect(target)
+
+
+@admin.register(OutboxDashboard)
+class OutboxDashboardAdmin(admin.ModelAdmin):
+    """The admin index's "Outbox dashboard" row: its changelist is the dashboard."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return has_outbox_permission(request.user, "view")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path(
+                "",
+                self.admin_site.admin_view(self.changelist_view),
+                name="{}_{}_changelist".format(*info),
+            )
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return HttpResponseRedirect(
+            reverse(f"{self.admin_site.name}:django_outbox_outboxentry_dashboard")
+        )

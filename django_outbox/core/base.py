@@ -80,7 +80,11 @@ class OutboxBase(Transport):
         window = self.config.history_window
         self._history_ttl_ms = int((window + 120) * 1000) if window else 0
         #: This process's settles, counted until a worker writes them (core/history.py).
-        self.history_counter = HistoryCounter(self.keys, self._history_ttl_ms)
+        self.history_counter = HistoryCounter(
+            self.keys,
+            self._history_ttl_ms,
+            clock=None if clock is None else (lambda: int(clock() * 1_000_000)),
+        )
         self._global_keys = [] if cluster else self.keys.global_keys()
         #: SessionKeys -> the KEYS list of its scripts (shared, never mutated).
         self._script_keys: dict[SessionKeys, list[str]] = {}

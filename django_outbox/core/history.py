@@ -362,8 +362,8 @@ class HistoryReads(Transport):
         counts = counter.take()
         try:
             sent_at = counter._clock()
-            seconds, micros = await self._arun(iter_once(Cmd(("TIME",))))
-            counter.offset_us = int(seconds) * 1_000_000 + int(micros) - sent_at
+            now = self._history_now(await self._arun(iter_once(Cmd(("TIME",)))))
+            counter.offset_us = int(now * 1_000_000) - sent_at
             calls: list[Any] = counter.flush_calls(counts)
             answers = await self._arun(iter_once(Pipe(calls))) if calls else []
         except BaseException:

@@ -1,0 +1,272 @@
+"""The outbox dashboard in the admin (README "Dashboard"): are prompts flowing, how long do
+they wait, is anything stuck, and since when.
+
+It charts the per-minute history the scripts and workers keep in Valkey
+(:mod:`django_outbox.core.history`): throughput by outcome, accept → delivered latency
+(p50, p95, p99 from the per-minute buckets), entries by status and the most overdue
+wait (from the minute's sample), over the last hour (a point a minute) or day (a point
+every ten minutes), with the live workers and the sessions needing attention. Charts are
+SVG drawn here, on the server (no charting library, no build step, no CDN); the page
+swaps in a fresh copy of its body every :data:`REFRESH_SECONDS` (``dashboard.js``).
+Reads: Valkey's TIME and one HGETALL per minute (two round trips), the workers' heartbeats,
+and one page of the attention index.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+
+from ..core.history import LATENCY_BUCKETS, History, HistoryMinute
+
+#: Window name -> (minutes read, minutes per point).
+WINDOWS = {"hour": (60, 1), "day": (1440, 10)}
+#: Seconds between two refreshes of the page's body.
+REFRESH_SECONDS = 10
+#: Statuses charted from the minute's sample, in this order.
+STATUSES = ("pending", "delivering", "verifying", "error", "parked")
+#: Sessions needing attention listed, at most.
+ATTENTION_ROWS = 10
+#: What a figure that cannot be known shows (an en dash).
+NONE = "\u2013"
+#: Latency shown for the open last bucket (more than an hour).
+LATENCY_CEILING = 2 * LATENCY_BUCKETS[-2]
+
+WIDTH, HEIGHT = 600, 170
+LEFT, RIGHT, TOP, BOTTOM = 52, 8, 10, 22
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One line: its ``name`` (legend and CSS class ``s-<name>``) and a value per point
+    (None: no data there, the line breaks)."""
+
+    name: str
+    values: list[float | None]
+
+
+def _label(minute: int) -> str:
+    return datetime.fromtimestamp(minute * 60, UTC).strftime("%H:%M")
+
+
+def _fmt(value: float) -> str:
+    if value >= 100 or value == int(value):
+        return f"{value:,.0f}"
+    return f"{value:.2g}"
+
+
+def line_chart(
+    series: Sequence[Series], labels: Sequence[str], *, title: str, log: bool = False
+) -> SafeString:
+    """An SVG line chart of ``series`` over ``labels`` (one per point), y from 0 (or, with
+    ``log``, a log10 axis from the smallest positive value) to the largest value. Every
+    value and label is a number or fixed text; all of it goes through ``format_html``."""
+    n = max(len(labels), 2)
+    values = [v for s in series for v in s.values if v is not None]
+    positive = [v for v in values if v > 0]
+    top = max(values, default=0.0) or 1.0
+    bottom = min(positive, default=top / 10) if log else 0.0
+    if log and bottom >= top:
+        bottom = top / 10
+
+    def y(v: float) -> float:
+        if log:
+            v = max(v, bottom)
+            share = (math.log10(v) - math.log10(bottom)) / (math.log10(top) - math.log10(bottom))
+        else:
+            share = v / top
+        return TOP + (HEIGHT - TOP - BOTTOM) * (1 - share)
+
+    def x(i: int) -> float:
+        return LEFT + (WIDTH - LEFT - RIGHT) * i / (n - 1)
+
+    lines = []
+    for s in series:
+        run: list[str] = []
+        runs: list[list[str]] = []
+        for i, v in enumerate(s.values):
+            if v is None:
+                if run:
+                    runs.append(run)
+                run = []
+                continue
+            run.append(f"{x(i):.1f},{y(v):.1f}")
+        if run:
+            runs.append(run)
+        for points in runs:
+            if len(points) == 1:  # a lone point: a dot, so it is seen
+                cx, cy = points[0].split(",")
+                lines.append(
+                    format_html('<circle class="s-{}" cx="{}" cy="{}" r="2"/>', s.name, cx, cy)
+                )
+            else:
+                lines.append(
+                    format_html(
+                        '<polyline class="s-{}" data-series="{}" points="{}"/>',
+                        s.name,
+                        s.name,
+                        " ".join(points),
+                    )
+                )
+    middle = math.sqrt(top * bottom) if log else top / 2
+    grid = format_html_join(
+        "",
+        '<line class="grid" x1="{}" x2="{}" y1="{}" y2="{}"/>'
+        '<text class="ylabel" x="{}" y="{}">{}</text>',
+        (
+            (
+                LEFT,
+                WIDTH - RIGHT,
+                f"{y(v):.1f}",
+                f"{y(v):.1f}",
+                LEFT - 4,
+                f"{y(v) + 4:.1f}",
+                _fmt(v),
+            )
+            for v in (top, middle, 0.0 if not log else bottom)
+        ),
+    )
+    xlabels = format_html_join(
+        "",
+        '<text class="xlabel" x="{}" y="{}" text-anchor="{}">{}</text>',
+        (
+            (f"{x(i):.1f}", HEIGHT - 6, anchor, labels[i])
+            for i, anchor in ((0, "start"), (len(labels) // 2, "middle"), (len(labels) - 1, "end"))
+            if 0 <= i < len(labels)
+        ),
+    )
+    legend = format_html_join(
+        "", '<li><span class="swatch s-{}"></span>{}</li>', ((s.name, s.name) for s in series)
+    )
+    return format_html(
+        '<svg class="outbox-chart" viewBox="0 0 {} {}" role="img" aria-label="{}">{}{}{}</svg>'
+        '<ul class="outbox-legend">{}</ul>',
+        WIDTH,
+        HEIGHT,
+        title,
+        grid,
+        xlabels,
+        mark_safe("".join(lines)),  # each part built by format_html above
+        legend,
+    )
+
+
+def _groups(history: History, per_point: int) -> list[list[HistoryMinute]]:
+    minutes = history.minutes
+    start = len(minutes) % per_point
+    return [minutes[i : i + per_point] for i in range(start, len(minutes), per_point)]
+
+
+def _last_sample(group: list[HistoryMinute]) -> HistoryMinute | None:
+    for m in reversed(group):
+        if m.sampled:
+            return m
+    return None
+
+
+def charts(history: History, per_point: int) -> dict[str, SafeString]:
+    """The four charts of a window of history, by name (``throughput``, ``latency``,
+    ``depth``, ``overdue``)."""
+    groups = _groups(history, per_point)
+    labels = [_label(g[0].minute) for g in groups]
+    throughput = [
+        Series("accepted", [float(sum(m.get("a") for m in g)) for g in groups]),
+        Series("delivered", [float(sum(m.delivered for m in g)) for g in groups]),
+        Series("failed", [float(sum(m.failed for m in g)) for g in groups]),
+        Series("parked", [float(sum(m.get("p") for m in g)) for g in groups]),
+    ]
+
+    def quantile(q: float, g: list[HistoryMinute]) -> float | None:
+        v = history.latency_quantile(q, g)
+        return None if v is None else min(v, LATENCY_CEILING)
+
+    latency = [
+        Series(f"p{int(q * 100)}", [quantile(q, g) for g in groups]) for q in (0.5, 0.95, 0.99)
+    ]
+    samples = [_last_sample(g) for g in groups]
+    depth = [
+        Series(status, [float(s.depth().get(status, 0)) if s else None for s in samples])
+        for status in STATUSES
+    ]
+    overdue = [Series("overdue", [float(s.get("oldest")) if s else None for s in samples])]
+    unit = "minute" if per_point == 1 else f"{per_point} minutes"
+    return {
+        "throughput": line_chart(throughput, labels, title=f"Entries per {unit}"),
+        "latency": line_chart(latency, labels, title="Accept to delivered, seconds", log=True),
+        "depth": line_chart(depth, labels, title="Entries by status"),
+        "overdue": line_chart(overdue, labels, title="Most overdue wait, seconds"),
+    }
+
+
+def tiles(history: History) -> list[tuple[str, str]]:
+    """The window's totals: ``(label, value)`` pairs, values already formatted."""
+    p95 = history.latency_quantile(0.95)
+    last = next((m for m in reversed(history.minutes) if m.sampled), None)
+    depth = last.depth() if last else {}
+    return [
+        ("accepted", f"{history.total('a'):,}"),
+        ("delivered", f"{sum(m.delivered for m in history.minutes):,}"),
+        ("failed attempts", f"{sum(m.failed for m in history.minutes):,}"),
+        ("moved to error", f"{history.total('e'):,}"),
+        (
+            "p95 latency",
+            NONE if p95 is None else ("> 1 h" if math.isinf(p95) else f"≤ {_fmt(p95)} s"),
+        ),
+        (
+            "queued now",
+            f"{sum(depth.get(s, 0) for s in ('pending', 'delivering', 'verifying')):,}"
+            if last
+            else NONE,
+        ),
+        ("in error now", f"{depth.get('error', 0):,}" if last else NONE),
+    ]
+
+
+def context(outbox: Any, window: str) -> dict[str, Any]:
+    """Everything the dashboard template shows for ``window`` (a key of :data:`WINDOWS`).
+    Raises :class:`~django_outbox.core.errors.OutboxUnavailable`."""
+    minutes, per_point = WINDOWS[window]
+    history = outbox.history(minutes)
+    page = outbox.session_page("attention", ATTENTION_ROWS)
+    now = history.now
+    workers = [
+        {
+            "id": w.id,
+            "live": w.live,
+            "seen": max(0, int(now - w.last_seen)),
+            "in_flight": w.in_flight,
+            "concurrency": w.concurrency,
+            "steps": w.steps,
+            "per_minute": (
+                f"{w.steps / max(1 / 60, (now - w.started) / 60):,.1f}"
+                if w.steps is not None and w.started
+                else NONE
+            ),
+        }
+        for w in page.workers
+    ]
+    attention = [
+        {
+            "workspace_id": s.workspace_id,
+            "session_id": s.session_id,
+            "since": max(0, int(now - s.score_ms / 1000)) if s.score_ms else None,
+        }
+        for s in page.sessions
+    ]
+    return {
+        "window": window,
+        "windows": list(WINDOWS),
+        "charts": charts(history, per_point),
+        "tiles": tiles(history),
+        "workers": workers,
+        "attention": attention,
+        "attention_total": page.totals.attention,
+        "refresh_seconds": REFRESH_SECONDS,
+        "read_at": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }

@@ -1,0 +1,31 @@
+// The outbox dashboard's refresh: every data-refresh-seconds, fetch the page body again
+// (?fragment=1, same origin, the admin session's cookie) and swap it in. A failed fetch
+// leaves the last body in place and says so; nothing else runs here.
+(function () {
+  "use strict";
+  function start() {
+    var box = document.getElementById("outbox-dashboard");
+    if (!box || !window.fetch) return;
+    var url = box.getAttribute("data-refresh-url");
+    var every = Math.max(2, parseInt(box.getAttribute("data-refresh-seconds"), 10) || 10) * 1000;
+    function refresh() {
+      fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "XMLHttpRequest" } })
+        .then(function (response) {
+          if (!response.ok && response.status !== 503) throw new Error("HTTP " + response.status);
+          return response.text();
+        })
+        .then(function (html) {
+          box.innerHTML = html;
+          box.setAttribute("data-refreshed", String(Date.now()));
+        })
+        .catch(function (error) {
+          var note = box.querySelector(".outbox-read-at");
+          if (note) note.textContent = "Refresh failed (" + error.message + "); showing the last reading.";
+        })
+        .then(function () { window.setTimeout(refresh, every); });
+    }
+    window.setTimeout(refresh, every);
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
