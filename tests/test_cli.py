@@ -1,6 +1,7 @@
 """``manage.py outbox``: what each subcommand prints and the exit codes scripts rely on
 (README "Command line": 0 done, 1 not found, 2 refused, 3 Valkey unavailable)."""
 
+import asyncio
 import io
 import json
 import os
@@ -51,6 +52,26 @@ def test_status_json_is_one_object(outbox):
     assert data["mostOverdue"]["workspaceID"] == WS
     assert data["mostOverdue"]["overdueSeconds"] >= 0
     assert data["workers"] == []
+
+
+def test_status_sums_the_recent_history(outbox):
+    accept(outbox, "a")
+    accept(outbox, "b", ses="s2")
+
+    async def deliver_one():
+        await outbox.adeliver_once(WS, SES, deliverer=lambda entry, **kw: None)
+        await outbox.aflush_history(outbox.history_counter)
+        await outbox.aclose()
+
+    asyncio.run(deliver_one())
+    text = run("status")
+    assert "Last hour: accepted 2, delivered 1, failed attempts 0" in text
+    assert "latency p50 <= " in text
+    recent = json.loads(run("status", "--json", "--minutes", "1440"))["recent"]
+    assert recent["minutes"] == 1440 and recent["accepted"] == 2 and recent["delivered"] == 1
+    assert recent["latencySeconds"]["p99"] is not None
+    assert exit_code("status", "--minutes", "0") == 2
+    assert exit_code("status", "--minutes", "soon") == 2
 
 
 def test_status_on_an_empty_outbox(outbox):
@@ -119,6 +140,9 @@ def test_cleanup_needs_confirmation(outbox, monkeypatch):
 def test_valkey_unavailable_is_3(outbox):
     with override_settings(OUTBOX={"VALKEY_URL": f"redis://127.0.0.1:{free_port()}/0"}):
         assert exit_code("status") == 3
+        with pytest.raises(CommandError) as raised:
+            run("status")
+        assert str(raised.value).count("Valkey unavailable") == 1  # said once, not twice
 
 
 @pytest.mark.slow

@@ -306,6 +306,28 @@ class History:
         return LATENCY_BUCKETS[-1]  # pragma: no cover
 
 
+def summary(history: History) -> dict[str, Any]:
+    """A window's totals as the command line and the dashboard report them: ``accepted``,
+    ``delivered`` (deliverer, verifier and ledger), ``failedAttempts`` (settles of every
+    other outcome), ``movedToError``, ``parked``, and ``latencySeconds``: ``p50``,
+    ``p95``, ``p99`` of accept → delivered as bucket upper bounds (seconds; ``"+Inf"``
+    past the last bound, the way Prometheus names it; None when nothing was delivered)."""
+
+    def bound(q: float) -> float | str | None:
+        value = history.latency_quantile(q)
+        return "+Inf" if value is not None and math.isinf(value) else value
+
+    return {
+        "minutes": len(history.minutes),
+        "accepted": history.total("a"),
+        "delivered": sum(m.delivered for m in history.minutes),
+        "failedAttempts": sum(m.failed for m in history.minutes),
+        "movedToError": history.total("e"),
+        "parked": history.total("p"),
+        "latencySeconds": {"p50": bound(0.5), "p95": bound(0.95), "p99": bound(0.99)},
+    }
+
+
 def _fields(raw: Any) -> dict[str, int]:
     items: Iterable[tuple[Any, Any]]
     if isinstance(raw, dict):

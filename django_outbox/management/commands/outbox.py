@@ -26,6 +26,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.core.entry import DismissResult, RetryResult
+from django_outbox.core.history import summary
 from django_outbox.errors import InvalidContent, InvalidIdentifier, OutboxUnavailable
 from django_outbox.outbox import Outbox, get_outbox
 
@@ -54,6 +55,30 @@ def _ago(epoch: float | None, now: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _minutes_arg(text: str) -> int:
+    """``--minutes``: checked here, not by argparse, so a bad value exits 2 from
+    ``call_command`` too (argparse's own errors are 1 there)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 44_640:
+        raise _exit("--minutes must be a whole number from 1 to 44640 (31 days)", REFUSED)
+    return value
+
+
+def _minutes(n: int) -> str:
+    if n % 1440 == 0:
+        return "day" if n == 1440 else f"{n // 1440} days"
+    if n % 60 == 0:
+        return "hour" if n == 60 else f"{n // 60} hours"
+    return f"{n} minutes"
+
+
+def _seconds(bound: float | str) -> str:
+    return "> 1h" if bound == "+Inf" else f"<= {bound:g}s"
+
+
 class Command(BaseCommand):
     help = (
         "Look at the outbox and act on it: status, inspect, retry, dismiss, park, unpark, "
@@ -67,8 +92,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
 
-        status = sub.add_parser("status", help="totals, entries by status, overdue, workers")
+        status = sub.add_parser(
+            "status", help="totals, entries by status, overdue, workers, the last hour"
+        )
         status.add_argument("--json", action="store_true", help="print one JSON object")
+        status.add_argument(
+            "--minutes",
+            default="60",
+            help="minutes of history summed under 'recent' (1-44640; default 60)",
+        )
 
         inspect = sub.add_parser("inspect", help="a workspace's sessions or a session's entries")
         inspect.add_argument("workspace")
@@ -99,7 +131,7 @@ class Command(BaseCommand):
         try:
             run(outbox, options)
         except OutboxUnavailable as exc:
-            raise _exit(f"Valkey unavailable: {exc}", UNAVAILABLE) from exc
+            raise _exit(str(exc), UNAVAILABLE) from exc
         except (InvalidIdentifier, InvalidContent) as exc:
             raise _exit(str(exc), REFUSED) from exc
 
@@ -110,6 +142,7 @@ class Command(BaseCommand):
         counts = outbox.entry_counts()
         overdue = outbox.most_overdue()
         workers = outbox.workers()
+        recent = summary(outbox.history(_minutes_arg(options["minutes"])))
         now = time.time()
         if options["json"]:
             self._json(
@@ -139,6 +172,7 @@ class Command(BaseCommand):
                         }
                         for w in workers
                     ],
+                    "recent": recent,
                 }
             )
             return
@@ -156,6 +190,15 @@ class Command(BaseCommand):
                 f"Most overdue: {overdue.workspace_id}/{overdue.session_id}, due "
                 f"{_ago(overdue.due_at, now)} ago ({_when(overdue.due_at)})"
             )
+        latency = ", ".join(
+            f"{q} {_seconds(v)}" for q, v in recent["latencySeconds"].items() if v is not None
+        )
+        out(
+            f"Last {_minutes(recent['minutes'])}: accepted {recent['accepted']}, "
+            f"delivered {recent['delivered']}, failed attempts {recent['failedAttempts']}, "
+            f"moved to error {recent['movedToError']}, parked {recent['parked']}"
+            + (f"; latency {latency}" if latency else "")
+        )
         live = [w for w in workers if w.live]
         out(f"Workers: {len(live)} live, {len(workers) - len(live)} silent")
         for w in workers:
