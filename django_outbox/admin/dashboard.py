@@ -179,6 +179,7 @@ def charts(history: History, per_point: int) -> dict[str, SafeString]:
         Series("accepted", [float(sum(m.get("a") for m in g)) for g in groups]),
         Series("delivered", [float(sum(m.delivered for m in g)) for g in groups]),
         Series("failed", [float(sum(m.failed for m in g)) for g in groups]),
+        Series("unknown", [float(sum(m.unknown for m in g)) for g in groups]),
         Series("parked", [float(sum(m.get("p") for m in g)) for g in groups]),
     ]
 
@@ -213,6 +214,7 @@ def tiles(history: History) -> list[tuple[str, str]]:
         ("accepted", f"{history.total('a'):,}"),
         ("delivered", f"{sum(m.delivered for m in history.minutes):,}"),
         ("failed attempts", f"{sum(m.failed for m in history.minutes):,}"),
+        ("unknown outcomes", f"{sum(m.unknown for m in history.minutes):,}"),
         ("moved to error", f"{history.total('e'):,}"),
         (
             "p95 latency",

@@ -84,6 +84,10 @@ OUTCOMES = (
     "inconclusive",
     "unverifiable",
 )
+#: Outcomes that say the attempt did not deliver (retried, or moved to error).
+FAILED_OUTCOMES = ("failed", "absent", "transient", "prior_pending", "unverifiable")
+#: Outcomes that say nobody knows yet (the entry is verified).
+UNKNOWN_OUTCOMES = ("ambiguous", "inconclusive")
 #: Seconds between two writes of a worker's counts.
 FLUSH_EVERY = 2.0
 #: Minutes of unwritten counts a worker keeps while Valkey cannot be reached.
@@ -243,8 +247,15 @@ class HistoryMinute:
 
     @property
     def failed(self) -> int:
-        """Settles of the minute that did not deliver (every outcome of :data:`OUTCOMES`)."""
-        return sum(self.get(f"o:{o}") for o in OUTCOMES)
+        """Attempts of the minute known not to have delivered (every outcome of
+        :data:`FAILED_OUTCOMES`)."""
+        return sum(self.get(f"o:{o}") for o in FAILED_OUTCOMES)
+
+    @property
+    def unknown(self) -> int:
+        """Attempts and verifications of the minute whose outcome was not known
+        (``ambiguous``, ``inconclusive``): left to verification, not failures."""
+        return sum(self.get(f"o:{o}") for o in UNKNOWN_OUTCOMES)
 
     @property
     def sampled(self) -> bool:
@@ -308,8 +319,9 @@ class History:
 
 def summary(history: History) -> dict[str, Any]:
     """A window's totals as the command line and the dashboard report them: ``accepted``,
-    ``delivered`` (deliverer, verifier and ledger), ``failedAttempts`` (settles of every
-    other outcome), ``movedToError``, ``parked``, and ``latencySeconds``: ``p50``,
+    ``delivered`` (deliverer, verifier and ledger), ``failedAttempts`` (attempts known not
+    to have delivered), ``unknownOutcomes`` (ambiguous attempts and inconclusive
+    verifications), ``movedToError``, ``parked``, and ``latencySeconds``: ``p50``,
     ``p95``, ``p99`` of accept → delivered as bucket upper bounds (seconds; ``"+Inf"``
     past the last bound, the way Prometheus names it; None when nothing was delivered)."""
 
@@ -322,6 +334,7 @@ def summary(history: History) -> dict[str, Any]:
         "accepted": history.total("a"),
         "delivered": sum(m.delivered for m in history.minutes),
         "failedAttempts": sum(m.failed for m in history.minutes),
+        "unknownOutcomes": sum(m.unknown for m in history.minutes),
         "movedToError": history.total("e"),
         "parked": history.total("p"),
         "latencySeconds": {"p50": bound(0.5), "p95": bound(0.95), "p99": bound(0.99)},

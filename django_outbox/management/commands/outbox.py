@@ -196,6 +196,7 @@ class Command(BaseCommand):
         out(
             f"Last {_minutes(recent['minutes'])}: accepted {recent['accepted']}, "
             f"delivered {recent['delivered']}, failed attempts {recent['failedAttempts']}, "
+            f"unknown outcomes {recent['unknownOutcomes']}, "
             f"moved to error {recent['movedToError']}, parked {recent['parked']}"
             + (f"; latency {latency}" if latency else "")
         )
