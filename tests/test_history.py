@@ -15,7 +15,7 @@ from django_outbox.core.keys import KeySpace
 from django_outbox.core.worker import Worker
 
 from .conftest import ON_CLUSTER
-from .helpers import NO_USER_BOUNDS, WS, accept
+from .helpers import NO_USER_BOUNDS, SES, WS, accept
 from .scenarios import ambiguous
 from .test_worker_processes import Workers, accept_many
 from .valkey import wait_until
@@ -125,6 +125,27 @@ def test_the_worker_writes_outcomes_and_latency(make_outbox, r):
         assert sum(h.latency_counts()) == 2  # every delivery has a latency
         assert h.latency_quantile(0.5) in LATENCY_BUCKETS[:8]  # seconds here, not minutes
     assert not outbox.history_counter.pending
+
+
+def test_a_settle_that_lost_its_lease_is_not_counted(make_outbox, r):
+    outbox = make_outbox()
+    accept(outbox, "k1", "hello")
+    lock = outbox.keys.session(WS, SES).lock
+
+    async def steal_the_lease(entry, **kwargs):
+        r.delete(lock)  # as if it expired and another worker's claim took it
+
+    async def run():
+        try:
+            await outbox.adeliver_once(WS, SES, deliverer=steal_the_lease)
+            await outbox.aflush_history(outbox.history_counter)
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(run())
+    counted = outbox.history(minutes=2, workspace_id=WS)
+    # the settle recorded nothing (the outcome is left to verification): nothing counted
+    assert sum(sum(m.fields.values()) for m in counted.minutes) == counted.total("a") == 1
 
 
 def test_a_failed_write_keeps_the_counts_for_the_next(make_outbox, valkey):
