@@ -110,6 +110,32 @@ def test_the_day_window_and_the_refresh_fragment(delivered, admin_client):
     assert odd.status_code == 200 and odd.context["window"] == "hour"
 
 
+def test_one_workspace(delivered, admin_client):
+    accept(delivered, "other", "elsewhere", ws="w2")
+    whole = admin_client.get(DASHBOARD)
+    assert dict(whole.context["tiles"])["accepted"] == "6"
+    one = admin_client.get(DASHBOARD + "?workspace=w1&window=day")
+    assert one.status_code == 200 and one.context["title"] == "Workspace w1"
+    tiles = dict(one.context["tiles"])
+    assert tiles["accepted"] == "5" and tiles["delivered"] == "3"
+    assert tiles["in error now"] == "2" and tiles["queued now"] == "0"  # read now, not sampled
+    page = one.content.decode()
+    assert 'id="chart-throughput"' in page and 'id="chart-depth"' not in page
+    assert {row["workspace_id"] for row in one.context["attention"]} == {"w1"}
+    assert "?window=day&amp;workspace=w1&amp;fragment=1" in page  # the refresh keeps both
+    other = admin_client.get(DASHBOARD + "?workspace=w2")
+    assert dict(other.context["tiles"])["accepted"] == "1"
+    assert other.context["attention"] == [] and "Needing attention (0)" in other.content.decode()
+
+
+def test_a_bad_workspace_is_said_and_every_workspace_shown(admin_client):
+    response = admin_client.get(DASHBOARD, {"workspace": "<script>alert(1)</script>"})
+    assert response.status_code == 200 and response.context["workspace_id"] is None
+    page = response.content.decode()
+    assert "Showing every workspace." in page
+    assert "<script>alert(1)" not in page and "&lt;script&gt;" in page
+
+
 def test_unreachable_valkey_is_a_clear_503(admin_client, monkeypatch):
     from django_outbox import conf
     from django_outbox.outbox import reset_outbox

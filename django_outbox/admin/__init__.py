@@ -286,16 +286,32 @@ class OutboxEntryAdmin(admin.ModelAdmin):
         template = (
             "django_outbox/admin/dashboard_body.html" if fragment else self.dashboard_template
         )
+        workspace_id = request.GET.get("workspace", "").strip() or None
+        notes = []
+        if workspace_id is not None:
+            try:
+                check_identifier("workspace ID", workspace_id)
+            except InvalidIdentifier as exc:
+                notes.append(f"{exc} Showing every workspace.")
+                workspace_id = None
+        title = "Outbox dashboard" if workspace_id is None else f"Workspace {workspace_id}"
+        query = {"window": window, **({"workspace": workspace_id} if workspace_id else {})}
+        links = {
+            "window": window,
+            "workspace_id": workspace_id,
+            "notes": notes,
+            "refresh_query": urlencode({**query, "fragment": "1"}),
+            "window_links": [
+                (name, urlencode({**query, "window": name}), name == window)
+                for name in dashboard.WINDOWS
+            ],
+        }
         try:
-            data = dashboard.context(get_outbox(), window)
+            data = dashboard.context(get_outbox(), window, workspace_id)
         except OutboxUnavailable as exc:
-            context = self.page_context(request, "Outbox dashboard", unavailable=str(exc))
+            context = self.page_context(request, title, unavailable=str(exc), **links)
             return TemplateResponse(request, template, context, status=503)
-        context = self.page_context(
-            request,
-            "Outbox dashboard",
-            **data,
-        )
+        context = self.page_context(request, title, **{**links, **data})
         return TemplateResponse(request, template, context)
 
     # -- the entry page ------------------------------------------------------------------

@@ -205,11 +205,13 @@ def charts(history: History, per_point: int) -> dict[str, SafeString]:
     }
 
 
-def tiles(history: History) -> list[tuple[str, str]]:
-    """The window's totals: ``(label, value)`` pairs, values already formatted."""
+def tiles(history: History, depth: dict[str, int] | None = None) -> list[tuple[str, str]]:
+    """The window's totals: ``(label, value)`` pairs, values already formatted. ``depth``
+    (entries by status now) defaults to the last minute's sample."""
     p95 = history.latency_quantile(0.95)
     last = next((m for m in reversed(history.minutes) if m.sampled), None)
-    depth = last.depth() if last else {}
+    if depth is None and last is not None:
+        depth = last.depth()
     return [
         ("accepted", f"{history.total('a'):,}"),
         ("delivered", f"{sum(m.delivered for m in history.minutes):,}"),
@@ -223,19 +225,36 @@ def tiles(history: History) -> list[tuple[str, str]]:
         (
             "queued now",
             f"{sum(depth.get(s, 0) for s in ('pending', 'delivering', 'verifying')):,}"
-            if last
+            if depth is not None
             else NONE,
         ),
-        ("in error now", f"{depth.get('error', 0):,}" if last else NONE),
+        ("in error now", f"{depth.get('error', 0):,}" if depth is not None else NONE),
     ]
 
 
-def context(outbox: Any, window: str) -> dict[str, Any]:
-    """Everything the dashboard template shows for ``window`` (a key of :data:`WINDOWS`).
-    Raises :class:`~django_outbox.core.errors.OutboxUnavailable`."""
+def _workspace_sessions(outbox: Any, workspace_id: str) -> list[tuple[str, str]]:
+    found = outbox.search(workspace_id)
+    return [pair for pair in found.sessions or [] if pair[0] == workspace_id]
+
+
+def context(outbox: Any, window: str, workspace_id: str | None = None) -> dict[str, Any]:
+    """Everything the dashboard template shows for ``window`` (a key of :data:`WINDOWS`),
+    over every workspace or one (a valid ID: its own history, its entries by status
+    now and its sessions needing attention, among its first
+    ``SEARCH_MAX_SESSIONS``; depth is sampled over every workspace only, so its charts
+    are left out). Raises :class:`~django_outbox.core.errors.OutboxUnavailable`."""
     minutes, per_point = WINDOWS[window]
-    history = outbox.history(minutes)
-    page = outbox.session_page("attention", ATTENTION_ROWS)
+    history = outbox.history(minutes, workspace_id)
+    depth: dict[str, int] | None = None
+    if workspace_id is None:
+        page = outbox.session_page("attention", ATTENTION_ROWS)
+    else:
+        pairs = _workspace_sessions(outbox, workspace_id)
+        page = outbox.session_page("attention", ATTENTION_ROWS, among=pairs)
+        depth = {}
+        for counts in outbox.status_counts(pairs) if pairs else []:
+            for status, n in counts.items():
+                depth[status] = depth.get(status, 0) + n
     now = history.now
     workers = [
         {
@@ -261,14 +280,18 @@ def context(outbox: Any, window: str) -> dict[str, Any]:
         }
         for s in page.sessions
     ]
+    drawn = charts(history, per_point)
+    if workspace_id is not None:
+        del drawn["depth"], drawn["overdue"]
     return {
         "window": window,
         "windows": list(WINDOWS),
-        "charts": charts(history, per_point),
-        "tiles": tiles(history),
+        "workspace_id": workspace_id,
+        "charts": drawn,
+        "tiles": tiles(history, depth),
         "workers": workers,
         "attention": attention,
-        "attention_total": page.totals.attention,
+        "attention_total": page.total if workspace_id is not None else page.totals.attention,
         "refresh_seconds": REFRESH_SECONDS,
         "read_at": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
     }
