@@ -13,6 +13,24 @@ from .test_browser import DEADLINE, _browser_or_skip, save_screenshot, start_chr
 from .test_demo import DemoProcess
 
 PROMPTS = 3
+#: The tiles as {label: value}, read in one go.
+READ_TILES = """
+return Object.fromEntries([...document.querySelectorAll(".outbox-tiles div")].map(
+  (d) => [d.querySelector("dt").textContent.trim().toLowerCase(),
+          d.querySelector("dd").textContent.trim()]));
+"""
+#: What the assertions need of the charts and tables, read in one go.
+READ_CHARTS = """
+const sizes = {};
+for (const name of ["throughput", "latency", "depth", "overdue"]) {
+  const r = document.querySelector(`#chart-${name} svg`).getBoundingClientRect();
+  sizes[name] = [r.width, r.height];
+}
+const line = document.querySelector('#chart-throughput [data-series="delivered"]');
+return {sizes, delivered: line ? line.getAttribute("points") : "",
+        p50: document.querySelectorAll("#chart-latency .s-p50").length,
+        workers: document.getElementById("outbox-workers").textContent};
+"""
 
 
 def login(driver, wait, url: str, username: str, password: str) -> None:
@@ -53,29 +71,28 @@ def test_the_dashboard_charts_real_deliveries_and_refreshes(tmp_path):
         wait.until(ec.presence_of_element_located((By.ID, "chart-throughput")))
         assert driver.title.startswith("Outbox dashboard")
 
+        # The page swaps its body every 10 s: read it in one script, never through
+        # element references a refresh may have replaced.
         def delivered_tile(d) -> int:
-            for tile in d.find_elements(By.CSS_SELECTOR, ".outbox-tiles div"):
-                if tile.find_element(By.TAG_NAME, "dt").text.lower() == "delivered":
-                    return int(tile.find_element(By.TAG_NAME, "dd").text.replace(",", ""))
-            return -1
+            tiles = d.execute_script(READ_TILES)
+            return int(tiles.get("delivered", "-1").replace(",", ""))
 
         # The worker writes its counts every 2 s; the page refreshes every 10 s.
         wait.until(lambda d: delivered_tile(d) >= PROMPTS)
         wait.until(
             lambda d: d.find_element(By.ID, "outbox-dashboard").get_attribute("data-refreshed")
         )
+        page = driver.execute_script(READ_CHARTS)
         assert delivered_tile(driver) >= PROMPTS
 
         # Each chart is drawn, at a visible size, with its series.
         for chart in ("throughput", "latency", "depth", "overdue"):
-            svg = driver.find_element(By.CSS_SELECTOR, f"#chart-{chart} svg")
-            assert svg.size["width"] > 300 and svg.size["height"] > 60, chart
-        line = driver.find_element(By.CSS_SELECTOR, '#chart-throughput [data-series="delivered"]')
-        ys = [float(p.split(",")[1]) for p in line.get_attribute("points").split()]
+            width, height = page["sizes"][chart]
+            assert width > 300 and height > 60, chart
+        ys = [float(p.split(",")[1]) for p in page["delivered"].split()]
         assert min(ys) < max(ys), "the delivered line rises above zero somewhere"
-        assert driver.find_elements(By.CSS_SELECTOR, "#chart-latency .s-p50")
-        workers = driver.find_element(By.ID, "outbox-workers").text
-        assert "ago" in workers  # the demo's worker, with its heartbeat
+        assert page["p50"], "the latency chart has its p50 series"
+        assert "ago" in page["workers"]  # the demo's worker, with its heartbeat
 
         driver.set_window_size(1400, 1300)
         save_screenshot(driver, "dashboard")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 
 from django_outbox import Verdict
 from django_outbox.core.errors import Duplicate, OutboxFull, OutboxUnavailable
@@ -201,10 +202,10 @@ def test_one_worker_samples_depth_each_minute(make_outbox, r):
     assert last.get("oldest") >= 0
 
 
-@pytest.mark.skipif(not ON_CLUSTER, reason="the rollup is for a cluster only")
-def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(make_outbox, r):
+def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(cluster_outbox, cluster_node_url):
     clock = Clock()
-    outbox = make_outbox(clock=clock)
+    outbox = cluster_outbox(clock=clock)
+    r = redis.Redis.from_url(cluster_node_url, decode_responses=True)
     accept(outbox, "k1", "one")
     accept(outbox, "k2", "two", ws="w2")
     clock.now += 60
@@ -217,6 +218,7 @@ def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(make_outbox, r):
 
     assert asyncio.run(sample())
     assert hist(r, MINUTE, None)["a"] == 2
+    r.close()
 
 
 # -- real worker processes ---------------------------------------------------------------

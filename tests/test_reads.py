@@ -99,11 +99,16 @@ def test_no_workers_is_an_empty_list(outbox):
 
 
 def test_the_heartbeat_record_keeps_its_stored_shape():
-    record = WorkerHeartbeat("w1", 12.5, host="h", pid=7, started=10.0, in_flight=1, concurrency=3)
+    record = WorkerHeartbeat(
+        "w1", 12.5, host="h", pid=7, started=10.0, in_flight=1, concurrency=3, steps=40
+    )
     assert record.to_json() == (
         '{"id": "w1", "host": "h", "pid": 7, "started": 10.0, "last_seen": 12.5, '
-        '"in_flight": 1, "concurrency": 3}'
+        '"in_flight": 1, "concurrency": 3, "steps": 40}'
     )
+    # a record written before "steps" existed still reads (a rolling upgrade)
+    old = '{"id": "w1", "host": "h", "pid": 7, "started": 10.0, "last_seen": 12.5}'
+    assert WorkerHeartbeat.from_json("w1", 12.5, old).steps is None
     assert WorkerHeartbeat.from_json("w1", 12.5, record.to_json()) == record
     assert WorkerHeartbeat.from_json("w1", 12.5, b"not json") == WorkerHeartbeat("w1", 12.5)
 

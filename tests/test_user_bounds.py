@@ -659,7 +659,8 @@ def test_an_invalid_bound_is_a_config_error_and_a_system_check(key, value):
 def test_the_bounds_cost_two_commands_per_accept_on_or_off(make_outbox, r):
     # INFO commandstats: an accept into an existing session ran 19.25 commands before the
     # bounds (README "Capacity"); the user's state adds one HGET and one HSET, kept even
-    # with both bounds off so that turning one on is exact at once.
+    # with both bounds off so that turning one on is exact at once; the per-minute history
+    # (README "Dashboard") one HINCRBY into the workspace's HASH and one into the total.
     def commands_per_accept(outbox, ws) -> float:
         accept(outbox, "warm", ws=ws)
         r.config_resetstat()
@@ -674,4 +675,4 @@ def test_the_bounds_cost_two_commands_per_accept_on_or_off(make_outbox, r):
     on = commands_per_accept(
         make_outbox(cap=100, user_max_queued=100, user_accepts_per_minute=100), "b"
     )
-    assert on == off <= 21.25, (off, on)
+    assert on == off <= 23.25, (off, on)
