@@ -47,7 +47,7 @@ myst_heading_anchors = 3
 
 html_theme = "furo"
 html_title = "django-outbox"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
