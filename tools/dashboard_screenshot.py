@@ -348,13 +348,19 @@ def shoot(driver: Any, base: str, window: str, out: Path, timeout: float = 30.0)
     wait.until(accepted)
     for chart in ("throughput", "latency", "depth", "overdue"):
         wait.until(lambda d, c=chart: d.find_elements(By.CSS_SELECTOR, f"#chart-{c} polyline"))
-    # Fit the window to the page (twice: the height the page needs depends on the width).
-    for _ in range(2):
-        height = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(WIDTH, int(height) + 8)
-        inner = driver.execute_script("return window.innerHeight")
-        if inner < height:
-            driver.set_window_size(WIDTH, int(height) + 8 + (int(height) - int(inner)))
+    # Fit the window to the page: the height the page needs, plus the window's chrome,
+    # until the viewport holds all of it (a resize takes effect asynchronously).
+    page_js = "return [document.documentElement.scrollHeight, window.innerHeight]"
+
+    def fitted(d: Any) -> bool:
+        height, inner = d.execute_script(page_js)
+        if inner >= height:
+            return True
+        outer = d.get_window_size()["height"]
+        d.set_window_size(WIDTH, int(height) + max(0, outer - int(inner)))
+        return False
+
+    WebDriverWait(driver, timeout, poll_frequency=0.3).until(fitted)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not driver.save_screenshot(str(out)):
         raise RuntimeError(f"could not save {out}")
