@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-cluster lint demo venv clean opencode chaos bench docs mutate
+.PHONY: test test-cluster lint demo venv clean opencode chaos bench docs mutate screenshot
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,12 @@ docs: $(VENV)/.installed-docs
 		else echo "make docs needs Graphviz's dot (Debian: apt-get install graphviz)"; exit 1; fi; }
 	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 	@echo "docs: file://$(CURDIR)/docs/_build/html/index.html"
+
+# The docs' picture of the admin dashboard (docs/_static/dashboard.png): a private Valkey
+# filled with an hour of seeded traffic through the core API, the demo on it, headless
+# Chromium (apt-get install -y chromium chromium-driver). ~20 s; ARGS="--out-day x.png" etc.
+screenshot: $(STAMP)
+	$(BIN)/python tools/dashboard_screenshot.py --out docs/_static/dashboard.png $(ARGS)
 
 # Mutation check (README "Testing"): plants each mutant of tools/mutate/mutants.toml in a
 # temporary copy of the tree, runs its mapped tests, prints a table and the kill rate

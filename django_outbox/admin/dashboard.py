@@ -61,11 +61,61 @@ def _fmt(value: float) -> str:
     return f"{value:.2g}"
 
 
+def _fmt_seconds(value: float) -> str:
+    """A latency axis label: ``0.25 s``, ``30 s``, ``5 min``, ``1 h``."""
+    if value >= 3600 and value % 3600 == 0:
+        return f"{value / 3600:.0f} h"
+    if value >= 60 and value % 60 == 0:
+        return f"{value / 60:.0f} min"
+    return f"{_fmt(value)} s"
+
+
+def _linear_ticks(top: float, whole: bool) -> list[float]:
+    """0 up to the smallest multiple of a 1/2/2.5/5 x 10^k step at or above ``top``, in
+    at most four steps (``whole``: steps of at least 1, for counts)."""
+    raw = top / 4
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    if whole:
+        step = max(1.0, math.ceil(step))
+    count = max(1, math.ceil(top / step - 1e-9))
+    return [step * i for i in range(count + 1)]
+
+
+def _log_ticks(bottom: float, top: float) -> list[float]:
+    """Latency bucket bounds from ``bottom`` to ``top`` (both included), thinned to five."""
+    bounds = [b for b in (*LATENCY_BUCKETS[:-1], LATENCY_CEILING) if bottom <= b <= top]
+    ticks = sorted({bottom, *bounds, top})
+    while len(ticks) > 5:
+        ticks = ticks[:1] + ticks[1:-1][1::2] + ticks[-1:]
+    return ticks
+
+
+def _time_ticks(labels: Sequence[str]) -> list[tuple[int, str]]:
+    """``(index, HH:MM)`` of the round times among ``labels`` (``HH:MM``, one a point,
+    oldest first): the first point at or after every 5, 10, 15, 30 minutes or 1, 2, 3,
+    4, 6 hours, the shortest that gives at most six; none when a label is not a time."""
+    try:
+        minutes = [int(t[:2]) * 60 + int(t[3:5]) for t in labels]
+    except ValueError:
+        return []
+    for every in (5, 10, 15, 30, 60, 120, 180, 240, 360, 720):
+        found = [
+            (i, f"{m // every * every // 60:02d}:{m // every * every % 60:02d}")
+            for i, m in enumerate(minutes)
+            if m % every == 0 or (i and m // every != minutes[i - 1] // every)
+        ]
+        if len(found) <= 6:
+            return found
+    return []  # pragma: no cover (every 12 h gives at most three a day)
+
+
 def line_chart(
     series: Sequence[Series], labels: Sequence[str], *, title: str, log: bool = False
 ) -> SafeString:
-    """An SVG line chart of ``series`` over ``labels`` (one per point), y from 0 (or, with
-    ``log``, a log10 axis from the smallest positive value) to the largest value. Every
+    """An SVG line chart of ``series`` over ``labels`` (one per point, ``HH:MM`` times are
+    marked on the round ones), y from 0 (or, with ``log``, a log10 axis of seconds from
+    the smallest positive value) to a round value at or above the largest one. Every
     value and label is a number or fixed text; all of it goes through ``format_html``."""
     n = max(len(labels), 2)
     values = [v for s in series for v in s.values if v is not None]
@@ -74,6 +124,11 @@ def line_chart(
     bottom = min(positive, default=top / 10) if log else 0.0
     if log and bottom >= top:
         bottom = top / 10
+    if log:
+        yticks = _log_ticks(bottom, top)
+    else:
+        yticks = _linear_ticks(top, all(v == int(v) for v in values))
+        top = yticks[-1]
 
     def y(v: float) -> float:
         if log:
@@ -114,7 +169,6 @@ def line_chart(
                         " ".join(points),
                     )
                 )
-    middle = math.sqrt(top * bottom) if log else top / 2
     grid = format_html_join(
         "",
         '<line class="grid" x1="{}" x2="{}" y1="{}" y2="{}"/>'
@@ -126,19 +180,35 @@ def line_chart(
                 f"{y(v):.1f}",
                 f"{y(v):.1f}",
                 LEFT - 4,
-                f"{y(v) + 4:.1f}",
-                _fmt(v),
+                f"{y(v) + 3.5:.1f}",
+                _fmt_seconds(v) if log else _fmt(v),
             )
-            for v in (top, middle, 0.0 if not log else bottom)
+            for v in yticks
         ),
     )
+
+    def anchor(i: int) -> str:
+        if x(i) - LEFT < 16:
+            return "start"
+        return "end" if WIDTH - RIGHT - x(i) < 16 else "middle"
+
+    xticks = [(i, text) for i, text in _time_ticks(labels) if i < n]
     xlabels = format_html_join(
         "",
+        '<line class="grid tick" x1="{}" x2="{}" y1="{}" y2="{}"/>'
         '<text class="xlabel" x="{}" y="{}" text-anchor="{}">{}</text>',
         (
-            (f"{x(i):.1f}", HEIGHT - 6, anchor, labels[i])
-            for i, anchor in ((0, "start"), (len(labels) // 2, "middle"), (len(labels) - 1, "end"))
-            if 0 <= i < len(labels)
+            (
+                f"{x(i):.1f}",
+                f"{x(i):.1f}",
+                TOP,
+                HEIGHT - BOTTOM,
+                f"{x(i):.1f}",
+                HEIGHT - 6,
+                anchor(i),
+                text,
+            )
+            for i, text in xticks
         ),
     )
     legend = format_html_join(
