@@ -98,6 +98,16 @@ def test_the_dashboard_charts_real_deliveries_and_refreshes(tmp_path):
         save_screenshot(driver, "dashboard")
         driver.save_screenshot(str(tmp_path / "dashboard.png"))
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+        # The admin session expires: the refresh is redirected to the login page, which
+        # must not be swapped into the dashboard; the last reading stays, with a note.
+        driver.delete_cookie("sessionid")
+        wait.until(
+            lambda d: "signed out" in d.find_element(By.CSS_SELECTOR, ".outbox-read-at").text
+        )
+        box = driver.find_element(By.ID, "outbox-dashboard")
+        assert not box.find_elements(By.ID, "id_username")
+        assert box.find_elements(By.CSS_SELECTOR, "#chart-throughput svg")
     finally:
         driver.quit()
         demo.stop()

@@ -72,6 +72,18 @@ def test_status_sums_the_recent_history(outbox):
     assert recent["latencySeconds"]["p99"] is not None
     assert exit_code("status", "--minutes", "0") == 2
     assert exit_code("status", "--minutes", "soon") == 2
+    # call_command passes options as they are: anything but a whole number is refused (2)
+    for bad in (None, 1.5, True, ["60"]):
+        with pytest.raises(CommandError) as raised:
+            call_command("outbox", "status", minutes=bad, stdout=io.StringIO())
+        assert raised.value.returncode == 2, bad
+    assert '"minutes": 5' in run_with(minutes=5)
+
+
+def run_with(**options) -> str:
+    out = io.StringIO()
+    call_command("outbox", "status", "--json", stdout=out, **options)
+    return out.getvalue()
 
 
 def test_status_on_an_empty_outbox(outbox):

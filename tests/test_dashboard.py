@@ -10,7 +10,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from django_outbox.admin.dashboard import BOTTOM, HEIGHT, Series, line_chart
+from django_outbox.admin.dashboard import BOTTOM, FRAGMENT_HEADER, HEIGHT, Series, line_chart
 from django_outbox.core.worker import Worker
 
 from .helpers import NO_USER_BOUNDS, accept
@@ -106,6 +106,9 @@ def test_the_day_window_and_the_refresh_fragment(delivered, admin_client):
     )
     fragment = admin_client.get(DASHBOARD + "?window=day&fragment=1").content.decode()
     assert 'id="chart-latency"' in fragment and "<html" not in fragment
+    # dashboard.js swaps in only a response marked as the fragment (not a login page).
+    assert admin_client.get(DASHBOARD + "?fragment=1")[FRAGMENT_HEADER] == "1"
+    assert FRAGMENT_HEADER not in admin_client.get(DASHBOARD)
     odd = admin_client.get(DASHBOARD + "?window=<script>")
     assert odd.status_code == 200 and odd.context["window"] == "hour"
 
@@ -148,6 +151,7 @@ def test_unreachable_valkey_is_a_clear_503(admin_client, monkeypatch):
     assert "Valkey cannot be read" in response.content.decode()
     fragment = admin_client.get(DASHBOARD + "?fragment=1")
     assert fragment.status_code == 503 and "Valkey cannot be read" in fragment.content.decode()
+    assert fragment[FRAGMENT_HEADER] == "1"  # swapped in: it says why there is nothing
 
 
 def test_the_chart_escapes_and_breaks_lines_at_gaps():

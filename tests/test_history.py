@@ -11,7 +11,12 @@ import redis
 
 from django_outbox import Verdict
 from django_outbox.core.errors import Duplicate, OutboxFull, OutboxUnavailable
-from django_outbox.core.history import LATENCY_BUCKETS, HistoryCounter, latency_bucket
+from django_outbox.core.history import (
+    LATENCY_BUCKETS,
+    MAX_PENDING_MINUTES,
+    HistoryCounter,
+    latency_bucket,
+)
 from django_outbox.core.keys import KeySpace
 from django_outbox.core.worker import Worker
 
@@ -172,6 +177,31 @@ def test_the_counter_uses_valkeys_clock_and_the_deliveries_own_time():
     assert ws == "w1"
     assert minute == (now["us"] + 90_000_000) // 60_000_000
     assert latency_bucket(0.05) == 0 and latency_bucket(7200) == len(LATENCY_BUCKETS) - 1
+
+
+def test_settles_without_a_worker_hold_a_bounded_number_of_minutes(make_outbox):
+    # adeliver_once in a loop of its own (no Worker writes the counts): a settle a
+    # minute for longer than MAX_PENDING_MINUTES must not keep every minute in memory.
+    clock = Clock()
+    outbox = make_outbox(clock=clock, retry_backoff=0, max_attempts=1000, **NO_USER_BOUNDS)
+
+    async def refuse(entry, **kwargs):
+        raise RuntimeError("refused")
+
+    async def run(minutes: int) -> None:
+        try:
+            for _ in range(minutes):
+                assert await outbox.adeliver_once(WS, "s1", deliverer=refuse)
+                clock.now += 60
+        finally:
+            await outbox.aclose()
+
+    accept(outbox, "k1", "always refused")
+    asyncio.run(run(MAX_PENDING_MINUTES + 30))
+    held = outbox.history_counter.take()
+    assert len(held) <= MAX_PENDING_MINUTES + 1
+    assert min(minute for minute, _ in held) >= MINUTE + 30 - 1  # the newest are kept
+    assert sum(c["o:failed"] for c in held.values()) == len(held)
 
 
 def test_off_counter_counts_nothing():

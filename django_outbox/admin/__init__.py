@@ -310,9 +310,15 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             data = dashboard.context(get_outbox(), window, workspace_id)
         except OutboxUnavailable as exc:
             context = self.page_context(request, title, unavailable=str(exc), **links)
-            return TemplateResponse(request, template, context, status=503)
-        context = self.page_context(request, title, **{**links, **data})
-        return TemplateResponse(request, template, context)
+            response = TemplateResponse(request, template, context, status=503)
+        else:
+            context = self.page_context(request, title, **{**links, **data})
+            response = TemplateResponse(request, template, context)
+        if fragment:
+            # dashboard.js swaps in only what carries this: never a login page the
+            # request was redirected to once the admin session expired.
+            response[dashboard.FRAGMENT_HEADER] = "1"
+        return response
 
     # -- the entry page ------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ from ..core.history import LATENCY_BUCKETS, History, HistoryMinute
 WINDOWS = {"hour": (60, 1), "day": (1440, 10)}
 #: Seconds between two refreshes of the page's body.
 REFRESH_SECONDS = 10
+#: The response header that marks a refresh fragment (``dashboard.js`` swaps in nothing else).
+FRAGMENT_HEADER = "X-Outbox-Dashboard-Fragment"
 #: Statuses charted from the minute's sample, in this order.
 STATUSES = ("pending", "delivering", "verifying", "error", "parked")
 #: Sessions needing attention listed, at most.

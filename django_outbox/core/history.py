@@ -144,6 +144,7 @@ class HistoryCounter:
         self.offset_us: int | None = None
         self._clock = clock or (lambda: time.time_ns() // 1000)
         self._counts: dict[tuple[int, str], Counter[str]] = {}
+        self._newest = 0  # the minute (now) of the last prune
 
     @property
     def enabled(self) -> bool:
@@ -161,14 +162,27 @@ class HistoryCounter:
 
     def add(self, workspace_id: str, name: str, n: int = 1, at_us: int | None = None) -> None:
         """Count ``n`` of field ``name`` for ``workspace_id`` in the minute of ``at_us``
-        (Valkey-clock microseconds; None: now)."""
+        (Valkey-clock microseconds; None: now). Counts older than
+        :data:`MAX_PENDING_MINUTES` are dropped when a new minute starts, so a process
+        that settles without a worker writing its counts (``adeliver_once`` in a loop of
+        its own) holds at most that many minutes."""
         if not self.enabled or n <= 0:
             return
         key = (self._minute(at_us), workspace_id)
         counts = self._counts.get(key)
         if counts is None:
+            now = self._minute()
+            if now != self._newest:
+                self._newest = now
+                self._drop_older_than(now - MAX_PENDING_MINUTES)
+            if key[0] < now - MAX_PENDING_MINUTES:
+                return
             counts = self._counts[key] = Counter()
         counts[name] += n
+
+    def _drop_older_than(self, oldest: int) -> None:
+        for key in [k for k in self._counts if k[0] < oldest]:
+            del self._counts[key]
 
     def settled(self, workspace_id: str, entry: Entry, outcome: str, kind: str, raw: Any) -> None:
         """Count one settle: ``entry`` as claimed (a ``verifying`` one was a verification),

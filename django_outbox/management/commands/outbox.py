@@ -55,12 +55,15 @@ def _ago(epoch: float | None, now: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def _minutes_arg(text: str) -> int:
+def _minutes_arg(text: Any) -> int:
     """``--minutes``: checked here, not by argparse, so a bad value exits 2 from
     ``call_command`` too (argparse's own errors are 1 there)."""
     try:
+        # call_command may pass anything: only digits (or an int) are a whole number.
+        if isinstance(text, bool) or not isinstance(text, (int, str)):
+            raise TypeError(text)
         value = int(text)
-    except ValueError:
+    except (TypeError, ValueError):
         value = 0
     if not 1 <= value <= 44_640:
         raise _exit("--minutes must be a whole number from 1 to 44640 (31 days)", REFUSED)
