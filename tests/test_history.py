@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import redis
 
-from django_outbox import Verdict
+from django_outbox import LEDGER_STATE_TURN_ENDED, Verdict
 from django_outbox.core.errors import Duplicate, OutboxFull, OutboxUnavailable
 from django_outbox.core.history import (
     LATENCY_BUCKETS,
@@ -83,6 +83,32 @@ def test_a_window_of_zero_writes_no_history(make_outbox, r):
     outbox.park_workspace(WS, reason="maintenance")
     assert hist(r, MINUTE, WS) == {} and hist(r, MINUTE, None) == {}
     assert outbox.history(minutes=5, workspace_id=WS).total("a") == 0
+
+
+def test_a_ledger_confirmation_counts_as_delivered(make_outbox, r):
+    clock = Clock()
+
+    async def probe(**kwargs):
+        return LEDGER_STATE_TURN_ENDED
+
+    outbox = make_outbox(clock=clock, ledger_probe=probe, max_attempts=1)
+    accept(outbox, "k1", "hello")
+
+    async def fail_then_sweep():
+        async def refused(entry, **kwargs):
+            raise RuntimeError("refused")
+
+        try:
+            await outbox.adeliver_once(WS, SES, deliverer=refused)
+            assert await outbox.asweep_workspace_parked_errors(WS) == 1
+            await outbox.aflush_history(outbox.history_counter)
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(fail_then_sweep())
+    assert hist(r, MINUTE, WS) == {"a": 1, "o:failed": 1, "e": 1, "vl": 1}
+    (minute,) = [m for m in outbox.history(3, WS).minutes if m.minute == MINUTE]
+    assert minute.delivered == 1 and minute.failed == 1
 
 
 def test_parking_counts_the_entries_it_parks(make_outbox, r):
@@ -238,6 +264,8 @@ def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(cluster_outbox, cl
     r = redis.Redis.from_url(cluster_node_url, decode_responses=True)
     accept(outbox, "k1", "one")
     accept(outbox, "k2", "two", ws="w2")
+    outbox.park_workspace("w2", reason="maintenance")
+    r.hset(f"outboxhist:{{w2}}:{MINUTE}", "vl", 1)  # as the ledger sweep's script writes it
     clock.now += 60
 
     async def sample():
@@ -247,7 +275,7 @@ def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(cluster_outbox, cl
             await outbox.aclose()
 
     assert asyncio.run(sample())
-    assert hist(r, MINUTE, None)["a"] == 2
+    assert hist(r, MINUTE, None) == {"a": 2, "p": 1, "vl": 1}
     r.close()
 
 

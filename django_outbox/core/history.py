@@ -12,7 +12,8 @@ Fields (all counts, except the samples):
 ``a``           accepted (``accept.lua``, replays and refusals not counted)
 ``p``           entries parked (accepted into a parked workspace, or by a park)
 ``d``           delivered by the deliverer
-``v``           confirmed delivered by the verifier, or by the ledger probe
+``v``           confirmed delivered by the verifier
+``vl``          confirmed delivered by the ledger probe (``operate.lua``)
 ``o:<outcome>`` settles of any other outcome: ``failed``, ``absent``, ``transient``,
                 ``prior_pending``, ``ambiguous``, ``inconclusive``, ``unverifiable``
 ``e``           entries a settle moved to error (attempts or verification exhausted)
@@ -26,11 +27,11 @@ Fields (all counts, except the samples):
 
 Who writes what, and what it costs:
 
-* ``accept.lua`` and ``operate.lua`` count ``a``, ``p`` and the ledger's ``v`` in the
+* ``accept.lua`` and ``operate.lua`` count ``a``, ``p`` and ``vl`` in the
   same script as the transition: exact, one HINCRBY per key (the TTL is set only when a
   field is new). On a cluster they reach the workspace's HASH only (the total lives in
-  another slot); the worker sampling a minute adds the workspaces' ``a`` and ``p`` of
-  the minute before into the total (:meth:`HistoryReads.asample_history`).
+  another slot); the worker sampling a minute adds the workspaces' ``a``, ``p`` and
+  ``vl`` of the minute before into the total (:meth:`HistoryReads.asample_history`).
 * The worker counts its own settles in memory (:class:`HistoryCounter`) and writes
   them every :data:`FLUSH_EVERY` seconds in one pipeline, off the delivery path: no
   command per message. A worker killed with SIGKILL loses at most that much of its
@@ -92,6 +93,9 @@ UNKNOWN_OUTCOMES = ("ambiguous", "inconclusive")
 FLUSH_EVERY = 2.0
 #: Minutes of unwritten counts a worker keeps while Valkey cannot be reached.
 MAX_PENDING_MINUTES = 60
+#: The fields only scripts count (so only a workspace's HASH has them on a cluster,
+#: where the sampler adds them into the total).
+ROLLED_UP = ("a", "p", "vl")
 #: Workspaces whose accepts the cluster sampler adds into the total, at most.
 ROLLUP_MAX_WORKSPACES = 10_000
 
@@ -257,7 +261,7 @@ class HistoryMinute:
     @property
     def delivered(self) -> int:
         """Delivered in the minute: by the deliverer and confirmed by the verifier or ledger."""
-        return self.get("d") + self.get("v")
+        return self.get("d") + self.get("v") + self.get("vl")
 
     @property
     def failed(self) -> int:
@@ -454,19 +458,21 @@ class HistoryReads(Transport):
         return reads.entry_counts(), reads.most_overdue(), len(reads.live_workers())
 
     def _rollup_calls(self, minute: int) -> list[Cmd]:
+        """Cluster only: the total's script-counted fields of ``minute`` (:data:`ROLLED_UP`),
+        summed over the workspaces' HASHes (at most ``ROLLUP_MAX_WORKSPACES``)."""
         reads: Any = self
         names = reads.workspaces()[:ROLLUP_MAX_WORKSPACES]
         answers = self.execute_many(
-            ("HMGET", self.keys.history(minute, ws), "a", "p") for ws in names
+            ("HMGET", self.keys.history(minute, ws), *ROLLED_UP) for ws in names
         )
-        accepted = parked = 0
+        sums = dict.fromkeys(ROLLED_UP, 0)
         for answer in answers:
             if isinstance(answer, Exception):
                 continue
-            accepted += int(answer[0] or 0)
-            parked += int(answer[1] or 0)
+            for name, value in zip(ROLLED_UP, answer, strict=True):
+                sums[name] += int(value or 0)
         key = self.keys.history(minute)
         return [
-            Cmd(("HSET", key, "a", accepted, "p", parked)),
+            Cmd(("HSET", key, *[x for kv in sums.items() for x in kv])),
             Cmd(("PEXPIRE", key, self._history_ttl_ms)),
         ]

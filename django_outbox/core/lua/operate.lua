@@ -15,8 +15,8 @@
 --                                  (its entry_delivered is owed; the next claim fires it)
 --   ledger_rearm <id> <attempts>   error entry with no ledger row or a failed one -> pending
 -- ARGV[7], ARGV[8]: the op's arguments as above. ARGV[9]: HISTORY_WINDOW (ms; 0 or
--- absent: nothing counted): park counts its entries as parked, ledger_complete as
--- verified, in the per-minute history (README "Dashboard").
+-- absent: nothing counted): park counts its entries as parked ('p'), ledger_complete
+-- its confirmation ('vl'), in the per-minute history (README "Dashboard").
 -- An entry staged with a live lease, or the entry the lease is held for, is busy.
 -- Returns {result, version, count, watched, changed entries...}; result is 'updated',
 -- 'removed', 'not_found', 'busy' or 'ok' (bulk ops; count says how many).
@@ -141,7 +141,7 @@ if op == 'ledger_complete' or op == 'ledger_rearm' then
     st.deliveredAt = iso(NOW)
     uncount(st)
     redis.call('RPUSH', D, join(st, content))
-    count_history('v', 1, history_ttl)
+    count_history('vl', 1, history_ttl)
     changed[1] = raw
     return finish('removed', 1)
   end
