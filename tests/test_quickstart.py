@@ -8,7 +8,9 @@
   runs the page's commands: ``check``, ``migrate``, ``createsuperuser``,
   ``collectstatic``, uvicorn serving the project on a real Valkey, ``watch.py`` on the
   WebSocket, the accept over HTTP (the page's curl request, sent with httpx), and
-  ``outbox_worker`` delivering it to the quickstart's agent.
+  ``outbox_worker`` delivering it to the quickstart's agent; then the frontend page of
+  docs/howto/frontend.md (its view, URL and template as shown there) in headless
+  Chromium: a prompt typed on the page is delivered and shown sent.
 - The fast tests check that every relative link of README.md and of the docs pages
   resolves, and that the settings reference names every ``OUTBOX`` key.
 """
@@ -99,6 +101,15 @@ def test_quickstart_from_wheel(tmp_path):
     for name in ("urls.py", "asgi.py", "agent.py"):
         shutil.copyfile(SNIPPETS / name, site / "mysite" / name)
     shutil.copyfile(SNIPPETS / "watch.py", site / "watch.py")
+    # The frontend page (docs/howto/frontend.md): its view, URL and template as shown.
+    view, route, template = frontend_snippets()
+    (site / "mysite" / "views.py").write_text(view, encoding="utf-8")
+    (site / "templates").mkdir()
+    (site / "templates" / "queue.html").write_text(template, encoding="utf-8")
+    with (site / "mysite" / "urls.py").open("a", encoding="utf-8") as urls:
+        urls.write(f"\nfrom mysite import views  # noqa: E402\n\nurlpatterns.append({route})\n")
+    with settings_py.open("a", encoding="utf-8") as settings:
+        settings.write('\nTEMPLATES[0]["DIRS"] = [BASE_DIR / "templates"]\n')
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -204,6 +215,11 @@ def test_quickstart_from_wheel(tmp_path):
                 assert f'"state": "{state}"' in frames, frames
             inbox = read(site / "agent-inbox.jsonl").splitlines()
             assert len(inbox) == 1 and entry_id in inbox[0] and "Hello, agent" in inbox[0]
+
+            # 5. The frontend page in a real browser: a prompt typed there is delivered.
+            if frontend_in_browser(tmp_path, server):
+                inbox = read(site / "agent-inbox.jsonl").splitlines()
+                assert len(inbox) == 2 and "Hello from the page" in inbox[1]
             assert stop(worker) == 0, log("worker")
         finally:
             for proc in procs:
@@ -212,6 +228,51 @@ def test_quickstart_from_wheel(tmp_path):
                 out.close()
     # The brief's bound for this test (the first run fills pip's cache and may be slower).
     print(f"quickstart from wheel: {time.monotonic() - started:.1f}s")
+
+
+def frontend_snippets() -> tuple[str, str, str]:
+    """The frontend page's view module, URL pattern and template, as docs/howto/frontend.md
+    shows them."""
+    blocks = re.findall(r"```(\w+)\n(.*?)```", read(DOCS / "howto" / "frontend.md"), re.S)
+    view = next(code for lang, code in blocks if lang == "python" and "# views.py" in code)
+    template = next(code for lang, code in blocks if lang == "html" and "queue.html" in code)
+    found = re.search(r"# urls\.py: (path\(.*\))", view)
+    assert found, "the page names the view's URL pattern"
+    return view, found.group(1), template
+
+
+def frontend_in_browser(tmp_path: Path, server: str) -> bool:
+    """Log in, open the frontend page, send a prompt and wait until the page shows it
+    sent; False (and why, printed) when there is no headless browser here."""
+    from .test_browser import CHROMEDRIVER, CHROMIUM, start_chrome
+
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        print("quickstart: no headless browser, the frontend page was not tried")
+        return False
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = start_chrome(tmp_path, "frontend")
+    wait = WebDriverWait(driver, 30, poll_frequency=0.1)
+    try:
+        driver.get(f"{server}/admin/login/?next=/queue/ws1/ses2/")
+        wait.until(ec.presence_of_element_located((By.ID, "id_username"))).send_keys("admin")
+        driver.find_element(By.ID, "id_password").send_keys(PASSWORD)
+        driver.find_element(By.CSS_SELECTOR, "[type=submit]").click()
+        box = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "#prompt input")))
+        box.send_keys("Hello from the page")
+        driver.find_element(By.CSS_SELECTOR, "#prompt button").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "queue"), "Hello from the page: sent"))
+        console = [
+            e["message"]
+            for e in driver.get_log("browser")
+            if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]  # (none here)
+        ]
+        assert console == [], console
+    finally:
+        driver.quit()
+    return True
 
 
 # --- fast checks ---------------------------------------------------------------------------
