@@ -517,6 +517,35 @@ class TestAdminIndices:
         call(outbox, "operate", "dismiss", e.id, "")
         assert r.zrange(outbox.keys.attention, 0, -1) == []
 
+    def test_a_verified_delivery_leaves_attention_at_once(self, outbox, r):
+        # The settle moves the entry out of the queue: the session needs no eye any more,
+        # even while the lease is still held for the entry_delivered acknowledgement.
+        e = seed(outbox, status="verifying")
+        assert call(outbox, "claim", "tok", 30_000)[0] == "verify"
+        assert r.zrange(outbox.keys.attention, 0, -1) == ["w1 s1"]
+        assert settle(outbox, "tok", e.id, "delivered")[0] == "removed"
+        assert r.zrange(outbox.keys.attention, 0, -1) == []
+
+    def test_a_delivered_settle_in_staging_leaves_every_index_as_it_was(self, outbox, r):
+        # Issue 21: this settle reindexes nothing, so the indices must already be exact.
+        first = seed(outbox, accepted=NOW - 2)
+        seed(outbox, accepted=NOW - 1)
+        assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"
+        keys = outbox.keys.session(WS, SES)
+
+        def indices():
+            return (
+                r.zrange(keys.due, 0, -1, withscores=True),
+                r.zrange(outbox.keys.workspaces_due, 0, -1, withscores=True),
+                r.zrange(outbox.keys.attention, 0, -1),
+                r.zrange(keys.attention, 0, -1),
+            )
+
+        before = indices()
+        assert before[2] == ["w1 s1"]  # a pending entry waits behind the lease
+        assert settle(outbox, "tok", first.id, "delivered", now=NOW + 5_000)[0] == "removed"
+        assert indices() == before
+
     def test_pending_behind_a_lease_is_blocked(self, outbox, r):
         seed(outbox, accepted=NOW - 2)
         call(outbox, "claim", "tok", 30_000)
