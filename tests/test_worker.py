@@ -316,3 +316,23 @@ async def test_events_nobody_listens_to_are_not_built(make_outbox, signals_log, 
     assert await outbox.adeliver_once(WS, "s1")
     assert seen == []
     await outbox.aclose()
+
+
+async def test_a_busy_worker_leaves_wake_items_for_workers_with_room(make_outbox, r):
+    # Issue 21: a worker whose slots are all taken takes no more from the wake list, so
+    # several workers share a backlog evenly instead of one hoarding a whole LPOP batch.
+    agent = BlockingDeliverer()
+    worker_box = make_outbox(deliverer=agent)
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker_box.arun(tick=30, stop=stop, heartbeat=False, concurrency=1))
+    await asyncio.sleep(0.2)  # the worker is idle in BLPOP
+    for i in range(3):
+        await worker_box.aaccept(WS, f"s{i}", user_id="u", client_message_id="k", text=f"{i}")
+    await asyncio.wait_for(agent.started.wait(), 5)
+    await asyncio.sleep(0.2)  # time to (wrongly) take more
+    assert r.llen(worker_box.keys.wake) == 2 and agent.calls == ["0"]
+    agent.release()
+    await wait_for(lambda: len(agent.calls) == 3, message="the rest delivered")
+    stop.set()
+    await asyncio.wait_for(run, 10)
+    await worker_box.aclose()

@@ -125,6 +125,7 @@ class Worker:
         self._dirty: set[tuple[str, str]] = set()
         self._slots = asyncio.Semaphore(concurrency)
         self._changed = asyncio.Event()
+        self._freed = asyncio.Event()  # set when a delivery task ends (a slot is free)
         #: Sessions the last scan offered that were neither queued nor running.
         self.fresh = 0
 
@@ -162,8 +163,15 @@ class Worker:
         # a longer BLPOP would time out on the socket and count as an error.
         block = min(max(self.tick, 0.01), WAKE_WAIT_MAX)
         while not self.stop.is_set():
+            # Take only what a free slot can start: an item left in the list goes to
+            # a worker with room (several workers share one backlog evenly).
+            self._freed.clear()
+            room = self.concurrency - len(self._running) - self._ready.qsize()
+            if room <= 0:
+                await self._until_freed()
+                continue
             try:
-                pairs = await self.outbox.await_wake(key, block, WAKE_BATCH)
+                pairs = await self.outbox.await_wake(key, block, min(WAKE_BATCH, room - 1))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -174,6 +182,16 @@ class Worker:
             for ws, ses in pairs:
                 self.stats.wakes += 1
                 self._offer(ws, ses)
+
+    async def _until_freed(self) -> None:
+        """Wait until a delivery task ends (or the worker stops)."""
+        waiter = asyncio.ensure_future(self._freed.wait())
+        stopper = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopper.cancel()
 
     async def _tick_loop(self) -> None:
         while not self.stop.is_set():
@@ -229,6 +247,7 @@ class Worker:
             self._running.pop(key, None)
             self._slots.release()
             self._changed.set()
+            self._freed.set()
             if key in self._dirty and not self.stop.is_set():
                 self._dirty.discard(key)
                 self._offer(ws, ses)
