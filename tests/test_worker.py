@@ -336,3 +336,29 @@ async def test_a_busy_worker_leaves_wake_items_for_workers_with_room(make_outbox
     stop.set()
     await asyncio.wait_for(run, 10)
     await worker_box.aclose()
+
+
+@pytest.mark.standalone
+async def test_a_delivery_nobody_listens_to_costs_one_script(make_outbox, r):
+    # Issue 21: with no entry_delivered to fire in between, a delivery is settled together
+    # with the session's next claim (settle_next.lua): one script per message, not two.
+    delivered = []
+
+    async def deliver(entry, **kwargs):
+        delivered.append(entry.text)
+
+    outbox = make_outbox(deliverer=deliver, **NO_USER_BOUNDS)
+    for i in range(10):
+        await outbox.aaccept(WS, "s1", user_id="u", client_message_id=f"k{i}", text=f"{i}")
+    r.config_resetstat()
+    stats = await outbox.arun(once=True, concurrency=1, heartbeat=False)
+    scripts = r.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert delivered == [str(i) for i in range(10)] and stats.steps == 10
+    assert await outbox.alist(WS, "s1") == []
+    keys = outbox.keys.session(WS, "s1")
+    assert not r.exists(keys.lock, keys.staging, keys.queue)
+    # One claim, ten settles that claim the next (the last finds nothing and releases),
+    # and four reads of the start-up's recovery and scan: 1 + 10 + 4 (25 before: a
+    # settle and a claim per message).
+    assert scripts <= 1 + 10 + 4, scripts
+    await outbox.aclose()

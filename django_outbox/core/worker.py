@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .config import Config
+from .delivery import Claimed
 from .errors import OutboxUnavailable
 from .keys import KeySpace
 from .reads import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, WorkerHeartbeat
@@ -63,7 +64,13 @@ class WorkerOutbox(Protocol):
     owner: str
 
     async def astep(
-        self, workspace_id: str, session_id: str, deliverer: Callable[..., Any], carry: Any = None
+        self,
+        workspace_id: str,
+        session_id: str,
+        deliverer: Callable[..., Any],
+        carry: Any = None,
+        *,
+        more: Callable[[], bool] | None = None,
     ) -> tuple[bool, Any]: ...
     async def arelease(self, workspace_id: str, session_id: str, carry: Any) -> None: ...
     async def adue_sessions(self, limit: int) -> list[tuple[str, str]]: ...
@@ -183,6 +190,10 @@ class Worker:
                 self.stats.wakes += 1
                 self._offer(ws, ses)
 
+    def _running_on(self) -> bool:
+        """Whether the worker goes on (not stopping): asked after each delivery."""
+        return not self.stop.is_set()
+
     async def _until_freed(self) -> None:
         """Wait until a delivery task ends (or the worker stops)."""
         waiter = asyncio.ensure_future(self._freed.wait())
@@ -222,8 +233,13 @@ class Worker:
         key = (ws, ses)
         carry = None
         try:
-            while not self.stop.is_set():
-                took, carry = await self.outbox.astep(ws, ses, self.deliverer, carry)
+            # A carry that holds the next claim (delivery.Claimed) is stepped even after
+            # stop: its entry is staged under our lease, and delivering it within the
+            # grace beats leaving it to be verified. No further claim is made then.
+            while not self.stop.is_set() or isinstance(carry, Claimed):
+                took, carry = await self.outbox.astep(
+                    ws, ses, self.deliverer, carry, more=self._running_on
+                )
                 if took:
                     self.stats.steps += 1
                     continue
