@@ -318,6 +318,7 @@ async def test_events_nobody_listens_to_are_not_built(make_outbox, signals_log, 
     await outbox.aclose()
 
 
+@pytest.mark.standalone
 async def test_a_busy_worker_leaves_wake_items_for_workers_with_room(make_outbox, r):
     # Issue 21: a worker whose slots are all taken takes no more from the wake list, so
     # several workers share a backlog evenly instead of one hoarding a whole LPOP batch.
