@@ -159,6 +159,27 @@ def test_the_worker_writes_outcomes_and_latency(make_outbox, r):
     assert not outbox.history_counter.pending
 
 
+def test_deliveries_settled_with_the_next_claim_are_counted(make_outbox):
+    # Nobody listens to entry_delivered here, so the worker settles each delivery in the
+    # script that claims the session's next entry (settle_next.lua): counted all the same.
+    outbox = make_outbox(**NO_USER_BOUNDS)
+    for n in range(8):
+        accept(outbox, f"k{n}", f"prompt {n}")
+    scripts = []
+    outbox.step_listeners.append(lambda *args: scripts.append(args))
+
+    async def run():
+        worker = Worker(outbox, lambda entry, **kw: None, concurrency=2, tick=0.05,
+                        stop=asyncio.Event(), once=True)  # fmt: skip
+        await worker.run()
+        await outbox.aclose()
+
+    asyncio.run(run())
+    assert len(scripts) == 8
+    history = outbox.history(minutes=2, workspace_id=WS)
+    assert history.total("d") == 8 and sum(history.latency_counts()) == 8
+
+
 def test_a_settle_that_lost_its_lease_is_not_counted(make_outbox, r):
     outbox = make_outbox()
     accept(outbox, "k1", "hello")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from django_outbox import DismissResult, RetryResult, Status, Verdict
+from django_outbox.core.delivery import Claimed
 from django_outbox.core.entry import format_time
 from django_outbox.core.worker import Worker
 
@@ -345,8 +346,8 @@ class AcceptAfterIdle:
             self.outbox.owner = value
         object.__setattr__(self, name, value)
 
-    async def astep(self, ws, ses, deliverer, carry=None):
-        took, carry = await self.outbox.astep(ws, ses, deliverer, carry)
+    async def astep(self, ws, ses, deliverer, carry=None, *, more=None):
+        took, carry = await self.outbox.astep(ws, ses, deliverer, carry, more=more)
         if not took and not self.done:
             self.done = True
             wakes = self.worker.stats.wakes
@@ -370,3 +371,52 @@ async def test_a_wake_during_a_sessions_last_step_is_not_lost(amake):
     await wait_for(lambda: delivered == ["k1", "k2"], 10, message="k2 delivered before the tick")
     stop.set()
     await run
+
+
+class StopAfterClaimingAhead:
+    """The worker's outbox, except that the stop comes right after a settle that claimed
+    the next entry (settle_next.lua): the window between that claim and the next step."""
+
+    def __init__(self, outbox, stop) -> None:
+        self.outbox = outbox
+        self.stop = stop
+
+    def __getattr__(self, name):
+        return getattr(self.outbox, name)
+
+    def __setattr__(self, name, value):
+        if name == "owner":
+            self.outbox.owner = value
+        object.__setattr__(self, name, value)
+
+    async def astep(self, ws, ses, deliverer, carry=None, *, more=None):
+        took, carry = await self.outbox.astep(ws, ses, deliverer, carry, more=more)
+        if isinstance(carry, Claimed):
+            self.stop.set()
+        return took, carry
+
+
+async def test_an_entry_claimed_ahead_is_delivered_after_a_stop_not_left_staged(amake, r):
+    # Issue 21: a delivery nobody's entry_delivered listens to is settled with the next
+    # claim. A stop right then must not leave that entry staged (it would come back as
+    # verifying, though it was never sent): the worker delivers it within the grace.
+    delivered = []
+
+    async def agent(entry, **kwargs):
+        delivered.append(entry.text)
+
+    outbox = amake(deliverer=agent)
+    await aaccept(outbox, "a")
+    await aaccept(outbox, "b")
+    await aaccept(outbox, "c")
+    stop = asyncio.Event()
+    worker = Worker(
+        StopAfterClaimingAhead(outbox, stop), None, concurrency=1, tick=30, stop=stop,
+        heartbeat=False,
+    )  # fmt: skip
+    await asyncio.wait_for(worker.run(), 10)
+    assert delivered == ["a", "b"]  # "b" was claimed with a's settle; "c" was not claimed
+    assert [e.text for e in await outbox.alist(WS, SES)] == ["c"]
+    keys = outbox.keys.session(WS, SES)
+    assert not r.exists(keys.lock, keys.staging)
+    assert (await outbox.alist(WS, SES))[0].status == Status.PENDING

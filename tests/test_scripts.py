@@ -8,7 +8,14 @@ import pytest
 from django_outbox import Entry
 from django_outbox.core.delivery import RECEIPT_TTL_MS
 from django_outbox.core.entry import format_time, new_entry_id, parse_time
-from django_outbox.core.scripts import _read, accept_argv, load_scripts, renew_call, settle_argv
+from django_outbox.core.scripts import (
+    _read,
+    accept_argv,
+    load_scripts,
+    renew_call,
+    settle_argv,
+    settle_next_argv,
+)
 
 WS, SES = "w1", "s1"
 NOW = 1_764_466_959_000_000  # microseconds
@@ -347,6 +354,70 @@ class TestSettle:
         )
 
 
+def settle_next(outbox, token, entry_id, *acknowledge, now=NOW):
+    args = settle_next_argv(token, entry_id, outbox.config, RECEIPT_TTL_MS, 30_000, acknowledge)
+    return call(outbox, "settle_next", *args, now=now)
+
+
+class TestSettleNext:
+    """settle_next.lua: a delivered-settle and the next claim as one transition (issue 21)."""
+
+    def test_records_the_delivery_acknowledges_it_and_stages_the_next(self, outbox, r):
+        first = seed(outbox, accepted=NOW - 2)
+        second = seed(outbox, accepted=NOW - 1)
+        assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"
+        kind, settled, claimed = settle_next(outbox, "tok", first.id, first.id)
+        keys = outbox.keys.session(WS, SES)
+        assert kind == "next" and settled[0] == "removed"
+        assert Entry.from_json(settled[1]).delivered_at == format_time(NOW)
+        assert claimed[0] == "deliver" and Entry.from_json(claimed[1]).id == second.id
+        assert claimed[2] == settled[2] + 1  # one version per change, in order
+        staged = r.lrange(keys.staging, 0, -1)
+        assert [Entry.from_json(x).id for x in staged] == [second.id]  # the first acknowledged
+        assert r.get(keys.lock).split() == ["tok", str(NOW // 1000), second.id]
+        assert r.llen(keys.queue) == 0
+        # The reply was lost and the holder asks again: the same next entry, nothing moved.
+        again = settle_next(outbox, "tok", first.id, first.id)
+        assert again[1] == ["replayed", "removed"] and again[2][:2] == claimed[:2]
+        assert r.lrange(keys.staging, 0, -1) == staged
+
+    def test_the_last_delivery_releases_the_lease(self, outbox, r):
+        e = seed(outbox)
+        call(outbox, "claim", "tok", 30_000)
+        kind, settled, claimed = settle_next(outbox, "tok", e.id, e.id)
+        keys = outbox.keys.session(WS, SES)
+        assert (kind, settled[0], claimed[0]) == ("next", "removed", "idle")
+        assert not r.exists(keys.lock, keys.staging, keys.queue)
+        assert r.zscore(keys.due, SES) is None
+
+    def test_nothing_recorded_claims_nothing(self, outbox, r):
+        e = seed(outbox)
+        seed(outbox)
+        call(outbox, "claim", "tok", 30_000)
+        assert settle_next(outbox, "other", e.id, e.id) == ["lost"]
+        keys = outbox.keys.session(WS, SES)
+        assert r.get(keys.lock).split()[0] == "tok" and r.llen(keys.queue) == 1
+
+    def test_a_holder_that_dies_after_it_leaves_the_next_entry_to_verification(self, outbox, r):
+        first = seed(outbox, accepted=NOW - 2)
+        second = seed(outbox, accepted=NOW - 1)
+        call(outbox, "claim", "tok", 30_000)
+        settle_next(outbox, "tok", first.id, first.id)
+        r.delete(outbox.keys.session(WS, SES).lock)  # the holder died: its lease expired
+        answer = call(outbox, "claim", "new", 30_000)
+        # No owed signal (the first was acknowledged); the second may have been sent.
+        assert answer[0] == "verify" and Entry.from_json(answer[1]).id == second.id
+        assert Entry.from_json(answer[4]).status == "verifying"
+
+    def test_only_records_deliveries(self, outbox):
+        e = seed(outbox)
+        call(outbox, "claim", "tok", 30_000)
+        args = settle_next_argv("tok", e.id, outbox.config, RECEIPT_TTL_MS, 30_000, [e.id])
+        args[2] = "failed"
+        with pytest.raises(Exception, match="only records delivered"):
+            call(outbox, "settle_next", *args)
+
+
 class TestRenewAndRelease:
     @pytest.mark.standalone
     def test_renew_extends_only_own_leases(self, outbox, r):
@@ -516,6 +587,35 @@ class TestAdminIndices:
         assert r.zrange(outbox.keys.attention, 0, -1) == ["w1 s1"]
         call(outbox, "operate", "dismiss", e.id, "")
         assert r.zrange(outbox.keys.attention, 0, -1) == []
+
+    def test_a_verified_delivery_leaves_attention_at_once(self, outbox, r):
+        # The settle moves the entry out of the queue: the session needs no eye any more,
+        # even while the lease is still held for the entry_delivered acknowledgement.
+        e = seed(outbox, status="verifying")
+        assert call(outbox, "claim", "tok", 30_000)[0] == "verify"
+        assert r.zrange(outbox.keys.attention, 0, -1) == ["w1 s1"]
+        assert settle(outbox, "tok", e.id, "delivered")[0] == "removed"
+        assert r.zrange(outbox.keys.attention, 0, -1) == []
+
+    def test_a_delivered_settle_in_staging_leaves_every_index_as_it_was(self, outbox, r):
+        # Issue 21: this settle reindexes nothing, so the indices must already be exact.
+        first = seed(outbox, accepted=NOW - 2)
+        seed(outbox, accepted=NOW - 1)
+        assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"
+        keys = outbox.keys.session(WS, SES)
+
+        def indices():
+            return (
+                r.zrange(keys.due, 0, -1, withscores=True),
+                r.zrange(outbox.keys.workspaces_due, 0, -1, withscores=True),
+                r.zrange(outbox.keys.attention, 0, -1),
+                r.zrange(keys.attention, 0, -1),
+            )
+
+        before = indices()
+        assert before[2] == ["w1 s1"]  # a pending entry waits behind the lease
+        assert settle(outbox, "tok", first.id, "delivered", now=NOW + 5_000)[0] == "removed"
+        assert indices() == before
 
     def test_pending_behind_a_lease_is_blocked(self, outbox, r):
         seed(outbox, accepted=NOW - 2)

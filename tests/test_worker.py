@@ -316,3 +316,50 @@ async def test_events_nobody_listens_to_are_not_built(make_outbox, signals_log, 
     assert await outbox.adeliver_once(WS, "s1")
     assert seen == []
     await outbox.aclose()
+
+
+@pytest.mark.standalone
+async def test_a_busy_worker_leaves_wake_items_for_workers_with_room(make_outbox, r):
+    # Issue 21: a worker whose slots are all taken takes no more from the wake list, so
+    # several workers share a backlog evenly instead of one hoarding a whole LPOP batch.
+    agent = BlockingDeliverer()
+    worker_box = make_outbox(deliverer=agent)
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker_box.arun(tick=30, stop=stop, heartbeat=False, concurrency=1))
+    await asyncio.sleep(0.2)  # the worker is idle in BLPOP
+    for i in range(3):
+        await worker_box.aaccept(WS, f"s{i}", user_id="u", client_message_id="k", text=f"{i}")
+    await asyncio.wait_for(agent.started.wait(), 5)
+    await asyncio.sleep(0.2)  # time to (wrongly) take more
+    assert r.llen(worker_box.keys.wake) == 2 and agent.calls == ["0"]
+    agent.release()
+    await wait_for(lambda: len(agent.calls) == 3, message="the rest delivered")
+    stop.set()
+    await asyncio.wait_for(run, 10)
+    await worker_box.aclose()
+
+
+@pytest.mark.standalone
+async def test_a_delivery_nobody_listens_to_costs_one_script(make_outbox, r):
+    # Issue 21: with no entry_delivered to fire in between, a delivery is settled together
+    # with the session's next claim (settle_next.lua): one script per message, not two.
+    delivered = []
+
+    async def deliver(entry, **kwargs):
+        delivered.append(entry.text)
+
+    outbox = make_outbox(deliverer=deliver, **NO_USER_BOUNDS)
+    for i in range(10):
+        await outbox.aaccept(WS, "s1", user_id="u", client_message_id=f"k{i}", text=f"{i}")
+    r.config_resetstat()
+    stats = await outbox.arun(once=True, concurrency=1, heartbeat=False)
+    scripts = r.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert delivered == [str(i) for i in range(10)] and stats.steps == 10
+    assert await outbox.alist(WS, "s1") == []
+    keys = outbox.keys.session(WS, "s1")
+    assert not r.exists(keys.lock, keys.staging, keys.queue)
+    # One claim, ten settles that claim the next (the last finds nothing and releases),
+    # and four reads of the start-up's recovery and scan: 1 + 10 + 4 (25 before: a
+    # settle and a claim per message).
+    assert scripts <= 1 + 10 + 4, scripts
+    await outbox.aclose()

@@ -403,19 +403,20 @@ class OutboxBase(Transport):
         """Wait up to ``block`` seconds on wake list ``key`` (one of
         ``keys.index_keys("wake")``); return the ``(workspace_id, session_id)`` pairs
         taken: the first one BLPOP hands to exactly this caller, then up to ``batch``
-        more in one LPOP (a burst of accepts). ``[]`` when the wait timed out. Raises
-        what the BLPOP raises; a failed LPOP is logged and the pairs already taken
-        are returned.
+        more in one LPOP (a burst of accepts; none when ``batch`` is 0). ``[]`` when
+        the wait timed out. Raises what the BLPOP raises; a failed LPOP is logged and
+        the pairs already taken are returned.
         """
         client = self._aclient()
         item = await client.blpop([key], timeout=block)
         if item is None:
             return []
         items = [item[1]]
-        try:
-            items += await client.lpop(key, batch) or []
-        except Exception as exc:
-            logger.warning("outbox: wake read failed: %s", exc)
+        if batch > 0:
+            try:
+                items += await client.lpop(key, batch) or []
+            except Exception as exc:
+                logger.warning("outbox: wake read failed: %s", exc)
         pairs = []
         for raw in items:
             ws, _, ses = as_text(raw).partition(" ")

@@ -32,6 +32,7 @@ import socket
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .base import OutboxBase
@@ -40,7 +41,14 @@ from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryE
 from .keys import SessionKeys
 from .plans import Emit, Eval, Pipe, Plan, iter_once
 from .rules import MAX_ERROR_CHARS, clean_text, describe_error
-from .scripts import claim_argv, due_argv, release_argv, renew_call, settle_argv
+from .scripts import (
+    claim_argv,
+    due_argv,
+    release_argv,
+    renew_call,
+    settle_argv,
+    settle_next_argv,
+)
 from .tracing import record, settle_span, step_span
 from .transport import as_text, is_async_callable
 from .unavailable import retry_unavailable
@@ -56,6 +64,19 @@ RECEIPT_TTL_MS = 10 * 60 * 1000
 #: ``entry_delivered`` already fired, and the entries its release (or the next
 #: claim) must acknowledge.
 Carry = tuple[str, list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The other carry: the session's next claim, made under the same lease by the
+    settle of the delivery before it (``settle_next.lua``, when nobody listens to
+    ``entry_delivered``). ``token`` is the lease's, ``answer`` the claim's answer as
+    the claim plan returns it: ``(kind, entry or owed entries, recovered count)``. The
+    next step works on it without a claim of its own; released, its staged entry (if
+    any) is recovered as verifying, as a dead holder's would be."""
+
+    token: str
+    answer: tuple[str, Any, int]
 
 
 class LeaseKeeper:
@@ -180,19 +201,28 @@ class OutboxDelivery(OutboxBase):
         ws: str,
         ses: str,
         deliverer: Callable[..., Any],
-        carry: Carry | None = None,
-    ) -> tuple[bool, Carry | None]:
+        carry: Carry | Claimed | None = None,
+        *,
+        more: Callable[[], bool] | None = None,
+    ) -> tuple[bool, Carry | Claimed | None]:
         """One step (see :meth:`adeliver_once`); returns ``(step taken, carry)``.
 
-        ``carry`` (a :data:`Carry`) is what the previous step of the same session
-        returned: the next claim acknowledges its entries and reuses its lease,
-        which saves a round trip per message in the worker loop. Whoever ends the
-        loop must hand a carry back with :meth:`arelease`. Raises
-        :class:`~django_outbox.core.errors.OutboxUnavailable`.
+        ``carry`` (a :data:`Carry` or a :class:`Claimed`) is what the previous step of
+        the same session returned: the next claim acknowledges its entries and reuses
+        its lease (a :class:`Claimed` is that claim already made), which saves a round
+        trip per message in the worker loop. ``more`` (None: never) is asked once this
+        step has delivered whether the caller will step again; True lets a delivery
+        that nobody's ``entry_delivered`` listens to be settled together with the next
+        claim (a :class:`Claimed` carry: the caller must then step again, or release
+        it). Whoever ends the loop must hand a carry back with :meth:`arelease`.
+        Raises :class:`~django_outbox.core.errors.OutboxUnavailable`.
         """
         keys = self.keys.session(ws, ses)
-        token, ack = carry if carry is not None else (self._new_token(), [])
-        answer = await self._arun(self._claim_plan(ws, ses, token, ack))
+        if isinstance(carry, Claimed):
+            token, answer = carry.token, carry.answer
+        else:
+            token, ack = carry if carry is not None else (self._new_token(), [])
+            answer = await self._arun(self._claim_plan(ws, ses, token, ack))
         kind, claimed, recovered = answer
         if recovered:
             self._tell_listeners("recover", "recovered", str(recovered), 0.0)
@@ -233,9 +263,13 @@ class OutboxDelivery(OutboxBase):
                 else:
                     await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
                 raise
+            following: tuple[str, Any, int] | None = None
             try:
                 with settle_span(outcome):
-                    result = await self._asettle(ws, ses, token, entry, outcome, error)
+                    if outcome == "delivered" and more and more() and self._settles_with_next():
+                        result, following = await self._asettle_next(ws, ses, token, entry)
+                    else:
+                        result = await self._asettle(ws, ses, token, entry, outcome, error)
             finally:
                 if keeper.drop(token):
                     logger.warning(
@@ -259,16 +293,20 @@ class OutboxDelivery(OutboxBase):
         self._tell_listeners(step, outcome, result, seconds)
         if result == "owed":
             self._log_owed(ws, ses, [entry])
+        if following is not None:
+            return True, Claimed(token, following)
         delivered = result == "removed"
         return True, ((token, [entry.id]) if delivered else None)
 
-    async def arelease(self, workspace_id: str, session_id: str, carry: Carry) -> None:
+    async def arelease(self, workspace_id: str, session_id: str, carry: Carry | Claimed) -> None:
         """Hand back the lease of a ``carry`` and acknowledge its delivered entries
-        (their ``entry_delivered`` has fired). Raises
+        (their ``entry_delivered`` has fired); a :class:`Claimed` carry's staged entry
+        stays staged and is recovered as verifying by the next claim. Raises
         :class:`~django_outbox.core.errors.OutboxUnavailable`; a carry that is not
         released expires with its lease and its entries' signals are fired again
         by the next claimer (at-least-once, never lost)."""
-        await self._arun(self._release_plan(workspace_id, session_id, *carry))
+        token, ack = (carry.token, []) if isinstance(carry, Claimed) else carry
+        await self._arun(self._release_plan(workspace_id, session_id, token, ack))
 
     def _new_token(self) -> str:
         return f"{self.owner}.{secrets.token_hex(8)}"
@@ -288,8 +326,15 @@ class OutboxDelivery(OutboxBase):
         # is called: a claim lost in a failover would make the entry look never
         # tried, and it would be sent again without verification.
         answer, unacknowledged = yield from self._durably(call)
+        return (yield from self._claim_answer(ws, ses, answer, unacknowledged is not None))
+
+    def _claim_answer(
+        self, ws: str, ses: str, answer: Any, unreplicated: bool = False
+    ) -> Plan[Any]:
+        """``(kind, entry or owed entries, recovered count)`` of a claim's answer; emits
+        the events of the entries it staged or recovered."""
         kind: str = as_text(answer[0])
-        if unacknowledged is not None and kind == "deliver":  # (a verification sends nothing)
+        if unreplicated and kind == "deliver":  # (a verification sends nothing)
             kind = "unreplicated"
         if kind == "busy":
             return ("busy", None, 0)
@@ -496,6 +541,71 @@ class OutboxDelivery(OutboxBase):
                 outcome,
             )
         return kind
+
+    def _settles_with_next(self) -> bool:
+        """Whether a delivery may be settled together with the next claim: nobody
+        listens to ``entry_delivered`` (so no signal has to fire, and be acknowledged,
+        in between) and no replica or AOF wait applies (those follow each write)."""
+        return not self.listening("delivered", False) and not self._durability_waits()
+
+    async def _asettle_next(
+        self, ws: str, ses: str, token: str, entry: Entry
+    ) -> tuple[str, tuple[str, Any, int] | None]:
+        """Record a delivery and claim the next entry under the same lease, retrying
+        while Valkey is briefly unavailable (as :meth:`_asettle`; the script is
+        replay-safe). Returns ``(settle result, the next claim's answer or None)``."""
+        return await retry_unavailable(
+            lambda: self._arun(self._settle_next_plan(ws, ses, token, entry)),
+            patience=self.config.lock_ttl / 2,
+            first_delay=0.05,
+            max_delay=1.0,
+            what=f"recording delivered for {entry.id}",
+        )
+
+    def _settle_next_plan(
+        self, ws: str, ses: str, token: str, entry: Entry
+    ) -> Plan[tuple[str, tuple[str, Any, int] | None]]:
+        argv = settle_next_argv(
+            token, entry.id, self.config, RECEIPT_TTL_MS, self._lock_ttl_ms, [entry.id]
+        )
+        answer = yield self._session_eval("settle_next", ws, ses, extra_args=argv)
+        kind: str = as_text(answer[0])
+        settled_kind = as_text(answer[1][0]) if kind == "next" else kind
+        self.history_counter.settled(
+            ws,
+            entry,
+            "delivered",
+            settled_kind,
+            answer[1][1] if settled_kind == "removed" else None,
+        )
+        if kind != "next":
+            if kind == "lost":
+                logger.warning(
+                    "outbox: %s/%s %s: lease lost, outcome delivered left to verification",
+                    ws,
+                    ses,
+                    entry.id,
+                )
+            return kind, None
+        settled, claim = answer[1], answer[2]
+        if as_text(settled[0]) == "removed":
+            # Only watchers can be told now (nobody listens to entry_delivered, and the
+            # entry is acknowledged already): its events follow the settle's version.
+            watched = bool(settled[3])
+            kinds = [k for k in ("delivered", "updated") if self.listening(k, watched)]
+            if kinds:
+                version, done = int(settled[2]), Entry.from_json(settled[1])
+                events = [OutboxEvent(k, "sent", done, ws, ses, version, watched) for k in kinds]
+                if any(e.kind == "delivered" for e in (yield Emit(events))):
+                    logger.warning(
+                        "outbox: %s/%s: entry_delivered of %s asked to be fired again, but "
+                        "it was acknowledged with the settle (a receiver connected meanwhile)",
+                        ws,
+                        ses,
+                        entry.id,
+                    )
+        following = yield from self._claim_answer(ws, ses, claim)
+        return "removed", following
 
     def _staged_delivered_plan(
         self, ws: str, ses: str, entry_id: str

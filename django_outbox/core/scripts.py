@@ -35,6 +35,9 @@ SCRIPT_NAMES = (
     "due",
     "sockets",
 )
+#: Scripts that run others' bodies one after the other: ``{name: (file, parts)}``; the
+#: file holds the glue, and each part's body goes where its line ``--@<part>`` stands.
+COMBINED = {"settle_next": ("settle_next", ("settle", "claim"))}
 #: Copies of a script that run only one of its operations: ``{name: (file, operation)}``.
 #: They exist for their flags (see ALLOW_OOM).
 VARIANTS = {"dismiss": ("operate", "dismiss"), "settle_delivered": ("settle", "delivered")}
@@ -46,12 +49,13 @@ READ_ONLY = {"snapshot", "statuses", "due"}
 #: the other settles and operator actions) is refused whole, before it runs, on a
 #: full server (README "Operations").
 ALLOW_OOM = frozenset(
-    {"claim", "settle_delivered", "release", "renew", "recover", "dismiss", "cleanup", "index"}
-)
+    {"claim", "settle_delivered", "settle_next", "release", "renew", "recover", "dismiss",
+     "cleanup", "index"}
+)  # fmt: skip
 #: Per-session transitions: on a cluster they answer ``{reply, hint}`` (see _lib.lua).
 HINTED = frozenset(
-    {"accept", "claim", "settle", "settle_delivered", "release", "operate", "dismiss",
-     "recover", "cleanup"}
+    {"accept", "claim", "settle", "settle_delivered", "settle_next", "release", "operate",
+     "dismiss", "recover", "cleanup"}
 )  # fmt: skip
 #: Scripts on a cluster shard's keys, without the per-session library.
 WITHOUT_LIBRARY = frozenset({"index", "due", "sockets"})
@@ -76,11 +80,16 @@ def load_scripts() -> dict[str, Script]:
     library = _read("_lib")
     hinted = _read("_hinted")
     scripts = {}
-    for name in (*SCRIPT_NAMES, *VARIANTS):
+    for name in (*SCRIPT_NAMES, *VARIANTS, *COMBINED):
         flags = " flags=no-writes" if name in READ_ONLY else ""
         flags = " flags=allow-oom" if name in ALLOW_OOM else flags
         file, only = VARIANTS.get(name, (name, None))
         body = _read(file)
+        if name in COMBINED:
+            file, parts = COMBINED[name]
+            body = _read(file)
+            for part in parts:
+                body = body.replace(f"--@{part}\n", _read(part).rstrip("\n") + "\n", 1)
         if only is not None:
             body = f"ONLY_OP = '{only}'\n{body}"
         if name in WITHOUT_LIBRARY:
@@ -175,6 +184,21 @@ def settle_argv(
         c.max_verify_attempts,
         receipt_ttl_ms,
     ]
+
+
+def settle_next_argv(
+    token: str,
+    entry_id: str,
+    config: Config,
+    receipt_ttl_ms: int,
+    lock_ttl_ms: int,
+    acknowledge: Iterable[str],
+) -> list[Any]:
+    """ARGV[6..] of ``settle_next.lua``: :func:`settle_argv` for the outcome
+    ``delivered``, then the lease TTL in milliseconds and the IDs of delivered entries to
+    acknowledge (the settled entry's among them)."""
+    settle = settle_argv(token, entry_id, "delivered", "", config, receipt_ttl_ms)
+    return [*settle, lock_ttl_ms, *acknowledge]
 
 
 def release_argv(token: str, acknowledge: Iterable[str] = ()) -> list[Any]:

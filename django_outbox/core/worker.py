@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .config import Config
+from .delivery import Claimed
 from .errors import OutboxUnavailable
 from .history import FLUSH_EVERY
 from .keys import KeySpace
@@ -66,7 +67,13 @@ class WorkerOutbox(Protocol):
     history_counter: Any
 
     async def astep(
-        self, workspace_id: str, session_id: str, deliverer: Callable[..., Any], carry: Any = None
+        self,
+        workspace_id: str,
+        session_id: str,
+        deliverer: Callable[..., Any],
+        carry: Any = None,
+        *,
+        more: Callable[[], bool] | None = None,
     ) -> tuple[bool, Any]: ...
     async def arelease(self, workspace_id: str, session_id: str, carry: Any) -> None: ...
     async def adue_sessions(self, limit: int) -> list[tuple[str, str]]: ...
@@ -130,6 +137,7 @@ class Worker:
         self._dirty: set[tuple[str, str]] = set()
         self._slots = asyncio.Semaphore(concurrency)
         self._changed = asyncio.Event()
+        self._freed = asyncio.Event()  # set when a delivery task ends (a slot is free)
         #: Sessions the last scan offered that were neither queued nor running.
         self.fresh = 0
 
@@ -167,8 +175,15 @@ class Worker:
         # a longer BLPOP would time out on the socket and count as an error.
         block = min(max(self.tick, 0.01), WAKE_WAIT_MAX)
         while not self.stop.is_set():
+            # Take only what a free slot can start: an item left in the list goes to
+            # a worker with room (several workers share one backlog evenly).
+            self._freed.clear()
+            room = self.concurrency - len(self._running) - self._ready.qsize()
+            if room <= 0:
+                await self._until_freed()
+                continue
             try:
-                pairs = await self.outbox.await_wake(key, block, WAKE_BATCH)
+                pairs = await self.outbox.await_wake(key, block, min(WAKE_BATCH, room - 1))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -179,6 +194,20 @@ class Worker:
             for ws, ses in pairs:
                 self.stats.wakes += 1
                 self._offer(ws, ses)
+
+    def _running_on(self) -> bool:
+        """Whether the worker goes on (not stopping): asked after each delivery."""
+        return not self.stop.is_set()
+
+    async def _until_freed(self) -> None:
+        """Wait until a delivery task ends (or the worker stops)."""
+        waiter = asyncio.ensure_future(self._freed.wait())
+        stopper = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopper.cancel()
 
     async def _tick_loop(self) -> None:
         while not self.stop.is_set():
@@ -209,8 +238,13 @@ class Worker:
         key = (ws, ses)
         carry = None
         try:
-            while not self.stop.is_set():
-                took, carry = await self.outbox.astep(ws, ses, self.deliverer, carry)
+            # A carry that holds the next claim (delivery.Claimed) is stepped even after
+            # stop: its entry is staged under our lease, and delivering it within the
+            # grace beats leaving it to be verified. No further claim is made then.
+            while not self.stop.is_set() or isinstance(carry, Claimed):
+                took, carry = await self.outbox.astep(
+                    ws, ses, self.deliverer, carry, more=self._running_on
+                )
                 if took:
                     self.stats.steps += 1
                     continue
@@ -234,6 +268,7 @@ class Worker:
             self._running.pop(key, None)
             self._slots.release()
             self._changed.set()
+            self._freed.set()
             if key in self._dirty and not self.stop.is_set():
                 self._dirty.discard(key)
                 self._offer(ws, ses)

@@ -311,8 +311,12 @@ local function bump()
 end
 
 -- 1 if a WebSocket client watches the session (then events are worth publishing).
+-- Read once per script: no per-session script writes WATCH (sockets.lua does), and a
+-- script that runs two transitions (settle_next.lua) asks twice.
+local WATCHED = nil
 local function watched()
-  return tonumber(redis.call('GET', WATCH) or 0) > 0 and 1 or 0
+  if WATCHED == nil then WATCHED = tonumber(redis.call('GET', WATCH) or 0) > 0 and 1 or 0 end
+  return WATCHED
 end
 
 -- The reason new entries of this session are held, or nil: the workspace is parked

@@ -24,6 +24,7 @@ local user = ARGV[13] or ''
 local max_queued, per_minute = tonumber(ARGV[14] or 0), tonumber(ARGV[15] or 0)
 local history_ttl = tonumber(ARGV[16] or 0)
 local MINUTE = 60000000  -- us
+local PRUNE_EVERY = 16  -- versions between prunes of the markers ZSET
 local queued, full_at = 0, 0
 
 if cap > 0 then
@@ -79,13 +80,19 @@ if cap > 0 then
   count_history('a', 1, history_ttl)
   if held then count_history('p', 1, history_ttl) end
   redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)
-  redis.call('ZREMRANGEBYSCORE', MARKERS, '-inf', NOW_MS)
+  -- The markers ZSET only lists marker keys for cleanup (their own PX expires them):
+  -- its expired members are pruned on one version in PRUNE_EVERY, not on every accept.
+  if version % PRUNE_EVERY == 0 then redis.call('ZREMRANGEBYSCORE', MARKERS, '-inf', NOW_MS) end
   redis.call('ZADD', MARKERS, NOW_MS + ttl, marker_name)
 end
-if redis.call('SADD', SESSIONS, SES) == 1 then HINT[4] = 1 end
-if G > 0 then
-  redis.call('SADD', WORKSPACES, WS)
-  redis.call('ZADD', ALL_SESSIONS, 'NX', NOW_MS, MEMBER)
+-- The global indices learn of a session when it is new (cleanup drops it from them
+-- when it drops it from SESSIONS, so the two agree).
+if redis.call('SADD', SESSIONS, SES) == 1 then
+  HINT[4] = 1
+  if G > 0 then
+    redis.call('SADD', WORKSPACES, WS)
+    redis.call('ZADD', ALL_SESSIONS, 'NX', NOW_MS, MEMBER)
+  end
 end
 -- The new entry is the last one, so it can only make the session due now when
 -- nothing else decides its due time: in strict order when the session has no
@@ -97,7 +104,11 @@ if cap == 0 or held then
 end
 local locked = redis.call('EXISTS', LOCK) == 1
 local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
-if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then wake() end
-sync_workspace()
+if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then
+  -- The session's due time moved to now (or it is new): the workspace's earliest due
+  -- time can only have moved earlier, to now. Unchanged: the mirror is still exact.
+  if G > 0 then redis.call('ZADD', WSDUE, 'LT', NOW_MS, WS) end
+  wake()
+end
 if locked then set_attention(true) end  -- blocked behind the lease
 return {'ok', version, watched(), st.acceptedAt}
