@@ -318,11 +318,17 @@ def test_worker_processes_write_every_delivery(make_outbox, r, valkey, tmp_path)
             0.1,
             message="60 deliveries in the history",
         )
+        # one of them samples depth, FIRST_SAMPLE_AFTER (5 s) after it started
+        wait_until(
+            lambda: any(m.sampled for m in outbox.history(minutes=3).minutes),
+            30,
+            0.2,
+            message="a minute sampled",
+        )
     finally:
         w.stop_all()
     history = outbox.history(minutes=3)
     assert history.total("a") == 60
     assert sum(history.latency_counts()) == 60
-    assert any(m.sampled for m in history.minutes)
     per_ws = outbox.history(minutes=3, workspace_id=WS)
     assert per_ws.total("d") == 60 and per_ws.total("a") == 60

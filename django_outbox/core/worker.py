@@ -41,6 +41,7 @@ STARTUP_PATIENCE = 30.0  # seconds start-up retries while Valkey is unavailable
 REPAIR_INTERVAL = 10.0  # seconds between passes of the cluster index repair
 REPAIR_BATCH = 100  # workspaces per shard per repair pass (SSCAN COUNT hint)
 SAMPLE_EVERY = 20.0  # seconds between tries to sample the minute's depth (one worker wins)
+FIRST_SAMPLE_AFTER = 5.0  # seconds from start to a worker's first try
 
 
 @dataclass
@@ -376,7 +377,9 @@ class Worker:
             logger.warning("outbox worker %s: writing history failed: %s", self.id, exc)
 
     async def _history_loop(self) -> None:
-        sampled_at = 0.0
+        # The first sample FIRST_SAMPLE_AFTER seconds in, not at start: the sample reads
+        # every session's statuses, which a short run would pay for per message.
+        sampled_at = time.monotonic() - SAMPLE_EVERY + FIRST_SAMPLE_AFTER
         while not self.stop.is_set():
             due = time.monotonic() - sampled_at >= SAMPLE_EVERY
             if due:
