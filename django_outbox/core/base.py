@@ -385,7 +385,7 @@ class OutboxBase(Transport):
         the one read (index.lua 'drop'), then read the workspace's own due index and
         add its earliest time back with ZADD LT, so a hint that arrived meanwhile
         is never overwritten by a later time."""
-        client = self._aclient()
+        client = await self._aclient_ready()
         keys = self.keys
 
         async def one(ws: str, score: int) -> None:
@@ -407,7 +407,7 @@ class OutboxBase(Transport):
         the wait timed out. Raises what the BLPOP raises; a failed LPOP is logged and
         the pairs already taken are returned.
         """
-        client = self._aclient()
+        client = await self._aclient_ready()
         item = await client.blpop([key], timeout=block)
         if item is None:
             return []
@@ -435,7 +435,7 @@ class OutboxBase(Transport):
         due time with ZADD LT (never later than it is). ``cursors`` carries the
         SSCAN positions from pass to pass (updated in place).
         """
-        client = self._aclient()
+        client = await self._aclient_ready()
         keys = self.keys
         checked = 0
         for shard in range(keys.shards):

@@ -697,7 +697,7 @@ class QueueReads(OutboxBase):
         ``record.last_seen``, and forget workers silent for ``10 * ttl`` (the writer
         of what :meth:`workers` reads)."""
         keys = self.keys
-        client = self._aclient()
+        client = await self._aclient_ready()
         # Seen at Valkey's time, so a worker with a wrong clock is neither shown as
         # long gone nor able to forget the others (README "Operations").
         seconds, micros = await client.time()
@@ -713,7 +713,7 @@ class QueueReads(OutboxBase):
 
     async def aforget_worker(self, worker_id: str) -> None:
         """Remove a worker's heartbeat (a clean stop)."""
-        client = self._aclient()
+        client = await self._aclient_ready()
         await client.delete(self.keys.heartbeat(worker_id))
         await client.zrem(self.keys.workers, worker_id)
 

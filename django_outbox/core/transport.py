@@ -186,6 +186,8 @@ class Transport:
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
+        #: Async cluster clients already initialised (see _aclient_ready).
+        self._ready_clients: weakref.WeakSet[Any] = weakref.WeakSet()
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher] = (
             weakref.WeakKeyDictionary()
         )
@@ -252,6 +254,21 @@ class Transport:
         self._last_loop, self._last_client = loop, client
         return client
 
+    async def _aclient_ready(self) -> Any:
+        """:meth:`_aclient`, initialised before its first use on a cluster.
+
+        redis-py's async RedisCluster initialises itself on first use, and when many tasks
+        use a fresh client at once some of their commands ran on connections that the
+        initialisation was replacing: they failed with ``AttributeError: 'NoneType' object
+        has no attribute 'writelines'`` (an accept burst on a fresh web process; see
+        tools/repro/redis_cluster_burst.py). Awaiting ``initialize()`` first (its own lock
+        makes the others wait) closes that window; after that this is one set lookup."""
+        client = self._aclient()
+        if self.cluster and client not in self._ready_clients:
+            await client.initialize()
+            self._ready_clients.add(client)
+        return client
+
     def _loop_local(
         self,
         last: str,
@@ -288,7 +305,7 @@ class Transport:
 
     async def aload_scripts(self) -> None:
         """Async :meth:`load_scripts`."""
-        client = self._aclient()
+        client = await self._aclient_ready()
         try:
             for script in self.scripts.values():
                 await client.script_load(script.text)
@@ -420,7 +437,7 @@ class Transport:
         reply, hint = result
         call = self._hint_call(args, hint)
         if call is not None:
-            client = self._aclient()
+            client = await self._aclient_ready()
             try:
                 if (
                     as_text(await self._aevalsha(client, "index", call.keys, call.args))
@@ -438,7 +455,7 @@ class Transport:
             self.client.sadd(self._workspaces_key(workspace_id), workspace_id)
 
     async def _arecheck_workspace(self, workspace_id: str) -> None:
-        client = self._aclient()
+        client = await self._aclient_ready()
         if await client.exists(self.keys.sessions(workspace_id)):
             await client.sadd(self._workspaces_key(workspace_id), workspace_id)
 
@@ -636,6 +653,8 @@ class Transport:
         if isinstance(effect, Eval) and batch and not self.cluster:
             return await self._abatcher().submit(effect)
         client = self._aclient()
+        if self.cluster and client not in self._ready_clients:  # (inlined: the hot path)
+            client = await self._aclient_ready()
         try:
             if isinstance(effect, Eval):
                 return await self._aevalsha(client, effect.script, effect.keys, effect.args)
