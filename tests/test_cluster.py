@@ -21,6 +21,7 @@ from django_outbox.errors import AmbiguousError
 
 from .cluster import ValkeyCluster
 from .helpers import BlockingDeliverer, aaccept, wait_for
+from .valkey import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -472,3 +473,18 @@ def test_a_burst_on_a_fresh_client_is_accepted_whole(cluster_outbox):
         results = asyncio.run(accept_burst(outbox, f"b{attempt}"))
         failed = [r for r in results if isinstance(r, BaseException)]
         assert failed == [], failed[:3]
+
+
+def test_an_unreachable_cluster_is_unavailable_not_a_crash(make_outbox):
+    # The client is initialised before its first use (see the burst test above): when no
+    # node answers, that is OutboxUnavailable (a 503), as every other call's failure is.
+    outbox = make_outbox(url=f"redis://127.0.0.1:{free_port()}/0", cluster=True)
+
+    async def accept():
+        try:
+            await outbox.aaccept("w1", "s1", user_id="u", client_message_id="k", text="hi")
+        finally:
+            await outbox.aclose()
+
+    with pytest.raises(OutboxUnavailable):
+        asyncio.run(accept())

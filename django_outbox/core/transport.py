@@ -262,10 +262,14 @@ class Transport:
         initialisation was replacing: they failed with ``AttributeError: 'NoneType' object
         has no attribute 'writelines'`` (an accept burst on a fresh web process; see
         tools/repro/redis_cluster_burst.py). Awaiting ``initialize()`` first (its own lock
-        makes the others wait) closes that window; after that this is one set lookup."""
+        makes the others wait) closes that window; after that this is one set lookup.
+        Raises :class:`~django_outbox.core.errors.OutboxUnavailable` when no node answers."""
         client = self._aclient()
         if self.cluster and client not in self._ready_clients:
-            await client.initialize()
+            try:
+                await client.initialize()
+            except UNREACHABLE as exc:
+                raise unavailable_error(exc) from exc
             self._ready_clients.add(client)
         return client
 
