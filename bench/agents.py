@@ -13,7 +13,13 @@ _cpu = {"calls": 0, "first": 0.0}
 def _r():
     global _client
     if _client is None:
-        _client = redis.asyncio.Redis.from_url(os.environ["OUTBOX_VALKEY_URL"])
+        url = os.environ["OUTBOX_VALKEY_URL"]
+        if os.environ.get("BENCH_CLUSTER") == "1":  # bench.cluster_bench's bounded run
+            from redis.asyncio.cluster import RedisCluster
+
+            _client = RedisCluster.from_url(url)
+        else:
+            _client = redis.asyncio.Redis.from_url(url)
     return _client
 
 

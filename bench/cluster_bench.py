@@ -59,7 +59,7 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from tests.cluster import ValkeyCluster  # noqa: E402
-from tests.valkey import ValkeyProcess  # noqa: E402
+from tests.valkey import ValkeyProcess, wait_until  # noqa: E402
 
 ACCEPT_TASKS = 64
 # Sessions delivered at once per worker process: the product default (CONCURRENCY = 64).
@@ -316,6 +316,54 @@ def med(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def bounded(
+    store: Store, shape: tuple[int, int, int], workers: int, timeout: float, sleep: float = 0.02
+) -> float:
+    """Issue 21's scaling run on ``store``: ``workers`` processes of ``--concurrency 8`` with an
+    agent that sleeps ``sleep`` s per delivery (bench.agents.sleep_stamp), all registered
+    before the messages of ``shape`` are accepted; messages/s from the first delivery done to
+    the last. The processes mostly sleep, so this measures coordination, not CPU."""
+    store.flush()
+    client = store.client()
+    env = {
+        "BENCH_EVENTS": "0",
+        "BENCH_CLUSTER": "1" if store.cluster else "0",
+        "BENCH_DELIVERER": "bench.agents.sleep_stamp",
+        "BENCH_SLEEP": str(sleep),
+    }
+    procs = [start_worker(store.url, 8, **env) for _ in range(workers)]
+    total = shape[0] * shape[1] * shape[2]
+    try:
+        wait_until(lambda: client.zcard("outboxworkers") == workers, 120, 0.05, "workers up")
+        accept_all(store, shape, timeout)
+        wait_until(lambda: client.llen("bench:done") >= total, timeout, 0.05, "all delivered")
+        done = [x.decode().split() for x in client.lrange("bench:done", 0, -1)]
+    finally:
+        for p in procs:
+            stop(p)
+        client.close()
+        store.flush()
+    times = sorted(float(t) for _, t in done)
+    if len({pid for pid, _ in done}) < workers:
+        raise RuntimeError(f"not every one of {workers} workers delivered")
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def summarize_bounded(runs: dict[str, dict[int, list[float]]], worker_counts: list[int]) -> dict:
+    """Medians of the bounded run per store and worker count, and each count's ratio to the
+    first (``deliver_bounded_<n>w_vs_<base>w``, paired per round as in bench/run.py)."""
+    out: dict = {}
+    base = worker_counts[0]
+    for store, by_n in runs.items():
+        entry: dict = {f"{n}w": round(statistics.median(v), 1) for n, v in by_n.items() if v}
+        for n in worker_counts[1:]:
+            pairs = [x / y for x, y in zip(by_n.get(n, []), by_n.get(base, []), strict=False)]
+            if pairs:
+                entry[f"deliver_bounded_{n}w_vs_{base}w"] = round(statistics.median(pairs), 3)
+        out[store] = entry
+    return out
+
+
 def summarize(runs: dict[str, dict[int, list[dict]]], worker_counts: list[int]) -> dict:
     out: dict = {"stores": {}, "ratios": {}}
     for store, by_n in runs.items():
@@ -406,6 +454,18 @@ def markdown(result: dict, meta: dict) -> str:
     lines += ["|---|---:|---:|---:|"]
     for name, r in result["ratios"].items():
         lines.append(f"| {name} | {r['value']:.2f} | {r['min']:.2f} | {r['max']:.2f} |")
+    if result.get("bounded"):
+        lines += [
+            "",
+            "Bounded run (issue 21: --concurrency 8 per worker, an agent sleeping 20 ms, "
+            "messages/s from the first delivery done to the last; coordination, not CPU):",
+            "",
+            "| store | figures |",
+            "|---|---|",
+        ]
+        for store, entry in result["bounded"].items():
+            figures = ", ".join(f"{k} {v}" for k, v in entry.items())
+            lines.append(f"| {store} | {figures} |")
     if result["missing"]:
         lines += ["", "Missing:", ""]
         lines += [f"- {k}: {v}" for k, v in result["missing"].items()]
@@ -428,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"sessions at once per worker process (default {CONCURRENCY})",
     )
     p.add_argument("--timeout", type=float, default=300, help="bound of each fill and drain (s)")
+    p.add_argument(
+        "--bounded",
+        default="100,20,2",
+        help="the bounded run's shape, workspaces,sessions,per (default 100,20,2; 0: skip it)",
+    )
     a = p.parse_args(argv)
     repeats = a.repeats or (1 if a.quick else 3)
     shape = (a.workspaces or (50 if a.quick else 200), a.sessions, a.per)
@@ -437,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     runs: dict[str, dict[int, list[dict]]] = {"cluster": {}, "standalone": {}}
+    bounded_runs: dict[str, dict[int, list[float]]] = {}
     missing: dict[str, str] = {}
     interrupt_on_sigterm()
     valkey_version = None
@@ -482,6 +548,21 @@ def main(argv: list[str] | None = None) -> int:
                             reap_children(log)
                         runs[store.name].setdefault(n, []).append(r)
                         print(f"round {rnd + 1} {line(store.name, n, r)}", flush=True)
+            bounded_shape = tuple(int(x) for x in a.bounded.split(","))
+            for rnd in range(repeats if len(bounded_shape) == 3 else 0):
+                for n in worker_counts:
+                    for store in stores if rnd % 2 == 0 else stores[::-1]:
+                        try:
+                            rate = bounded(store, bounded_shape, n, a.timeout)  # type: ignore[arg-type]
+                        except Exception as exc:
+                            reason = f"{type(exc).__name__}: {exc}"
+                            log(f"bounded {rnd + 1} {store.name} workers={n}: FAILED {reason}")
+                            missing[f"bounded {store.name} {n}w round {rnd + 1}"] = reason
+                            continue
+                        finally:
+                            reap_children(log)
+                        bounded_runs.setdefault(store.name, {}).setdefault(n, []).append(rate)
+                        log(f"bounded {rnd + 1} {store.name} workers={n}: {rate:,.0f} msg/s")
         except KeyboardInterrupt:
             log("interrupted; writing what was measured")
         finally:
@@ -496,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = summarize(runs, worker_counts)
     result["missing"] = missing
+    result["bounded"] = summarize_bounded(bounded_runs, worker_counts)
     meta = run_meta(
         argv,
         started,
