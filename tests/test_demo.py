@@ -83,8 +83,11 @@ def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
 class DemoProcess:
     """``python -m example_project.run`` (interactive mode) on a free port, for tests."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        """``args`` go to ``example_project.run``; ``env`` adds to :func:`demo_env`'s (e.g.
+        ``OUTBOX_VALKEY_URL`` for a Valkey of the caller's instead of the embedded one)."""
         self.log_path = tmp_path / "demo.log"
+        self.env = {**demo_env(), **(env or {})}
         self.data_dir = tmp_path / "demo"
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
@@ -104,7 +107,7 @@ class DemoProcess:
                     *self.args,
                 ],
                 cwd=ROOT,
-                env=demo_env(),
+                env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

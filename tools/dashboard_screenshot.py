@@ -31,10 +31,7 @@ import asyncio
 import math
 import os
 import random
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +45,8 @@ sys.path.insert(0, str(ROOT))
 from django_outbox.core.entry import Verdict  # noqa: E402
 from django_outbox.core.errors import AmbiguousError, OutboxFull  # noqa: E402
 from django_outbox.core.service import Outbox  # noqa: E402
-from django_outbox.testing import ValkeyServer, free_port, wait_until  # noqa: E402
+from django_outbox.testing import ValkeyServer  # noqa: E402
+from tests.test_demo import DemoProcess  # noqa: E402
 
 CHROMIUM = os.environ.get("OUTBOX_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("OUTBOX_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -233,65 +231,6 @@ async def fill(url: str, now: float, log: Any = print) -> Traffic:
 # -- the demo -------------------------------------------------------------------------------
 
 
-class Demo:
-    """``python -m example_project.run`` on ``port`` with its outbox on ``valkey_url``."""
-
-    def __init__(self, folder: Path, valkey_url: str, port: int) -> None:
-        self.folder = folder
-        self.valkey_url = valkey_url
-        self.port = port
-        self.log_path = folder / "demo.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-
-    def start(self, within: float = 90.0) -> Demo:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "DEMO_"))}
-        env["OUTBOX_VALKEY_URL"] = self.valkey_url
-        env["PYTHONPATH"] = str(ROOT)
-        args = ["--port", str(self.port), "--data-dir", str(self.folder / "demo")]
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "example_project.run", "--latency", "0.5", *args],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-        def banner() -> str | None:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the demo exited {self.proc.returncode}:\n{self.log()}")
-            found = re.search(r"open\s+(http://127\.0\.0\.1:\d+)/", self.log())
-            return found.group(1) if found else None
-
-        self.url = wait_until(banner, within, interval=0.1, message="the demo's banner")
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text("utf-8", errors="replace")
-
-    def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM the launcher (it stops its children, worker first), then SIGKILL the
-        whole process group if anything lingers."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-
-
 # -- the browser ----------------------------------------------------------------------------
 
 
@@ -398,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         valkey = ValkeyServer(folder / "valkey").start()
         print(f"screenshot: Valkey {valkey.url}", flush=True)
         asyncio.run(fill(valkey.url, time.time()))
-        demo = Demo(folder, valkey.url, free_port()).start()
+        demo = DemoProcess(folder, "--latency", "0.5", env={"OUTBOX_VALKEY_URL": valkey.url}).start(
+            within=90.0
+        )
         print(f"screenshot: demo {demo.url}", flush=True)
         driver = start_chrome(folder)
         login(driver, demo.url)
