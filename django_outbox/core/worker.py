@@ -181,7 +181,7 @@ class Worker:
             self._freed.clear()
             room = self.concurrency - len(self._running) - self._ready.qsize()
             if room <= 0:
-                await self._until_freed()
+                await self._until(self._freed)
                 continue
             try:
                 pairs = await self.outbox.await_wake(key, block, min(WAKE_BATCH, room - 1))
@@ -200,9 +200,9 @@ class Worker:
         """Whether the worker goes on (not stopping): asked after each delivery."""
         return not self.stop.is_set()
 
-    async def _until_freed(self) -> None:
-        """Wait until a delivery task ends (or the worker stops)."""
-        waiter = asyncio.ensure_future(self._freed.wait())
+    async def _until(self, event: asyncio.Event) -> None:
+        """Wait until ``event`` is set or the worker stops, whichever comes first."""
+        waiter = asyncio.ensure_future(event.wait())
         stopper = asyncio.ensure_future(self.stop.wait())
         try:
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -280,13 +280,7 @@ class Worker:
                 if self.once and not self._running:
                     return
                 self._changed.clear()
-                waiter = asyncio.ensure_future(self._changed.wait())
-                stopper = asyncio.ensure_future(self.stop.wait())
-                try:
-                    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
-                    stopper.cancel()
+                await self._until(self._changed)
                 continue
             await self._slots.acquire()
             if self.stop.is_set():
