@@ -23,7 +23,7 @@ from typing import Any
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from ..core.history import LATENCY_BUCKETS, History, HistoryMinute
+from ..core.history import LATENCY_BUCKETS, History, HistoryMinute, summary
 
 #: Window name -> (minutes read, minutes per point).
 WINDOWS = {"hour": (60, 1), "day": (1440, 10)}
@@ -280,19 +280,20 @@ def charts(history: History, per_point: int) -> dict[str, SafeString]:
 def tiles(history: History, depth: dict[str, int] | None = None) -> list[tuple[str, str]]:
     """The window's totals: ``(label, value)`` pairs, values already formatted. ``depth``
     (entries by status now) defaults to the last minute's sample."""
-    p95 = history.latency_quantile(0.95)
+    totals = summary(history)  # the same sums as manage.py outbox status
+    p95 = totals["latencySeconds"]["p95"]
     last = next((m for m in reversed(history.minutes) if m.sampled), None)
     if depth is None and last is not None:
         depth = last.depth()
     return [
-        ("accepted", f"{history.total('a'):,}"),
-        ("delivered", f"{sum(m.delivered for m in history.minutes):,}"),
-        ("failed attempts", f"{sum(m.failed for m in history.minutes):,}"),
-        ("unknown outcomes", f"{sum(m.unknown for m in history.minutes):,}"),
-        ("moved to error", f"{history.total('e'):,}"),
+        ("accepted", f"{totals['accepted']:,}"),
+        ("delivered", f"{totals['delivered']:,}"),
+        ("failed attempts", f"{totals['failedAttempts']:,}"),
+        ("unknown outcomes", f"{totals['unknownOutcomes']:,}"),
+        ("moved to error", f"{totals['movedToError']:,}"),
         (
             "p95 latency",
-            NONE if p95 is None else ("> 1 h" if math.isinf(p95) else f"≤ {_fmt(p95)} s"),
+            NONE if p95 is None else ("> 1 h" if p95 == "+Inf" else f"≤ {_fmt(p95)} s"),
         ),
         (
             "queued now",

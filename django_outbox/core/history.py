@@ -309,10 +309,10 @@ class History:
         """The sum of field ``name`` over the window."""
         return sum(m.get(name) for m in self.minutes)
 
-    def latency_counts(self) -> list[int]:
-        """Deliveries per latency bucket over the window."""
+    def latency_counts(self, minutes: Iterable[HistoryMinute] | None = None) -> list[int]:
+        """Deliveries per latency bucket over the window (or over ``minutes``)."""
         sums = [0] * len(LATENCY_BUCKETS)
-        for m in self.minutes:
+        for m in self.minutes if minutes is None else minutes:
             for i, n in enumerate(m.latency_counts()):
                 sums[i] += n
         return sums
@@ -324,11 +324,7 @@ class History:
         ``minutes``), as the upper bound of the bucket it falls in (``inf`` past the
         last bound), the way Prometheus' ``histogram_quantile`` reads buckets without
         interpolating; None when nothing was delivered."""
-        source = self.minutes if minutes is None else list(minutes)
-        sums = [0] * len(LATENCY_BUCKETS)
-        for m in source:
-            for i, n in enumerate(m.latency_counts()):
-                sums[i] += n
+        sums = self.latency_counts(minutes)
         count = sum(sums)
         if not count:
             return None
