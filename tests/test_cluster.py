@@ -15,6 +15,7 @@ from redis.cluster import RedisCluster, key_slot
 
 from django_outbox import Status
 from django_outbox.core.errors import Duplicate, OutboxUnavailable
+from django_outbox.core.plans import Cmd, Pipe
 from django_outbox.core.scripts import SCRIPT_NAMES, VARIANTS
 from django_outbox.core.worker import Worker
 from django_outbox.errors import AmbiguousError
@@ -488,3 +489,44 @@ def test_an_unreachable_cluster_is_unavailable_not_a_crash(make_outbox):
 
     with pytest.raises(OutboxUnavailable):
         asyncio.run(accept())
+
+
+def tear_down_under_the_next_command(outbox) -> list[asyncio.Task]:
+    """Have redis-py disconnect every idle connection of ``outbox``'s async cluster
+    client from another task, as the client does to connections other commands are
+    using when a failover makes it re-read the slot map. The next command finds its
+    connection connected, and then torn down before it writes."""
+    loop = asyncio.get_running_loop()
+    client = outbox._aclient()
+    return [
+        loop.create_task(connection.disconnect(nowait=True))
+        for node in client.get_nodes()
+        for connection in list(node._free)
+        if connection.is_connected
+    ]
+
+
+async def test_a_connection_torn_down_under_a_command_is_unavailable_not_a_crash(cluster_outbox):
+    # A clean-clone CI run of the failover test: a settle met a connection torn down
+    # under it and redis-py raised AttributeError ('NoneType' object has no attribute
+    # 'writelines', redis-py #4287's kind) instead of ConnectionError. The settle was
+    # not retried and the session waited out its whole lease. It is OutboxUnavailable
+    # now, like every other lost connection, and nothing was written.
+    outbox = cluster_outbox()
+    try:
+        await aaccept(outbox, "k0")  # connections up
+        for n in range(1, 4):  # single commands (EVALSHA)
+            torn = tear_down_under_the_next_command(outbox)
+            assert torn
+            with pytest.raises(OutboxUnavailable, match="closed while the command"):
+                await aaccept(outbox, f"k{n}")
+            await asyncio.gather(*torn)
+            resent = await aaccept(outbox, f"k{n}")  # a new accept, not a Duplicate
+            assert resent.text == f"k{n}"
+        torn = tear_down_under_the_next_command(outbox)
+        with pytest.raises(OutboxUnavailable, match="closed while the command"):
+            await outbox._ado(Pipe([Cmd(("GET", "outboxq:{w1}:s1"))]))  # a node pipeline
+        await asyncio.gather(*torn)
+        assert [e.text for e in await outbox.alist("w1", "s1")] == ["k0", "k1", "k2", "k3"]
+    finally:
+        await outbox.aclose()

@@ -145,3 +145,47 @@ async def test_connections_cut_again_and_again_lose_nothing(valkey, make_outbox)
         assert await client.alist("w1", f"s{s}") == []
     await outbox.aclose()
     await client.aclose()
+
+
+async def test_a_lease_held_through_an_outage_is_handed_back_when_valkey_returns(
+    tmp_path, make_outbox, signals_log
+):
+    # Valkey goes away right after a settle, so the worker's next claim for the
+    # session fails. The lease it still holds is handed back once Valkey answers
+    # again: before, the one release attempt failed too and the session waited out
+    # the whole lease (LOCK_TTL, 30 s here) before its next message was sent.
+    import threading
+
+    server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="always").start()
+    sent: list[str] = []
+
+    async def deliver(entry, *, workspace_id, session_id, attempt):
+        sent.append(entry.text)
+
+    outbox = make_outbox(url=server.url, cluster=False, deliverer=deliver, lock_ttl=30)
+    client = make_outbox(url=server.url, cluster=False, **NO_USER_BOUNDS)
+    for key in ("k0", "k1"):
+        await client.aaccept("w1", "s1", user_id="u", client_message_id=key, text=key)
+    restarted = threading.Event()
+
+    def outage_after_the_first_settle(step, outcome, result, seconds):
+        if step == "deliver" and not restarted.is_set() and server.proc.poll() is None:
+            server.kill()  # before the next claim (entry_delivered has a receiver)
+            threading.Timer(3, lambda: (server.start(), restarted.set())).start()
+
+    outbox.step_listeners.append(outage_after_the_first_settle)
+    stop = asyncio.Event()
+    run = asyncio.create_task(outbox.arun(stop=stop, tick=0.1, heartbeat=False))
+    try:
+        deadline = time.monotonic() + 10  # a third of the lease
+        while sent != ["k0", "k1"]:
+            assert time.monotonic() < deadline, f"sent {sent} (restarted: {restarted.is_set()})"
+            await asyncio.sleep(0.05)
+        assert restarted.is_set()
+    finally:
+        stop.set()
+        await run
+        await outbox.aclose()
+        await client.aclose()
+        server.stop()
+    assert signals_log.ids("delivered") and len(sent) == 2

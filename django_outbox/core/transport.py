@@ -36,7 +36,14 @@ from .keys import KeySpace
 from .packing import with_hiredis_packing
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, T, iter_once
 from .scripts import HINTED, Script, index_hint_argv, load_scripts
-from .unavailable import UNREACHABLE, classified, is_unavailable_reply, unavailable_error
+from .unavailable import (
+    UNREACHABLE,
+    classified,
+    is_torn_connection,
+    is_unavailable_reply,
+    is_unreachable,
+    unavailable_error,
+)
 
 V = TypeVar("V")
 #: Sends one pipeline's calls and returns their answers in order (errors as objects).
@@ -268,8 +275,10 @@ class Transport:
         if self.cluster and client not in self._ready_clients:
             try:
                 await client.initialize()
-            except UNREACHABLE as exc:
-                raise unavailable_error(exc) from exc
+            except Exception as exc:
+                if is_unreachable(exc):
+                    raise unavailable_error(exc) from exc
+                raise
             self._ready_clients.add(client)
         return client
 
@@ -607,6 +616,10 @@ class Transport:
             if attempt:
                 await client.nodes_manager.initialize()
             groups = self._node_groups(client, [calls[i] for i in todo])
+            if len(groups) == 1:  # the usual case (one session's keys): no task to make
+                node, indices = groups[0]
+                await run(node, [todo[j] for j in indices])
+                continue
             await asyncio.gather(
                 *(run(node, [todo[j] for j in indices]) for node, indices in groups)
             )
@@ -643,6 +656,10 @@ class Transport:
             if is_unavailable_reply(exc):
                 raise unavailable_error(exc) from exc
             raise
+        except (AttributeError, TypeError) as exc:
+            if is_torn_connection(exc):
+                raise unavailable_error(exc) from exc
+            raise
 
     async def _ado(self, effect: Any, batch: bool = True) -> Any:
         if isinstance(effect, Emit):
@@ -672,6 +689,10 @@ class Transport:
             raise unavailable_error(exc) from exc
         except redis.ResponseError as exc:
             if is_unavailable_reply(exc):
+                raise unavailable_error(exc) from exc
+            raise
+        except (AttributeError, TypeError) as exc:
+            if is_torn_connection(exc):
                 raise unavailable_error(exc) from exc
             raise
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -33,6 +34,46 @@ UNREACHABLE = (
     RedisClusterException,
 )
 
+#: Where redis-py's own connection code (and the asyncio stream under it) runs. A
+#: connection torn down by another task between redis-py's "is it connected" check
+#: and its write shows up there as a plain Python error instead of redis-py's
+#: ConnectionError: ``AttributeError: 'NoneType' object has no attribute
+#: 'writelines'`` (the writer already cleared, seen on a cluster in failover, where
+#: one command's error makes the client drop connections other commands are using),
+#: or on newer Pythons a ``TypeError`` from the transport's cleared internals
+#: (redis-py issue #4287). Nothing was written on such a connection.
+_CONNECTION_CODE = tuple(
+    os.sep + os.path.join(*parts)
+    for parts in (
+        ("redis", "asyncio", "connection.py"),
+        ("redis", "connection.py"),
+        ("asyncio", "streams.py"),
+        ("asyncio", "selector_events.py"),
+    )
+)
+
+
+def is_torn_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` is redis-py failing to write on a connection that another task
+    tore down under it (see ``_CONNECTION_CODE``): an ``AttributeError`` or
+    ``TypeError`` raised in redis-py's connection code or the asyncio stream it
+    writes to, never one raised by our own code or a caller's."""
+    if not isinstance(exc, (AttributeError, TypeError)):
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.endswith(_CONNECTION_CODE)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` means "Valkey cannot be reached right now": one of
+    ``UNREACHABLE``, or a connection torn down mid-command (:func:`is_torn_connection`)."""
+    return isinstance(exc, UNREACHABLE) or is_torn_connection(exc)
+
+
 UNAVAILABLE_REPLIES = (
     "OOM",
     "READONLY",
@@ -51,6 +92,11 @@ def unavailable_error(exc: Exception) -> OutboxUnavailable:
         return OutboxUnavailable(
             "Valkey is out of memory (maxmemory reached) and refused this change whole, "
             "before it ran; deliveries, dismissals and cleanup still run and free memory"
+        )
+    if is_torn_connection(exc):
+        return OutboxUnavailable(
+            "Valkey unavailable: the connection was closed while the command was being "
+            f"sent ({type(exc).__name__}: {exc})"
         )
     return OutboxUnavailable(f"Valkey unavailable: {type(exc).__name__}: {exc}")
 

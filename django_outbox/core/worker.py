@@ -263,7 +263,7 @@ class Worker:
         finally:
             if carry is not None:  # a delivered entry's lease, still ours: hand it back
                 try:
-                    await self.outbox.arelease(ws, ses, carry)
+                    await self._release(ws, ses, carry)
                 except Exception as exc:
                     logger.warning("outbox worker %s: release failed: %s", self.id, exc)
             self._running.pop(key, None)
@@ -273,6 +273,21 @@ class Worker:
             if key in self._dirty and not self.stop.is_set():
                 self._dirty.discard(key)
                 self._offer(ws, ses)
+
+    async def _release(self, ws: str, ses: str, carry: Any) -> None:
+        """Hand back the lease a step left us (:meth:`Outbox.arelease`), waiting out a
+        short outage for up to half a lease, as a settle does. A release lost to a
+        failover or a cut connection would otherwise leave the session waiting for the
+        lease to expire (``LOCK_TTL``, 30 s by default). Raises
+        :class:`OutboxUnavailable` after that, or after one failure once stopping."""
+        await retry_unavailable(
+            lambda: self.outbox.arelease(ws, ses, carry),
+            patience=self.outbox.config.lock_ttl / 2,
+            first_delay=0.05,
+            max_delay=1.0,
+            what=f"releasing the lease of {ws}/{ses}",
+            give_up=self.stop.is_set,
+        )
 
     async def _dispatch(self) -> None:
         while not self.stop.is_set():
