@@ -409,6 +409,35 @@ class TestSettleNext:
         assert answer[0] == "verify" and Entry.from_json(answer[1]).id == second.id
         assert Entry.from_json(answer[4]).status == "verifying"
 
+    def test_a_settled_entry_the_caller_does_not_acknowledge_stays_owed(self, outbox, r):
+        # The settle half takes the entry out of staging at once only when the same call
+        # acknowledges it (its entry_delivered has nobody to wait for); otherwise it stays
+        # there marked delivered, and the claim half answers that its signal is owed.
+        first = seed(outbox, accepted=NOW - 2)
+        seed(outbox, accepted=NOW - 1)
+        call(outbox, "claim", "tok", 30_000)
+        earlier = new_entry_id(NOW // 1000 - 5)  # acknowledged, but not the settled one
+        kind, settled, claimed = settle_next(outbox, "tok", first.id, earlier)
+        assert (kind, settled[0], claimed[0]) == ("next", "removed", "owed")
+        assert Entry.from_json(claimed[4]).id == first.id
+        staged = r.lrange(outbox.keys.session(WS, SES).staging, 0, -1)
+        assert [Entry.from_json(x).delivered_at for x in staged] == [format_time(NOW)]
+
+    @pytest.mark.standalone
+    def test_the_claim_half_reads_nothing_the_settle_half_has_read(self, outbox, r):
+        # One transition rather than two scripts back to back (issue 21): the lease and the
+        # staging list are read once, and the settled entry leaves staging without being
+        # rewritten there first.
+        first = seed(outbox, accepted=NOW - 2)
+        seed(outbox, accepted=NOW - 1)
+        call(outbox, "claim", "tok", 30_000)
+        r.config_resetstat()
+        assert settle_next(outbox, "tok", first.id, first.id)[2][0] == "deliver"
+        calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+        assert calls.get("lset", 0) == 0
+        assert calls["lrange"] == 2  # staging, then the queue
+        assert calls["get"] == 2  # the lease, then the watchers count
+
     def test_only_records_deliveries(self, outbox):
         e = seed(outbox)
         call(outbox, "claim", "tok", 30_000)

@@ -21,7 +21,7 @@
 --                     ("userDigest"), so each path that removes one counts it out in the
 --                     same script (uncount below)
 --   KEYS[13..17]      (standalone servers only) global keys: workspaces-due ZSET,
---                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLPOP),
+--                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLMPOP),
 --                     all-sessions ZSET ("<ws> <ses>" -> first accept, ms) and
 --                     attention ZSET ("<ws> <ses>" -> since, ms: sessions holding
 --                     error, parked or verifying entries, or pending ones blocked
@@ -183,6 +183,14 @@ local function find_head(items)
   end
   return nil, next_due
 end
+
+-- settle_next.lua only: what its settle half leaves its claim half, so that the claim
+-- does not read again what the settle has just read or written. ACK_SETTLED: the
+-- settled entry is among the IDs the claim acknowledges, so the settle removes it from
+-- staging at once instead of marking it delivered there for the claim to remove.
+-- CARRIED: {owner = the lease token, staging = the staging list as it is now}, set by
+-- a settle that recorded a delivery under the lease. Both nil in every other script.
+local ACK_SETTLED, CARRIED = nil, nil
 
 local function lock_parts()
   local v = redis.call('GET', LOCK)
@@ -390,15 +398,15 @@ local function owed_signals(staged)
   return owed
 end
 
--- Find an entry by ID in a list: index (0-based), raw, the list's length; or nil,
--- nil, the list's length.
+-- Find an entry by ID in a list: index (0-based), raw, the list's length and the
+-- list as read; or nil, nil, the list's length and the list.
 local function find(key, id)
   local prefix = id_prefix(id)
   local items = redis.call('LRANGE', key, 0, -1)
   for i, raw in ipairs(items) do
-    if string.sub(raw, 1, #prefix) == prefix then return i - 1, raw, #items end
+    if string.sub(raw, 1, #prefix) == prefix then return i - 1, raw, #items, items end
   end
-  return nil, nil, #items
+  return nil, nil, #items, items
 end
 
 -- Accept order: the per-session sequence number accept.lua gives every entry

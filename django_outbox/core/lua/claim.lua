@@ -14,16 +14,17 @@
 -- from a dead holder's staging (now verifying).
 -- Replay-safe: a holder that calls again gets its staged entry back.
 local token, ttl = ARGV[6], tonumber(ARGV[7])
-local owner = lock_parts()
+local owner = CARRIED and CARRIED.owner or lock_parts()
 
 if owner and owner ~= token then
   reindex()
   return {'busy', redis.call('PTTL', LOCK)}
 end
 
--- The staging list, read once: the acknowledgements, the owed signals, the carried
--- entry and the recovery below all work on this copy, kept equal to D.
-local staged_items = redis.call('LRANGE', D, 0, -1)
+-- The staging list, read once (or as settle_next.lua's settle half left it, see
+-- CARRIED in _lib.lua): the acknowledgements, the owed signals, the carried entry and
+-- the recovery below all work on this copy, kept equal to D.
+local staged_items = CARRIED and CARRIED.staging or redis.call('LRANGE', D, 0, -1)
 if owner == nil or owner == token then
   for i = 8, #ARGV do
     local prefix = id_prefix(ARGV[i])
@@ -66,17 +67,21 @@ local function answer(kind, entry, version)
 end
 
 local items = redis.call('LRANGE', Q, 0, -1)
+-- Staging is empty from here on: an entry staged under our lease answered 'deliver'
+-- above, owed ones 'owed', and a recovery empties it. After a recovery reindex reads it
+-- all the same (rare); otherwise it is given what this script knows.
+local staged_now = #recovered == 0 and 0 or nil
 local idx, raw, st, content = find_head(items)
 if idx == nil then
   if owner == token then redis.call('DEL', LOCK) end
-  reindex()
+  reindex(items, staged_now, -2)  -- no lease now
   local version = #recovered > 0 and bump() or current_version()
   return answer('idle', false, version)
 end
 
 if st.status == 'verifying' then
   redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
-  reindex()
+  reindex(items, staged_now, ttl)
   local version = #recovered > 0 and bump() or current_version()
   return answer('verify', raw, version)
 end

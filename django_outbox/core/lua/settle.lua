@@ -32,7 +32,7 @@ if owner ~= token then
 end
 
 local where = D
-local idx, raw = find(D, id)
+local idx, raw, _, staging = find(D, id)
 if raw and is_done((split(raw))) then
   HINT[8] = 1
   return {'replayed', 'removed'}  -- already settled as delivered; its signal is owed
@@ -59,7 +59,11 @@ if outcome == 'delivered' then
   st.deliveredAt = iso(NOW)
   uncount(st)  -- delivered: no longer queued for its user, though its signal may be owed
   local done = join(st, content)
-  if where == D then
+  if where == D and ACK_SETTLED then  -- settle_next.lua: acknowledged in this script
+    redis.call('LREM', D, 1, raw)
+    table.remove(staging, idx + 1)
+    CARRIED = {owner = token, staging = staging}
+  elseif where == D then
     redis.call('LSET', D, idx, done)
   else
     redis.call('LREM', Q, 1, raw)
@@ -68,6 +72,8 @@ if outcome == 'delivered' then
   redis.call('SET', RECEIPT, receipt .. ' removed', 'PX', receipt_ttl)
   -- An LSET in staging changes nothing the indices look at (the queue, the staging
   -- list's length, the lease, still held): they are exact as the claim left them.
+  -- (With ACK_SETTLED the staging list shrinks; settle_next.lua's claim half
+  -- reindexes before the script ends.)
   if where == Q then reindex() end
   return {'removed', done, bump(), watched()}
 end

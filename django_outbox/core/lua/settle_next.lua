@@ -6,6 +6,9 @@
 -- ARGV[6..18] as settle.lua (ARGV[8] 'delivered')  ARGV[19] lease TTL (ms)
 -- ARGV[20..] IDs of delivered entries to acknowledge, the settled one among them
 --            (claim.lua's ARGV[8..])
+-- The settled entry, acknowledged here, leaves staging at once, and the claim half
+-- starts from the lease and the staging list the settle half saw (ACK_SETTLED and
+-- CARRIED in _lib.lua): three commands fewer than the two scripts one after the other.
 -- Returns settle.lua's reply when it recorded nothing ('lost', 'gone'), else
 -- {'next', settle.lua's reply, claim.lua's reply}. Replay-safe as both are: a replay
 -- finds the delivery recorded ('replayed') and the next entry staged under the lease.
@@ -18,6 +21,9 @@ local function claim_step()
 end
 local given = {}
 for i = 1, #ARGV do given[i] = ARGV[i] end
+for i = 20, #ARGV do
+  if ARGV[i] == ARGV[7] then ACK_SETTLED = true end
+end
 local settled = settle_step()
 if settled[1] ~= 'removed' and not (settled[1] == 'replayed' and settled[2] == 'removed') then
   return settled
