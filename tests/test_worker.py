@@ -52,7 +52,7 @@ async def test_accept_wakes_an_idle_worker_before_the_tick(make_outbox):
     client_box = make_outbox()
     stop = asyncio.Event()
     run = asyncio.create_task(worker_box.arun(tick=30, stop=stop, heartbeat=False))
-    await asyncio.sleep(0.2)  # the worker is idle in BLPOP
+    await asyncio.sleep(0.2)  # the worker is idle in BLMPOP
     accepted = time.monotonic()
     await client_box.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
     await asyncio.wait_for(delivered.wait(), 5)
@@ -212,7 +212,7 @@ async def test_many_concurrent_deliveries_share_a_bounded_pool(make_outbox, sign
 
 
 async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
-    # BLPOP must block for less than the client's 5 s socket timeout, whatever the tick.
+    # BLMPOP must block for less than the client's 5 s socket timeout, whatever the tick.
     delivered = asyncio.Event()
 
     async def deliver(entry, **kwargs):
@@ -326,7 +326,7 @@ async def test_a_busy_worker_leaves_wake_items_for_workers_with_room(make_outbox
     worker_box = make_outbox(deliverer=agent)
     stop = asyncio.Event()
     run = asyncio.create_task(worker_box.arun(tick=30, stop=stop, heartbeat=False, concurrency=1))
-    await asyncio.sleep(0.2)  # the worker is idle in BLPOP
+    await asyncio.sleep(0.2)  # the worker is idle in BLMPOP
     for i in range(3):
         await worker_box.aaccept(WS, f"s{i}", user_id="u", client_message_id="k", text=f"{i}")
     await asyncio.wait_for(agent.started.wait(), 5)

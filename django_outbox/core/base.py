@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,8 +26,6 @@ from .paging import score_pairs
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
 from .scripts import due_argv, index_drop_argv, session_prefix
 from .transport import Transport, as_text
-
-logger = logging.getLogger("django_outbox")
 
 #: Sessions whose key names are kept ready (KeySpace.session, script KEYS lists).
 KEY_CACHE_SIZE = 4096
@@ -402,21 +399,16 @@ class OutboxBase(Transport):
     ) -> builtins.list[tuple[str, str]]:
         """Wait up to ``block`` seconds on wake list ``key`` (one of
         ``keys.index_keys("wake")``); return the ``(workspace_id, session_id)`` pairs
-        taken: the first one BLPOP hands to exactly this caller, then up to ``batch``
-        more in one LPOP (a burst of accepts; none when ``batch`` is 0). ``[]`` when
-        the wait timed out. Raises what the BLPOP raises; a failed LPOP is logged and
-        the pairs already taken are returned.
+        taken, each handed to exactly this caller: up to ``1 + batch`` in one BLMPOP
+        (a burst of accepts comes in one round trip, and a single wake-up is not held
+        back by a second one). ``[]`` when the wait timed out. Raises what the BLMPOP
+        raises (Valkey 7.2+ / Redis 7 have it).
         """
         client = await self._aclient_ready()
-        item = await client.blpop([key], timeout=block)
-        if item is None:
+        reply = await client.blmpop(block, 1, key, direction="LEFT", count=batch + 1)
+        if reply is None:
             return []
-        items = [item[1]]
-        if batch > 0:
-            try:
-                items += await client.lpop(key, batch) or []
-            except Exception as exc:
-                logger.warning("outbox: wake read failed: %s", exc)
+        items = reply[1]
         pairs = []
         for raw in items:
             ws, _, ses = as_text(raw).partition(" ")

@@ -74,7 +74,7 @@ class KeySpace:
         #: SET of every workspace with sessions (recover() walks it, never SCAN).
         self.workspaces = f"{prefix}workspaces"
         #: LIST of "<ws> <ses>" items: an accept pushes one so an idle worker
-        #: blocked in BLPOP wakes at once.
+        #: blocked in BLMPOP wakes at once.
         self.wake = f"{prefix}wake"
         #: ZSET worker ID -> last heartbeat (ms); heartbeat values live in their own keys.
         self.workers = f"{prefix}workers"

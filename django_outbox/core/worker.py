@@ -3,7 +3,7 @@
 Work is found through the due index, never by scanning keys: every tick a
 worker reads the workspaces whose earliest due time has passed, then the due
 sessions of each (cost follows due sessions, not stored ones). An accept
-pushes ``"<ws> <ses>"`` onto a wake list that idle workers wait on with BLPOP,
+pushes ``"<ws> <ses>"`` onto a wake list that idle workers wait on with BLMPOP,
 so delivery starts at once rather than at the next tick. Each due session gets
 one task that steps it (``adeliver_once``) until nothing is due; at most
 ``concurrency`` such tasks run at once. Staged entries whose lease is gone are
@@ -34,8 +34,8 @@ from .unavailable import retry_unavailable
 logger = logging.getLogger("django_outbox.worker")
 
 SCAN_LIMIT = 1000  # workspaces, and sessions per workspace, read per scan
-WAKE_WAIT_MAX = 2.0  # seconds one BLPOP may block
-WAKE_BATCH = 100  # wake items taken at once after a BLPOP returns (LPOP count)
+WAKE_WAIT_MAX = 2.0  # seconds one BLMPOP may block
+WAKE_BATCH = 100  # more wake items one BLMPOP may take at once (a burst of accepts)
 SCAN_AGAIN_AFTER = 0.05  # seconds before the next scan when one returned a full page
 STARTUP_PATIENCE = 30.0  # seconds start-up retries while Valkey is unavailable
 REPAIR_INTERVAL = 10.0  # seconds between passes of the cluster index repair
@@ -94,7 +94,7 @@ class Worker:
     """Runs deliveries until ``stop`` is set (or, with ``once``, until nothing is due).
 
     ``concurrency`` bounds sessions delivered at once; ``tick`` (seconds) is the
-    safety-net scan interval and the BLPOP timeout; ``grace`` (seconds) is how
+    safety-net scan interval and the BLMPOP timeout; ``grace`` (seconds) is how
     long in-flight deliveries may finish after ``stop`` before they are
     cancelled (a cancelled delivery is recorded as ambiguous and verified
     later). ``heartbeat`` publishes a liveness record readable by the admin.
@@ -170,10 +170,10 @@ class Worker:
         return len(due)
 
     async def _wake_loop(self, key: str) -> None:
-        """Wait on one wake list; BLPOP hands each item to exactly one worker. (A
+        """Wait on one wake list; BLMPOP hands each item to exactly one worker. (A
         cluster has one wake list per shard and every worker waits on each.)"""
         # Block for less than the client's socket timeout (5 s), whatever the tick:
-        # a longer BLPOP would time out on the socket and count as an error.
+        # a longer BLMPOP would time out on the socket and count as an error.
         block = min(max(self.tick, 0.01), WAKE_WAIT_MAX)
         while not self.stop.is_set():
             # Take only what a free slot can start: an item left in the list goes to
@@ -181,7 +181,7 @@ class Worker:
             self._freed.clear()
             room = self.concurrency - len(self._running) - self._ready.qsize()
             if room <= 0:
-                await self._until(self._freed)
+                await self._freed.wait()
                 continue
             try:
                 pairs = await self.outbox.await_wake(key, block, min(WAKE_BATCH, room - 1))
@@ -200,15 +200,13 @@ class Worker:
         """Whether the worker goes on (not stopping): asked after each delivery."""
         return not self.stop.is_set()
 
-    async def _until(self, event: asyncio.Event) -> None:
-        """Wait until ``event`` is set or the worker stops, whichever comes first."""
-        waiter = asyncio.ensure_future(event.wait())
-        stopper = asyncio.ensure_future(self.stop.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stopper.cancel()
+    async def _relay_stop(self) -> None:
+        """Set the events the loops wait on once the worker stops: each loop waits on its
+        one event and looks at ``stop`` when it wakes, rather than making a task per wait
+        to watch ``stop`` as well (the dispatcher waits once per burst of work)."""
+        await self.stop.wait()
+        self._changed.set()
+        self._freed.set()
 
     async def _tick_loop(self) -> None:
         while not self.stop.is_set():
@@ -295,7 +293,7 @@ class Worker:
                 if self.once and not self._running:
                     return
                 self._changed.clear()
-                await self._until(self._changed)
+                await self._changed.wait()
                 continue
             await self._slots.acquire()
             if self.stop.is_set():
@@ -404,7 +402,7 @@ class Worker:
         recovered = await self._patiently(self._start)
         if recovered:
             logger.info("outbox worker %s: recovered %d staged entries", self.id, recovered)
-        helpers: list[asyncio.Task[None]] = []
+        helpers: list[asyncio.Task[None]] = [asyncio.create_task(self._relay_stop())]
         if self.heartbeat:
             helpers.append(asyncio.create_task(self._heartbeat_loop()))
         if self.once:
