@@ -63,7 +63,7 @@ def current_traceparent() -> str | None:
 def accept_span(workspace_id: str, session_id: str) -> Any:
     """A context manager: the ``outbox.accept`` span (a no-op without OpenTelemetry)."""
     if trace is None or not enabled():
-        return nullcontext()
+        return _NO_SPAN
     return trace.get_tracer(TRACER_NAME).start_as_current_span(
         "outbox.accept",
         kind=trace.SpanKind.PRODUCER,
@@ -71,7 +71,10 @@ def accept_span(workspace_id: str, session_id: str) -> Any:
     )
 
 
-@contextmanager
+#: What the span functions return when nothing is recorded: entered, it gives None.
+_NO_SPAN = nullcontext()
+
+
 def step_span(
     step: str,
     traceparent: str | None,
@@ -79,14 +82,26 @@ def step_span(
     session_id: str,
     entry_id: str,
     attempt: int,
-) -> Iterator[Any]:
-    """The ``outbox.<step>`` span of one delivery or verification (``step``: ``"deliver"``
-    or ``"verify"``), a child of the accept's context ``traceparent`` (and linked to it)
-    when there is one. Yields the span (None without OpenTelemetry); set the outcome
-    with :func:`record`."""
+) -> Any:
+    """A context manager: the ``outbox.<step>`` span of one delivery or verification
+    (``step``: ``"deliver"`` or ``"verify"``), a child of the accept's context
+    ``traceparent`` (and linked to it) when there is one. Entered, it gives the span
+    (None without OpenTelemetry); set the outcome with :func:`record`."""
     if trace is None or _propagator is None or not enabled():
-        yield None
-        return
+        return _NO_SPAN  # (the worker's hot path: no generator made per message)
+    return _step_span(step, traceparent, workspace_id, session_id, entry_id, attempt)
+
+
+@contextmanager
+def _step_span(
+    step: str,
+    traceparent: str | None,
+    workspace_id: str,
+    session_id: str,
+    entry_id: str,
+    attempt: int,
+) -> Iterator[Any]:
+    assert trace is not None and _propagator is not None
     parent = None
     links = []
     if traceparent:
@@ -112,7 +127,7 @@ def step_span(
 def settle_span(outcome: str) -> Any:
     """A context manager: the ``outbox.settle`` span recording ``outcome``."""
     if trace is None or not enabled():
-        return nullcontext()
+        return _NO_SPAN
     return trace.get_tracer(TRACER_NAME).start_as_current_span(
         "outbox.settle", attributes={"outbox.outcome": outcome}
     )
