@@ -287,3 +287,106 @@ def bounded(url: str, sessions: int, per: int, workers: int, sleep: float = 0.02
     if len(pids) < workers:
         raise RuntimeError(f"only {len(pids)} of {workers} workers delivered anything")
     return (len(times) - 1) / (times[-1] - times[0])
+
+
+def floor(url: str, calls: int = 20_000) -> tuple:
+    """What any script call and any command inside one costs Valkey, whatever it does: the
+    floor under ``valkey_cpu_us_per_msg`` (issue 21). Each figure is ``usec_per_call`` of
+    EVALSHA in ``INFO commandstats`` over ``calls`` pipelined calls with a session's 17 keys
+    and 20 arguments, in µs: (floor_evalsha_us: ``return 1``; floor_library_us: the shared
+    library (_lib.lua) and ``return 1``, less the former; floor_script_command_us: per
+    ``redis.call('GET', <missing key>)`` inside a script, from a script making 20 of them).
+    Commands outside scripts (the round trip itself) are not in these."""
+    from django_outbox.core.scripts import _read
+
+    library = _read("_lib")
+    keys = [f"floor:{{w}}:{i}" for i in range(17)]
+    args = ["5", "0", "s1", "w1", "strict", *("x" * 15)]
+    gets = "\n".join("redis.call('GET', KEYS[1])" for _ in range(20))
+    texts = {
+        "bare": "#!lua\nreturn 1",
+        "library": f"#!lua\n{library}\nreturn 1",
+        "gets": f"#!lua\n{gets}\nreturn 1",
+    }
+    client = redis.Redis.from_url(url)
+    per_call = {}
+    try:
+        for name, text in texts.items():
+            sha = client.script_load(text)
+            client.config_resetstat()
+            for start in range(0, calls, 2_000):
+                pipe = client.pipeline(transaction=False)
+                for _ in range(min(2_000, calls - start)):
+                    pipe.evalsha(sha, len(keys), *keys, *args)
+                pipe.execute()
+            per_call[name] = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]
+    finally:
+        client.close()
+    return (
+        per_call["bare"],
+        per_call["library"] - per_call["bare"],
+        (per_call["gets"] - per_call["bare"]) / 20,
+    )
+
+
+def settle_next_profile(url: str, sessions: int = 50, per: int = 20) -> tuple:
+    """Where a delivered message's script time goes inside Valkey (issue 21): settle_next.lua
+    with ``os.clock()`` marks (a copy of the script, never the one the outbox runs), over
+    ``sessions`` sessions of ``per`` queued messages each, every message settled with its
+    session's next claim as the worker does: mean µs per call of (profile_library_us: the
+    shared library and the glue before the settle; profile_settle_us: the settle half;
+    profile_claim_us: the claim half). The call's own setup (its keys and arguments made Lua
+    values) and Lua's garbage collection after it are outside the marks."""
+    import statistics
+
+    from django_outbox.core.delivery import RECEIPT_TTL_MS
+    from django_outbox.core.scripts import claim_argv, settle_next_argv
+
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    ob = _outbox(url)
+    try:
+        text = ob.scripts["settle_next"].text
+        shebang, rest = text.split("\n", 1)
+        marked = f"{shebang}\nlocal MARK0 = os.clock()\n{rest}"
+        for old, new in (
+            ("-- settle_next.lua\n", "local MARK1 = os.clock()\n-- settle_next.lua\n"),
+            (
+                "local settled = settle_step()\n",
+                "local settled = settle_step()\nlocal MARK2 = os.clock()\n",
+            ),
+            (
+                "return {'next', settled, claim_step()}",
+                "local claimed = claim_step()\nlocal MARK3 = os.clock()\n"
+                "return {tostring(MARK1 - MARK0), tostring(MARK2 - MARK1), "
+                "tostring(MARK3 - MARK2), claimed[1]}",
+            ),
+        ):
+            assert marked.count(old) == 1, f"settle_next.lua changed: {old!r}"
+            marked = marked.replace(old, new)
+        sha = client.script_load(marked)
+        client.script_load(ob.scripts["claim"].text)
+        phases: list[tuple[float, float, float]] = []
+        for s in range(sessions):
+            ses = f"p{s}"
+            ids = [
+                ob.accept("w1", ses, user_id="u", client_message_id=f"k{n}", text=PAYLOAD).id
+                for n in range(per)
+            ]
+            keys, base = ob._session_args(ob.keys.session("w1", ses), "w1", ses)
+            client.evalsha(
+                ob.scripts["claim"].sha, len(keys), *keys, *base, *claim_argv("tok", 30_000, [])
+            )
+            pipe = client.pipeline(transaction=False)
+            for entry_id in ids:
+                argv = settle_next_argv(
+                    "tok", entry_id, ob.config, RECEIPT_TTL_MS, 30_000, [entry_id]
+                )
+                pipe.evalsha(sha, len(keys), *keys, *base, *argv)
+            for reply in pipe.execute()[:-1]:  # (the last one finds nothing left to claim)
+                assert reply[3] == b"deliver", reply
+                phases.append((float(reply[0]), float(reply[1]), float(reply[2])))
+    finally:
+        ob.close()
+        client.close()
+    return tuple(statistics.mean(p[i] for p in phases) * 1e6 for i in range(3))

@@ -64,6 +64,8 @@ COST_KEYS = (
     "valkey_script_us_per_msg",
     "worker_cpu_us_per_msg",
 )
+FLOOR_KEYS = ("floor_evalsha_us", "floor_library_us", "floor_script_command_us")
+PROFILE_KEYS = ("profile_library_us", "profile_settle_us", "profile_claim_us")
 SPLIT_KEYS = (
     "valkey_cmds_in_scripts_per_accept",
     "valkey_cmds_outside_per_accept",
@@ -119,6 +121,8 @@ def one_round(
         if rnd == 0:  # counts only (MONITOR slows the server): once is enough
             shape = (url, s["split_sessions"], s["split_per"])
             rec.measure(rnd, SPLIT_KEYS, costs.command_split, *shape, details=rec.details)
+            rec.measure(rnd, FLOOR_KEYS, costs.floor, url)
+            rec.measure(rnd, PROFILE_KEYS, costs.settle_next_profile, url)
     n = s["accept_n"]
     if "accept" in groups:
         pair(("accept_sync", m.accept_sync, (url, n)), ("raw_evalsha_sync", m.raw_sync, (url, n)))
