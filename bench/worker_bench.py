@@ -161,8 +161,11 @@ def idle(url, sessions=100_000, seconds=30):
     pipe.execute()
     proc = worker(url, "--tick", "1")
     wait(lambda: r.zcard("outboxworkers") == 1, 30)
+    # Idle is the steady state: after the worker's start-up work, whose last part is the
+    # dashboard's first depth sample (it walks every session once; later minutes without
+    # changes reuse it: django_outbox.core.history).
+    wait(lambda: r.exists("outboxhistdepth"), 120)
     time.sleep(2)
-    import resource  # noqa: F401
 
     def cpu():
         with open(f"/proc/{proc.pid}/stat") as f:

@@ -17,6 +17,8 @@ Fields (all counts, except the samples):
 ``o:<outcome>`` settles of any other outcome: ``failed``, ``absent``, ``transient``,
                 ``prior_pending``, ``ambiguous``, ``inconclusive``, ``unverifiable``
 ``e``           entries a settle moved to error (attempts or verification exhausted)
+``x``           entries an operator changed (retry, dismiss, unpark, ...: ``operate.lua``)
+                and workspace cleanups
 ``l<i>``        deliveries (``d`` and the verifier's ``v``) whose accept → delivered
                 time fell in bucket ``i`` of :data:`LATENCY_BUCKETS`
 ``n:<status>``  (total only) entries by status when the minute was sampled
@@ -27,17 +29,23 @@ Fields (all counts, except the samples):
 
 Who writes what, and what it costs:
 
-* ``accept.lua`` and ``operate.lua`` count ``a``, ``p`` and ``vl`` in the
+* ``accept.lua`` and ``operate.lua`` count ``a``, ``p``, ``vl`` and ``x`` in the
   same script as the transition: exact, one HINCRBY per key (the TTL is set only when a
   field is new). On a cluster they reach the workspace's HASH only (the total lives in
-  another slot); the worker sampling a minute adds the workspaces' ``a``, ``p`` and
-  ``vl`` of the minute before into the total (:meth:`HistoryReads.asample_history`).
+  another slot); the worker sampling a minute adds the workspaces' ``a``, ``p``,
+  ``vl`` and ``x`` of the minute before into the total
+  (:meth:`HistoryReads.asample_history`).
 * The worker counts its own settles in memory (:class:`HistoryCounter`) and writes
   them every :data:`FLUSH_EVERY` seconds in one pipeline, off the delivery path: no
   command per message. A worker killed with SIGKILL loses at most that much of its
   counts; a graceful stop writes them.
 * Once a minute one worker (whichever claims ``histsample:<minute>`` first) samples
   depth by status, the most overdue session and the live workers into the total.
+  Depth by status walks every session's statuses (up to 50,000 sessions), so it is
+  walked again only when something changed since the last walk (a count above, or a
+  delivery in flight) or the walk is :data:`DEPTH_REFRESH_MINUTES` old; otherwise the
+  last walk's counts are written again. An idle worker over 100,000 parked sessions
+  reads a few keys a minute (``histdepth`` marks the last walk).
 """
 
 from __future__ import annotations
@@ -95,7 +103,14 @@ FLUSH_EVERY = 2.0
 MAX_PENDING_MINUTES = 60
 #: The fields only scripts count (so only a workspace's HASH has them on a cluster,
 #: where the sampler adds them into the total).
-ROLLED_UP = ("a", "p", "vl")
+ROLLED_UP = ("a", "p", "vl", "x")
+#: Fields that count a change of some entry's status (besides the ``o:<outcome>``
+#: settles): accepts, parks, deliveries, verifications, ledger confirmations, moves to
+#: error and operator changes (``x``: retries, dismissals, unparks, cleanups).
+CHANGES = ("a", "p", "d", "v", "vl", "e", "x")
+#: The depth sample walks every session's statuses at least this often, minutes (and
+#: whenever something changed since the last walk, see :meth:`asample_history`).
+DEPTH_REFRESH_MINUTES = 60
 #: Workspaces whose accepts the cluster sampler adds into the total, at most.
 ROLLUP_MAX_WORKSPACES = 10_000
 
@@ -443,21 +458,62 @@ class HistoryReads(Transport):
         claim = ("SET", self.keys.history_sample(minute), worker_id, "NX", "PX", 120_000)
         if not await self._arun(iter_once(Cmd(claim))):
             return False
-        counts, overdue, workers = await asyncio.to_thread(self._depth_sample)
+        recent = await self._arecent_depth(minute)
+        counts, walked, overdue, workers = await asyncio.to_thread(self._depth_sample, recent)
         key = self.keys.history(minute)
         mapping: dict[str, int] = {f"n:{status}": n for status, n in counts.items()}
-        mapping["workers"] = workers
+        mapping["workers"] = len(workers)
         mapping["oldest"] = max(0, int(now - overdue.due_at)) if overdue is not None else 0
         calls = [Cmd(("HSET", key, *[x for kv in sorted(mapping.items()) for x in kv]))]
         calls.append(Cmd(("PEXPIRE", key, ttl_ms)))
+        if walked:  # remember when, and how many changes were counted then
+            (fields,) = await self._arun(iter_once(Pipe([Cmd(("HGETALL", key))])))
+            mark = f"{minute} {_changes(_decoded(fields))}"
+            calls.append(Cmd(("SET", self.keys.history_depth(), mark, "PX", ttl_ms)))
         if self.cluster:
             calls += await asyncio.to_thread(self._rollup_calls, minute - 1)
         await self._arun(iter_once(Pipe(calls)))
         return True
 
-    def _depth_sample(self) -> tuple[dict[str, int], Any, int]:
+    async def _arecent_depth(self, minute: int) -> dict[str, int] | None:
+        """The entries by status of the last walk of every session (``{status: n}``) if
+        they still hold at ``minute``, else None (walk again): None when there was no
+        walk in the window, the last one is ``DEPTH_REFRESH_MINUTES`` old, some change
+        was counted in the total history since (:data:`CHANGES`, ``o:*``; one HGETALL
+        per minute since, in one round trip), or a live worker has a delivery in flight
+        (:meth:`_depth_sample` looks: a claim is not counted until it settles). An idle
+        worker over many sessions then reads a few keys a minute instead of every
+        session's statuses."""
+        mark = await self._arun(iter_once(Cmd(("GET", self.keys.history_depth()))))
+        try:
+            walked, seen = (int(x) for x in as_text(mark).split())
+        except (AttributeError, ValueError):
+            return None
+        if not walked <= minute < walked + DEPTH_REFRESH_MINUTES:
+            return None
+        minutes = range(walked, minute + 1)
+        answers = await self._arun(
+            iter_once(Pipe([Cmd(("HGETALL", self.keys.history(m))) for m in minutes]))
+        )
+        if any(isinstance(a, Exception) for a in answers):
+            return None
+        fields = [_decoded(a) for a in answers]
+        if "workers" not in fields[0] or sum(_changes(f) for f in fields) != seen:
+            return None
+        return {k[2:]: v for k, v in fields[0].items() if k.startswith("n:")}
+
+    def _depth_sample(
+        self, recent: dict[str, int] | None
+    ) -> tuple[dict[str, int], bool, Any, list[Any]]:
+        """(entries by status, whether every session was walked for them, the most
+        overdue session, the live workers): ``recent`` (the last walk's counts, see
+        :meth:`_arecent_depth`) is used unless it is None or a worker has a delivery in
+        flight."""
         reads: Any = self
-        return reads.entry_counts(), reads.most_overdue(), len(reads.live_workers())
+        workers = reads.live_workers()
+        if recent is None or any(w.in_flight for w in workers):
+            return reads.entry_counts(), True, reads.most_overdue(), workers
+        return recent, False, reads.most_overdue(), workers
 
     def _rollup_calls(self, minute: int) -> list[Cmd]:
         """Cluster only: the total's script-counted fields of ``minute`` (:data:`ROLLED_UP`),
@@ -473,8 +529,20 @@ class HistoryReads(Transport):
                 continue
             for name, value in zip(ROLLED_UP, answer, strict=True):
                 sums[name] += int(value or 0)
+        counted = [x for kv in sums.items() if kv[1] for x in kv]  # (zeros left out)
+        if not counted:
+            return []
         key = self.keys.history(minute)
-        return [
-            Cmd(("HSET", key, *[x for kv in sums.items() for x in kv])),
-            Cmd(("PEXPIRE", key, self._history_ttl_ms)),
-        ]
+        return [Cmd(("HSET", key, *counted)), Cmd(("PEXPIRE", key, self._history_ttl_ms))]
+
+
+def _decoded(fields: Any) -> dict[str, int]:
+    """An HGETALL answer of a history HASH as ``{field: int}`` (bytes or str keys)."""
+    if not isinstance(fields, dict):
+        fields = dict(zip(fields[::2], fields[1::2], strict=True))
+    return {as_text(k): int(v) for k, v in fields.items()}
+
+
+def _changes(fields: dict[str, int]) -> int:
+    """How many status changes a minute's fields count (:data:`CHANGES` and ``o:*``)."""
+    return sum(v for k, v in fields.items() if k in CHANGES or k.startswith("o:"))

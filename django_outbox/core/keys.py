@@ -197,6 +197,11 @@ class KeySpace:
         """The claim of the one worker that samples depth for ``minute`` (a STRING)."""
         return f"{self.prefix}histsample:{minute}"
 
+    def history_depth(self) -> str:
+        """When the depth sample last walked every session: ``"<minute> <changes>"`` (a
+        STRING; the changes counted in that minute's total HASH at the walk)."""
+        return f"{self.prefix}histdepth"
+
     def heartbeat(self, worker_id: str) -> str:
         return f"{self.heartbeat_prefix}{worker_id}"
 

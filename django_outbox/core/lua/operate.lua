@@ -28,6 +28,11 @@ local changed = {}
 local version = current_version
 
 local function finish(result, count)
+  -- An operator's change reaches the history (after one, the depth sample walks the
+  -- sessions again); parks and ledger confirmations are counted as such.
+  if #changed > 0 and op ~= 'park' and op ~= 'ledger_complete' then
+    count_history('x', #changed, history_ttl)
+  end
   return changed_reply(result, count, changed)
 end
 
