@@ -336,6 +336,37 @@ def test_a_minute_without_changes_reuses_the_last_walk_of_every_session(make_out
     assert calls >= 120 and fields["n:pending"] == 120
 
 
+@pytest.mark.standalone  # (a cluster's total learns of accepts a minute later, rolled up)
+def test_a_change_counted_while_the_depth_walk_runs_is_walked_again(make_outbox):
+    # The mark of a walk holds the changes counted before it started: an accept that
+    # lands while the sessions are being read (after its session was) is not in the
+    # walk's counts, so the next minute must walk again rather than reuse them.
+    clock = Clock()
+    outbox = make_outbox(clock=clock, **NO_USER_BOUNDS)
+    accept(outbox, "k0", "first")
+    walk = outbox.entry_counts
+
+    def entry_counts_with_an_accept_meanwhile(*args, **kwargs):
+        counts = walk(*args, **kwargs)
+        if outbox.history(minutes=1).minutes[-1].get("a") == 1:
+            accept(outbox, "k1", "second", ses="s2")
+        return counts
+
+    outbox.entry_counts = entry_counts_with_an_accept_meanwhile
+
+    async def sample():
+        try:
+            return await outbox.asample_history("a")
+        finally:
+            await outbox.aclose()
+
+    assert asyncio.run(sample())
+    assert outbox.history(minutes=1).minutes[-1].depth() == {"pending": 1}  # read before
+    clock.now += 60
+    assert asyncio.run(sample())
+    assert outbox.history(minutes=1).minutes[-1].depth() == {"pending": 2}
+
+
 def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(cluster_outbox, cluster_node_url):
     clock = Clock()
     outbox = cluster_outbox(clock=clock)

@@ -458,17 +458,20 @@ class HistoryReads(Transport):
         claim = ("SET", self.keys.history_sample(minute), worker_id, "NX", "PX", 120_000)
         if not await self._arun(iter_once(Cmd(claim))):
             return False
+        key = self.keys.history(minute)
+        # The changes counted so far this minute, read before any walk: one counted while
+        # the walk runs differs from the mark, so the next sample walks again.
+        (fields,) = await self._arun(iter_once(Pipe([Cmd(("HGETALL", key))])))
+        changes = _changes(_decoded(fields)) if not isinstance(fields, Exception) else -1
         recent = await self._arecent_depth(minute)
         counts, walked, overdue, workers = await asyncio.to_thread(self._depth_sample, recent)
-        key = self.keys.history(minute)
         mapping: dict[str, int] = {f"n:{status}": n for status, n in counts.items()}
         mapping["workers"] = len(workers)
         mapping["oldest"] = max(0, int(now - overdue.due_at)) if overdue is not None else 0
         calls = [Cmd(("HSET", key, *[x for kv in sorted(mapping.items()) for x in kv]))]
         calls.append(Cmd(("PEXPIRE", key, ttl_ms)))
-        if walked:  # remember when, and how many changes were counted then
-            (fields,) = await self._arun(iter_once(Pipe([Cmd(("HGETALL", key))])))
-            mark = f"{minute} {_changes(_decoded(fields))}"
+        if walked:  # remember when, and how many changes had been counted before it
+            mark = f"{minute} {changes}"
             calls.append(Cmd(("SET", self.keys.history_depth(), mark, "PX", ttl_ms)))
         if self.cluster:
             calls += await asyncio.to_thread(self._rollup_calls, minute - 1)
