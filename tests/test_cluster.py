@@ -530,3 +530,33 @@ async def test_a_connection_torn_down_under_a_command_is_unavailable_not_a_crash
         assert [e.text for e in await outbox.alist("w1", "s1")] == ["k0", "k1", "k2", "k3"]
     finally:
         await outbox.aclose()
+
+
+async def test_an_accept_whose_index_update_meets_a_torn_connection_says_it_was_stored(
+    cluster_outbox,
+):
+    # The accept script ran (the message is stored); the index update after it met a
+    # connection torn down under it. That is a failed index update like any lost
+    # connection: OutboxUnavailable(accepted=True), "retry with the same
+    # clientMessageID", not the plain "unavailable, nothing was changed".
+    outbox = cluster_outbox()
+    torn: list[asyncio.Task] = []
+    hint_call = outbox._hint_call
+
+    def tear_down_then_hint(args, hint):
+        call = hint_call(args, hint)
+        if call is not None and not torn:
+            torn.extend(tear_down_under_the_next_command(outbox))
+        return call
+
+    try:
+        await aaccept(outbox, "k0")  # connections up
+        outbox._hint_call = tear_down_then_hint
+        with pytest.raises(OutboxUnavailable, match="accepted, but") as raised:
+            await aaccept(outbox, "k1", ses="s2")
+        assert torn and raised.value.accepted
+        await asyncio.gather(*torn)
+        with pytest.raises(Duplicate):  # stored once: the retry finds it
+            await aaccept(outbox, "k1", ses="s2")
+    finally:
+        await outbox.aclose()

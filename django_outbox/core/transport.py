@@ -442,7 +442,9 @@ class Transport:
             try:
                 if as_text(self._evalsha(self.client, "index", call.keys, call.args)) == "recheck":
                     self._recheck_workspace(as_text(args[3]))
-            except (redis.RedisError, RedisClusterException) as exc:
+            except (redis.RedisError, RedisClusterException, AttributeError, TypeError) as exc:
+                if isinstance(exc, (AttributeError, TypeError)) and not is_torn_connection(exc):
+                    raise
                 self._hint_failed(name, exc)
         return reply
 
@@ -457,7 +459,9 @@ class Transport:
                     == "recheck"
                 ):
                     await self._arecheck_workspace(as_text(args[3]))
-            except (redis.RedisError, RedisClusterException) as exc:
+            except (redis.RedisError, RedisClusterException, AttributeError, TypeError) as exc:
+                if isinstance(exc, (AttributeError, TypeError)) and not is_torn_connection(exc):
+                    raise
                 self._hint_failed(name, exc)
         return reply
 
