@@ -388,6 +388,43 @@ def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(cluster_outbox, cl
     r.close()
 
 
+def test_on_a_cluster_the_rollup_keeps_the_cleanups_counted_in_the_total(
+    cluster_outbox, cluster_node_url
+):
+    # A cleanup counts 'x' straight into the total (the workspace's HASH goes with
+    # it); the sampler a minute later adds the workspaces' counts of that minute into
+    # the total. Written over rather than added, the cleanups' 'x' was lost, and the
+    # minute's count of changes could come out as the walk saw it though an accept
+    # and a retry landed after it: the last walk was reused for up to an hour.
+    clock = Clock()
+    outbox = cluster_outbox(clock=clock, **NO_USER_BOUNDS)
+    r = redis.Redis.from_url(cluster_node_url, decode_responses=True)
+    accept(outbox, "k1", "one", ws="w1")
+    accept(outbox, "k2", "two", ws="w2")
+    accept(outbox, "k3", "three", ws="w3")
+
+    async def sample():
+        try:
+            return await outbox.asample_history("a")
+        finally:
+            await outbox.aclose()
+
+    clock.now += 60
+    outbox.cleanup_workspace("w2")
+    outbox.cleanup_workspace("w3")
+    assert asyncio.run(sample())  # walked: the cleanups were counted before
+    minute = int(clock.now) // 60
+    assert hist(r, minute)["n:pending"] == 1
+    accept(outbox, "k4", "four", ws="w1", ses="s2")  # after the walk
+    outbox.retry("w1", SES, outbox.list("w1", SES)[0].id)  # a pending entry: due now
+    for _ in range(2):
+        clock.now += 60
+        assert asyncio.run(sample())
+    assert hist(r, int(clock.now) // 60)["n:pending"] == 2
+    assert hist(r, minute)["x"] == 3  # two cleanups and the retry
+    r.close()
+
+
 # -- real worker processes ---------------------------------------------------------------
 
 
