@@ -242,6 +242,30 @@ async def test_an_accept_wakes_an_idle_cluster_worker(cluster_outbox):
     await client_box.aclose()
 
 
+async def test_a_wake_wait_costs_one_command_per_shard(cluster_outbox, node):
+    # BLMPOP has no fixed key position, so redis-py's cluster client asks the server for
+    # its keys (COMMAND GETKEYS) before every call: three commands per wait, per shard,
+    # per idle worker. A cluster worker waits with BLPOP (then one LPOP for a burst).
+    box = cluster_outbox(cluster_shards=3)
+    node.config_resetstat(target_nodes=node.PRIMARIES)
+    try:
+        for key in box.keys.index_keys("wake"):
+            assert await box.await_wake(key, 0.05, 10) == []
+        await aaccept(box, "k1")
+        (key,) = [k for k in box.keys.index_keys("wake") if node.llen(k)]
+        assert await box.await_wake(key, 0.05, 10) == [("w1", "s1")]
+    finally:
+        await box.aclose()
+    calls: dict[str, int] = {}
+    info = node.info("commandstats", target_nodes=node.PRIMARIES)
+    one_node = all("calls" in stat for stat in info.values())  # (not keyed by node)
+    for stats in [info] if one_node else info.values():
+        for name, stat in stats.items():
+            calls[name] = calls.get(name, 0) + stat["calls"]
+    assert calls.get("cmdstat_command|getkeys", 0) == 0
+    assert calls.get("cmdstat_blpop", 0) == 4
+
+
 async def test_a_shard_score_only_moves_earlier_and_workers_raise_it(cluster_outbox, node):
     """The hint may leave a workspace early in its shard, never late; a worker that
     finds nothing due there moves it to the workspace's true earliest due time."""

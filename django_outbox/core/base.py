@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,6 +27,8 @@ from .paging import score_pairs
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
 from .scripts import due_argv, index_drop_argv, session_prefix
 from .transport import Transport, as_text
+
+logger = logging.getLogger("django_outbox")
 
 #: Sessions whose key names are kept ready (KeySpace.session, script KEYS lists).
 KEY_CACHE_SIZE = 4096
@@ -403,12 +406,28 @@ class OutboxBase(Transport):
         (a burst of accepts comes in one round trip, and a single wake-up is not held
         back by a second one). ``[]`` when the wait timed out. Raises what the BLMPOP
         raises (Valkey 7.2+ / Redis 7 have it).
+
+        On a cluster redis-py asks the server for BLMPOP's keys (``COMMAND GETKEYS``)
+        before every call, three commands per wait per shard per worker, so a cluster
+        worker waits with BLPOP, then takes the burst with one LPOP (a failed LPOP is
+        logged and the pairs already taken are returned).
         """
         client = await self._aclient_ready()
-        reply = await client.blmpop(block, 1, key, direction="LEFT", count=batch + 1)
-        if reply is None:
-            return []
-        items = reply[1]
+        if self.cluster:
+            item = await client.blpop([key], timeout=block)
+            if item is None:
+                return []
+            items = [item[1]]
+            if batch > 0:
+                try:
+                    items += await client.lpop(key, batch) or []
+                except Exception as exc:
+                    logger.warning("outbox: wake read failed: %s", exc)
+        else:
+            reply = await client.blmpop(block, 1, key, direction="LEFT", count=batch + 1)
+            if reply is None:
+                return []
+            items = reply[1]
         pairs = []
         for raw in items:
             ws, _, ses = as_text(raw).partition(" ")
