@@ -38,10 +38,9 @@ from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, T, iter_once
 from .scripts import HINTED, Script, index_hint_argv, load_scripts
 from .unavailable import (
     UNREACHABLE,
+    as_unavailable,
     classified,
     is_torn_connection,
-    is_unavailable_reply,
-    is_unreachable,
     unavailable_error,
 )
 
@@ -276,9 +275,10 @@ class Transport:
             try:
                 await client.initialize()
             except Exception as exc:
-                if is_unreachable(exc):
-                    raise unavailable_error(exc) from exc
-                raise
+                unavailable = as_unavailable(exc)
+                if unavailable is None:
+                    raise
+                raise unavailable from exc
             self._ready_clients.add(client)
         return client
 
@@ -654,16 +654,11 @@ class Transport:
             # Each answer classified as the drivers classify single calls: an OOM or
             # READONLY answer is OutboxUnavailable, whichever path sent it.
             return [classified(r) for r in self._pipelined(client, send, effect.calls)]
-        except UNREACHABLE as exc:
-            raise unavailable_error(exc) from exc
-        except redis.ResponseError as exc:
-            if is_unavailable_reply(exc):
-                raise unavailable_error(exc) from exc
-            raise
-        except (AttributeError, TypeError) as exc:
-            if is_torn_connection(exc):
-                raise unavailable_error(exc) from exc
-            raise
+        except Exception as exc:
+            unavailable = as_unavailable(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
 
     async def _ado(self, effect: Any, batch: bool = True) -> Any:
         if isinstance(effect, Emit):
@@ -689,16 +684,11 @@ class Transport:
                 return await self._acluster_pipe(client, effect.calls)
             send = self._apipeline_sender(lambda: client.pipeline(transaction=False))
             return [classified(r) for r in await self._apipelined(client, send, effect.calls)]
-        except UNREACHABLE as exc:
-            raise unavailable_error(exc) from exc
-        except redis.ResponseError as exc:
-            if is_unavailable_reply(exc):
-                raise unavailable_error(exc) from exc
-            raise
-        except (AttributeError, TypeError) as exc:
-            if is_torn_connection(exc):
-                raise unavailable_error(exc) from exc
-            raise
+        except Exception as exc:
+            unavailable = as_unavailable(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
 
     def execute_many(self, commands: Iterable[tuple[Any, ...]]) -> list[Any]:
         """Run plain Valkey commands (tuples such as ``("ZCARD", key)``) in one round trip.

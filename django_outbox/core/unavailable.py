@@ -101,14 +101,23 @@ def unavailable_error(exc: Exception) -> OutboxUnavailable:
     return OutboxUnavailable(f"Valkey unavailable: {type(exc).__name__}: {exc}")
 
 
+def as_unavailable(exc: Exception) -> OutboxUnavailable | None:
+    """The :class:`OutboxUnavailable` for an error that means "Valkey unavailable" (a
+    cut or torn connection, a cluster between topologies, OOM, READONLY, ...: what the
+    drivers raise for a single call), else None (the error is the caller's to raise)."""
+    if is_unreachable(exc) or (isinstance(exc, redis.ResponseError) and is_unavailable_reply(exc)):
+        return unavailable_error(exc)
+    return None
+
+
 def classified(result: Any) -> Any:
-    """A pipeline's per-command result, with "Valkey unavailable" errors (a cut
-    connection, a cluster between topologies, OOM, READONLY, ...) turned into
-    :class:`OutboxUnavailable` like the drivers do for single calls."""
-    if isinstance(result, (*UNREACHABLE, redis.exceptions.AskError)) or (
-        isinstance(result, redis.ResponseError) and is_unavailable_reply(result)
-    ):
+    """A pipeline's per-command result, with "Valkey unavailable" errors turned into
+    :class:`OutboxUnavailable` (:func:`as_unavailable`) like the drivers do for single
+    calls; a moved slot's ASK answer too (the slot map is changing)."""
+    if isinstance(result, redis.exceptions.AskError):
         return unavailable_error(result)
+    if isinstance(result, Exception):
+        return as_unavailable(result) or result
     return result
 
 
