@@ -462,8 +462,9 @@ class HistoryReads(Transport):
         # The changes counted so far this minute, read before any walk: one counted while
         # the walk runs differs from the mark, so the next sample walks again.
         (fields,) = await self._arun(iter_once(Pipe([Cmd(("HGETALL", key))])))
-        changes = _changes(_decoded(fields)) if not isinstance(fields, Exception) else -1
-        recent = await self._arecent_depth(minute)
+        current = None if isinstance(fields, Exception) else _fields(fields)
+        changes = -1 if current is None else _changes(current)
+        recent = await self._arecent_depth(minute, current)
         counts, walked, overdue, workers = await asyncio.to_thread(self._depth_sample, recent)
         mapping: dict[str, int] = {f"n:{status}": n for status, n in counts.items()}
         mapping["workers"] = len(workers)
@@ -478,12 +479,15 @@ class HistoryReads(Transport):
         await self._arun(iter_once(Pipe(calls)))
         return True
 
-    async def _arecent_depth(self, minute: int) -> dict[str, int] | None:
+    async def _arecent_depth(
+        self, minute: int, current: dict[str, int] | None
+    ) -> dict[str, int] | None:
         """The entries by status of the last walk of every session (``{status: n}``) if
         they still hold at ``minute``, else None (walk again): None when there was no
         walk in the window, the last one is ``DEPTH_REFRESH_MINUTES`` old, some change
-        was counted in the total history since (:data:`CHANGES`, ``o:*``; one HGETALL
-        per minute since, in one round trip), or a live worker has a delivery in flight
+        was counted in the total history since (:data:`CHANGES`, ``o:*``; ``current``
+        is ``minute``'s fields as just read, None if that read failed, and one HGETALL
+        per earlier minute since, in one round trip), or a live worker has a delivery in flight
         (:meth:`_depth_sample` looks: a claim is not counted until it settles). An idle
         worker over many sessions then reads a few keys a minute instead of every
         session's statuses."""
@@ -492,15 +496,13 @@ class HistoryReads(Transport):
             walked, seen = (int(x) for x in as_text(mark).split())
         except (AttributeError, ValueError):
             return None
-        if not walked <= minute < walked + DEPTH_REFRESH_MINUTES:
+        if current is None or not walked <= minute < walked + DEPTH_REFRESH_MINUTES:
             return None
-        minutes = range(walked, minute + 1)
-        answers = await self._arun(
-            iter_once(Pipe([Cmd(("HGETALL", self.keys.history(m))) for m in minutes]))
-        )
+        calls = [Cmd(("HGETALL", self.keys.history(m))) for m in range(walked, minute)]
+        answers = await self._arun(iter_once(Pipe(calls))) if calls else []
         if any(isinstance(a, Exception) for a in answers):
             return None
-        fields = [_decoded(a) for a in answers]
+        fields = [*(_fields(a) for a in answers), current]
         if "workers" not in fields[0] or sum(_changes(f) for f in fields) != seen:
             return None
         return {k[2:]: v for k, v in fields[0].items() if k.startswith("n:")}
@@ -539,13 +541,6 @@ class HistoryReads(Transport):
         if not counted:
             return []
         return [*counted, Cmd(("PEXPIRE", key, self._history_ttl_ms))]
-
-
-def _decoded(fields: Any) -> dict[str, int]:
-    """An HGETALL answer of a history HASH as ``{field: int}`` (bytes or str keys)."""
-    if not isinstance(fields, dict):
-        fields = dict(zip(fields[::2], fields[1::2], strict=True))
-    return {as_text(k): int(v) for k, v in fields.items()}
 
 
 def _changes(fields: dict[str, int]) -> int:
