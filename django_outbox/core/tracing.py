@@ -15,8 +15,7 @@ not pay for tracing nobody collects.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any
 
 try:
@@ -88,20 +87,7 @@ def step_span(
     ``traceparent`` (and linked to it) when there is one. Entered, it gives the span
     (None without OpenTelemetry); set the outcome with :func:`record`."""
     if trace is None or _propagator is None or not enabled():
-        return _NO_SPAN  # (the worker's hot path: no generator made per message)
-    return _step_span(step, traceparent, workspace_id, session_id, entry_id, attempt)
-
-
-@contextmanager
-def _step_span(
-    step: str,
-    traceparent: str | None,
-    workspace_id: str,
-    session_id: str,
-    entry_id: str,
-    attempt: int,
-) -> Iterator[Any]:
-    assert trace is not None and _propagator is not None
+        return _NO_SPAN  # (the worker's hot path: nothing made per message)
     parent = None
     links = []
     if traceparent:
@@ -109,7 +95,7 @@ def _step_span(
         accepted = trace.get_current_span(parent).get_span_context()
         if accepted.is_valid:
             links.append(trace.Link(accepted))
-    with trace.get_tracer(TRACER_NAME).start_as_current_span(
+    return trace.get_tracer(TRACER_NAME).start_as_current_span(
         f"outbox.{step}",
         context=parent,
         kind=trace.SpanKind.CONSUMER,
@@ -120,8 +106,7 @@ def _step_span(
             "outbox.entry_id": entry_id,
             "outbox.attempt": attempt,
         },
-    ) as span:
-        yield span
+    )
 
 
 def settle_span(outcome: str) -> Any:
