@@ -39,6 +39,18 @@ class Clock:
         return self.now
 
 
+def sample(outbox, worker_id: str = "a") -> bool:
+    """``outbox.asample_history(worker_id)`` in its own event loop (closed after)."""
+
+    async def run() -> bool:
+        try:
+            return await outbox.asample_history(worker_id)
+        finally:
+            await outbox.aclose()
+
+    return asyncio.run(run())
+
+
 def hist(r, minute: int, ws: str | None = None) -> dict[str, int]:
     key = f"outboxhist:{{{ws}}}:{minute}" if ws else f"outboxhist:{minute}"
     return {k: int(v) for k, v in r.hgetall(key).items()}
@@ -266,13 +278,7 @@ def test_one_worker_samples_depth_each_minute(make_outbox, r):
     accept(outbox, "k1", "one")
     accept(outbox, "k2", "two", ses="s2")
 
-    async def sample():
-        try:
-            return [await outbox.asample_history("a"), await outbox.asample_history("b")]
-        finally:
-            await outbox.aclose()
-
-    assert asyncio.run(sample()) == [True, False]  # the second worker finds it done
+    assert [sample(outbox, "a"), sample(outbox, "b")] == [True, False]  # b finds it done
     last = outbox.history(minutes=1).minutes[-1]
     assert last.sampled
     assert last.depth() == {"pending": 2}
@@ -294,15 +300,9 @@ def test_a_minute_without_changes_reuses_the_last_walk_of_every_session(make_out
     def script_calls() -> int:
         return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
-    async def sample():
-        try:
-            return await outbox.asample_history("a")
-        finally:
-            await outbox.aclose()
-
     def the_minutes_sample() -> tuple[int, dict[str, int]]:
         before = script_calls()
-        assert asyncio.run(sample())
+        assert sample(outbox)
         return script_calls() - before, hist(r, int(clock.now) // 60)
 
     calls, fields = the_minutes_sample()
@@ -354,16 +354,10 @@ def test_a_change_counted_while_the_depth_walk_runs_is_walked_again(make_outbox)
 
     outbox.entry_counts = entry_counts_with_an_accept_meanwhile
 
-    async def sample():
-        try:
-            return await outbox.asample_history("a")
-        finally:
-            await outbox.aclose()
-
-    assert asyncio.run(sample())
+    assert sample(outbox)
     assert outbox.history(minutes=1).minutes[-1].depth() == {"pending": 1}  # read before
     clock.now += 60
-    assert asyncio.run(sample())
+    assert sample(outbox)
     assert outbox.history(minutes=1).minutes[-1].depth() == {"pending": 2}
 
 
@@ -377,13 +371,7 @@ def test_on_a_cluster_the_sampler_adds_accepts_into_the_total(cluster_outbox, cl
     r.hset(f"outboxhist:{{w2}}:{MINUTE}", "vl", 1)  # as the ledger sweep's script writes it
     clock.now += 60
 
-    async def sample():
-        try:
-            return await outbox.asample_history("a")
-        finally:
-            await outbox.aclose()
-
-    assert asyncio.run(sample())
+    assert sample(outbox)
     assert hist(r, MINUTE, None) == {"a": 2, "p": 1, "vl": 1}
     r.close()
 
@@ -403,23 +391,17 @@ def test_on_a_cluster_the_rollup_keeps_the_cleanups_counted_in_the_total(
     accept(outbox, "k2", "two", ws="w2")
     accept(outbox, "k3", "three", ws="w3")
 
-    async def sample():
-        try:
-            return await outbox.asample_history("a")
-        finally:
-            await outbox.aclose()
-
     clock.now += 60
     outbox.cleanup_workspace("w2")
     outbox.cleanup_workspace("w3")
-    assert asyncio.run(sample())  # walked: the cleanups were counted before
+    assert sample(outbox)  # walked: the cleanups were counted before
     minute = int(clock.now) // 60
     assert hist(r, minute)["n:pending"] == 1
     accept(outbox, "k4", "four", ws="w1", ses="s2")  # after the walk
     outbox.retry("w1", SES, outbox.list("w1", SES)[0].id)  # a pending entry: due now
     for _ in range(2):
         clock.now += 60
-        assert asyncio.run(sample())
+        assert sample(outbox)
     assert hist(r, int(clock.now) // 60)["n:pending"] == 2
     assert hist(r, minute)["x"] == 3  # two cleanups and the retry
     r.close()
