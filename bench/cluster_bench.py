@@ -35,7 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -531,36 +534,45 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     reap_children(log)
                 log(f"{store.name}: warm-up fill and drain in {time.monotonic() - t:.1f} s")
+
+            def measured(label: str, key: str, measure: Callable[[], Any]) -> Any:
+                """``measure()``, or None (the failure logged and kept in ``missing``)."""
+                try:
+                    return measure()
+                except Exception as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                    log(f"{label}: FAILED {reason}")
+                    missing[key] = reason
+                    return None
+                finally:
+                    reap_children(log)
+
             i = 0
             for rnd in range(repeats):
                 for n in worker_counts:
                     order = stores if i % 2 == 0 else stores[::-1]
                     i += 1
                     for store in order:
-                        try:
-                            r = deliver(store, shape, n, a.concurrency, a.timeout)
-                        except Exception as exc:
-                            reason = f"{type(exc).__name__}: {exc}"
-                            log(f"round {rnd + 1} {store.name} workers={n}: FAILED {reason}")
-                            missing[f"{store.name} {n}w round {rnd + 1}"] = reason
+                        r = measured(
+                            f"round {rnd + 1} {store.name} workers={n}",
+                            f"{store.name} {n}w round {rnd + 1}",
+                            partial(deliver, store, shape, n, a.concurrency, a.timeout),
+                        )
+                        if r is None:
                             continue
-                        finally:
-                            reap_children(log)
                         runs[store.name].setdefault(n, []).append(r)
                         print(f"round {rnd + 1} {line(store.name, n, r)}", flush=True)
             bounded_shape = tuple(int(x) for x in a.bounded.split(","))
             for rnd in range(repeats if len(bounded_shape) == 3 else 0):
                 for n in worker_counts:
                     for store in stores if rnd % 2 == 0 else stores[::-1]:
-                        try:
-                            rate = bounded(store, bounded_shape, n, a.timeout)  # type: ignore[arg-type]
-                        except Exception as exc:
-                            reason = f"{type(exc).__name__}: {exc}"
-                            log(f"bounded {rnd + 1} {store.name} workers={n}: FAILED {reason}")
-                            missing[f"bounded {store.name} {n}w round {rnd + 1}"] = reason
+                        rate = measured(
+                            f"bounded {rnd + 1} {store.name} workers={n}",
+                            f"bounded {store.name} {n}w round {rnd + 1}",
+                            partial(bounded, store, bounded_shape, n, a.timeout),
+                        )
+                        if rate is None:
                             continue
-                        finally:
-                            reap_children(log)
                         bounded_runs.setdefault(store.name, {}).setdefault(n, []).append(rate)
                         log(f"bounded {rnd + 1} {store.name} workers={n}: {rate:,.0f} msg/s")
         except KeyboardInterrupt:
