@@ -10,7 +10,7 @@ import redis
 
 from django_outbox import Entry, Status
 from django_outbox.core.entry import format_time, new_entry_id
-from django_outbox.core.keys import dedupe_marker
+from django_outbox.core.keys import dedupe_marker, user_digest
 from django_outbox.core.scripts import accept_argv
 from django_outbox.errors import (
     Duplicate,
@@ -235,17 +235,12 @@ def test_lost_reply_replay_recognises_its_own_write(outbox, r):
     # case 05 (a) at the script level: running the very same accept twice is not a duplicate
     entry = accept(outbox)
     keys = outbox.keys.session("w1", "s1")
-    script_keys, args = outbox._session_args(keys, "w1", "s1")
     raw = r.lrange(keys.queue, 0, -1)[0]
     name = dedupe_marker(entry.user_id, "k1")
     marker_key = outbox.keys.dedupe("w1", "s1", name)
     fingerprint = r.get(marker_key).split()[1]
-    again = outbox._evalsha(
-        outbox.client,
-        "accept",
-        [*script_keys, marker_key],
-        [*args, *accept_argv(raw, entry.id, fingerprint, 25, 60_000, name)],
-    )
+    argv = accept_argv(raw, entry.id, fingerprint, 25, 60_000, name, user_digest(entry.user_id))
+    again = outbox.run_script("accept", "w1", "s1", argv, extra_keys=[marker_key])
     assert again[0] == b"own"
     assert r.llen(keys.queue) == 1
 

@@ -147,3 +147,87 @@ def test_every_module_opens_with_a_docstring():
         if path.read_text().strip() and ast.get_docstring(ast.parse(path.read_text())) is None
     ]
     assert missing == []
+
+
+# --- the Lua scripts ---------------------------------------------------------------------
+
+LUA = CORE / "lua"
+#: Top-level definitions of a library file: ``local function f`` and ``local A, B =``.
+_LUA_DEFINITION = re.compile(r"^local (?:function (\w+)|([\w, ]+?) *=)", re.MULTILINE)
+
+
+def _lua_code(text: str) -> str:
+    """``text`` with its comments and string literals blanked out (same length, so
+    positions still compare)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        if text.startswith("--", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+        elif text[i] in "'\"":
+            j = i + 1
+            while j < n and text[j] != text[i]:
+                j += 2 if text[j] == "\\" else 1
+            j += 1
+        else:
+            out.append(text[i])
+            i += 1
+            continue
+        out.append(" " * (j - i))
+        i = j
+    return "".join(out)
+
+
+def library_definitions() -> dict[str, str]:
+    """Every name a library file defines at its top level -> the file (``lib/x``)."""
+    defined: dict[str, str] = {}
+    for path in sorted((LUA / "lib").glob("*.lua")):
+        for match in _LUA_DEFINITION.finditer(_lua_code(path.read_text())):
+            names = match.group(1) or match.group(2)
+            for name in (n.strip() for n in names.split(",")):
+                assert name not in defined, f"{name}: lib/{path.stem} and {defined[name]}"
+                defined[name] = f"lib/{path.stem}"
+    return defined
+
+
+def test_every_library_name_a_script_uses_is_defined_by_its_includes_before_use():
+    """A script that calls a library function (or reads a layout name) without naming
+    the file that defines it in its --@include lines would, in Lua, read an undefined
+    global: Valkey refuses that only when the line runs. Read statically instead: in
+    each assembled script, every library name is defined before its first use."""
+    from django_outbox.core.scripts import load_scripts
+
+    defined = library_definitions()
+    assert {"split", "join", "claim", "settle", "hinted", "Q", "NOW"} <= set(defined)
+    for script in load_scripts().values():
+        code = _lua_code(script.text)
+        for name, home in defined.items():
+            uses = [
+                m.start()
+                for m in re.finditer(rf"(?<![\w.:]){name}\b", code)
+                if not re.match(r"\s*=[^=]", code[m.end() :])  # a table member `name = x`
+                or code[: m.start()].rstrip().endswith(("local", "local function", ","))
+            ]
+            if not uses:
+                continue
+            definition = re.search(rf"^local (?:function )?(?:[\w, ]*\b)?{name}\b", code, re.M)
+            assert definition is not None, (
+                f"{script.name}.lua uses {name} but does not include {home}"
+            )
+            assert definition.start() <= uses[0], (
+                f"{script.name}.lua uses {name} before {home} defines it (include order)"
+            )
+
+
+def test_every_script_states_its_flags_and_is_the_only_place_lua_is_assembled():
+    """Each script file starts with its own #!lua line; the loader splices nothing but
+    the library files a script names (no text markers, no globals between scripts)."""
+    from django_outbox.core.scripts import SCRIPT_NAMES, load_scripts
+
+    for name in SCRIPT_NAMES:
+        source = (LUA / f"{name}.lua").read_text()
+        assert source.startswith("#!lua"), name
+        assert not re.search(r"^--@(?!include )", source, re.M), name
+    for script in load_scripts().values():
+        assert "ONLY_OP" not in script.text and "ACK_SETTLED" not in script.text
+        assert "CARRIED" not in script.text

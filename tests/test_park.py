@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from django_outbox import Status
+from django_outbox.core.scripts import reason_argv
 
 from .helpers import BlockingDeliverer, aaccept, accept, wait_for
 
@@ -77,8 +78,8 @@ def test_an_accept_during_an_unpark_waits_behind_its_sessions_held_prompts(outbo
     outbox.park_workspace(WS, "maintenance")
     accept(outbox, "s1-a", ws=WS, ses="s1")
     accept(outbox, "s2-a", ws=WS, ses="s2")
-    run = outbox._run  # one session's unpark, as unpark_workspace takes them one by one
-    run(outbox._operate_plan(WS, "s2", "unpark", ""))
+    # one session's unpark, as unpark_workspace takes them one by one
+    outbox.run_script("unpark", WS, "s2", reason_argv("", 0))
     accept(outbox, "s1-b", ws=WS, ses="s1")
     accept(outbox, "s2-b", ws=WS, ses="s2")
     assert [(e.text, e.status) for e in outbox.list(WS, "s1")] == [

@@ -9,10 +9,11 @@ from django_outbox import Entry
 from django_outbox.core.delivery import RECEIPT_TTL_MS
 from django_outbox.core.entry import format_time, new_entry_id, parse_time
 from django_outbox.core.scripts import (
-    _read,
     accept_argv,
     load_scripts,
+    read_source,
     renew_call,
+    seed_argv,
     settle_argv,
     settle_next_argv,
 )
@@ -23,11 +24,7 @@ NOW = 1_764_466_959_000_000  # microseconds
 
 def call(outbox, name, *args, now=NOW, ses=SES, extra_keys=()):
     """Run one script with the session layout, ``now`` in microseconds."""
-    keys = outbox.keys.session(WS, ses)
-    script_keys, base = outbox._session_args(keys, WS, ses)
-    base[1] = now
-    result = outbox._evalsha(outbox.client, name, script_keys + list(extra_keys), base + list(args))
-    return decode(result)
+    return decode(outbox.run_script(name, WS, ses, args, extra_keys=extra_keys, now_us=now))
 
 
 def decode(value):
@@ -38,7 +35,7 @@ def decode(value):
     return value
 
 
-def seed(outbox, *, status="pending", accepted=NOW, ses=SES, target="queue", **state):
+def seed(outbox, *, status="pending", accepted=NOW, ses=SES, **state):
     entry = Entry(
         id=new_entry_id(accepted // 1000),
         client_message_id="k-" + new_entry_id(),
@@ -49,18 +46,14 @@ def seed(outbox, *, status="pending", accepted=NOW, ses=SES, target="queue", **s
         **state,
     )
     answer = call(
-        outbox,
-        "accept",
-        *accept_argv(entry.to_json(), entry.id, "", 0, 0, "", target),
-        ses=ses,
-        extra_keys=[outbox.keys.dedupe(WS, ses, "-")],
+        outbox, "seed", *seed_argv(entry.to_json(), entry.id, status == "delivering"), ses=ses
     )
     assert answer[0] == "ok"
     return entry
 
 
 def accept_args(entry, fp="fp1", cap=25, ttl=60_000):
-    return accept_argv(entry.to_json(), entry.id, fp, cap, ttl, entry.client_message_id)
+    return accept_argv(entry.to_json(), entry.id, fp, cap, ttl, entry.client_message_id, "u")
 
 
 def test_cjson_damages_content_so_scripts_never_reencode_it(r):
@@ -73,7 +66,7 @@ def test_cjson_damages_content_so_scripts_never_reencode_it(r):
 
 
 def test_lua_time_functions_match_python(outbox, r):
-    body = _read("_lib") + "\nreturn {iso(tonumber(ARGV[6])), parse_iso(ARGV[7])}"
+    body = read_source("lib/time") + "\nreturn {iso(tonumber(ARGV[6])), parse_iso(ARGV[7])}"
     keys = outbox.keys.session(WS, SES).script_keys()
     for us in (0, 86_399_999_999, 951_782_400_000_001, NOW + 123_456, 4_102_444_799_999_999):
         iso, parsed = r.eval(body, len(keys), *keys, 0, NOW, SES, WS, "strict", us, format_time(us))
@@ -105,7 +98,13 @@ class TestAccept:
             format_time(NOW),  # acceptedAt: stamped by the script, on its clock
         ]
         keys = outbox.keys.session(WS, SES)
-        assert r.lrange(keys.queue, 0, -1) == [e.evolve(seq=NOW).to_json()]  # seq: accept order
+        # seq: accept order; userDigest: counted for the accepting user until it leaves
+        stored = (
+            e.evolve(seq=NOW)
+            .to_json()
+            .replace(',"clientMessageID"', ',"userDigest":"u","clientMessageID"')
+        )
+        assert r.lrange(keys.queue, 0, -1) == [stored]
         assert r.get(marker) == f"{e.id} fp1"
         assert 59_000 < r.pttl(marker) <= 60_000
         assert r.zscore(keys.due, SES) == NOW // 1000
@@ -183,7 +182,7 @@ class TestClaim:
         assert r.llen(outbox.keys.session(WS, SES).queue) == 1
 
     def test_dead_holders_staging_is_recovered_as_verifying(self, outbox, r):
-        e = seed(outbox, status="delivering", target="staging")
+        e = seed(outbox, status="delivering")
         answer = call(outbox, "claim", "new", 30_000)
         assert answer[0] == "verify" and Entry.from_json(answer[1]).id == e.id
         assert Entry.from_json(answer[4]).status == "verifying"
@@ -255,7 +254,7 @@ class TestSettle:
         r.delete(outbox.keys.session(WS, SES).lock)
         assert call(outbox, "recover")[2] == 0
         assert r.llen(outbox.keys.session(WS, SES).staging) == 1
-        assert call(outbox, "operate", "dismiss", e.id, "")[0] == "not_found"
+        assert call(outbox, "dismiss", e.id, 0)[0] == "not_found"
 
     @pytest.mark.parametrize(
         ("outcome", "status", "attempts", "transient", "reason"),
@@ -344,7 +343,7 @@ class TestSettle:
 
     def test_entry_parked_mid_delivery_stays_parked(self, outbox):
         e = self.stage(outbox)
-        assert call(outbox, "operate", "park", "mode_transition", "")[2] == 1
+        assert call(outbox, "park", "mode_transition", 0)[2] == 1
         _, raw, *_ = settle(outbox, "tok", e.id, "ambiguous")
         after = Entry.from_json(raw)
         assert (after.status, after.parked_from, after.reason) == (
@@ -489,13 +488,13 @@ class TestSnapshotAndOperate:
     def test_retry_and_dismiss_busy_vs_missing(self, outbox):
         e = seed(outbox)
         call(outbox, "claim", "tok", 30_000)
-        assert call(outbox, "operate", "retry", e.id, "1")[0] == "busy"
-        assert call(outbox, "operate", "dismiss", e.id, "")[0] == "busy"
-        assert call(outbox, "operate", "dismiss", "nope", "")[0] == "not_found"
+        assert call(outbox, "retry", e.id, "1", 0)[0] == "busy"
+        assert call(outbox, "dismiss", e.id, 0)[0] == "busy"
+        assert call(outbox, "dismiss", "nope", 0)[0] == "not_found"
 
     def test_retry_error_unverifiable_goes_to_verifying_with_a_verifier(self, outbox):
         e = seed(outbox, status="error", reason="unverifiable", attempts=2)
-        result, _, count, _, raw = call(outbox, "operate", "retry", e.id, "1")
+        result, _, count, _, raw = call(outbox, "retry", e.id, "1", 0)
         after = Entry.from_json(raw)
         assert (result, count, after.status, after.attempts, after.reason) == (
             "updated",
@@ -508,9 +507,9 @@ class TestSnapshotAndOperate:
     def test_park_unpark_by_reason(self, outbox):
         seed(outbox, accepted=NOW - 2)
         seed(outbox, accepted=NOW - 1, status="verifying")
-        assert call(outbox, "operate", "park", "a", "")[2] == 2
-        assert call(outbox, "operate", "unpark", "b", "")[2] == 0
-        assert call(outbox, "operate", "unpark", "a", "")[2] == 2
+        assert call(outbox, "park", "a", 0)[2] == 2
+        assert call(outbox, "unpark", "b", 0)[2] == 0
+        assert call(outbox, "unpark", "a", 0)[2] == 2
         assert [e.status for e in outbox.list(WS, SES)] == ["pending", "verifying"]
 
     def test_recover_leaves_live_leases_alone(self, outbox):
@@ -520,8 +519,8 @@ class TestSnapshotAndOperate:
 
     def test_ledger_ops_check_the_attempt(self, outbox):
         e = seed(outbox, status="error", reason="max_attempts", attempts=5)
-        assert call(outbox, "operate", "ledger_rearm", e.id, "4")[0] == "busy"
-        assert call(outbox, "operate", "ledger_rearm", e.id, "5")[0] == "updated"
+        assert call(outbox, "ledger_rearm", e.id, 4, 0)[0] == "busy"
+        assert call(outbox, "ledger_rearm", e.id, 5, 0)[0] == "updated"
         assert outbox.list(WS, SES)[0].status == "pending"
 
 
@@ -538,7 +537,8 @@ def test_cleanup_asks_again_when_markers_arrive(outbox, r):
     assert call(outbox, "cleanup")[0] == "again"  # told about no markers: one exists
     done = call(outbox, "cleanup", "k1", extra_keys=[outbox.keys.dedupe(WS, SES, "k1")])
     # keys removed, then the session's last version and who watched, then what is gone
-    assert done[:4] == ["done", 6, NOW + 1, 0]
+    # (its users HASH among them: the accepting user was counted)
+    assert done[:4] == ["done", 7, NOW + 1, 0]
     assert [Entry.from_json(raw).id for raw in done[4:]] == [e.id]
     assert r.keys("*") == ["outboxwake"]  # wake-up hints are global, not workspace data
 
@@ -550,7 +550,7 @@ class TestStatuses:
         seed(outbox)
         seed(outbox, status="error", attempts=1)
         seed(outbox, status="parked", reason="hold", parked_from="pending")
-        seed(outbox, status="delivering", target="staging")
+        seed(outbox, status="delivering")
         answer = call(outbox, "statuses")
         counts = dict(zip(answer[::2], answer[1::2], strict=True))
         assert counts == {"pending": 1, "error": 1, "parked": 1, "delivering": 1}
@@ -611,10 +611,10 @@ class TestAdminIndices:
         call(outbox, "claim", "tok", 30_000)
         outcome = {"error": "unverifiable", "verifying": "ambiguous", "parked": "failed"}[status]
         if status == "parked":
-            call(outbox, "operate", "park", "hold", "")
+            call(outbox, "park", "hold", 0)
         settle(outbox, "tok", e.id, outcome)
         assert r.zrange(outbox.keys.attention, 0, -1) == ["w1 s1"]
-        call(outbox, "operate", "dismiss", e.id, "")
+        call(outbox, "dismiss", e.id, 0)
         assert r.zrange(outbox.keys.attention, 0, -1) == []
 
     def test_a_verified_delivery_leaves_attention_at_once(self, outbox, r):

@@ -25,6 +25,7 @@ from .history import HistoryCounter
 from .keys import KeySpace, SessionKeys
 from .paging import score_pairs
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
+from .replies import SnapshotReply
 from .scripts import due_argv, index_drop_argv, session_prefix
 from .transport import Transport, as_text
 
@@ -117,6 +118,30 @@ class OutboxBase(Transport):
         keys = self.keys.session(workspace_id, session_id)
         script_keys, args = self._session_args(keys, workspace_id, session_id)
         return Eval(name, script_keys + list(extra_keys), args + list(extra_args))
+
+    def run_script(
+        self,
+        name: str,
+        workspace_id: str,
+        session_id: str,
+        argv: Iterable[Any] = (),
+        *,
+        extra_keys: Iterable[str] = (),
+        now_us: int | None = None,
+    ) -> Any:
+        """Run one per-session script as it is: ``name`` (a file of ``core/lua``) with the
+        session's KEYS and ARGV prefix (``lib/layout.lua``), then ``argv`` and
+        ``extra_keys`` as the script's header states them (the builders of
+        :mod:`~django_outbox.core.scripts` make them). ``now_us`` (None: the outbox's
+        clock, 0 the server's) is the transition's now in microseconds. Returns the reply
+        as Valkey answered it (on a cluster, with its index hint applied and taken off);
+        :mod:`~django_outbox.core.replies` parses it. For tests and tools that exercise
+        one transition: it bypasses every check the public methods make. Raises
+        :class:`OutboxUnavailable` or the script's error."""
+        keys = self.keys.session(workspace_id, session_id)
+        script_keys, args = self._session_args(keys, workspace_id, session_id, now_us)
+        call = Eval(name, script_keys + list(extra_keys), args + list(argv))
+        return self._run(iter_once(call))
 
     # -- durability -------------------------------------------------------------------------
 
@@ -214,7 +239,8 @@ class OutboxBase(Transport):
         return [self._snapshot_from(answer) for answer in answers]
 
     def _snapshot_from(self, answer: list[Any]) -> Snapshot:
-        version, queued, staged, lock, _pttl, now_us = answer
+        reply = SnapshotReply.parse(answer)
+        queued, staged, lock, now_us = reply.queued, reply.staged, reply.lock, reply.now_us
         entries = [Entry.from_json(raw) for raw in queued]
         for raw in staged:
             entry = Entry.from_json(raw)
@@ -246,7 +272,7 @@ class OutboxBase(Transport):
                 else e
                 for e in entries
             ]
-        return Snapshot(int(version), entries, lease)
+        return Snapshot(reply.version, entries, lease)
 
     def snapshot(self, workspace_id: str, session_id: str) -> Snapshot:
         """The session's ``version``, entries (FIFO, staged ones included) and lease, read

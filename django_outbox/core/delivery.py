@@ -40,6 +40,7 @@ from .entry import Entry, OutboxEvent, Verdict
 from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
 from .keys import SessionKeys
 from .plans import Emit, Eval, Pipe, Plan, iter_once
+from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply, SnapshotReply
 from .rules import MAX_ERROR_CHARS, clean_text, describe_error
 from .scripts import (
     claim_argv,
@@ -326,24 +327,25 @@ class OutboxDelivery(OutboxBase):
         # is called: a claim lost in a failover would make the entry look never
         # tried, and it would be sent again without verification.
         answer, unacknowledged = yield from self._durably(call)
-        return (yield from self._claim_answer(ws, ses, answer, unacknowledged is not None))
+        reply = ClaimReply.parse(answer)
+        return (yield from self._claimed(ws, ses, reply, unacknowledged is not None))
 
-    def _claim_answer(
-        self, ws: str, ses: str, answer: Any, unreplicated: bool = False
+    def _claimed(
+        self, ws: str, ses: str, reply: ClaimReply, unreplicated: bool = False
     ) -> Plan[Any]:
-        """``(kind, entry or owed entries, recovered count)`` of a claim's answer; emits
+        """``(kind, entry or owed entries, recovered count)`` of a claim's reply; emits
         the events of the entries it staged or recovered."""
-        kind: str = as_text(answer[0])
+        kind = reply.kind
         if unreplicated and kind == "deliver":  # (a verification sends nothing)
             kind = "unreplicated"
         if kind == "busy":
             return ("busy", None, 0)
         if kind == "owed":
-            return ("owed", [Entry.from_json(raw) for raw in answer[4:]], 0)
-        version, watched = int(answer[2]), bool(answer[3])
-        recovered = answer[4:]
+            return ("owed", [Entry.from_json(raw) for raw in reply.owed], 0)
+        version, watched = reply.version, reply.watched
+        recovered = reply.recovered
         events = self._events("updated", recovered, ws, ses, version, None, watched)
-        entry = Entry.from_json(answer[1]) if answer[1] else None
+        entry = Entry.from_json(reply.entry) if reply.entry else None
         if kind == "unreplicated":
             return (kind, entry, len(recovered))
         if kind == "deliver" and entry is not None:
@@ -505,20 +507,19 @@ class OutboxDelivery(OutboxBase):
         )
         if unacknowledged is not None:
             logger.warning("outbox: settle of %s: %s", entry.id, unacknowledged)
-        kind: str = as_text(answer[0])
-        self.history_counter.settled(
-            ws, entry, outcome, kind, answer[1] if kind in ("removed", "updated") else None
-        )
-        if kind == "removed" or (kind == "replayed" and as_text(answer[1]) == "removed"):
+        reply = SettleReply.parse(answer)
+        kind = reply.kind
+        self.history_counter.settled(ws, entry, outcome, kind, reply.entry)
+        if reply.delivered:
             # Delivered. The lease is still ours and the entry stays staged as
             # delivered until its receivers ran: acknowledge it afterwards, so a
             # crash in between leaves the signal owed to the next claimer.
-            watched = True if kind != "removed" else bool(answer[3])
+            watched = True if kind != "removed" else reply.watched
             kinds = [k for k in ("delivered", "updated") if self.listening(k, watched)]
             if kinds:
                 done: Entry | None
-                if kind == "removed":
-                    version, done = int(answer[2]), Entry.from_json(answer[1])
+                if kind == "removed" and reply.entry is not None:
+                    version, done = reply.version, Entry.from_json(reply.entry)
                 else:  # our settle ran but its reply was lost
                     version, done = yield from self._staged_delivered_plan(ws, ses, entry.id)
                 if done is not None:
@@ -528,9 +529,9 @@ class OutboxDelivery(OutboxBase):
                     if any(e.kind == "delivered" for e in (yield Emit(events))):
                         return "owed"  # a receiver asked for it again: not acknowledged
             kind = "removed"  # the caller acknowledges (release, or the next claim)
-        elif kind == "updated":
+        elif kind == "updated" and reply.entry is not None:
             yield Emit(
-                self._events("updated", [answer[1]], ws, ses, int(answer[2]), None, bool(answer[3]))
+                self._events("updated", [reply.entry], ws, ses, reply.version, None, reply.watched)
             )
         elif kind == "lost":
             logger.warning(
@@ -568,17 +569,13 @@ class OutboxDelivery(OutboxBase):
         argv = settle_next_argv(
             token, entry.id, self.config, RECEIPT_TTL_MS, self._lock_ttl_ms, [entry.id]
         )
-        answer = yield self._session_eval("settle_next", ws, ses, extra_args=argv)
-        kind: str = as_text(answer[0])
-        settled_kind = as_text(answer[1][0]) if kind == "next" else kind
-        self.history_counter.settled(
-            ws,
-            entry,
-            "delivered",
-            settled_kind,
-            answer[1][1] if settled_kind == "removed" else None,
+        reply = SettleNextReply.parse(
+            (yield self._session_eval("settle_next", ws, ses, extra_args=argv))
         )
-        if kind != "next":
+        settled, claim = reply.settled, reply.claim
+        self.history_counter.settled(ws, entry, "delivered", settled.kind, settled.entry)
+        if claim is None:
+            kind = settled.kind
             if kind == "lost":
                 logger.warning(
                     "outbox: %s/%s %s: lease lost, outcome delivered left to verification",
@@ -587,14 +584,13 @@ class OutboxDelivery(OutboxBase):
                     entry.id,
                 )
             return kind, None
-        settled, claim = answer[1], answer[2]
-        if as_text(settled[0]) == "removed":
+        if settled.kind == "removed" and settled.entry is not None:
             # Only watchers can be told now (nobody listens to entry_delivered, and the
             # entry is acknowledged already): its events follow the settle's version.
-            watched = bool(settled[3])
+            watched = settled.watched
             kinds = [k for k in ("delivered", "updated") if self.listening(k, watched)]
             if kinds:
-                version, done = int(settled[2]), Entry.from_json(settled[1])
+                version, done = settled.version, Entry.from_json(settled.entry)
                 events = [OutboxEvent(k, "sent", done, ws, ses, version, watched) for k in kinds]
                 if any(e.kind == "delivered" for e in (yield Emit(events))):
                     logger.warning(
@@ -604,7 +600,7 @@ class OutboxDelivery(OutboxBase):
                         ses,
                         entry.id,
                     )
-        following = yield from self._claim_answer(ws, ses, claim)
+        following = yield from self._claimed(ws, ses, claim)
         return "removed", following
 
     def _staged_delivered_plan(
@@ -613,12 +609,12 @@ class OutboxDelivery(OutboxBase):
         """``(version, entry)``: the session's version and the entry as its delivered-settle
         staged it (with its ``delivered_at``, the receivers' idempotency key), or ``None``
         when it is no longer staged (another holder fired and acknowledged its signal)."""
-        answer = yield self._session_eval("snapshot", ws, ses)
-        for raw in answer[2]:
+        snapshot = SnapshotReply.parse((yield self._session_eval("snapshot", ws, ses)))
+        for raw in snapshot.staged:
             staged = Entry.from_json(raw)
             if staged.id == entry_id and staged.delivered_at is not None:
-                return int(answer[0]), staged
-        return int(answer[0]), None
+                return snapshot.version, staged
+        return snapshot.version, None
 
     def _release_plan(
         self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()
@@ -688,11 +684,16 @@ class OutboxDelivery(OutboxBase):
                 for session_id, answer in zip(page, answers, strict=True):
                     if isinstance(answer, Exception):
                         raise answer
-                    version, count = int(answer[1]), int(answer[2])
-                    watched, changed = bool(answer[3]), answer[4:]
-                    recovered += count
+                    reply = OperatorReply.parse(answer)
+                    recovered += reply.count
                     events += self._events(
-                        "updated", changed, workspace_id, session_id, version, None, watched
+                        "updated",
+                        reply.changed,
+                        workspace_id,
+                        session_id,
+                        reply.version,
+                        None,
+                        reply.watched,
                     )
                 if events:
                     yield Emit(events)

@@ -1,17 +1,29 @@
-"""The Lua scripts: loaded once from ``core/lua``, called by SHA (EVALSHA), reloaded on NOSCRIPT.
+"""The Lua scripts: assembled once from ``core/lua``, called by SHA (EVALSHA), reloaded on NOSCRIPT.
 
 Each transition that touches more than one key, or reads then writes, is one
-script in its own file (:data:`VARIANTS` are copies of one with other flags).
-``_lib.lua`` (shared helpers and the KEYS/ARGV layout) is prepended to each, and
-``_hinted.lua`` wraps the per-session transitions so that on a cluster they
-report index hints. The ``#!lua`` shebang makes Valkey refuse a writing script
-*before* it runs when memory is full, so an OOM can never leave a transition
-half-applied; the scripts in :data:`ALLOW_OOM`, which drain the queue, run anyway.
+script in its own file, ``core/lua/<name>.lua``. A script starts with its
+``#!lua`` line (with its flags, if any), then a header that states its KEYS,
+ARGV and every reply, and names what it uses from ``core/lua/lib/`` in
+``--@include <name> ...`` lines; a library file may include others the same
+way. :func:`load_scripts` puts each named library file before the script's
+body, once, in the order the names resolve (what a file includes comes before
+it). Nothing else is spliced: a script that runs two transitions
+(``settle_next.lua``) calls two library functions.
+
+The flags are Valkey's own: ``no-writes`` for the reads, and ``allow-oom`` for
+what drains the queue or keeps a delivery safe (a claim, a delivered-settle, a
+release, a lease renewal, recovery, dismissal, cleanup, the cluster index).
+Every other writing script is refused whole by Valkey, *before* it runs, on a
+server at ``maxmemory``, so an out-of-memory error can never leave a transition
+half-applied (docs/howto/valkey.md). The per-session transitions include
+``lib/hinted.lua``: on a cluster they answer ``{reply, hint}`` and the client
+applies the hint to the workspace's shard (:data:`HINTED`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -20,94 +32,118 @@ from typing import Any
 
 from .config import Config
 
-SCRIPT_NAMES = (
-    "accept",
-    "claim",
-    "settle",
-    "renew",
-    "release",
-    "snapshot",
-    "statuses",
-    "operate",
-    "recover",
-    "cleanup",
-    "index",
-    "due",
-    "sockets",
-)
-#: Scripts that run others' bodies one after the other: ``{name: (file, parts)}``; the
-#: file holds the glue, and each part's body goes where its line ``--@<part>`` stands.
-COMBINED = {"settle_next": ("settle_next", ("settle", "claim"))}
-#: Copies of a script that run only one of its operations: ``{name: (file, operation)}``.
-#: They exist for their flags (see ALLOW_OOM).
-VARIANTS = {"dismiss": ("operate", "dismiss"), "settle_delivered": ("settle", "delivered")}
-READ_ONLY = {"snapshot", "statuses", "due"}
-#: Scripts Valkey runs even at ``maxmemory`` (flag ``allow-oom``): what frees memory or
-#: keeps a delivery safe — a claim, then a delivered-settle and a release, free a whole
-#: entry; renewing keeps a lease from expiring under a running delivery; recovery,
-#: dismissal and cleanup only move or remove. Every other writing script (accept,
-#: the other settles and operator actions) is refused whole, before it runs, on a
-#: full server (README "Operations").
-ALLOW_OOM = frozenset(
-    {"claim", "settle_delivered", "settle_next", "release", "renew", "recover", "dismiss",
-     "cleanup", "index"}
-)  # fmt: skip
-#: Per-session transitions: on a cluster they answer ``{reply, hint}`` (see _lib.lua).
-HINTED = frozenset(
-    {"accept", "claim", "settle", "settle_delivered", "settle_next", "release", "operate",
-     "dismiss", "recover", "cleanup"}
-)  # fmt: skip
-#: Scripts on a cluster shard's keys, without the per-session library.
-WITHOUT_LIBRARY = frozenset({"index", "due", "sockets"})
+#: ``--@include a b c``: library files (``core/lua/lib/<name>.lua``) a file uses.
+_INCLUDE = re.compile(r"^--@include((?: +[a-z_]+)+) *$", re.MULTILINE)
+#: The first line of every script: ``#!lua`` and, optionally, its flags.
+_SHEBANG = re.compile(r"^#!lua(?: flags=([a-z,-]+))?$")
 
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """One assembled script: ``name``, full source ``text`` and its ``sha`` (hex SHA-1)."""
+    """One assembled script: ``name``, full source ``text``, its ``sha`` (hex SHA-1),
+    the library files it includes in the order they are put before its body
+    (``includes``) and its Valkey ``flags`` (``"allow-oom"``, ``"no-writes"``)."""
 
     name: str
     text: str
     sha: str
+    includes: tuple[str, ...]
+    flags: frozenset[str]
 
 
-def _read(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+def _lua_dir() -> Any:
+    return resources.files(__package__).joinpath("lua")
+
+
+def read_source(name: str) -> str:
+    """The text of ``core/lua/<name>.lua`` (``"lib/entry"`` for a library file)."""
+    return str(_lua_dir().joinpath(f"{name}.lua").read_text("utf-8"))
+
+
+def includes_of(text: str) -> list[str]:
+    """The names a file's ``--@include`` lines give, in order."""
+    return [name for match in _INCLUDE.finditer(text) for name in match.group(1).split()]
+
+
+def resolve_includes(text: str) -> list[str]:
+    """Every library file ``text`` needs, each once, what a file includes before it.
+    Raises ``ValueError`` on an include cycle or an unknown name."""
+    order: list[str] = []
+    visiting: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in visiting:
+            raise ValueError(f"include cycle: {' -> '.join([*visiting, name])}")
+        visiting.append(name)
+        try:
+            source = read_source(f"lib/{name}")
+        except FileNotFoundError:
+            raise ValueError(f"unknown include {name!r}") from None
+        for dep in includes_of(source):
+            visit(dep)
+        visiting.pop()
+        order.append(name)
+
+    for name in includes_of(text):
+        visit(name)
+    return order
+
+
+def script_names() -> tuple[str, ...]:
+    """The names of the scripts (``core/lua/*.lua``, library files excluded), sorted."""
+    return tuple(
+        sorted(
+            entry.name.removesuffix(".lua")
+            for entry in _lua_dir().iterdir()
+            if entry.name.endswith(".lua")
+        )
+    )
+
+
+def assemble(name: str) -> Script:
+    """Script ``name`` as Valkey runs it: its ``#!lua`` line, the library files it
+    includes, then its own text. Raises ``ValueError`` if the file does not start with
+    a ``#!lua`` line or names an unknown include."""
+    source = read_source(name)
+    first, _, body = source.partition("\n")
+    shebang = _SHEBANG.match(first)
+    if shebang is None:
+        raise ValueError(f"{name}.lua must start with a #!lua line, not {first!r}")
+    includes = tuple(resolve_includes(body))
+    parts = [first]
+    for lib in includes:
+        parts.append(f"-- lib/{lib}.lua\n{read_source(f'lib/{lib}').rstrip()}")
+    parts.append(f"-- {name}.lua\n{body.rstrip()}\n")
+    text = "\n".join(parts)
+    flags = frozenset((shebang.group(1) or "").split(",")) - {""}
+    sha = hashlib.sha1(text.encode("utf-8")).hexdigest()
+    return Script(name, text, sha, includes, flags)
 
 
 @cache
 def load_scripts() -> dict[str, Script]:
     """Assemble every script once per process: ``{name: Script}``."""
-    library = _read("_lib")
-    hinted = _read("_hinted")
-    scripts = {}
-    for name in (*SCRIPT_NAMES, *VARIANTS, *COMBINED):
-        flags = " flags=no-writes" if name in READ_ONLY else ""
-        flags = " flags=allow-oom" if name in ALLOW_OOM else flags
-        file, only = VARIANTS.get(name, (name, None))
-        body = _read(file)
-        if name in COMBINED:
-            file, parts = COMBINED[name]
-            body = _read(file)
-            for part in parts:
-                body = body.replace(f"--@{part}\n", _read(part).rstrip("\n") + "\n", 1)
-        if only is not None:
-            body = f"ONLY_OP = '{only}'\n{body}"
-        if name in WITHOUT_LIBRARY:
-            text = f"#!lua{flags}\n-- {name}.lua\n{body}"
-        elif name in HINTED:
-            wrapped = hinted.replace("--@transition\n", body.rstrip("\n") + "\n", 1)
-            text = f"#!lua{flags}\n{library}\n-- {name}.lua\n{wrapped}"
-        else:
-            text = f"#!lua{flags}\n{library}\n-- {name}.lua\n{body}"
-        sha = hashlib.sha1(text.encode("utf-8")).hexdigest()
-        scripts[name] = Script(name, text, sha)
-    return scripts
+    return {name: assemble(name) for name in script_names()}
+
+
+#: The scripts' names.
+SCRIPT_NAMES = tuple(load_scripts())
+#: Per-session transitions (they include ``lib/hinted.lua``): on a cluster they answer
+#: ``{reply, hint}`` (see core/hints.py or the cluster index hints in core/transport.py).
+HINTED = frozenset(name for name, s in load_scripts().items() if "hinted" in s.includes)
+#: Scripts Valkey runs even at ``maxmemory`` (flag ``allow-oom``).
+ALLOW_OOM = frozenset(name for name, s in load_scripts().items() if "allow-oom" in s.flags)
+#: Scripts that only read (flag ``no-writes``).
+READ_ONLY = frozenset(name for name, s in load_scripts().items() if "no-writes" in s.flags)
 
 
 # --- arguments -------------------------------------------------------------------------
 # One builder per script, each giving the script-specific ARGV in the order its
 # header (core/lua/<name>.lua) states; the per-session KEYS and the ARGV[1..5]
-# prefix come from OutboxBase._session_args (the layout of _lib.lua).
+# prefix come from OutboxBase._session_args (lib/layout.lua). Each reply has its type
+# in core/replies.py.
 
 
 def session_prefix(
@@ -125,21 +161,20 @@ def accept_argv(
     cap: int,
     dedupe_ttl_ms: int,
     marker: str,
-    target: str = "queue",
-    user: str = "",
+    user: str,
     user_max_queued: int = 0,
     user_accepts_per_minute: int = 0,
     history_ttl_ms: int = 0,
 ) -> list[Any]:
     """ARGV[6..15] of ``accept.lua``: the entry's JSON and ID, the content fingerprint,
-    ``CAP`` (0: no cap, no marker: seeding), the dedupe TTL in milliseconds, the
-    marker's name (:func:`~django_outbox.core.keys.dedupe_marker`: the key scoped to the
-    accepting user), ``"queue"`` or ``"staging"`` (seeding a dead holder's delivery),
-    then the per-user bounds (README "Per-user bounds"): the user's digest
-    (:func:`~django_outbox.core.keys.user_digest`; ``""``: not counted, as seeding),
-    ``USER_MAX_QUEUED`` and ``USER_ACCEPTS_PER_MINUTE`` (0: off), and how long the
-    per-minute history keeps the count, in milliseconds (``HISTORY_WINDOW``; 0: not
-    counted; README "Dashboard"). KEYS: the session layout, then the dedupe marker key."""
+    ``CAP``, the dedupe TTL in milliseconds, the marker's name
+    (:func:`~django_outbox.core.keys.dedupe_marker`: the key scoped to the accepting
+    user), then the per-user bounds (docs/explanation/idempotency.md): the user's digest
+    (:func:`~django_outbox.core.keys.user_digest`), ``USER_MAX_QUEUED`` and
+    ``USER_ACCEPTS_PER_MINUTE`` (0: off), and how long the per-minute history keeps the
+    count, in milliseconds (``HISTORY_WINDOW``; 0: not counted; docs/howto/observe.md).
+    KEYS: the session layout, then the dedupe marker key. Reply:
+    :class:`~django_outbox.core.replies.AcceptReply`."""
     return [
         entry_json,
         entry_id,
@@ -147,12 +182,18 @@ def accept_argv(
         cap,
         dedupe_ttl_ms,
         marker,
-        target,
         user,
         user_max_queued,
         user_accepts_per_minute,
         history_ttl_ms,
     ]
+
+
+def seed_argv(entry_json: str, entry_id: str, staged: bool) -> list[Any]:
+    """ARGV[6..8] of ``seed.lua`` (test harnesses: django_outbox.testing): the whole
+    entry's JSON, its ID, and whether it goes to staging (a delivery a dead worker left
+    behind) rather than the queue. Reply: :class:`~django_outbox.core.replies.SeedReply`."""
+    return [entry_json, entry_id, "staging" if staged else "queue"]
 
 
 def claim_argv(token: str, lock_ttl_ms: int, acknowledge: Iterable[str] = ()) -> list[Any]:
@@ -207,11 +248,44 @@ def release_argv(token: str, acknowledge: Iterable[str] = ()) -> list[Any]:
     return [token, *acknowledge]
 
 
-def operate_argv(op: str, arg1: str = "", arg2: str = "", history_ttl_ms: int = 0) -> list[Any]:
-    """ARGV[6..9] of ``operate.lua``: the operation (``retry``, ``dismiss``, ``park``,
-    ``unpark``, ``rearm_unverifiable``, ``ledger_complete``, ``ledger_rearm``), its two
-    arguments, and the per-minute history's TTL in milliseconds (0: not counted)."""
-    return [op, arg1, arg2, history_ttl_ms]
+def retry_argv(entry_id: str, has_verifier: bool, history_ttl_ms: int) -> list[Any]:
+    """ARGV[6..8] of ``retry.lua``: the entry ID, whether a verifier is configured (an
+    unverifiable entry is then re-armed as verifying), the per-minute history's TTL in
+    milliseconds (0: not counted). Reply: :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [entry_id, "1" if has_verifier else "0", history_ttl_ms]
+
+
+def dismiss_argv(entry_id: str, history_ttl_ms: int) -> list[Any]:
+    """ARGV[6..7] of ``dismiss.lua``: the entry ID and the history's TTL (ms; 0: not
+    counted). Reply: :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [entry_id, history_ttl_ms]
+
+
+def reason_argv(reason: str, history_ttl_ms: int) -> list[Any]:
+    """ARGV[6..7] of ``park.lua`` and ``unpark.lua``: the reason (``""`` for unpark:
+    any) and the history's TTL (ms; 0: not counted). Reply:
+    :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [reason, history_ttl_ms]
+
+
+def unpause_argv(reason: str) -> list[Any]:
+    """ARGV[6] of ``unpause.lua``: the reason the pause must have (``""``: any). Reply:
+    :class:`~django_outbox.core.replies.OperatorReply` (``count`` 1: the pause ended)."""
+    return [reason]
+
+
+def rearm_unverifiable_argv(history_ttl_ms: int) -> list[Any]:
+    """ARGV[6] of ``rearm_unverifiable.lua``: the history's TTL (ms; 0: not counted).
+    Reply: :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [history_ttl_ms]
+
+
+def ledger_argv(entry_id: str, attempts: int, history_ttl_ms: int) -> list[Any]:
+    """ARGV[6..8] of ``ledger_complete.lua`` and ``ledger_rearm.lua``: the entry ID, the
+    attempts it had when the ledger probe was asked (busy if it moved since), the
+    history's TTL (ms; 0: not counted). Reply:
+    :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [entry_id, attempts, history_ttl_ms]
 
 
 def renew_call(

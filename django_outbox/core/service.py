@@ -44,8 +44,18 @@ from .history import HistoryReads
 from .keys import dedupe_marker, user_digest
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .reads import QueueReads
+from .replies import AcceptReply, CleanupReply, OperatorReply, SeedReply
 from .rules import check_identifier, check_reason, check_user_id, validate_content
-from .scripts import accept_argv, operate_argv
+from .scripts import (
+    accept_argv,
+    dismiss_argv,
+    ledger_argv,
+    rearm_unverifiable_argv,
+    reason_argv,
+    retry_argv,
+    seed_argv,
+    unpause_argv,
+)
 from .tracing import accept_span, current_traceparent, record
 from .transport import as_text
 from .worker import Worker, WorkerStats
@@ -110,7 +120,6 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
                     self.config.cap,
                     self._dedupe_ttl_ms,
                     marker,
-                    "queue",
                     user,
                     self.config.user_max_queued,
                     self.config.user_accepts_per_minute,
@@ -119,39 +128,43 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
             ],
         )
         answer, unacknowledged = yield from self._durably(call)
-        status = as_text(answer[0])
-        if status in ("ok", "own"):
-            version, watched = int(answer[1]), bool(answer[2])
-            accepted_at = as_text(answer[3] if status == "ok" else answer[4]) or accepted_at
+        reply = AcceptReply.parse(answer)
+        if reply.status in ("ok", "own"):
             entry = Entry(
                 id=entry_id,
                 client_message_id=client_message_id,
                 user_id=user_id,
                 text=text,
                 model=model,
-                accepted_at=accepted_at,
-                seq=version if status == "ok" else int(answer[3]),
+                accepted_at=reply.accepted_at or accepted_at,
+                seq=reply.seq,
                 traceparent=traceparent,
             )
             if unacknowledged is not None:
                 raise unacknowledged
-            if self.listening("updated", watched):
+            if self.listening("updated", reply.watched):
                 event = OutboxEvent(
-                    "updated", "queued", entry, workspace_id, session_id, version, watched
+                    "updated",
+                    "queued",
+                    entry,
+                    workspace_id,
+                    session_id,
+                    reply.version,
+                    reply.watched,
                 )
                 yield Emit([event])
             return entry
-        if status == "duplicate":
-            raise Duplicate(as_text(answer[1]))
-        if status == "conflict":
-            raise IdempotencyConflict(as_text(answer[1]))
-        if status == "full":
+        if reply.status == "duplicate":
+            raise Duplicate(reply.existing_id)
+        if reply.status == "conflict":
+            raise IdempotencyConflict(reply.existing_id)
+        if reply.status == "full":
             raise OutboxFull(self.config.cap)
-        if status == "user_full":
+        if reply.status == "user_full":
             raise OutboxFull(self.config.user_max_queued, scope="user")
-        if status == "rate_limited":
-            raise RateLimited(int(answer[1]), self.config.user_accepts_per_minute)
-        raise AssertionError(f"unexpected accept answer {answer!r}")  # pragma: no cover
+        if reply.status == "rate_limited":
+            raise RateLimited(reply.retry_after, self.config.user_accepts_per_minute)
+        raise AssertionError(f"unexpected accept reply {reply!r}")  # pragma: no cover
 
     def accept(
         self,
@@ -207,40 +220,41 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
 
     # -- operator actions ---------------------------------------------------------------------
 
-    def _operate_plan(
+    def _transition_plan(
         self,
+        script: str,
         workspace_id: str,
         session_id: str,
-        op: str,
-        arg1: str = "",
-        arg2: str = "",
+        argv: list[Any],
         removed_state: str = "dismissed",
-    ) -> Plan[tuple[str, int, list[Any]]]:
-        # Dismissal only frees memory: its own copy of the script runs on a full server.
-        script = "dismiss" if op == "dismiss" else "operate"
-        answer = yield self._session_eval(
-            script,
-            workspace_id,
-            session_id,
-            extra_args=operate_argv(op, arg1, arg2, self._history_ttl_ms),
+    ) -> Plan[OperatorReply]:
+        """Run one operator transition (``retry``, ``dismiss``, ``park``, ... : one script
+        each, see :mod:`~django_outbox.core.scripts`) and emit the events of the entries it
+        changed; a removal's are in ``removed_state``."""
+        reply = OperatorReply.parse(
+            (yield self._session_eval(script, workspace_id, session_id, extra_args=argv))
         )
-        result, version, count = as_text(answer[0]), int(answer[1]), int(answer[2])
-        watched, changed = bool(answer[3]), answer[4:]
-        if changed:
-            state = removed_state if result == "removed" else None
+        if reply.changed:
+            state = removed_state if reply.result == "removed" else None
             yield Emit(
-                self._events("updated", changed, workspace_id, session_id, version, state, watched)
+                self._events(
+                    "updated",
+                    reply.changed,
+                    workspace_id,
+                    session_id,
+                    reply.version,
+                    state,
+                    reply.watched,
+                )
             )
-        return result, count, changed
+        return reply
 
     def _retry_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan[RetryResult]:
         check_identifier("entry ID", entry_id)
-        has_verifier = "1" if self.verifier is not None else "0"
-        result, _, _ = yield from self._operate_plan(
-            workspace_id, session_id, "retry", entry_id, has_verifier
-        )
+        argv = retry_argv(entry_id, self.verifier is not None, self._history_ttl_ms)
+        reply = yield from self._transition_plan("retry", workspace_id, session_id, argv)
         return {"updated": RetryResult.UPDATED, "busy": RetryResult.BUSY}.get(
-            result, RetryResult.NOT_FOUND
+            reply.result, RetryResult.NOT_FOUND
         )
 
     def retry(self, workspace_id: str, session_id: str, entry_id: str) -> RetryResult:
@@ -266,9 +280,11 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         self, workspace_id: str, session_id: str, entry_id: str
     ) -> Plan[DismissResult]:
         check_identifier("entry ID", entry_id)
-        result, _, _ = yield from self._operate_plan(workspace_id, session_id, "dismiss", entry_id)
+        # Dismissal only frees memory: its script runs on a full server (allow-oom).
+        argv = dismiss_argv(entry_id, self._history_ttl_ms)
+        reply = yield from self._transition_plan("dismiss", workspace_id, session_id, argv)
         return {"removed": DismissResult.REMOVED, "busy": DismissResult.BUSY}.get(
-            result, DismissResult.NOT_FOUND
+            reply.result, DismissResult.NOT_FOUND
         )
 
     def dismiss(self, workspace_id: str, session_id: str, entry_id: str) -> DismissResult:
@@ -287,12 +303,14 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         members = yield Cmd(("SMEMBERS", self.keys.sessions(workspace_id)))
         return sorted(as_text(m) for m in members)
 
-    def _bulk_plan(self, workspace_id: str, op: str, arg1: str = "") -> Plan[int]:
+    def _bulk_plan(self, workspace_id: str, script: str, argv: list[Any]) -> Plan[int]:
+        """Run ``script`` with ``argv`` on every session of the workspace: the entries
+        changed, summed."""
         check_identifier("workspace ID", workspace_id)
         total = 0
         for session_id in (yield from self._sessions_plan(workspace_id)):
-            _, count, _ = yield from self._operate_plan(workspace_id, session_id, op, arg1)
-            total += count
+            reply = yield from self._transition_plan(script, workspace_id, session_id, argv)
+            total += reply.count
         return total
 
     def _park_plan(self, workspace_id: str, reason: str) -> Plan[int]:
@@ -304,7 +322,8 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         for answer in (yield Pipe([Cmd(("DEL", pause)), Cmd(("HSET", pause, "reason", reason))])):
             if isinstance(answer, Exception):
                 raise answer
-        return (yield from self._bulk_plan(workspace_id, "park", reason))
+        argv = reason_argv(reason, self._history_ttl_ms)
+        return (yield from self._bulk_plan(workspace_id, "park", argv))
 
     def _unpark_plan(self, workspace_id: str, reason: str | None) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
@@ -315,7 +334,9 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         # ends when every session is released (sessions created meanwhile are held,
         # and the next pass releases them).
         for _ in range(UNPAUSE_PASSES):
-            total += yield from self._bulk_plan(workspace_id, "unpark", arg)
+            total += yield from self._bulk_plan(
+                workspace_id, "unpark", reason_argv(arg, self._history_ttl_ms)
+            )
             sessions = yield from self._sessions_plan(workspace_id)
             if not sessions:
                 pause = self.keys.pause(workspace_id)
@@ -323,8 +344,10 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
                 if held and arg in ("", held):
                     yield Cmd(("DEL", pause))
                 return total
-            _, ended, _ = yield from self._operate_plan(workspace_id, sessions[0], "unpause", arg)
-            if ended:
+            reply = yield from self._transition_plan(
+                "unpause", workspace_id, sessions[0], unpause_argv(arg)
+            )
+            if reply.count:
                 return total
         logger.warning(
             "outbox: %s still has sessions held by its pause after %d passes (new sessions "
@@ -372,7 +395,8 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         check_identifier("workspace ID", workspace_id)
         if self.verifier is None:
             return 0
-        return (yield from self._bulk_plan(workspace_id, "rearm_unverifiable"))
+        argv = rearm_unverifiable_argv(self._history_ttl_ms)
+        return (yield from self._bulk_plan(workspace_id, "rearm_unverifiable", argv))
 
     def sweep_workspace_unverifiable(self, workspace_id: str) -> int:
         """Re-arm the workspace's ``unverifiable`` error entries as verifying with a fresh
@@ -424,10 +448,14 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
                     continue
                 # A completed entry's entry_delivered is owed and fired by the
                 # next claim of its session (never lost, even if we die now).
-                result, _, _ = yield from self._operate_plan(
-                    workspace_id, session_id, op, entry.id, str(entry.attempts), "sent"
+                reply = yield from self._transition_plan(
+                    op,
+                    workspace_id,
+                    session_id,
+                    ledger_argv(entry.id, entry.attempts, self._history_ttl_ms),
+                    "sent",
                 )
-                if result in ("removed", "updated"):
+                if reply.result in ("removed", "updated"):
                     recovered += 1
         return recovered
 
@@ -454,17 +482,30 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
             while True:
                 markers = [as_text(m) for m in (yield Cmd(("ZRANGE", keys.markers, 0, -1)))]
                 marker_keys = [self.keys.dedupe(workspace_id, session_id, m) for m in markers]
-                answer = yield self._session_eval(
-                    "cleanup", workspace_id, session_id, extra_args=markers, extra_keys=marker_keys
+                reply = CleanupReply.parse(
+                    (
+                        yield self._session_eval(
+                            "cleanup",
+                            workspace_id,
+                            session_id,
+                            extra_args=markers,
+                            extra_keys=marker_keys,
+                        )
+                    )
                 )
-                removed += int(answer[1])
-                if as_text(answer[0]) == "done":
+                removed += reply.removed
+                if reply.done:
                     break
             # Watchers learn that the entries are gone, at a version above any they
             # hold (the session's next change starts above it).
-            version, watched, gone = int(answer[2]), bool(answer[3]), answer[4:]
             events = self._events(
-                "updated", gone, workspace_id, session_id, version, "dismissed", watched
+                "updated",
+                reply.gone,
+                workspace_id,
+                session_id,
+                reply.version,
+                "dismissed",
+                reply.watched,
             )
             if events:
                 yield Emit(events)
@@ -517,10 +558,10 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         needlessly, never skipped wrongly). Raises :class:`OutboxUnavailable`.
         """
         key = self.keys.session(workspace_id, session_id).watch
-        answers = await self._arun(
+        results = await self._arun(
             iter_once(Pipe([Cmd(("INCRBY", key, delta)), Cmd(("EXPIRE", key, WATCH_TTL))]))
         )
-        count = answers[0]
+        count = results[0]
         if isinstance(count, Exception):
             raise count
         if int(count) <= 0:
@@ -575,13 +616,13 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         calls: list[Cmd | Eval] = [Cmd(("GET", keys.version))]
         if watching:
             calls.append(Cmd(("EXPIRE", keys.watch, WATCH_TTL)))
-        answers = await self._arun(iter_once(Pipe(calls)))
-        for answer in answers:
-            if isinstance(answer, Exception):
-                raise answer
-        if watching and not int(answers[1]):
+        results = await self._arun(iter_once(Pipe(calls)))
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        if watching and not int(results[1]):
             await self.awatch(workspace_id, session_id, +1)
-        return None if answers[0] is None else int(answers[0])
+        return None if results[0] is None else int(results[0])
 
     # -- the worker -----------------------------------------------------------------------------
 
@@ -626,20 +667,26 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         check_identifier("entry ID", entry.id)
         if entry.accepted_at is None:
             raise ValueError("a seeded entry needs acceptedAt")
-        target = "staging" if entry.status is Status.DELIVERING else "queue"
-        answer = yield self._session_eval(
-            "accept",
-            workspace_id,
-            session_id,
-            extra_args=accept_argv(entry.to_json(), entry.id, "", 0, 0, "", target),
-            extra_keys=[self.keys.dedupe(workspace_id, session_id, "-")],
+        staged = entry.status is Status.DELIVERING
+        reply = SeedReply.parse(
+            (
+                yield self._session_eval(
+                    "seed",
+                    workspace_id,
+                    session_id,
+                    extra_args=seed_argv(entry.to_json(), entry.id, staged),
+                )
+            )
         )
-        if as_text(answer[0]) == "exists":
+        if reply.status == "exists":
             raise ValueError(f"entry {entry.id} is already queued in {workspace_id}/{session_id}")
-        version = int(answer[1])
         yield Emit(
             self._events(
-                "updated", [entry.evolve(seq=version).to_json()], workspace_id, session_id, version
+                "updated",
+                [entry.evolve(seq=reply.version).to_json()],
+                workspace_id,
+                session_id,
+                reply.version,
             )
         )
 

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- due: the members of one due-time ZSET whose time has come, on the server's clock
 -- (one clock for every process: README "Operations"). A worker's scan reads the
 -- workspaces-due index with it, then each due workspace's sessions; recovery reads

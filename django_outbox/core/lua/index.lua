@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- index: keep one cluster shard's copies of the global indices (README "Valkey Cluster").
 -- On a cluster the per-session scripts cannot reach the global indices (other
 -- slots), so each reports a HINT (see _lib.lua) and the client applies it here.

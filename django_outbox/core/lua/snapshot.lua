@@ -1,9 +1,11 @@
+#!lua flags=no-writes
 -- snapshot: everything list() needs, read at one instant.
 -- ARGV[6] (optional) preview: when > 0, each entry's text is cut on the server to its
 -- first ARGV[6] characters, so a page of previews never moves whole texts (README
 -- "Admin"); the rest of each entry is as stored.
 -- Returns {version, queue entries, staged entries, lock value or false, lock PTTL (ms),
 -- now (us, the server's clock: how long the lease has been held is judged on it)}.
+--@include entry lease
 local PREVIEW = tonumber(ARGV[6] or '0') or 0
 local TEXT_MARK, MODEL_MARK = ',"text":"', ',"model":'
 

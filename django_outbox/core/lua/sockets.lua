@@ -1,3 +1,4 @@
+#!lua
 -- sockets: one user's open outbox WebSockets, counted across server processes on the
 -- server's clock (README "Live updates (WebSocket)"). Each socket is a member scored by
 -- its expiry; a socket whose server died without closing it expires on its own.

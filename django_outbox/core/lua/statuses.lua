@@ -1,8 +1,10 @@
+#!lua flags=no-writes
 -- statuses: how many entries of the session hold each stored status, read without
 -- their content (README "Operations": the metrics gauge). split() decodes only the
 -- state members, so no text leaves the server, nor is decoded on it.
 -- KEYS, ARGV: the per-session layout of _lib.lua (no script-specific ones).
 -- Returns {status, count, status, count, ...}: queued and staged entries alike.
+--@include layout entry
 local counts, order = {}, {}
 for _, key in ipairs({Q, D}) do
   for _, raw in ipairs(redis.call('LRANGE', key, 0, -1)) do

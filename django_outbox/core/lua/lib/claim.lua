@@ -1,0 +1,112 @@
+-- claim: take the session's lease and its next piece of work
+-- (docs/explanation/lifecycle.md, "What happens to a message").
+--@include layout entry time lease indices staging
+
+-- Claim under lease `token` for `ttl` ms, first acknowledging `acknowledge` (a list of
+-- IDs of delivered entries whose entry_delivered the caller fired under this same
+-- lease; see release.lua). carried: nil, or what a settle in the same script has just
+-- read ({owner = the lease token, staging = the staging list as it is now}; see
+-- lib/settle.lua), so that nothing is read twice. Returns one of:
+--   {'busy', pttl}                another holder's lease stands
+--   {'idle', false, version, watched}        nothing due (the lease is not kept)
+--   {'deliver', entry, version, watched}     the entry was staged as delivering
+--   {'verify', entry, version, watched}      the head awaits verification
+--   {'owed', false, version, watched, entries...}  delivered entries whose entry_delivered
+--                                 was never acknowledged (their holder died):
+--                                 fire it, then acknowledge with release.lua
+-- deliver/verify/idle answers are followed by the JSON of entries recovered
+-- from a dead holder's staging (now verifying).
+-- Replay-safe: a holder that calls again gets its staged entry back.
+local function claim(token, ttl, acknowledge, carried)
+  local owner = carried and carried.owner or lock_parts()
+
+  if owner and owner ~= token then
+    reindex()
+    return {'busy', redis.call('PTTL', LOCK)}
+  end
+
+  -- The staging list, read once (or as the settle in the same script left it): the
+  -- acknowledgements, the owed signals, the carried entry and the recovery below all
+  -- work on this copy, kept equal to D.
+  local staged_items = carried and carried.staging or redis.call('LRANGE', D, 0, -1)
+  if owner == nil or owner == token then
+    for _, id in ipairs(acknowledge) do
+      local prefix = id_prefix(id)
+      for j, raw in ipairs(staged_items) do
+        if string.sub(raw, 1, #prefix) == prefix then
+          if is_done((split(raw))) then
+            redis.call('LREM', D, 1, raw)
+            table.remove(staged_items, j)
+          end
+          break
+        end
+      end
+    end
+  end
+
+  local owed = owed_signals(staged_items)
+  if #owed > 0 then
+    redis.call('SET', LOCK, token .. ' ' .. NOW_MS, 'PX', ttl)
+    reindex()
+    local out = {'owed', false, current_version(), watched()}
+    for _, r in ipairs(owed) do out[#out + 1] = r end
+    return out
+  end
+
+  local recovered = {}
+  if owner == token then
+    local staged = staged_items[1]
+    if staged then
+      redis.call('PEXPIRE', LOCK, ttl)
+      return {'deliver', staged, current_version(), watched()}
+    end
+  else
+    recovered = recover_staged(staged_items)
+  end
+
+  local function answer(kind, entry, version)
+    local out = {kind, entry, version, watched()}
+    for _, r in ipairs(recovered) do out[#out + 1] = r end
+    return out
+  end
+
+  local items = redis.call('LRANGE', Q, 0, -1)
+  -- Staging is empty from here on: an entry staged under our lease answered 'deliver'
+  -- above, owed ones 'owed', and a recovery empties it. After a recovery reindex reads it
+  -- all the same (rare); otherwise it is given what this script knows.
+  local staged_now = #recovered == 0 and 0 or nil
+  local idx, raw, st, content = find_head(items)
+  if idx == nil then
+    if owner == token then redis.call('DEL', LOCK) end
+    reindex(items, staged_now, -2)  -- no lease now
+    local version = #recovered > 0 and bump() or current_version()
+    return answer('idle', false, version)
+  end
+
+  if st.status == 'verifying' then
+    redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
+    reindex(items, staged_now, ttl)
+    local version = #recovered > 0 and bump() or current_version()
+    return answer('verify', raw, version)
+  end
+
+  st.status = 'delivering'
+  st.lastAttemptAt = iso(NOW)
+  st.nextAttemptAt = nil
+  local staged = join(st, content)
+  redis.call('LREM', Q, 1, raw)
+  table.remove(items, idx + 1)  -- the queue as it is now (entry IDs are unique)
+  redis.call('RPUSH', D, staged)
+  redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
+  -- The staging list held nothing before (a staged or owed entry answers above, and a
+  -- recovery empties it): it holds this one entry now, under a lease of ttl ms.
+  reindex(items, 1, ttl)
+  return answer('deliver', staged, bump())
+end
+
+-- ARGV[from..] as a list (the IDs to acknowledge).
+local function argv_from(from)
+  local out = {}
+  for i = from, #ARGV do out[#out + 1] = ARGV[i] end
+  return out
+end

@@ -1,0 +1,48 @@
+-- entry: the stored entry's codec. Entries are edited without re-encoding client
+-- content: split() cuts the state members off at the first structural
+-- ',"clientMessageID":' and join() re-encodes only the state, in a fixed member order
+-- (cjson would damage client JSON: empty arrays, large integers).
+local MARK = ',"clientMessageID":'
+local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
+               'transientFails', 'acceptedAt', 'seq', 'lastAttemptAt', 'nextAttemptAt', 'lastError',
+               'deliveredAt', 'userDigest'}
+local ZERO_OMITTED = {verifyAttempts = true, transientFails = true}
+
+local function split(raw)
+  local i = string.find(raw, MARK, 1, true)
+  if not i then
+    error({err = 'outbox: malformed entry (no clientMessageID member)'})
+  end
+  return cjson.decode(string.sub(raw, 1, i - 1) .. '}'), string.sub(raw, i)
+end
+
+-- cjson writes numbers with 14 significant digits: 1796041140804470 would come
+-- back as 1.7960411408045e+15. Integers (seq is a session version, microseconds
+-- large) are written exactly.
+local function encode_value(v)
+  if type(v) == 'number' and v == math.floor(v) and math.abs(v) < 2 ^ 53 then
+    return string.format('%.0f', v)
+  end
+  return cjson.encode(v)
+end
+
+local function join(st, content)
+  local parts = {}
+  for _, k in ipairs(ORDER) do
+    local v = st[k]
+    if v ~= nil and v ~= cjson.null and not (ZERO_OMITTED[k] and v == 0) then
+      parts[#parts + 1] = '"' .. k .. '":' .. encode_value(v)
+    end
+  end
+  return '{' .. table.concat(parts, ',') .. content
+end
+
+local function id_prefix(id)
+  return '{"id":' .. cjson.encode(id) .. ','
+end
+
+-- A staged entry whose delivery is confirmed but whose entry_delivered
+-- receivers have not been acknowledged yet: the signal is still owed.
+local function is_done(st)
+  return st.deliveredAt ~= nil and st.deliveredAt ~= cjson.null
+end

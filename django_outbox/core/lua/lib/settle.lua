@@ -1,0 +1,155 @@
+-- settle: record the outcome of the holder's delivery or verification, then release
+-- the lease (docs/explanation/lifecycle.md, "What happens to a message").
+--@include layout entry time lease indices users staging
+
+local function backoff(base, cap, n)
+  local delay = base * (2 ^ (n - 1))
+  if delay > cap then delay = cap end
+  return delay
+end
+
+-- The retry and verification tunables and the receipt's TTL, read from ARGV[i..i+8]:
+-- MAX_ATTEMPTS, RETRY_BACKOFF (us), MAX_BACKOFF (us), MAX_TRANSIENT_FAILURES,
+-- VERIFY_DELAY (us), VERIFY_BACKOFF (us), MAX_VERIFY_BACKOFF (us), MAX_VERIFY_ATTEMPTS,
+-- the settle receipt's TTL (ms) (core/scripts.py settle_argv).
+local function settle_policy(i)
+  return {
+    max_attempts = tonumber(ARGV[i]), retry_backoff = tonumber(ARGV[i + 1]),
+    max_backoff = tonumber(ARGV[i + 2]), max_transient = tonumber(ARGV[i + 3]),
+    verify_delay = tonumber(ARGV[i + 4]), verify_backoff = tonumber(ARGV[i + 5]),
+    max_verify_backoff = tonumber(ARGV[i + 6]), max_verify_attempts = tonumber(ARGV[i + 7]),
+    receipt_ttl = tonumber(ARGV[i + 8]),
+  }
+end
+
+-- Record `outcome` (delivered | failed | absent | transient | prior_pending | ambiguous |
+-- inconclusive | unverifiable) of the delivery of entry `id` under the lease `token`;
+-- `err` is the error text ('' keeps lastError), `policy` what settle_policy returns.
+-- acknowledged: the caller acknowledges a delivered entry's signal in the same script
+-- (settle_next.lua), so it leaves staging at once.
+-- Returns the reply, and (only when a delivery was recorded with `acknowledged`) what
+-- the claim that follows may start from: {owner = token, staging = the staging list
+-- as it is now}. Replies:
+-- {'removed', entry, version, watched} (delivered: the entry leaves the queue but stays
+-- in staging marked deliveredAt, the lease still held, until the caller has fired
+-- entry_delivered and acknowledged it with release.lua; if the caller dies first, the
+-- next claim fires the owed signal), {'updated', entry, version, watched},
+-- {'replayed', 'removed'|'updated'} (this settle already ran and its reply was lost),
+-- {'lost'} (the lease is not ours: touch nothing, the outcome is left to verification)
+-- or {'gone'}.
+local function settle(token, id, outcome, err, policy, acknowledged)
+  local receipt = token .. ' ' .. id
+  local owner = lock_parts()
+  if owner ~= token then
+    local r = redis.call('GET', RECEIPT)
+    if r and string.sub(r, 1, #receipt + 1) == receipt .. ' ' then
+      HINT[8] = 1  -- report the indices again (see lib/layout.lua)
+      return {'replayed', string.sub(r, #receipt + 2)}
+    end
+    return {'lost'}
+  end
+
+  local where = D
+  local idx, raw, _, staging = find(D, id)
+  if raw and is_done((split(raw))) then
+    HINT[8] = 1
+    return {'replayed', 'removed'}  -- already settled as delivered; its signal is owed
+  end
+  if not raw then
+    where = Q
+    idx, raw = find(Q, id)
+  end
+  if not raw then
+    -- Recorded by this very holder and acknowledged since (settle_next.lua does both in
+    -- one script): a replay after a lost reply, which must not touch the lease.
+    local r = redis.call('GET', RECEIPT)
+    if r and string.sub(r, 1, #receipt + 1) == receipt .. ' ' then
+      HINT[8] = 1
+      return {'replayed', string.sub(r, #receipt + 2)}
+    end
+    redis.call('DEL', LOCK)
+    reindex()
+    return {'gone'}
+  end
+  local st, content = split(raw)
+
+  if outcome == 'delivered' then
+    st.deliveredAt = iso(NOW)
+    uncount(st)  -- delivered: no longer queued for its user, though its signal may be owed
+    local done = join(st, content)
+    local carried = nil
+    if where == D and acknowledged then  -- settle_next.lua: acknowledged in this script
+      redis.call('LREM', D, 1, raw)
+      table.remove(staging, idx + 1)
+      carried = {owner = token, staging = staging}
+    elseif where == D then
+      redis.call('LSET', D, idx, done)
+    else
+      redis.call('LREM', Q, 1, raw)
+      redis.call('RPUSH', D, done)
+    end
+    redis.call('SET', RECEIPT, receipt .. ' removed', 'PX', policy.receipt_ttl)
+    -- An LSET in staging changes nothing the indices look at (the queue, the staging
+    -- list's length, the lease, still held): they are exact as the claim left them.
+    -- (Acknowledged, the staging list shrinks; settle_next.lua's claim reindexes before
+    -- the script ends.)
+    if where == Q then reindex() end
+    return {'removed', done, bump(), watched()}, carried
+  end
+
+  local next_status, reason, next_at = nil, nil, nil
+  if outcome == 'failed' or outcome == 'absent' then
+    st.attempts = (st.attempts or 0) + 1
+    if st.attempts >= policy.max_attempts then
+      next_status, reason = 'error', 'max_attempts'
+    else
+      next_status, next_at = 'pending', NOW + backoff(policy.retry_backoff, policy.max_backoff, st.attempts)
+    end
+  elseif outcome == 'transient' or outcome == 'prior_pending' then
+    st.transientFails = (st.transientFails or 0) + 1
+    if st.transientFails >= policy.max_transient then
+      next_status, reason = 'error', 'transient_exhausted'
+    else
+      next_status, next_at = 'pending', NOW + backoff(policy.retry_backoff, policy.max_backoff, st.transientFails)
+    end
+  elseif outcome == 'ambiguous' then
+    st.verifyAttempts = 0
+    next_status, next_at = 'verifying', NOW + policy.verify_delay
+  elseif outcome == 'inconclusive' then
+    st.verifyAttempts = (st.verifyAttempts or 0) + 1
+    if st.verifyAttempts >= policy.max_verify_attempts then
+      next_status, reason = 'error', 'unverifiable'
+    else
+      next_status, next_at = 'verifying', NOW + backoff(policy.verify_backoff, policy.max_verify_backoff, st.verifyAttempts)
+    end
+  elseif outcome == 'unverifiable' then
+    next_status, reason = 'error', 'unverifiable'
+  else
+    error({err = 'outbox: unknown outcome ' .. tostring(outcome)})
+  end
+
+  if err ~= '' then st.lastError = err end
+  if next_status == 'error' then
+    st.status, st.reason, st.parkedFrom, st.nextAttemptAt = 'error', reason, nil, nil
+  elseif st.status == 'parked' then
+    -- Parked while in flight: stay parked; unpark resumes from the new state.
+    st.parkedFrom = next_status
+    st.nextAttemptAt = nil
+  else
+    st.status, st.reason = next_status, nil
+    st.nextAttemptAt = next_at and iso(next_at) or nil
+  end
+
+  local new = join(st, content)
+  if where == D then
+    local pivot = pivot_for(st)  -- every read before the first write
+    redis.call('LREM', D, 1, raw)
+    insert_before(pivot, new)
+  else
+    redis.call('LSET', Q, idx, new)
+  end
+  redis.call('DEL', LOCK)
+  redis.call('SET', RECEIPT, receipt .. ' updated', 'PX', policy.receipt_ttl)
+  reindex()
+  return {'updated', new, bump(), watched()}
+end

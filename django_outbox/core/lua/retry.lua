@@ -1,0 +1,40 @@
+#!lua
+-- retry: re-arm one entry now (docs/explanation/lifecycle.md, "What retry does"):
+-- error -> pending (unverifiable -> verifying when a verifier exists), counters of
+-- transient failures and verification passes restarted; pending/verifying -> due now.
+-- A staged entry whose holder is gone is recovered as verifying. An entry staged under
+-- a live lease, the entry the lease is held for, or a parked entry is busy.
+-- ARGV[6] entry ID  ARGV[7] '1': a verifier exists  ARGV[8] HISTORY_WINDOW (ms; 0: not counted)
+-- Returns {'updated' | 'not_found' | 'busy', version, count, watched, changed entries...}.
+--@include entry lease staging operator hinted
+local id, has_verifier, history_ttl = ARGV[6], ARGV[7], tonumber(ARGV[8])
+
+return hinted(function()
+  local owner, _, lock_entry = lock_parts()
+  local _, staged = find(D, id)
+  if staged and is_done((split(staged))) then return unchanged_reply('not_found') end
+  if staged then
+    if owner then return unchanged_reply('busy') end
+    -- Staged by a holder that is gone: its outcome is unknown.
+    return operator_reply('updated', 1, recover_staged(), history_ttl)
+  end
+  local idx, raw = find(Q, id)
+  if not raw then return unchanged_reply('not_found') end
+  if owner and lock_entry == id then return unchanged_reply('busy') end
+  local st, content = split(raw)
+  if st.status == 'parked' then return unchanged_reply('busy') end
+  if st.status == 'error' then
+    if st.reason == 'unverifiable' and has_verifier == '1' then
+      st.status = 'verifying'
+    else
+      st.status = 'pending'
+    end
+    st.reason = nil
+    st.transientFails = 0
+    st.verifyAttempts = 0
+  end
+  st.nextAttemptAt = nil
+  local new = join(st, content)
+  redis.call('LSET', Q, idx, new)
+  return operator_reply('updated', 1, {new}, history_ttl)
+end)

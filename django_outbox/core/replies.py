@@ -1,0 +1,214 @@
+"""What the Lua scripts answer, as types: one small frozen class per reply shape.
+
+Each script's header (``core/lua/<name>.lua``) states its reply as a Lua table; the
+``parse`` of its type here is the one place that table is read by position, beside the
+ARGV builders of :mod:`~django_outbox.core.scripts`. Everything above reads named
+fields (``reply.version``, not ``int(answer[2])``). Entries stay raw JSON (``bytes``
+or ``str``, as Valkey answered): they are parsed only when someone needs them.
+A cluster's ``{reply, hint}`` wrapping is taken off before a reply reaches ``parse``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: One stored entry, as the script answered it (JSON).
+RawEntry = bytes | str
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _entries(values: Sequence[Any]) -> tuple[RawEntry, ...]:
+    return tuple(values)
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptReply:
+    """``accept.lua``: ``status`` is ``ok`` (stored now), ``own`` (this very entry was
+    stored before: a replay), ``duplicate``/``conflict`` (another entry holds the key:
+    ``existing_id``), ``full``, ``user_full`` or ``rate_limited`` (``retry_after``
+    seconds). ``version``, ``watched``, ``accepted_at`` (server time, ISO) and ``seq``
+    are set for ``ok``/``own``."""
+
+    status: str
+    version: int = 0
+    watched: bool = False
+    accepted_at: str = ""
+    seq: int = 0
+    existing_id: str = ""
+    retry_after: int = 0
+
+    @classmethod
+    def parse(cls, answer: Sequence[Any]) -> AcceptReply:
+        status = _text(answer[0])
+        if status == "ok":
+            version = int(answer[1])
+            return cls(status, version, bool(answer[2]), _text(answer[3] or ""), version)
+        if status == "own":
+            return cls(
+                status, int(answer[1]), bool(answer[2]), _text(answer[4] or ""), int(answer[3])
+            )
+        if status in ("duplicate", "conflict"):
+            return cls(status, existing_id=_text(answer[1]))
+        if status == "rate_limited":
+            return cls(status, retry_after=int(answer[1]))
+        return cls(status)
+
+
+@dataclass(frozen=True, slots=True)
+class SeedReply:
+    """``seed.lua``: ``status`` ``ok`` (stored at ``version``) or ``exists``."""
+
+    status: str
+    version: int = 0
+    watched: bool = False
+
+    @classmethod
+    def parse(cls, answer: Sequence[Any]) -> SeedReply:
+        status = _text(answer[0])
+        if status == "ok":
+            return cls(status, int(answer[1]), bool(answer[2]))
+        return cls(status)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimReply:
+    """``lib/claim.lua`` (``claim.lua``, the claim half of ``settle_next.lua``).
+
+    ``kind``: ``busy`` (another holder: ``pttl`` ms left), ``idle``, ``deliver``
+    (``entry`` staged as delivering), ``verify`` (``entry`` awaits verification) or
+    ``owed`` (``owed``: delivered entries whose ``entry_delivered`` is owed).
+    ``recovered``: entries a dead holder left staged, now verifying."""
+
+    kind: str
+    entry: RawEntry | None = None
+    version: int = 0
+    watched: bool = False
+    recovered: tuple[RawEntry, ...] = ()
+    owed: tuple[RawEntry, ...] = ()
+    pttl: int = 0
+
+    @classmethod
+    def parse(cls, answer: Sequence[Any]) -> ClaimReply:
+        kind = _text(answer[0])
+        if kind == "busy":
+            return cls(kind, pttl=int(answer[1]))
+        version, watched = int(answer[2]), bool(answer[3])
+        if kind == "owed":
+            return cls(kind, None, version, watched, owed=_entries(answer[4:]))
+        return cls(kind, answer[1] or None, version, watched, _entries(answer[4:]))
+
+
+@dataclass(frozen=True, slots=True)
+class SettleReply:
+    """``lib/settle.lua`` (``settle.lua``, ``settle_delivered.lua``).
+
+    ``kind``: ``removed`` (delivered: ``entry`` staged as delivered), ``updated``
+    (``entry`` as it is now), ``replayed`` (this settle ran before and its reply was
+    lost: ``replayed`` says ``removed`` or ``updated``), ``lost`` (the lease is not the
+    holder's) or ``gone``. ``delivered`` is True when the delivery is recorded (now or
+    by the replayed call)."""
+
+    kind: str
+    entry: RawEntry | None = None
+    version: int = 0
+    watched: bool = False
+    replayed: str = ""
+
+    @property
+    def delivered(self) -> bool:
+        return self.kind == "removed" or (self.kind == "replayed" and self.replayed == "removed")
+
+    @classmethod
+    def parse(cls, answer: Sequence[Any]) -> SettleReply:
+        kind = _text(answer[0])
+        if kind in ("removed", "updated"):
+            return cls(kind, answer[1], int(answer[2]), bool(answer[3]))
+        if kind == "replayed":
+            return cls(kind, replayed=_text(answer[1]))
+        return cls(kind)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleNextReply:
+    """``settle_next.lua``: the settle's reply and, when it recorded the delivery, the
+    claim that followed under the same lease (else ``claim`` is None)."""
+
+    settled: SettleReply
+    claim: ClaimReply | None
+
+    @classmethod
+    def parse(cls, answer: Sequence[Any]) -> SettleNextReply:
+        if _text(answer[0]) == "next":
+            return cls(SettleReply.parse(answer[1]), ClaimReply.parse(answer[2]))
+        return cls(SettleReply.parse(answer), None)
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorReply:
+    """The operator transitions (``retry``, ``dismiss``, ``park``, ``unpark``,
+    ``unpause``, ``rearm_unverifiable``, ``ledger_complete``, ``ledger_rearm``) and
+    ``recover.lua`` (``lib/operator.lua``): ``result`` (``updated``, ``removed``,
+    ``not_found``, ``busy`` or ``ok``), the session's ``version``, ``count`` (how many
+    entries; for ``unpause`` 1 when the pause ended), ``watched`` and the ``changed``
+    entries (as they are now; as they were for a removal)."""
+
+    result: str
+    version: int
+    count: int
+    watched: bool
+    changed: tuple[RawEntry, ...]
+
+    @classmethod
+    def parse(cls, answer: Sequence[Any]) -> OperatorReply:
+        return cls(
+            _text(answer[0]), int(answer[1]), int(answer[2]), bool(answer[3]), _entries(answer[4:])
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupReply:
+    """``cleanup.lua``: ``done`` (False: markers were added meanwhile, call again),
+    keys ``removed``, and when done the session's last ``version``, ``watched`` and the
+    entries that are ``gone``."""
+
+    done: bool
+    removed: int
+    version: int = 0
+    watched: bool = False
+    gone: tuple[RawEntry, ...] = ()
+
+    @classmethod
+    def parse(cls, answer: Sequence[Any]) -> CleanupReply:
+        if _text(answer[0]) != "done":
+            return cls(False, int(answer[1]))
+        return cls(True, int(answer[1]), int(answer[2]), bool(answer[3]), _entries(answer[4:]))
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotReply:
+    """``snapshot.lua``: the session's ``version``, ``queued`` and ``staged`` entries,
+    the lease's value (``lock``, None without one) and ``lock_pttl`` (ms), and the
+    server's ``now_us``, all read at one instant."""
+
+    version: int
+    queued: tuple[RawEntry, ...]
+    staged: tuple[RawEntry, ...]
+    lock: str | None
+    lock_pttl: int
+    now_us: int
+
+    @classmethod
+    def parse(cls, answer: Sequence[Any]) -> SnapshotReply:
+        return cls(
+            int(answer[0]),
+            _entries(answer[1]),
+            _entries(answer[2]),
+            None if not answer[3] else _text(answer[3]),
+            int(answer[4]),
+            int(answer[5]),
+        )
