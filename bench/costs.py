@@ -291,15 +291,16 @@ def bounded(url: str, sessions: int, per: int, workers: int, sleep: float = 0.02
 
 def floor(url: str, calls: int = 20_000) -> tuple:
     """What any script call and any command inside one costs Valkey, whatever it does: the
-    floor under ``valkey_cpu_us_per_msg`` (issue 21). Each figure is ``usec_per_call`` of
-    EVALSHA in ``INFO commandstats`` over ``calls`` pipelined calls with a session's 17 keys
-    and 20 arguments, in µs: (floor_evalsha_us: ``return 1``; floor_library_us: the shared
-    library (_lib.lua) and ``return 1``, less the former; floor_script_command_us: per
-    ``redis.call('GET', <missing key>)`` inside a script, from a script making 20 of them).
-    Commands outside scripts (the round trip itself) are not in these."""
-    from django_outbox.core.scripts import _read
+    floor under ``valkey_cpu_us_per_msg``. Each figure is ``usec_per_call`` of EVALSHA in
+    ``INFO commandstats`` over ``calls`` pipelined calls with a session's 17 keys and 20
+    arguments, in µs: (floor_evalsha_us: ``return 1``; floor_library_us: the library files
+    settle_next.lua includes (what a delivered message runs: core/lua/lib/) and ``return 1``,
+    less the former; floor_script_command_us: per ``redis.call('GET', <missing key>)``
+    inside a script, from a script making 20 of them). Commands outside scripts (the round
+    trip itself) are not in these."""
+    from django_outbox.core.scripts import load_scripts, read_source
 
-    library = _read("_lib")
+    library = "\n".join(read_source(f"lib/{n}") for n in load_scripts()["settle_next"].includes)
     keys = [f"floor:{{w}}:{i}" for i in range(17)]
     args = ["5", "0", "s1", "w1", "strict", *("x" * 15)]
     gets = "\n".join("redis.call('GET', KEYS[1])" for _ in range(20))
@@ -334,8 +335,8 @@ def settle_next_profile(url: str, sessions: int = 50, per: int = 20) -> tuple:
     with ``os.clock()`` marks (a copy of the script, never the one the outbox runs), over
     ``sessions`` sessions of ``per`` queued messages each, every message settled with its
     session's next claim as the worker does: mean µs per call of (profile_library_us: the
-    shared library and the glue before the settle; profile_settle_us: the settle half;
-    profile_claim_us: the claim half). The call's own setup (its keys and arguments made Lua
+    library files it includes and the glue before the settle; profile_settle_us: the
+    settle; profile_claim_us: the claim that follows). The call's own setup (its keys and arguments made Lua
     values) and Lua's garbage collection after it are outside the marks."""
     import statistics
 
@@ -352,12 +353,14 @@ def settle_next_profile(url: str, sessions: int = 50, per: int = 20) -> tuple:
         for old, new in (
             ("-- settle_next.lua\n", "local MARK1 = os.clock()\n-- settle_next.lua\n"),
             (
-                "local settled = settle_step()\n",
-                "local settled = settle_step()\nlocal MARK2 = os.clock()\n",
+                "settle(token, id, 'delivered', ARGV[9], policy, acknowledged)\n",
+                "settle(token, id, 'delivered', ARGV[9], policy, acknowledged)\n"
+                "local MARK2 = os.clock()\n",
             ),
             (
-                "return {'next', settled, claim_step()}",
-                "local claimed = claim_step()\nlocal MARK3 = os.clock()\n"
+                "return {'next', settled, claim(token, tonumber(ARGV[19]), acknowledge, carried)}",
+                "local claimed = claim(token, tonumber(ARGV[19]), acknowledge, carried)\n"
+                "local MARK3 = os.clock()\n"
                 "return {tostring(MARK1 - MARK0), tostring(MARK2 - MARK1), "
                 "tostring(MARK3 - MARK2), claimed[1]}",
             ),
@@ -373,10 +376,8 @@ def settle_next_profile(url: str, sessions: int = 50, per: int = 20) -> tuple:
                 ob.accept("w1", ses, user_id="u", client_message_id=f"k{n}", text=PAYLOAD).id
                 for n in range(per)
             ]
+            ob.run_script("claim", "w1", ses, claim_argv("tok", 30_000, []))
             keys, base = ob._session_args(ob.keys.session("w1", ses), "w1", ses)
-            client.evalsha(
-                ob.scripts["claim"].sha, len(keys), *keys, *base, *claim_argv("tok", 30_000, [])
-            )
             pipe = client.pipeline(transaction=False)
             for entry_id in ids:
                 argv = settle_next_argv(

@@ -13,11 +13,11 @@ Fields (all counts, except the samples):
 ``p``           entries parked (accepted into a parked workspace, or by a park)
 ``d``           delivered by the deliverer
 ``v``           confirmed delivered by the verifier
-``vl``          confirmed delivered by the ledger probe (``operate.lua``)
+``vl``          confirmed delivered by the ledger probe (``ledger_complete.lua``)
 ``o:<outcome>`` settles of any other outcome: ``failed``, ``absent``, ``transient``,
                 ``prior_pending``, ``ambiguous``, ``inconclusive``, ``unverifiable``
 ``e``           entries a settle moved to error (attempts or verification exhausted)
-``x``           entries an operator changed (retry, dismiss, unpark, ...: ``operate.lua``)
+``x``           entries an operator changed (retry, dismiss, unpark, ...: the operator scripts)
                 and workspace cleanups
 ``l<i>``        deliveries (``d`` and the verifier's ``v``) whose accept → delivered
                 time fell in bucket ``i`` of :data:`LATENCY_BUCKETS`
@@ -29,7 +29,7 @@ Fields (all counts, except the samples):
 
 Who writes what, and what it costs:
 
-* ``accept.lua`` and ``operate.lua`` count ``a``, ``p``, ``vl`` and ``x`` in the
+* ``accept.lua`` and the operator scripts count ``a``, ``p``, ``vl`` and ``x`` in the
   same script as the transition: exact, one HINCRBY per key (the TTL is set only when a
   field is new). On a cluster they reach the workspace's HASH only (the total lives in
   another slot); the worker sampling a minute adds the workspaces' ``a``, ``p``,

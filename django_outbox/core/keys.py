@@ -186,7 +186,7 @@ class KeySpace:
         """The per-minute history HASH of ``minute`` (epoch seconds // 60 on Valkey's
         clock): the workspace's, in its slot, or the total over every workspace when
         ``workspace_id`` is None (README "Dashboard"; the fields are listed in
-        :mod:`django_outbox.core.history`). ``_lib.lua`` count_history builds the same
+        :mod:`django_outbox.core.history`). ``lib/history.lua`` count_history builds the same
         names from the pause key."""
         if workspace_id is None:
             return f"{self.prefix}hist:{minute}"

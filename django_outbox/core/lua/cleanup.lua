@@ -6,7 +6,7 @@
 -- Returns {'done', keys removed, version, watched, removed entries...} or
 -- {'again', keys removed so far} when markers were added after the caller read the
 -- list (call again with a fresh list). The version is the session's last one (its
--- VER key is deleted; the next change starts above it, see bump in _lib.lua), so
+-- VER key is deleted; the next change starts above it, see bump in lib/lease.lua), so
 -- watchers can be told the entries are gone.
 --@include entry lease indices users hinted
 

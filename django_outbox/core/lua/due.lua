@@ -1,6 +1,6 @@
 #!lua flags=no-writes
 -- due: the members of one due-time ZSET whose time has come, on the server's clock
--- (one clock for every process: README "Operations"). A worker's scan reads the
+-- (one clock for every process: docs/explanation/ordering.md). A worker's scan reads the
 -- workspaces-due index with it, then each due workspace's sessions; recovery reads
 -- a workspace's due sessions.
 -- KEYS[1] a ZSET: member -> due time (ms)

@@ -1,14 +1,14 @@
 #!lua flags=allow-oom
--- index: keep one cluster shard's copies of the global indices (README "Valkey Cluster").
+-- index: keep one cluster shard's copies of the global indices (docs/howto/cluster.md).
 -- On a cluster the per-session scripts cannot reach the global indices (other
--- slots), so each reports a HINT (see _lib.lua) and the client applies it here.
+-- slots), so each reports a HINT (see lib/layout.lua) and the client applies it here.
 -- All keys share the shard's {s<k>} hash tag.
 -- KEYS[1] workspaces-due ZSET (ws -> earliest due, ms)  KEYS[2] workspaces SET
 -- KEYS[3] wake LIST  KEYS[4] all-sessions ZSET  KEYS[5] attention ZSET
 -- KEYS[6] attention-version HASH ("<ws> <ses>" -> session version of the verdict)
 --
 -- ARGV[1] = 'hint': ARGV[2] ws  ARGV[3] session  ARGV[4..11] the HINT members
---   (due, wake, attention, new, gone, workspace empty, version; see _lib.lua)
+--   (due, wake, attention, new, gone, workspace empty, version; see lib/layout.lua)
 --   then ARGV[11] now (ms; 0: the server's clock)  ARGV[12] wake list cap.
 --   Rules that make the order hints arrive in harmless:
 --   * the due time only ever moves a workspace earlier (ZADD LT): a stale early

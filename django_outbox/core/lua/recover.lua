@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- recover: return the session's staged entries whose lease is gone to its queue
 -- as verifying (the interrupted attempt's outcome is unknown; see recover_staged
--- in _lib.lua). A live lease is never taken: then nothing changes.
+-- in lib/staging.lua). A live lease is never taken: then nothing changes.
 -- No script-specific KEYS or ARGV.
 -- Returns {'ok', version, count, watched, recovered entries...}.
 --@include lease staging operator hinted

@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
--- renew: extend many leases in one round trip (README "The worker").
+-- renew: extend many leases in one round trip (docs/explanation/lifecycle.md).
 -- ARGV[1] G: 1 when KEYS[1] is the global workspaces-due ZSET (standalone), else 0
 -- ARGV[2] now (us)  ARGV[3..5] unused  ARGV[6] lease TTL (ms)
 -- KEYS[G+1..]: pairs (lock, due) per lease; the session layout (lib/layout.lua) is not used.

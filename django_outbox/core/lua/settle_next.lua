@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 -- settle_next: record a delivery, then claim the session's next entry under the same
--- lease, as one transition (docs/explanation/storage.md, "The worker"). Used by a
+-- lease, as one transition (docs/explanation/lifecycle.md). Used by a
 -- worker whose entry_delivered nobody listens to: there is no signal to fire between
 -- the two, so the acknowledgement may follow the settle at once.
 -- ARGV[6..18] as settle.lua (ARGV[8] 'delivered')  ARGV[19] lease TTL (ms)

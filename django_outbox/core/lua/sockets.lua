@@ -1,6 +1,6 @@
 #!lua
 -- sockets: one user's open outbox WebSockets, counted across server processes on the
--- server's clock (README "Live updates (WebSocket)"). Each socket is a member scored by
+-- server's clock (docs/reference/websocket.md). Each socket is a member scored by
 -- its expiry; a socket whose server died without closing it expires on its own.
 -- KEYS[1] a ZSET: socket ID -> expiry (ms)
 -- ARGV[1] 'open' or 'refresh'   ARGV[2] socket ID   ARGV[3] time to live (ms)

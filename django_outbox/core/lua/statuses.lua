@@ -1,8 +1,8 @@
 #!lua flags=no-writes
 -- statuses: how many entries of the session hold each stored status, read without
--- their content (README "Operations": the metrics gauge). split() decodes only the
+-- their content (docs/howto/observe.md: the metrics gauge). split() decodes only the
 -- state members, so no text leaves the server, nor is decoded on it.
--- KEYS, ARGV: the per-session layout of _lib.lua (no script-specific ones).
+-- KEYS, ARGV: the per-session layout (lib/layout.lua) (no script-specific ones).
 -- Returns {status, count, status, count, ...}: queued and staged entries alike.
 --@include layout entry
 local counts, order = {}, {}
