@@ -24,7 +24,7 @@ from .rules import min_snapshot_frame_bytes
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 #: The longest HISTORY_WINDOW (seconds): a month of per-minute HASHes per workspace.
 MAX_HISTORY_WINDOW = 31 * 24 * 3600.0
@@ -139,7 +139,7 @@ class Setting:
 _SETTING = "django_outbox.setting"
 
 
-def setting(default: T, *, kind: Kind, doc: str) -> T:
+def setting(default: _T, *, kind: Kind, doc: str) -> _T:
     """A field of a settings dataclass declared with its default, rule and doc line
     (kept as a :class:`Setting` in the field's metadata; :func:`declared` reads them)."""
     return field(default=default, metadata={_SETTING: Setting(default, kind, doc)})
