@@ -3,17 +3,13 @@
 ``outbox_settings()`` returns the validated :class:`OutboxSettings`, built on
 first use and rebuilt when ``settings.OUTBOX`` or ``CACHES`` changes
 (``override_settings`` works; :func:`reset` forgets it by hand). A wrong type or
-value raises ``ImproperlyConfigured`` naming the key and the rule. Keys
-(README "Settings"):
+value raises ``ImproperlyConfigured`` naming the key and the rule.
 
-``VALKEY_URL`` (default ``redis://127.0.0.1:6379/0``, or the environment's
-``OUTBOX_VALKEY_URL``), ``CONNECTION_ALIAS`` (use the LOCATION of that
-django-redis cache instead), ``CLUSTER``, ``KEY_PREFIX``, ``DELIVERER``,
-``VERIFIER``, ``LEDGER_PROBE``, ``ACCESS_POLICY`` (callables or dotted paths),
-``OPENCODE`` (the built-in opencode deliverer's block, :class:`OpencodeSettings`;
-README "The built-in opencode deliverer"), and the tunables of
-:class:`django_outbox.core.config.Config` in upper case (durations in seconds or
-as ``timedelta``).
+Each key is declared once, with its default, rule and doc line: the tunables are the
+fields of :class:`django_outbox.core.config.Config` in upper case, the keys only Django
+reads are :data:`OWN_SETTINGS`, and the keys of the ``OPENCODE`` block are the fields of
+:class:`OpencodeSettings`. docs/reference/settings.md is the reference (a test keeps its
+tables equal to these declarations).
 
 This module imports nothing of the outbox it configures: caches built from these
 settings (the process-wide outbox, the opencode clients) forget themselves.
@@ -35,27 +31,58 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from .core.config import Config, ConfigError, duration
+from .core.config import (
+    DURATION,
+    DURATION_OR_ZERO,
+    FLAG,
+    Config,
+    ConfigError,
+    Setting,
+    declared,
+    kinds,
+    setting,
+)
 from .core.redaction import redact, remember_credentials, remember_url
 
 DEFAULT_ACCESS_POLICY = "django_outbox.policy.staff_only"
-CALLABLE_KEYS = ("DELIVERER", "VERIFIER", "LEDGER_PROBE", "ACCESS_POLICY")
-# OPENCODE configures the built-in opencode deliverer (django_outbox.delivery.opencode).
-OWN_KEYS = {"VALKEY_URL", "CONNECTION_ALIAS", "CLUSTER", "OPENCODE", *CALLABLE_KEYS}
-#: The keys of ``OUTBOX["OPENCODE"]``.
-OPENCODE_KEYS = frozenset(
-    {
-        "BASE_URL",
-        "WORKSPACE_URLS",
-        "USERNAME",
-        "PASSWORD",
-        "CONNECT_TIMEOUT",
-        "TIMEOUT",
-        "VERIFY_TIMEOUT",
-        "CLOCK_SKEW",
-        "MAX_RESPONSE_BYTES",
-    }
-)
+
+
+def _callable_or_path(key: str, value: Any) -> Any:
+    """A callable, or its dotted path (imported on first use, :meth:`OutboxSettings.resolve`)."""
+    if value is not None and not isinstance(value, str) and not callable(value):
+        raise ConfigError(key, "must be a callable or a dotted path to one")
+    return value
+
+
+#: The ``OUTBOX`` keys besides the tunables (:class:`Config`'s fields), checked in this
+#: order after them. A key without a kind is checked with the keys it depends on:
+#: ``VALKEY_URL`` and ``CONNECTION_ALIAS`` by :func:`_valkey_url`, ``OPENCODE`` by
+#: :func:`_opencode` (its keys are :class:`OpencodeSettings`' fields).
+OWN_SETTINGS: dict[str, Setting] = {
+    "CLUSTER": Setting(False, kind=FLAG, doc="Valkey Cluster: VALKEY_URL names any node"),
+    "DELIVERER": Setting(None, kind=_callable_or_path, doc="sends one entry to the agent"),
+    "VERIFIER": Setting(
+        None, kind=_callable_or_path, doc="asks the agent whether an unsure delivery arrived"
+    ),
+    "LEDGER_PROBE": Setting(
+        None, kind=_callable_or_path, doc="asks the agent's ledger how far an error entry got"
+    ),
+    "ACCESS_POLICY": Setting(
+        DEFAULT_ACCESS_POLICY, kind=_callable_or_path, doc="who may use which workspace"
+    ),
+    "CONNECTION_ALIAS": Setting(
+        None, kind=None, doc="a django-redis cache whose LOCATION is the URL (wins)"
+    ),
+    "VALKEY_URL": Setting(
+        "redis://127.0.0.1:6379/0",
+        kind=None,
+        doc="the server's URL; when unset, the environment's OUTBOX_VALKEY_URL, then this",
+    ),
+    "OPENCODE": Setting(None, kind=None, doc="the built-in opencode deliverer's block"),
+}
+OWN_KEYS = frozenset(OWN_SETTINGS)
+#: The keys that name a callable (``OUTBOX[key]`` is resolved by :meth:`OutboxSettings.resolve`).
+CALLABLE_KEYS = tuple(k for k, s in OWN_SETTINGS.items() if s.kind is _callable_or_path)
 #: Default of ``OUTBOX["OPENCODE"]["MAX_RESPONSE_BYTES"]``: the most the verifier reads of
 #: one answer from the agent (16 MiB).
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -111,7 +138,11 @@ def _valkey_url(raw: dict[str, Any]) -> str:
             )
         remember_url(location)
         return location
-    url = raw.get("VALKEY_URL") or os.environ.get("OUTBOX_VALKEY_URL") or "redis://127.0.0.1:6379/0"
+    url = (
+        raw.get("VALKEY_URL")
+        or os.environ.get("OUTBOX_VALKEY_URL")
+        or OWN_SETTINGS["VALKEY_URL"].default
+    )
     remember_url(url)
     if not isinstance(url, str) or "://" not in url:
         raise ImproperlyConfigured(
@@ -154,29 +185,77 @@ def _workspace_urls(value: Any) -> Mapping[str, str] | Callable[[str], Any]:
     raise ImproperlyConfigured(f"{name} must be a dict, a callable or a dotted path to one")
 
 
+# The kinds of the OPENCODE keys raise ConfigError naming the key inside the block (_opencode
+# puts OUTBOX['OPENCODE'] in front), or, for a URL, ImproperlyConfigured naming the entry.
+
+
+def _base_url(key: str, value: Any) -> str | None:
+    return None if value is None else _http_url(_opencode_name(key), value)
+
+
+def _workspace_urls_setting(key: str, value: Any) -> Any:
+    """A dotted path is kept as it is: it is imported on first use (``_workspace_lookup``)."""
+    return value if value is None or isinstance(value, str) else _workspace_urls(value)
+
+
+def _username(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value or ":" in value:
+        raise ConfigError(key, "must be a non-empty string without ':'")
+    return value
+
+
+def _password(key: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(key, "must be a string or None")
+    return value
+
+
+def _response_bytes(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, f"must be an integer >= 1 (bytes), got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class OpencodeSettings:
-    """Validated ``OUTBOX["OPENCODE"]`` (README "The built-in opencode deliverer").
+    """Validated ``OUTBOX["OPENCODE"]`` (docs/howto/deliverer.md, "The built-in opencode
+    deliverer"): each key is a field below, in lower case.
 
-    ``base_url``: ``str`` without a trailing slash, or None when ``workspace_urls``
-    is set. ``workspace_urls``: a dict ``{workspace_id: URL}`` (URLs checked), a
-    callable ``(workspace_id) -> URL | None`` (sync or async), its dotted path
-    (imported on first use, see :meth:`aurl_for`), or None. ``username`` /
-    ``password``: HTTP Basic (no auth when ``password`` is None; credentials in a URL's
-    userinfo are used when it is). Timeouts and ``clock_skew`` in float seconds;
-    ``timeout`` defaults to ``DELIVERY_TIMEOUT``. ``max_response_bytes``: the most the
-    verifier reads of one answer (README "Security").
+    As stored: ``base_url`` without a trailing slash; ``workspace_urls`` a dict with its
+    URLs checked, a callable (sync or async), or its dotted path (imported on first use,
+    see :meth:`aurl_for`); credentials in a URL's userinfo are used when ``password`` is
+    None; timeouts and ``clock_skew`` in float seconds.
     """
 
-    base_url: str | None
-    workspace_urls: Mapping[str, str] | Callable[[str], Any] | str | None
-    username: str = "opencode"
-    password: str | None = None
-    connect_timeout: float = 5.0
-    timeout: float = 600.0
-    verify_timeout: float = 30.0
-    clock_skew: float = 2.0
-    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    # Checked in this order (a block with two wrong keys names the first).
+    base_url: str | None = setting(
+        None, kind=_base_url, doc="the opencode serve URL; required unless WORKSPACE_URLS"
+    )
+    # setting() returns a dataclasses.field, which RUF009 cannot see through this annotation.
+    workspace_urls: Mapping[str, str] | Callable[[str], Any] | str | None = setting(  # noqa: RUF009
+        None,
+        kind=_workspace_urls_setting,
+        doc="{workspace_id: URL}, a callable (workspace_id) -> URL or None, or its path",
+    )
+    username: str = setting("opencode", kind=_username, doc="the HTTP Basic user")
+    password: str | None = setting(
+        None, kind=_password, doc="the HTTP Basic password; no auth when None"
+    )
+    max_response_bytes: int = setting(
+        DEFAULT_MAX_RESPONSE_BYTES,
+        kind=_response_bytes,
+        doc="the most the verifier reads of one answer",
+    )
+    connect_timeout: float = setting(5.0, kind=DURATION, doc="connecting to the agent")
+    timeout: float = setting(
+        declared(Config)["delivery_timeout"].default,
+        kind=DURATION,
+        doc="one delivery request; the default is DELIVERY_TIMEOUT",
+    )
+    verify_timeout: float = setting(30.0, kind=DURATION, doc="each read of the verifier's GETs")
+    clock_skew: float = setting(
+        2.0, kind=DURATION_OR_ZERO, doc="tolerance comparing the agent's times with the entry's"
+    )
 
     @cached_property
     def _workspace_lookup(self) -> Mapping[str, str] | Callable[[str], Any] | None:
@@ -217,11 +296,9 @@ class OpencodeSettings:
         return url
 
 
-def _opencode_seconds(raw: Mapping[str, Any], key: str, default: float, **rule: bool) -> float:
-    try:
-        return duration(key, raw.get(key, default), **rule)
-    except ConfigError as exc:
-        raise ImproperlyConfigured(f"{_opencode_name(key)} {exc.rule}") from exc
+_OPENCODE = declared(OpencodeSettings)
+#: The keys of ``OUTBOX["OPENCODE"]``.
+OPENCODE_KEYS = frozenset(name.upper() for name in _OPENCODE)
 
 
 def _opencode(raw: Any, delivery_timeout: float) -> OpencodeSettings | None:
@@ -235,40 +312,22 @@ def _opencode(raw: Any, delivery_timeout: float) -> OpencodeSettings | None:
         raise ImproperlyConfigured(
             f"OUTBOX['OPENCODE'] has unknown keys {unknown}; known: {sorted(OPENCODE_KEYS)}"
         )
-    base_url = raw.get("BASE_URL")
-    if base_url is not None:
-        base_url = _http_url(_opencode_name("BASE_URL"), base_url)
-    workspace_urls = raw.get("WORKSPACE_URLS")
-    if workspace_urls is not None and not isinstance(workspace_urls, str):
-        workspace_urls = _workspace_urls(workspace_urls)
-    if base_url is None and workspace_urls is None:
+    if raw.get("BASE_URL") is None and raw.get("WORKSPACE_URLS") is None:
         raise ImproperlyConfigured(f"{_opencode_name('BASE_URL')} is required (or WORKSPACE_URLS)")
-    username = raw.get("USERNAME", "opencode")
-    if not isinstance(username, str) or not username or ":" in username:
-        raise ImproperlyConfigured(
-            f"{_opencode_name('USERNAME')} must be a non-empty string without ':'"
-        )
-    password = raw.get("PASSWORD")
-    if password is not None and not isinstance(password, str):
-        raise ImproperlyConfigured(f"{_opencode_name('PASSWORD')} must be a string or None")
-    remember_credentials(username, password)
-    max_bytes = raw.get("MAX_RESPONSE_BYTES", DEFAULT_MAX_RESPONSE_BYTES)
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-        raise ImproperlyConfigured(
-            f"{_opencode_name('MAX_RESPONSE_BYTES')} must be an integer >= 1 (bytes), "
-            f"got {max_bytes!r}"
-        )
-    return OpencodeSettings(
-        base_url=base_url,
-        workspace_urls=workspace_urls,
-        username=username,
-        password=password,
-        connect_timeout=_opencode_seconds(raw, "CONNECT_TIMEOUT", 5.0),
-        timeout=_opencode_seconds(raw, "TIMEOUT", delivery_timeout),
-        verify_timeout=_opencode_seconds(raw, "VERIFY_TIMEOUT", 30.0),
-        clock_skew=_opencode_seconds(raw, "CLOCK_SKEW", 2.0, zero_ok=True),
-        max_response_bytes=max_bytes,
-    )
+    defaults = {name: declaration.default for name, declaration in _OPENCODE.items()}
+    defaults["timeout"] = delivery_timeout  # TIMEOUT's default is DELIVERY_TIMEOUT
+    values: dict[str, Any] = {}
+    try:
+        for name, kind in kinds(OpencodeSettings).items():
+            key = name.upper()
+            values[name] = kind(key, raw.get(key, defaults[name]))
+    except ConfigError as exc:
+        raise ImproperlyConfigured(f"{_opencode_name(exc.key)} {exc.rule}") from exc
+    finally:
+        # Good credentials are redacted from now on, even when a later key is wrong.
+        if "password" in values:
+            remember_credentials(values["username"], values["password"])
+    return OpencodeSettings(**values)
 
 
 # --- the whole OUTBOX dict ---------------------------------------------------------------
@@ -281,24 +340,20 @@ def _build() -> OutboxSettings:
     tunables = {k.lower(): v for k, v in raw.items() if k not in OWN_KEYS}
     try:
         config = Config.from_mapping(tunables)
+        own = {
+            key: declaration.kind(key, raw.get(key, declaration.default))
+            for key, declaration in OWN_SETTINGS.items()
+            if declaration.kind is not None
+        }
     except ConfigError as exc:
         raise ImproperlyConfigured(str(exc)) from exc
-    cluster = raw.get("CLUSTER", False)
-    if not isinstance(cluster, bool):
-        raise ImproperlyConfigured("OUTBOX['CLUSTER'] must be True or False")
-    for key in CALLABLE_KEYS:
-        value = raw.get(key)
-        if value is not None and not isinstance(value, str) and not callable(value):
-            raise ImproperlyConfigured(
-                f"OUTBOX[{key!r}] must be a callable or a dotted path to one"
-            )
     return OutboxSettings(
         valkey_url=_valkey_url(raw),
-        cluster=cluster,
-        deliverer=raw.get("DELIVERER"),
-        verifier=raw.get("VERIFIER"),
-        ledger_probe=raw.get("LEDGER_PROBE"),
-        access_policy=raw.get("ACCESS_POLICY", DEFAULT_ACCESS_POLICY),
+        cluster=own["CLUSTER"],
+        deliverer=own["DELIVERER"],
+        verifier=own["VERIFIER"],
+        ledger_probe=own["LEDGER_PROBE"],
+        access_policy=own["ACCESS_POLICY"],
         config=config,
         opencode=_opencode(raw.get("OPENCODE"), config.delivery_timeout),
     )

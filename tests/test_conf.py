@@ -1,6 +1,7 @@
 """OUTBOX settings: defaults, validation, late reading (README "Settings")."""
 
 import ast
+import dataclasses
 import os
 import re
 import subprocess
@@ -13,7 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_outbox import conf, get_outbox
-from django_outbox.conf import OpencodeSettings, outbox_settings
+from django_outbox.conf import CALLABLE_KEYS, OWN_SETTINGS, OpencodeSettings, outbox_settings
+from django_outbox.core.config import Config, declared, kinds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -237,3 +239,97 @@ def test_a_bad_opencode_block_is_reported_by_the_settings(block, message):
             outbox_settings()
         with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
             get_outbox()
+
+
+# --- each setting declared once ----------------------------------------------------------
+
+SETTINGS_PAGE = ROOT / "docs" / "reference" / "settings.md"
+UNITS = {"s": 1, "min": 60, "h": 3600, "KiB": 1024, "MiB": 1024 * 1024}
+
+
+def page_tables(text: str) -> list[list[list[str]]]:
+    """The Markdown tables of ``text``: for each, its body rows as lists of cells."""
+    tables: list[list[list[str]]] = []
+    rows: list[list[str]] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|", 2)])
+        elif rows:
+            tables.append(rows[2:])  # the header and the |---| line
+            rows = []
+    return tables
+
+
+def read_default(text: str, defaults: dict[str, object]) -> object:
+    """A default as the page writes it: ``30 s``, ``10 min``, ``24 h``, ``16 MiB``,
+    ``786432 (768 KiB)``, `` `False` ``, `` `"strict"` ``, `` `redis://…` ``, or the name
+    of the setting whose default it takes; empty (or only a note in brackets) is None."""
+    text = re.sub(r"\s*\(.*\)$", "", text)
+    if not text:
+        return None
+    if quoted := re.fullmatch(r"`(.*)`", text):
+        inner = quoted[1]
+        if inner in defaults:
+            return defaults[inner]
+        return (
+            ast.literal_eval(inner)
+            if inner[:1] in "\"'" or inner in {"True", "False", "None"}
+            else inner
+        )
+    if measured := re.fullmatch(r"(\d+) (s|min|h|KiB|MiB)", text):
+        return int(measured[1]) * UNITS[measured[2]]
+    assert text.isdigit(), f"cannot read the default {text!r}"
+    return int(text)
+
+
+def documented(rows: list[list[str]], defaults: dict[str, object]) -> dict[str, object]:
+    """``{key: default}`` of a table whose rows name one or more keys and as many defaults
+    (``RETRY_BACKOFF``, ``MAX_BACKOFF`` | ``10 s, 2 min``), or none for keys without one."""
+    out: dict[str, object] = {}
+    for keys_cell, default_cell, _doc in rows:
+        keys = re.findall(r"`([A-Z_]+)`", keys_cell)
+        values = default_cell.split(", ") if default_cell else [""] * len(keys)
+        assert len(values) == len(keys), f"{keys_cell}: {len(keys)} keys, defaults {values}"
+        out |= {key: read_default(value, defaults) for key, value in zip(keys, values, strict=True)}
+    return out
+
+
+def typed(values: dict[str, object]) -> dict[str, tuple[bool, object]]:
+    """``False`` is not ``0``, but ``86400`` (the page) is ``86400.0`` (a duration)."""
+    return {key: (isinstance(value, bool), value) for key, value in values.items()}
+
+
+def test_the_settings_page_lists_every_key_with_its_declared_default():
+    """The page's tables are the declarations: Config's fields and OWN_SETTINGS above, the
+    OPENCODE block's fields below. The page is kept by hand (it groups related keys and
+    links the pages that explain them) rather than generated at docs build time: it reads
+    as Markdown anywhere, and this test fails on every run that lets it drift."""
+    tunables = {name.upper(): s.default for name, s in declared(Config).items()}
+    own = {key: s.default for key, s in OWN_SETTINGS.items()}
+    opencode = {name.upper(): s.default for name, s in declared(OpencodeSettings).items()}
+    tables = page_tables(SETTINGS_PAGE.read_text(encoding="utf-8"))
+    assert len(tables) == 2, "the page has the OUTBOX table, then the OPENCODE table"
+    top, block = tables
+    hint = "docs/reference/settings.md and the declarations disagree"
+    assert typed(documented(top, tunables)) == typed(tunables | own), hint
+    # TIMEOUT's declared default is DELIVERY_TIMEOUT's, which the page names.
+    assert typed(documented(block, tunables)) == typed(opencode), hint
+
+
+def test_every_tunable_is_declared_with_its_rule_and_a_doc_line():
+    assert list(kinds(Config)) == [f.name for f in dataclasses.fields(Config)]
+    assert list(kinds(OpencodeSettings)) == [f.name for f in dataclasses.fields(OpencodeSettings)]
+    declarations = [*declared(Config).values(), *declared(OpencodeSettings).values()]
+    assert all(s.doc for s in [*declarations, *OWN_SETTINGS.values()])
+    assert CALLABLE_KEYS == ("DELIVERER", "VERIFIER", "LEDGER_PROBE", "ACCESS_POLICY")
+
+
+def test_every_declared_default_passes_its_own_rule():
+    defaults = {name: s.default for name, s in declared(Config).items()}
+    assert Config.from_mapping(defaults) == Config()
+    for key, s in OWN_SETTINGS.items():
+        if s.kind is not None:
+            assert s.kind(key, s.default) == s.default
+    block = {name.upper(): s.default for name, s in declared(OpencodeSettings).items()}
+    with override_settings(OUTBOX={"OPENCODE": {**block, "BASE_URL": "http://x"}}):
+        assert outbox_settings().opencode == OpencodeSettings(base_url="http://x")

@@ -1,19 +1,30 @@
-"""Tunables of the outbox, their defaults and validation (no Django imports).
+"""Tunables of the outbox, each declared once: name, default, rule, doc (no Django imports).
 
-Durations are seconds (int or float) or ``datetime.timedelta``; they are
-stored as float seconds (:func:`duration` is the rule, also used for the
-opencode block's timeouts). The defaults are the table in README "Settings"
-(``LOCK_TTL`` is a short, renewed lease).
+A tunable is one field of :class:`Config`, ``name: type = setting(default, kind=…, doc=…)``.
+Its ``OUTBOX`` key is the name in upper case; ``kind`` is the rule a given value must pass
+(:data:`Kind`: it returns the value to store or raises :class:`ConfigError`); ``doc`` is one
+line. The rules between two tunables close :meth:`Config.from_mapping`. The reference is
+docs/reference/settings.md, whose table tests/test_conf.py keeps equal to these declarations.
+
+Durations are seconds (int or float) or ``datetime.timedelta``, stored as float seconds
+(:func:`duration` is the rule, also used for the opencode block's timeouts).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
-from typing import Any, ClassVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .rules import min_snapshot_frame_bytes
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T")
 
 #: The longest HISTORY_WINDOW (seconds): a month of per-minute HASHes per workspace.
 MAX_HISTORY_WINDOW = 31 * 24 * 3600.0
@@ -26,6 +37,13 @@ class ConfigError(ValueError):
         super().__init__(f"OUTBOX[{key!r}] {rule}")
         self.key = key
         self.rule = rule
+
+
+# --- kinds: the rule of a setting --------------------------------------------------------
+
+#: A setting's rule: ``kind(KEY, value)`` returns the value to store, or raises
+#: :class:`ConfigError` naming ``KEY`` (the OUTBOX name) and the rule the value breaks.
+Kind = Callable[[str, Any], Any]
 
 
 def duration(key: str, value: Any, *, zero_ok: bool = False) -> float:
@@ -46,96 +64,205 @@ def duration(key: str, value: Any, *, zero_ok: bool = False) -> float:
     return seconds
 
 
+def integer(minimum: int, rule: str, *, none_is_zero: bool = False) -> Kind:
+    """The kind of an int (never a bool) of at least ``minimum``; ``rule`` is the message.
+    With ``none_is_zero``, None is taken and stored as 0."""
+
+    def check(key: str, value: Any) -> int:
+        if none_is_zero and value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(key, rule)
+        return value
+
+    return check
+
+
+def one_of(*choices: str) -> Kind:
+    """The kind of a value that must be one of ``choices``."""
+    rule = "must be " + " or ".join(map(repr, choices))
+
+    def check(key: str, value: Any) -> Any:
+        if value not in choices:
+            raise ConfigError(key, rule)
+        return value
+
+    return check
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, "must be True or False")
+    return value
+
+
+#: Seconds > 0 (:func:`duration`).
+DURATION: Kind = duration
+#: Seconds >= 0: zero means "at once" or "off", as the setting's doc says.
+DURATION_OR_ZERO: Kind = partial(duration, zero_ok=True)
+#: An integer >= 1.
+POSITIVE_INT = integer(1, "must be an integer >= 1")
+#: An integer >= 0.
+COUNT = integer(0, "must be an integer >= 0")
+#: A bound that 0 or None turns off (None is stored as 0).
+OPTIONAL_LIMIT = integer(0, "must be an integer >= 0 (0 or None: no bound)", none_is_zero=True)
+#: True or False.
+FLAG: Kind = _flag
+
+
+def _key_prefix(key: str, value: Any) -> str:
+    """KEY_PREFIX starts every key name (``core.keys``): nothing in it may act as a
+    separator, a cluster hash tag or a pattern."""
+    if not isinstance(value, str) or not value or not value.isascii():
+        raise ConfigError(key, "must be a non-empty ASCII string")
+    if any(c in value for c in "{}: \t\r\n*?[]"):
+        raise ConfigError(key, "must not contain braces, colons, whitespace or glob characters")
+    return value
+
+
+# --- declaring a setting -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One declared setting: its default, its rule, and one line of doc.
+
+    ``kind`` None: the value is checked together with other keys, by the function the
+    declaration names (only ``django_outbox.conf`` has such keys).
+    """
+
+    default: Any
+    kind: Kind | None
+    doc: str
+
+
+_SETTING = "django_outbox.setting"
+
+
+def setting(default: _T, *, kind: Kind, doc: str) -> _T:
+    """A field of a settings dataclass declared with its default, rule and doc line
+    (kept as a :class:`Setting` in the field's metadata; :func:`declared` reads them)."""
+    return field(default=default, metadata={_SETTING: Setting(default, kind, doc)})
+
+
+def declared(cls: type[DataclassInstance]) -> dict[str, Setting]:
+    """``{attribute name: Setting}`` of the fields of ``cls`` declared with :func:`setting`,
+    in declaration order."""
+    return {f.name: f.metadata[_SETTING] for f in fields(cls) if _SETTING in f.metadata}
+
+
+def kinds(cls: type[DataclassInstance]) -> dict[str, Kind]:
+    """``{attribute name: kind}`` of the fields of ``cls`` declared with :func:`setting`."""
+    return {name: s.kind for name, s in declared(cls).items() if s.kind is not None}
+
+
+# --- the tunables ------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Validated tunables. Build with :meth:`from_mapping`; attribute names are snake_case."""
 
-    key_prefix: str = "outbox"
-    max_attempts: int = 5
-    cap: int = 25
-    ordering: str = "strict"
-    dedupe_ttl: float = 24 * 3600.0
-    delivery_timeout: float = 600.0
-    retry_backoff: float = 10.0
-    max_backoff: float = 120.0
-    lock_ttl: float = 30.0
-    verify_delay: float = 3.0
-    verify_backoff: float = 3.0
-    max_verify_backoff: float = 120.0
-    max_verify_attempts: int = 40
-    max_transient_failures: int = 20
-    parked_sweep_interval: float = 60.0
-    max_text_bytes: int = 102_400
-    concurrency: int = 64
-    tick: float = 1.0
-    wait_replicas: int = 0
-    wait_aof: bool = False
-    wait_timeout: float = 1.0
-    #: On a cluster: how many shards each global index is split into. Every
-    #: process of a deployment must use the same number.
-    cluster_shards: int = 8
-    #: Per-user bounds (README "Per-user bounds"): entries one user may have queued or in
-    #: flight across the sessions of one workspace, and accepts per minute into one
-    #: workspace (a burst of that many, then one every 60/n seconds). 0 turns a bound off.
-    user_max_queued: int = 100
-    user_accepts_per_minute: int = 30
-    #: Outbox WebSockets one user may hold open at once, across server processes
-    #: (README "Live updates (WebSocket)"); one more is closed with 4429. 0 turns it off.
-    ws_max_sockets_per_user: int = 20
-    #: Live updates (README "Live updates (WebSocket)"): seconds between a socket's
-    #: checks (its position against the session's version, its access, its group).
-    ws_check_interval: float = 30.0
-    #: Seconds between two snapshots of one socket (resyncs inside coalesce).
-    ws_resync_interval: float = 1.0
-    #: Resync frames one socket may send in 60 s; one more closes it with 4429.
-    ws_resync_budget: int = 30
-    #: Largest snapshot frame in bytes (a snapshot is split into pages). Must hold
-    #: the largest possible entry (see rules.min_snapshot_frame_bytes).
-    ws_max_frame_bytes: int = 768 * 1024
-    #: Seconds of per-minute history kept in Valkey for the admin dashboard (README
-    #: "Dashboard"); 0 turns history off (no counter is written).
-    history_window: float = 24 * 3600.0
-
-    DURATIONS: ClassVar[set[str]] = {
-        "dedupe_ttl",
-        "delivery_timeout",
-        "retry_backoff",
-        "max_backoff",
-        "lock_ttl",
-        "verify_delay",
-        "verify_backoff",
-        "max_verify_backoff",
-        "parked_sweep_interval",
-        "tick",
-        "wait_timeout",
-        "ws_check_interval",
-        "ws_resync_interval",
-        "history_window",
-    }
-    POSITIVE_INTS: ClassVar[set[str]] = {
-        "max_attempts",
-        "cap",
-        "max_verify_attempts",
-        "max_transient_failures",
-        "max_text_bytes",
-        "concurrency",
-        "cluster_shards",
-        "ws_resync_budget",
-        "ws_max_frame_bytes",
-    }
-    #: Integers that may be 0 (a bound turned off); None means 0 too.
-    OPTIONAL_LIMITS: ClassVar[set[str]] = {
-        "user_max_queued",
-        "user_accepts_per_minute",
-        "ws_max_sockets_per_user",
-    }
-    #: Durations that may be zero (everything else must be > 0).
-    ZERO_OK: ClassVar[set[str]] = {
-        "retry_backoff",
-        "verify_delay",
-        "verify_backoff",
-        "history_window",
-    }
+    key_prefix: str = setting(
+        "outbox", kind=_key_prefix, doc="the first part of every Valkey key name of the outbox"
+    )
+    max_attempts: int = setting(
+        5, kind=POSITIVE_INT, doc="failed deliveries before an entry ends in error"
+    )
+    cap: int = setting(25, kind=POSITIVE_INT, doc="entries per session (queued + in flight)")
+    ordering: str = setting(
+        "strict",
+        kind=one_of("strict", "due"),
+        doc="'strict': nothing overtakes an entry backing off; 'due': a later due entry may",
+    )
+    dedupe_ttl: float = setting(
+        24 * 3600.0, kind=DURATION, doc="how long a dedupe marker outlives its accept"
+    )
+    delivery_timeout: float = setting(
+        600.0, kind=DURATION, doc="one deliverer call; a timeout is ambiguous"
+    )
+    retry_backoff: float = setting(
+        10.0,
+        kind=DURATION_OR_ZERO,
+        doc="the wait after a failed attempt, doubling up to MAX_BACKOFF",
+    )
+    max_backoff: float = setting(120.0, kind=DURATION, doc="the longest wait between attempts")
+    lock_ttl: float = setting(
+        30.0, kind=DURATION, doc="the session lease, renewed every LOCK_TTL / 3"
+    )
+    verify_delay: float = setting(
+        3.0, kind=DURATION_OR_ZERO, doc="the wait before the first verification"
+    )
+    verify_backoff: float = setting(
+        3.0,
+        kind=DURATION_OR_ZERO,
+        doc="the wait after an inconclusive check, doubling up to MAX_VERIFY_BACKOFF",
+    )
+    max_verify_backoff: float = setting(
+        120.0, kind=DURATION, doc="the longest wait between verifications"
+    )
+    max_verify_attempts: int = setting(
+        40, kind=POSITIVE_INT, doc="inconclusive verifications before error / unverifiable"
+    )
+    max_transient_failures: int = setting(
+        20,
+        kind=POSITIVE_INT,
+        doc="transient failures in an entry's life before error / transient_exhausted",
+    )
+    parked_sweep_interval: float = setting(
+        60.0, kind=DURATION, doc="how often a worker asks the LEDGER_PROBE about error entries"
+    )
+    max_text_bytes: int = setting(
+        102_400, kind=POSITIVE_INT, doc="the longest prompt text, in UTF-8 bytes"
+    )
+    concurrency: int = setting(64, kind=POSITIVE_INT, doc="sessions one worker delivers at once")
+    tick: float = setting(1.0, kind=DURATION, doc="how often a worker scans for due entries")
+    wait_replicas: int = setting(
+        0, kind=COUNT, doc="replicas that must acknowledge a write before it is answered"
+    )
+    wait_aof: bool = setting(
+        False, kind=FLAG, doc="answer a write only once the local AOF has it (WAITAOF)"
+    )
+    wait_timeout: float = setting(
+        1.0,
+        kind=DURATION,
+        doc="the longest WAIT_REPLICAS / WAIT_AOF wait; then 503, the entry kept",
+    )
+    cluster_shards: int = setting(
+        8, kind=POSITIVE_INT, doc="on a cluster, copies of each global index; same everywhere"
+    )
+    user_max_queued: int = setting(
+        100,
+        kind=OPTIONAL_LIMIT,
+        doc="one user's entries queued or in flight in a workspace; 0/None: off",
+    )
+    user_accepts_per_minute: int = setting(
+        30,
+        kind=OPTIONAL_LIMIT,
+        doc="one user's accepts into a workspace per minute (a burst); 0/None: off",
+    )
+    ws_max_sockets_per_user: int = setting(
+        20,
+        kind=OPTIONAL_LIMIT,
+        doc="one user's open outbox WebSockets (one more: 4429); 0/None: off",
+    )
+    ws_check_interval: float = setting(
+        30.0, kind=DURATION, doc="how often a socket re-authorises and checks its version"
+    )
+    ws_resync_interval: float = setting(
+        1.0, kind=DURATION, doc="at most one snapshot per socket per interval"
+    )
+    ws_resync_budget: int = setting(
+        30, kind=POSITIVE_INT, doc="resync frames a socket may send in 60 s; one more: 4429"
+    )
+    ws_max_frame_bytes: int = setting(
+        768 * 1024, kind=POSITIVE_INT, doc="the largest snapshot frame (snapshots come in pages)"
+    )
+    history_window: float = setting(
+        24 * 3600.0,
+        kind=DURATION_OR_ZERO,
+        doc="seconds of per-minute history for the dashboard; 0: none",
+    )
 
     @classmethod
     def setting_name(cls, attr: str) -> str:
@@ -148,12 +275,11 @@ class Config:
         Raises :class:`ConfigError` naming the setting and the rule it breaks.
         Unknown names raise too, so a typo is not silently ignored.
         """
-        known = {f.name for f in fields(cls)}
         out: dict[str, Any] = {}
         for name, value in values.items():
-            if name not in known:
+            if name not in _KINDS:
                 raise ConfigError(cls.setting_name(name), "is not a known setting")
-            out[name] = cls._check(name, value)
+            out[name] = _KINDS[name](cls.setting_name(name), value)
         config = cls(**out)
         if config.max_backoff < config.retry_backoff:
             raise ConfigError("MAX_BACKOFF", "must be at least RETRY_BACKOFF")
@@ -170,42 +296,10 @@ class Config:
             )
         return config
 
-    @classmethod
-    def _check(cls, name: str, value: Any) -> Any:
-        key = cls.setting_name(name)
-        if name in cls.DURATIONS:
-            return duration(key, value, zero_ok=name in cls.ZERO_OK)
-        if name in cls.POSITIVE_INTS:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(key, "must be an integer >= 1")
-            return value
-        if name in cls.OPTIONAL_LIMITS:
-            if value is None:
-                return 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(key, "must be an integer >= 0 (0 or None: no bound)")
-            return value
-        if name == "wait_replicas":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(key, "must be an integer >= 0")
-            return value
-        if name == "wait_aof":
-            if not isinstance(value, bool):
-                raise ConfigError(key, "must be True or False")
-            return value
-        if name == "ordering":
-            if value not in ("strict", "due"):
-                raise ConfigError(key, "must be 'strict' or 'due'")
-            return value
-        if name == "key_prefix":
-            if not isinstance(value, str) or not value or not value.isascii():
-                raise ConfigError(key, "must be a non-empty ASCII string")
-            if any(c in value for c in "{}: \t\r\n*?[]"):
-                raise ConfigError(
-                    key, "must not contain braces, colons, whitespace or glob characters"
-                )
-            return value
-        raise AssertionError(name)  # pragma: no cover
-
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: ``{attribute: kind}`` of every tunable (a field declared without :func:`setting` would be
+#: unknown to :meth:`Config.from_mapping`; a test says there is none).
+_KINDS = kinds(Config)
