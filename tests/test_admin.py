@@ -19,6 +19,7 @@ from django.test import Client
 from django.urls import reverse
 
 from django_outbox.core.entry import Entry, Status, format_time
+from django_outbox.core.scripts import seed_argv
 from django_outbox.core.worker import Worker
 from django_outbox.models import OutboxEntry
 
@@ -575,7 +576,7 @@ class CallCounter:
 def seed_sessions(outbox, start: int, stop: int, workspaces: int = 20) -> None:
     pipe = outbox.client.pipeline(transaction=False)
     now = format_time(int(time.time() * 1_000_000))
-    script = outbox.scripts["accept"]
+    script = outbox.scripts["seed"]
     outbox.client.script_load(script.text)
     for i in range(start, stop):
         ws, ses = f"ws{i % workspaces}", f"s{i}"
@@ -583,8 +584,7 @@ def seed_sessions(outbox, start: int, stop: int, workspaces: int = 20) -> None:
             id=f"e{i}", client_message_id="c", user_id="u", text=f"text {i}", accepted_at=now
         ).to_json()
         keys, args = outbox._session_args(outbox.keys.session(ws, ses), ws, ses)
-        keys.append(outbox.keys.dedupe(ws, ses, "-"))
-        pipe.evalsha(script.sha, len(keys), *keys, *args, raw, f"e{i}", "", 0, 0, "", "queue")
+        pipe.evalsha(script.sha, len(keys), *keys, *args, *seed_argv(raw, f"e{i}", False))
         if len(pipe.command_stack) >= 1000:
             pipe.execute()
     pipe.execute()
