@@ -131,6 +131,14 @@ def test_the_package_imports_form_no_circle():
     assert circles == []
 
 
+def test_the_outbox_imports_nothing_of_the_websocket_wing():
+    # ws/ stands on outbox.py (the consumer asks get_outbox(); the publisher subscribes
+    # to the outbox's events from apps.ready), so no arrow may run back down to it.
+    found = modules()
+    targets = imports_of("django_outbox.outbox", found["django_outbox.outbox"], set(found))
+    assert sorted(t for t in targets if t.split(".")[:2] == ["django_outbox", "ws"]) == []
+
+
 def test_no_module_is_longer_than_800_lines():
     long = {
         name: lines

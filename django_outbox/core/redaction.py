@@ -39,7 +39,8 @@ MIN_SECRET_CHARS = 4
 LOGGER_NAMES = (
     "django_outbox",
     "django_outbox.worker",
-    "django_outbox.events",
+    "django_outbox.ws",
+    "django_outbox.events",  # the publisher's name in 0.1.0 (deprecated)
     "django_outbox.consumers",
     "django_outbox.policy",
 )
