@@ -1,4 +1,4 @@
-"""Pages of the global session indices, continued from a position (README "Admin").
+"""Pages of the global session indices, continued from a position (docs/reference/admin.md).
 
 An index (``KeySpace.index_keys``: the attention or the all-sessions ZSET; one copy on
 a standalone server, one per shard on Valkey Cluster) orders ``"<ws> <ses>"`` members

@@ -1,4 +1,4 @@
-"""Credentials out of every text that leaves the process (README "Security").
+"""Credentials out of every text that leaves the process (docs/explanation/security.md).
 
 :func:`redact` is the one door: stored error texts go through it (``rules.clean_text``),
 and so do the package's log lines, their tracebacks included (:class:`RedactingFilter`,
