@@ -162,18 +162,22 @@ ARCHITECTURE_MAP = PACKAGE.parent / "docs" / "explanation" / "storage.md"
 
 
 def core_modules_on_the_map() -> set[str]:
-    """The ``*.py`` names the map lists under ``core/`` (the block's last part)."""
+    """The ``*.py`` files and ``folder/`` sub-packages the map lists under ``core/`` (the
+    block's last part)."""
     section = ARCHITECTURE_MAP.read_text().split("\n## Architecture\n", 1)[1]
     block = section.split("```", 2)[1]
-    return set(re.findall(r"[\w/]+\.py", block.split("\n  core/", 1)[1]))
+    return set(re.findall(r"[\w/]+\.py|(?<![\w/])\w+/(?=\s)", block.split("\n  core/", 1)[1]))
 
 
 def test_the_architecture_map_names_every_core_module_and_no_other():
-    # A module of a sub-package may be listed by its path under core/ or its file name.
+    # A module of a sub-package may be listed by its path, its file name or its folder.
     found = {p.relative_to(CORE).as_posix() for p in CORE.rglob("*.py") if p.name != "__init__.py"}
     named = core_modules_on_the_map()
-    missing = sorted(m for m in found if not {m, m.rpartition("/")[2]} & named)
-    stale = sorted(n for n in named if n not in found | {m.rpartition("/")[2] for m in found})
+    missing = sorted(
+        m for m in found if not {m, m.rpartition("/")[2], m.split("/")[0] + "/"} & named
+    )
+    files = found | {m.rpartition("/")[2] for m in found}
+    stale = sorted(n for n in named if n.endswith(".py") and n not in files)
     assert (missing, stale) == ([], [])
 
 
