@@ -14,9 +14,10 @@ never from an offset: every copy is read from that position and the copies are
 merged by score (``core.paging``), so a page lists what one ZSET holding them all
 would list, in ``O(per_page)`` rows and commands per copy however big the index.
 
-A page also shows the workers; their heartbeats are written and read in
-:mod:`~django_outbox.core.heartbeats`, whose :class:`~django_outbox.core.heartbeats.Heartbeats`
-:class:`QueueReads` stands beside.
+A page also shows the workers. Their heartbeats are written and read in
+:mod:`~django_outbox.core.heartbeats`; :class:`QueueReads` inherits its
+:class:`~django_outbox.core.heartbeats.Heartbeats` beside ``OutboxBase``, so the
+``Outbox`` has ``workers``, ``live_workers``, ``abeat`` and ``aforget_worker`` as before.
 """
 
 from __future__ import annotations
