@@ -1,6 +1,6 @@
 """django-outbox: accept prompts into Valkey, deliver them to an agent from a worker.
 
-Public API (README "The Python API")::
+Public API (docs/reference/python.md)::
 
     from django_outbox import get_outbox, Entry, Status, Verdict, RetryResult, DismissResult
 """

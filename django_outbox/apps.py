@@ -1,4 +1,5 @@
-"""The app's configuration: registers the system checks when Django starts."""
+"""The app's configuration: when Django starts, registers the system checks and
+subscribes the WebSocket publisher to the outbox's events."""
 
 from django.apps import AppConfig
 
@@ -11,3 +12,6 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, conf  # noqa: F401  (registers checks, connects setting_changed)
+        from .ws import publish
+
+        publish.subscribe()

@@ -1,4 +1,4 @@
-"""System checks (``manage.py check``, ``--deploy``): README "System checks".
+"""System checks (``manage.py check``, ``--deploy``): docs/reference/checks.md.
 
 IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 
@@ -58,7 +58,7 @@ def _settings_or_error(errors: list[checks.CheckMessage]):
         errors.append(
             checks.Error(
                 f"Invalid OUTBOX settings: {redact(str(exc))}",
-                hint="Fix the named key; see the Settings section of django-outbox's README.",
+                hint="Fix the named key; see django-outbox's docs/reference/settings.md.",
                 id="django_outbox.E001",
             )
         )
@@ -100,9 +100,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 "to the workspace: the agent is addressed by session ID alone, so a user "
                 "allowed in one workspace could send prompts into another workspace's "
                 "session by naming it under their own.",
-                hint="Wrap the policy with django_outbox.policy.session_scoped(...) (README "
-                "'Access policy'), or set checks_session_in_workspace = True on it once it "
-                "checks that itself.",
+                hint="Wrap the policy with django_outbox.policy.session_scoped(...) "
+                "(docs/howto/access-policy.md), or set checks_session_in_workspace = True on "
+                "it once it checks that itself.",
                 id="django_outbox.W007",
             )
         )
@@ -323,7 +323,8 @@ def _asgi_routing() -> _Routing | str | None:
 
 def _check_valkey_url_sources() -> list[checks.CheckMessage]:
     """W010: the environment's ``OUTBOX_VALKEY_URL`` names another server than the settings,
-    which win (README "Settings": settings first, then the environment, then the default)."""
+    which win (docs/reference/settings.md: settings first, then the environment, then the
+    default)."""
     from_env = os.environ.get("OUTBOX_VALKEY_URL")
     raw = getattr(settings, "OUTBOX", None) or {}
     if not from_env or not isinstance(raw, dict):
@@ -409,7 +410,7 @@ def _check_channel_layer() -> list[checks.CheckMessage]:
 
 
 def _check_origin_validation() -> list[checks.CheckMessage]:
-    """W008 / W009: README "Live updates (WebSocket)" and "Security"."""
+    """W008 / W009: docs/reference/websocket.md#origins and docs/explanation/security.md."""
     routing = _asgi_routing()
     if routing is None:
         return []  # no ASGI application named: nothing to look at
@@ -418,7 +419,7 @@ def _check_origin_validation() -> list[checks.CheckMessage]:
         "Wrap the WebSocket routes in django_outbox.ws.AllowedHostsOriginValidator (or "
         "OriginValidator; channels' own classes work too, but refuse without a log line or "
         "a close code the client can see), outside the authentication middleware, as "
-        "README 'Live updates (WebSocket)' shows."
+        "django-outbox's docs/quickstart.md (asgi.py) shows."
     )
     if isinstance(routing, str):
         return [

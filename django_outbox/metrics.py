@@ -85,8 +85,8 @@ class WorkerMetrics:
 
     def on_delivered(self, sender: Any, entry: Entry, **kwargs: Any) -> None:
         """An ``entry_delivered`` receiver: observe the entry's accept → delivered latency
-        (connected by ``outbox_worker --metrics-port``; a replayed signal, README
-        "The worker", is observed again)."""
+        (connected by ``outbox_worker --metrics-port``; a replayed signal,
+        docs/reference/commands.md#outbox_worker, is observed again)."""
         if entry.delivered_at is None:
             return
         seconds = (parse_time(entry.delivered_at) - parse_time(entry.accepted_at)) / 1_000_000

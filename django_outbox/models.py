@@ -1,5 +1,5 @@
-"""The app's models: an unmanaged placeholder for the admin (README "Admin") and the
-receipts of opted-in ``entry_delivered`` receivers (README "Signals").
+"""The app's models: an unmanaged placeholder for the admin (docs/reference/admin.md) and the
+receipts of opted-in ``entry_delivered`` receivers (docs/reference/signals.md).
 
 The outbox's data lives in Valkey, not in the database. :class:`DeliveryReceipt`
 is the one table: a row per (delivery, opted-in receiver) that ran, written in
@@ -7,7 +7,7 @@ the receiver's own transaction. :class:`OutboxEntry`
 has no table; it exists so the admin gets a content type, real permissions
 and :class:`~django.contrib.admin.models.LogEntry` rows. The permissions are
 what the default access policy and the admin check (``django_outbox.policy``,
-README "Access policy"): view, add (accept a prompt), retry, dismiss, and the
+docs/howto/access-policy.md): view, add (accept a prompt), retry, dismiss, and the
 workspace-wide park and cleanup. An instance is never
 saved: its primary key names an outbox object, ``"<ws>/<ses>/<entry id>"`` for
 an entry or ``"<ws>"`` for a workspace (identifiers never contain ``/``).
@@ -91,8 +91,9 @@ class DeliveryReceipt(models.Model):
 
 
 class OutboxDashboard(OutboxEntry):
-    """The admin index's link to the outbox dashboard (README "Dashboard"): a proxy with
-    no table, no rows and no permissions of its own (the dashboard asks for view)."""
+    """The admin index's link to the outbox dashboard (docs/howto/observe.md#the-dashboard):
+    a proxy with no table, no rows and no permissions of its own (the dashboard asks for
+    view)."""
 
     class Meta:
         proxy = True

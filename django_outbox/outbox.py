@@ -1,6 +1,7 @@
 """The Django-aware outbox: signals on events, and the process-wide instance.
 
-:class:`Outbox` adds Django signals and Channels publication to the core service;
+:class:`Outbox` adds Django signals, and the event listeners others subscribe (the
+WebSocket wing's publisher, from ``OutboxConfig.ready``), to the core service;
 :func:`get_outbox` builds the process-wide one from ``settings.OUTBOX`` (through
 :mod:`django_outbox.conf`) and forgets it when ``OUTBOX`` or ``CACHES`` changes.
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, NamedTuple
 
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -20,19 +22,33 @@ from .core.entry import OutboxEvent
 from .core.errors import SignalOwed
 from .core.service import Outbox as CoreOutbox
 from .signals import entry_delivered, entry_staged, entry_updated
-from .ws import publish
 
 _SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": entry_updated}
+
+
+class EventListener(NamedTuple):
+    """Told about every event of every :class:`Outbox`, after the event's signal:
+    ``emit(event)`` from sync code, ``await aemit(event)`` from async code (their
+    results are ignored). A listener should not raise: one that does is logged by the
+    core and the event's later listeners are skipped."""
+
+    emit: Callable[[OutboxEvent], object]
+    aemit: Callable[[OutboxEvent], Awaitable[object]]
 
 
 class Outbox(CoreOutbox):
     """:class:`django_outbox.core.service.Outbox` that sends the signals of
     :mod:`django_outbox.signals` for every event (``send_robust``: a failing receiver
-    is logged and does not stop the others) and publishes ``queue.update``
-    to the session's Channels group (:mod:`django_outbox.ws.publish`). Construct it
-    directly in tests: ``Outbox(url=..., deliverer=..., verifier=...,
-    ledger_probe=..., **tunables)``.
+    is logged and does not stop the others), then tells its :attr:`event_listeners`
+    (the WebSocket publisher, :mod:`django_outbox.ws.publish`, which sends
+    ``queue.update`` to the session's Channels group). Construct it directly in tests:
+    ``Outbox(url=..., deliverer=..., verifier=..., ledger_probe=..., **tunables)``.
     """
+
+    #: Listeners of every instance's events, in order (:class:`EventListener`).
+    #: ``OutboxConfig.ready`` subscribes the WebSocket publisher
+    #: (:func:`django_outbox.ws.publish.subscribe`).
+    event_listeners: ClassVar[list[EventListener]] = []
 
     def listening(self, kind: str, watched: bool) -> bool:
         """Events are built when a WebSocket client watches the session or the kind's
@@ -44,16 +60,19 @@ class Outbox(CoreOutbox):
 
     def emit(self, event: OutboxEvent) -> None:
         """Send the event's signal to every receiver (one failing receiver does not stop
-        the others), then publish it. Raises :class:`SignalOwed` when an opted-in
-        ``entry_delivered`` receiver failed (the core then leaves the signal owed)."""
+        the others), then tell the :attr:`event_listeners`. Raises :class:`SignalOwed`
+        when an opted-in ``entry_delivered`` receiver failed (the core then leaves the
+        signal owed)."""
         responses = _SIGNALS[event.kind].send_robust(sender=Outbox, **_signal_kwargs(event))
-        publish.publish(event)
+        for listener in self.event_listeners:
+            listener.emit(event)
         _raise_if_owed(event, responses)
 
     async def aemit(self, event: OutboxEvent) -> None:
         """Async :meth:`emit`."""
         responses = await _SIGNALS[event.kind].asend_robust(sender=Outbox, **_signal_kwargs(event))
-        await publish.apublish(event)
+        for listener in self.event_listeners:
+            await listener.aemit(event)
         _raise_if_owed(event, responses)
 
     async def arun(self, *args: Any, stop: asyncio.Event | None = None, **kwargs: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Who may do what: the access table, the default policy and the helpers (README "Access policy").
+"""Who may do what: the access table, the default policy and the helpers
+(docs/howto/access-policy.md).
 
 An access policy is a callable ``(user, workspace_id, session_id, action) -> bool``,
 set as ``OUTBOX["ACCESS_POLICY"]``. The REST API and the WebSocket ask it through
@@ -58,7 +59,7 @@ _SESSION = "api/workspaces/<str:workspace_id>/sessions/<str:session_id>/messages
 _ENTRY = _SESSION + "<str:entry_id>/"
 _WORKSPACE = "api/workspaces/<str:workspace_id>/"
 
-#: The access table (README "Access policy"). The admin's pages (changelist, entry)
+#: The access table (docs/howto/access-policy.md). The admin's pages (changelist, entry)
 #: need ``view``; the admin never accepts prompts.
 ACCESS_TABLE: tuple[AccessRow, ...] = (
     AccessRow(

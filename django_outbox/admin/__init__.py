@@ -1,4 +1,4 @@
-"""The outbox in the Django admin: find and fix stuck queues (README "Admin").
+"""The outbox in the Django admin: find and fix stuck queues (docs/reference/admin.md).
 
 The data lives in Valkey, so the admin follows the django-rq pattern: the
 unmanaged :class:`~django_outbox.models.OutboxEntry` gives a content type and
@@ -109,7 +109,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    # The outbox's own permissions come from the access table (README "Access policy"),
+    # The outbox's own permissions come from the access table (docs/howto/access-policy.md),
     # the same as the default policy's, so REST, WebSocket and admin agree.
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -25,8 +25,8 @@ from django.contrib import messages
 
 from ..core.entry import Entry, Lease, Snapshot, Status, parse_time
 from ..core.errors import InvalidIdentifier
+from ..core.heartbeats import WorkerHeartbeat
 from ..core.paging import IndexPosition
-from ..core.reads import WorkerHeartbeat
 from ..outbox import Outbox
 
 #: Sessions per page (each holds at most ``CAP`` entries).

@@ -1,5 +1,5 @@
-"""The outbox dashboard in the admin (README "Dashboard"): are prompts flowing, how long do
-they wait, is anything stuck, and since when.
+"""The outbox dashboard in the admin (docs/howto/observe.md#the-dashboard): are prompts
+flowing, how long do they wait, is anything stuck, and since when.
 
 It charts the per-minute history the scripts and workers keep in Valkey
 (:mod:`django_outbox.core.history`): throughput by outcome, accept → delivered latency

@@ -1,4 +1,4 @@
-"""The REST API (README "REST API"): DRF views over the outbox service, OpenAPI via
+"""The REST API (docs/reference/rest.md): DRF views over the outbox service, OpenAPI via
 drf-spectacular. Mount it with ``path("outbox/", include("django_outbox.urls"))``.
 
 ``base`` (the endpoint base class), ``errors`` (the error contract), ``schema``

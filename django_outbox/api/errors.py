@@ -1,6 +1,6 @@
 """The REST API's error contract: every refusal as ``{"detail", "code"}`` with a stable code.
 
-Domain errors are translated into HTTP here and only here (README "REST API"):
+Domain errors are translated into HTTP here and only here (docs/reference/rest.md):
 :func:`outbox_exception_handler` maps the outbox's exceptions and reshapes
 DRF's own, and the views answer the ``NOT_FOUND``/``BUSY`` results of retry and
 dismiss with :func:`not_found_response` and :func:`busy_response`.
@@ -25,8 +25,8 @@ body shape / content rule (serializer)              400     ``invalid`` + ``fiel
 
 ``outbox_full`` carries ``Retry-After: 30``, ``rate_limited`` the seconds until the user's
 next accept can succeed, and 503 ``Retry-After: 5`` (:data:`FULL_RETRY_AFTER`,
-:data:`UNAVAILABLE_RETRY_AFTER`; README "Per-user bounds"). DRF's own refusals keep their
-status and code
+:data:`UNAVAILABLE_RETRY_AFTER`; docs/explanation/idempotency.md#per-user-bounds). DRF's
+own refusals keep their status and code
 (``not_authenticated``, ``permission_denied``, ``parse_error``,
 ``unsupported_media_type``, …) in the same ``{"detail", "code"}`` body. Any other
 exception, a plain ``ValueError`` included, is a server bug and answers 500.

@@ -2,7 +2,7 @@
 
 The policy is a callable ``(user, workspace_id, session_id, action) -> bool``, asked
 through :func:`django_outbox.policy.is_allowed`; which action each endpoint needs is
-in :data:`django_outbox.policy.ACCESS_TABLE` (README "Access policy"), and
+in :data:`django_outbox.policy.ACCESS_TABLE` (docs/howto/access-policy.md), and
 ``session_id`` is None for the workspace actions. It is asked before Valkey is
 touched, with identifiers already validated, so a refusal (403
 ``permission_denied``) is the same whether or not the workspace, session or entry

@@ -1,4 +1,4 @@
-"""Request validation and the documented wire shapes of the REST API (README "REST API").
+"""Request validation and the documented wire shapes of the REST API (docs/reference/rest.md).
 
 Request serializers check *shapes* (types, required members, lengths) and the
 model rule of :mod:`django_outbox.core.rules`, and answer 400 with field errors.
@@ -37,8 +37,9 @@ class StrictStringField(serializers.CharField):
     """A JSON string taken as is: no coercion of numbers, no trimming, NUL allowed.
 
     DRF's ``CharField`` turns ``123`` into ``"123"``, strips whitespace and
-    refuses ``\\u0000``; a prompt must arrive byte for byte and a number is a
-    client bug (case 10). Lone surrogates are still refused (not UTF-8).
+    refuses ``\\u0000``; a prompt must arrive byte for byte, and a number where a
+    string belongs is a client bug, refused with 400 rather than stored as its
+    digits. Lone surrogates are still refused (not UTF-8).
     """
 
     default_error_messages = {"invalid": "Must be a string."}

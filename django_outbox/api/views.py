@@ -1,4 +1,4 @@
-"""The REST API's views: thin DRF views over the sync outbox service (README "REST API").
+"""The REST API's views: thin DRF views over the sync outbox service (docs/reference/rest.md).
 
 Every view validates the IDs in its path, asks the access policy (both in
 :class:`~django_outbox.api.base.OutboxAPIView`), validates the body, makes one

@@ -5,7 +5,7 @@ runs: the *delivery state* first (``id`` … ``lastError``), then the client's
 *content* from ``"clientMessageID"`` to the end. The Lua scripts edit only
 the state run and copy the content bytes through untouched, because a cjson
 decode/encode would damage content (``[]`` becomes ``{}``, 17-digit integers
-lose digits; README "How it is stored"). The first structural ``,"clientMessageID":``
+lose digits; docs/explanation/storage.md). The first structural ``,"clientMessageID":``
 separates the runs: inside a JSON string every ``"`` is escaped, so that
 sequence cannot occur in a value.
 """
@@ -27,7 +27,7 @@ from .rules import CLIENT_MESSAGE_ID_RE, check_identifier, encode_stored
 
 
 class Status(enum.StrEnum):
-    """Stored entry status (README "What happens to a message")."""
+    """Stored entry status (docs/explanation/lifecycle.md#what-happens-to-a-message)."""
 
     PENDING = "pending"
     DELIVERING = "delivering"
@@ -190,8 +190,9 @@ _STRING_FIELDS = {
 }
 _PARKED_FROM = {"pending", "verifying", "delivering"}
 #: State members the scripts keep that an Entry does not carry: ``userDigest``, the
-#: accepting user as the per-user bound counts it (README "Per-user bounds"); stored
-#: last in the state run, read past here, never part of the wire shape.
+#: accepting user as the per-user bound counts it
+#: (docs/explanation/idempotency.md#per-user-bounds); stored last in the state run, read
+#: past here, never part of the wire shape.
 _STORED_ONLY = {"userDigest"}
 _KNOWN = (
     {name for name, _ in _STATE_FIELDS + _CONTENT_FIELDS}
@@ -213,7 +214,7 @@ _fingerprint_dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One accepted prompt. JSON names are camelCase (README "The Python API").
+    """One accepted prompt. JSON names are camelCase (docs/reference/python.md).
 
     Times are RFC 3339 strings in UTC with microseconds. ``delivered_at`` is set
     once delivery is confirmed (the entry is then gone from ``list``; only
@@ -264,8 +265,8 @@ class Entry:
     #: When delivery was confirmed (``deliveredAt``); only ``entry_delivered`` receivers
     #: see an entry with it set.
     delivered_at: str | None = None
-    #: The W3C trace context of the accept, when it ran in a traced request (README
-    #: "Tracing"); the worker's spans of this entry continue that trace.
+    #: The W3C trace context of the accept, when it ran in a traced request
+    #: (docs/howto/observe.md#tracing); the worker's spans of this entry continue that trace.
     traceparent: str | None = None
     #: Place in the session's accept order (the session's version at accept).
     seq: int = 0
@@ -322,7 +323,7 @@ class Entry:
             elif value is not None:
                 kwargs[attr] = value
         # Strict types: a state member of the wrong type could make the scripts
-        # mis-split a stored entry (README "How it is stored").
+        # mis-split a stored entry (docs/explanation/storage.md).
         check_identifier("entry ID", kwargs.get("id"))
         for name, attr in _STRING_FIELDS.items():
             if attr in kwargs and not isinstance(kwargs[attr], str):
@@ -403,7 +404,7 @@ class OutboxEvent:
 
     ``kind`` is ``"staged"``, ``"delivered"`` or ``"updated"`` (every state
     change, including accept and dismissal); ``state`` is the queue-UI state of
-    README "Live updates (WebSocket)" (``queued``, ``delivering``, ``verifying``, ``sent``,
+    docs/reference/websocket.md (``queued``, ``delivering``, ``verifying``, ``sent``,
     ``error``, ``parked``, ``pending``, ``dismissed``); ``version`` is the
     session's version counter after the change.
     """

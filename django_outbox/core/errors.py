@@ -2,7 +2,8 @@
 
 Service errors derive from :class:`OutboxError`. The three delivery
 outcome errors are raised *by deliverers* to tell the worker what happened
-downstream (README "What happens to a message"); they wrap the underlying error as ``err``.
+downstream (docs/explanation/lifecycle.md#what-happens-to-a-message); they wrap the
+underlying error as ``err``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ class IdempotencyConflict(OutboxError):
 class OutboxFull(OutboxError):
     """A bound on queued entries is reached (HTTP 429): ``scope`` ``"session"``, the
     session holds ``CAP`` entries; ``"user"``, the accepting user has ``USER_MAX_QUEUED``
-    entries queued or in flight in the workspace (README "Per-user bounds"). ``cap`` is
-    the bound that was reached."""
+    entries queued or in flight in the workspace
+    (docs/explanation/idempotency.md#per-user-bounds). ``cap`` is the bound that was
+    reached."""
 
     def __init__(self, cap: int, scope: str = "session") -> None:
         if scope == "user":
@@ -52,8 +54,8 @@ class OutboxFull(OutboxError):
 
 class RateLimited(OutboxError):
     """The accepting user used up ``USER_ACCEPTS_PER_MINUTE`` (``limit``) in the workspace
-    (HTTP 429); an accept can succeed again in ``retry_after`` seconds (README "Per-user
-    bounds")."""
+    (HTTP 429); an accept can succeed again in ``retry_after`` seconds
+    (docs/explanation/idempotency.md#per-user-bounds)."""
 
     def __init__(self, retry_after: int, limit: int) -> None:
         super().__init__(
@@ -107,8 +109,8 @@ class SignalOwed(Exception):
     """Raised by an emit hook (``Outbox.emit`` / ``aemit``) for a ``delivered`` event
     whose receivers must run again: the entry is not acknowledged, its
     ``entry_delivered`` stays owed and is fired again by a later claim of the session,
-    once the lease it was fired under has expired (``LOCK_TTL`` seconds; README
-    "Signals"). ``reason`` says which receivers failed."""
+    once the lease it was fired under has expired (``LOCK_TTL`` seconds;
+    docs/reference/signals.md). ``reason`` says which receivers failed."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

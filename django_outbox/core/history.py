@@ -1,5 +1,5 @@
 """Per-minute history in Valkey: what the admin dashboard and ``manage.py outbox status``
-chart (README "Dashboard").
+chart (docs/howto/observe.md#the-dashboard).
 
 Where it lives: one HASH per minute (``minute`` = epoch seconds // 60 on Valkey's
 clock) for each workspace (:meth:`KeySpace.history` with the workspace, in its

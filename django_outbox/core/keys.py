@@ -1,4 +1,4 @@
-"""Every Valkey key name, built in one place (README "How it is stored").
+"""Every Valkey key name, built in one place (docs/explanation/storage.md).
 
 All keys of a workspace carry the hash tag ``{<ws>}`` so one workspace lives
 in one cluster slot and every per-workspace script is legal on Valkey Cluster.
@@ -134,14 +134,15 @@ class KeySpace:
     def users(self, workspace_id: str) -> str:
         """The workspace's HASH user digest (:func:`user_digest`) -> ``"<n> <full-at>"``:
         ``n`` of the user's entries are queued or in flight there, and the user's accept
-        bucket is full again at ``full-at`` (microseconds). README "Per-user bounds"."""
+        bucket is full again at ``full-at`` (microseconds).
+        docs/explanation/idempotency.md#per-user-bounds."""
         ws = check_identifier("workspace ID", workspace_id)
         return f"{self.prefix}users:{{{ws}}}"
 
     def sockets(self, user_id: str) -> str:
         """A user's ZSET socket ID -> expiry (ms, server clock): their open outbox
-        WebSockets across server processes, hash-tagged by :func:`user_digest` (README
-        "Live updates (WebSocket)")."""
+        WebSockets across server processes, hash-tagged by :func:`user_digest`
+        (docs/reference/websocket.md)."""
         return f"{self.prefix}sockets:{{u{user_digest(user_id)}}}"
 
     def due(self, workspace_id: str) -> str:
@@ -185,9 +186,9 @@ class KeySpace:
     def history(self, minute: int, workspace_id: str | None = None) -> str:
         """The per-minute history HASH of ``minute`` (epoch seconds // 60 on Valkey's
         clock): the workspace's, in its slot, or the total over every workspace when
-        ``workspace_id`` is None (README "Dashboard"; the fields are listed in
-        :mod:`django_outbox.core.history`). ``lib/history.lua`` count_history builds the same
-        names from the pause key."""
+        ``workspace_id`` is None (docs/howto/observe.md#the-dashboard; the fields are listed
+        in :mod:`django_outbox.core.history`). ``lib/history.lua`` count_history builds the
+        same names from the pause key."""
         if workspace_id is None:
             return f"{self.prefix}hist:{minute}"
         ws = check_identifier("workspace ID", workspace_id)
@@ -210,7 +211,7 @@ def dedupe_marker(user_id: str, client_message_id: str) -> str:
     """The name of an idempotency key's marker within its session:
     ``"<user digest>:<clientMessageID>"``.
 
-    Keys are scoped to the session *and* the accepting user (README "Idempotency"):
+    Keys are scoped to the session *and* the accepting user (docs/explanation/idempotency.md):
     two users of one session who both send key ``"1"`` send two prompts, and neither
     learns the other's entry ID. The user ID (any text up to 255 characters) enters
     as the first 24 hex digits of its SHA-256, a fixed width, so no user ID can

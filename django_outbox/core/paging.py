@@ -1,4 +1,4 @@
-"""Pages of the global session indices, continued from a position (README "Admin").
+"""Pages of the global session indices, continued from a position (docs/reference/admin.md).
 
 An index (``KeySpace.index_keys``: the attention or the all-sessions ZSET; one copy on
 a standalone server, one per shard on Valkey Cluster) orders ``"<ws> <ses>"`` members
@@ -23,7 +23,7 @@ page of equal scores, costs more round trips: the ties are probed, at most
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -394,3 +394,23 @@ def side_by_side(*plans: ReadPlan) -> ReadPlan:
             advance(i, answers[at : at + size])
             at += size
     return results
+
+
+def read_side_by_side(
+    execute_many: Callable[[list[tuple[Any, ...]]], list[Any]], *plans: ReadPlan
+) -> list[Any]:
+    """Run read plans side by side over ``execute_many`` (``Transport.execute_many``):
+    each round trip sends what every unfinished plan asks for next; returns their
+    results in order. A failed command raises its error."""
+    plan = side_by_side(*plans)
+    answers: list[Any] | None = None
+    while True:
+        try:
+            calls = plan.send(answers)  # type: ignore[arg-type]
+        except StopIteration as done:
+            results: list[Any] = done.value
+            return results
+        answers = execute_many(calls) if calls else []
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer

@@ -6,7 +6,7 @@ results. :class:`Eval` runs a Lua script, :class:`Cmd` a plain command,
 order), :class:`Emit` hands events to the outbox's hooks and :class:`Call`
 calls user code (a ledger probe). The sync and the async driver of
 :class:`~django_outbox.core.transport.Transport` run the same plans, so
-``accept`` and ``aaccept`` share everything but the I/O (README "Architecture").
+``accept`` and ``aaccept`` share everything but the I/O (docs/explanation/storage.md#architecture).
 """
 
 from __future__ import annotations

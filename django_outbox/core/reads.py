@@ -1,5 +1,5 @@
-"""Read-only queries for operators: index pages, search, workspace summaries, worker
-heartbeats, entry counts and the server's settings (README "Admin", "System checks").
+"""Read-only queries for operators: index pages, search, workspace summaries, entry
+counts and the server's settings (docs/reference/admin.md, docs/reference/checks.md).
 
 :class:`QueueReads` is a floor of :class:`~django_outbox.core.service.Outbox`: the
 admin, the system checks, ``manage.py outbox_worker`` and the metrics ask these
@@ -14,16 +14,14 @@ never from an offset: every copy is read from that position and the copies are
 merged by score (``core.paging``), so a page lists what one ZSET holding them all
 would list, in ``O(per_page)`` rows and commands per copy however big the index.
 
-The heartbeat record (:class:`WorkerHeartbeat`) is written (:meth:`QueueReads.abeat`,
-called by ``core.worker.Worker.beat``) and read here: a worker is live while its heartbeat key
-(``KeySpace.heartbeat``, expiring after :data:`HEARTBEAT_TTL`) exists, and the
-``KeySpace.workers`` ZSET remembers when each was last seen.
+A page also shows the workers. Their heartbeats are written and read in
+:mod:`~django_outbox.core.heartbeats`; :class:`QueueReads` inherits its
+:class:`~django_outbox.core.heartbeats.Heartbeats` beside ``OutboxBase``, so the
+``Outbox`` has ``workers``, ``live_workers``, ``abeat`` and ``aforget_worker`` as before.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +31,12 @@ from redis.exceptions import RedisClusterException
 
 from .base import OutboxBase
 from .errors import OutboxUnavailable
+
+# The heartbeat names are still importable from here (core.worker imports them so).
+from .heartbeats import HEARTBEAT_INTERVAL as HEARTBEAT_INTERVAL
+from .heartbeats import HEARTBEAT_TTL as HEARTBEAT_TTL
+from .heartbeats import Heartbeats, workers_plan
+from .heartbeats import WorkerHeartbeat as WorkerHeartbeat
 from .paging import (
     CopyPage,
     IndexPosition,
@@ -44,7 +48,7 @@ from .paging import (
     merge_copies,
     page_of_given,
     page_of_sorted,
-    score_pairs,
+    read_side_by_side,
     side_by_side,
 )
 from .paging import as_text as _text
@@ -52,9 +56,6 @@ from .plans import Eval, Pipe, iter_once
 from .redaction import redact
 from .rules import check_identifier
 from .scripts import due_argv
-
-HEARTBEAT_INTERVAL = 5.0  # seconds between a worker's heartbeats
-HEARTBEAT_TTL = 3 * HEARTBEAT_INTERVAL  # a worker is live while its heartbeat key exists
 
 #: An entry-ID search inside a workspace reads at most this many of its sessions.
 SEARCH_MAX_SESSIONS = 1000
@@ -77,67 +78,6 @@ _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, RedisClusterException
 # =====================================================================================
 # value types
 # =====================================================================================
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerHeartbeat:
-    """A worker as its heartbeats show it.
-
-    ``id``; ``last_seen``: epoch seconds of its last beat; ``live``: its heartbeat key
-    still exists (a beat less than :data:`HEARTBEAT_TTL` ago). What that beat
-    published: ``host``, ``pid``, ``started`` (epoch seconds), ``in_flight`` (sessions
-    being delivered), ``concurrency`` and ``steps`` (delivery steps taken since it
-    started); all None once the key has expired.
-    """
-
-    id: str
-    last_seen: float
-    live: bool = True
-    host: str | None = None
-    pid: int | None = None
-    started: float | None = None
-    in_flight: int | None = None
-    concurrency: int | None = None
-    steps: int | None = None
-
-    def to_json(self) -> str:
-        """The stored record: a JSON object of ``id``, ``host``, ``pid``, ``started``,
-        ``last_seen``, ``in_flight``, ``concurrency`` and ``steps``."""
-        return json.dumps(
-            {
-                "id": self.id,
-                "host": self.host,
-                "pid": self.pid,
-                "started": self.started,
-                "last_seen": self.last_seen,
-                "in_flight": self.in_flight,
-                "concurrency": self.concurrency,
-                "steps": self.steps,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, worker_id: str, last_seen: float, raw: Any) -> WorkerHeartbeat:
-        """A worker from its ZSET member and score (``last_seen``, seconds) and its stored
-        record ``raw`` (None once expired: not live; unreadable JSON: live, no fields)."""
-        if raw is None:
-            return cls(worker_id, last_seen, live=False)
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            return cls(worker_id, last_seen)
-        return cls(
-            worker_id,
-            last_seen,
-            host=record.get("host"),
-            pid=record.get("pid"),
-            started=record.get("started"),
-            in_flight=record.get("in_flight"),
-            concurrency=record.get("concurrency"),
-            steps=record.get("steps"),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,9 +283,11 @@ def redis_py_version() -> str:
 # =====================================================================================
 
 
-class QueueReads(OutboxBase):
-    """Read-only queries of the outbox, and the worker heartbeats they read; a floor of
-    :class:`~django_outbox.core.service.Outbox` (see the module docstring).
+class QueueReads(OutboxBase, Heartbeats):
+    """Read-only queries of the outbox; a floor of
+    :class:`~django_outbox.core.service.Outbox` (see the module docstring). The worker
+    heartbeats (:class:`~django_outbox.core.heartbeats.Heartbeats`, their write too)
+    come into the ``Outbox`` through this class.
 
     Every method raises :class:`OutboxUnavailable` when Valkey cannot be reached.
     """
@@ -355,18 +297,7 @@ class QueueReads(OutboxBase):
     def _read(self, *plans: ReadPlan) -> list[Any]:
         """Run read plans side by side: each round trip sends what every unfinished plan
         asks for next (one ``execute_many``). A failed command raises its error."""
-        plan = side_by_side(*plans)
-        answers: list[Any] | None = None
-        while True:
-            try:
-                calls = plan.send(answers)  # type: ignore[arg-type]
-            except StopIteration as done:
-                results: list[Any] = done.value
-                return results
-            answers = self.execute_many(calls) if calls else []
-            for answer in answers:
-                if isinstance(answer, Exception):
-                    raise answer
+        return read_side_by_side(self.execute_many, *plans)
 
     def _ask(self, calls: list[tuple[Any, ...]]) -> list[Any]:
         """One round trip of plain commands; a failed command raises its error."""
@@ -502,7 +433,7 @@ class QueueReads(OutboxBase):
                 position, forward = None, True  # not among them: the first page
             page, passed, more = page_of_given(among, position, per_page, forward)
             locate = _answer(_Located(page, len(among), passed, more, {}))
-        located, totals, workers = self._read(locate, self._totals_plan(), self._workers_plan())
+        located, totals, workers = self._read(locate, self._totals_plan(), workers_plan(self.keys))
         total = located.total
         if total is None:
             total = totals.attention if index == "attention" else totals.sessions
@@ -664,58 +595,7 @@ class QueueReads(OutboxBase):
         ]
         return min(found, key=lambda o: o.due_at, default=None)
 
-    # -- workers --------------------------------------------------------------------------
-
-    def _workers_plan(self) -> ReadPlan:
-        (members,) = yield [("ZRANGE", self.keys.workers, 0, -1, "WITHSCORES")]
-        seen = [(_text(m), float(s) / 1000) for m, s in score_pairs(members)]
-        if not seen:
-            return []
-        # One GET each: the heartbeat keys are in different slots on a cluster.
-        records = yield [("GET", self.keys.heartbeat(wid)) for wid, _ in seen]
-        workers = [
-            WorkerHeartbeat.from_json(wid, last_seen, raw)
-            for (wid, last_seen), raw in zip(seen, records, strict=True)
-        ]
-        return sorted(workers, key=lambda w: (not w.live, -w.last_seen))
-
-    def workers(self) -> list[WorkerHeartbeat]:
-        """Every worker seen lately (the last ``10 * HEARTBEAT_TTL`` seconds), live ones
-        first, then most recently seen first (two round trips)."""
-        workers: list[WorkerHeartbeat]
-        (workers,) = self._read(self._workers_plan())
-        return workers
-
-    def live_workers(self) -> list[WorkerHeartbeat]:
-        """The workers whose heartbeat key exists, most recently seen first."""
-        return [w for w in self.workers() if w.live]
-
     # -- the server -----------------------------------------------------------------------
-
-    async def abeat(self, record: WorkerHeartbeat, ttl: float) -> None:
-        """Publish a worker's heartbeat ``record`` for ``ttl`` seconds, index it by
-        ``record.last_seen``, and forget workers silent for ``10 * ttl`` (the writer
-        of what :meth:`workers` reads)."""
-        keys = self.keys
-        client = await self._aclient_ready()
-        # Seen at Valkey's time, so a worker with a wrong clock is neither shown as
-        # long gone nor able to forget the others (README "Operations").
-        seconds, micros = await client.time()
-        now = seconds + micros / 1_000_000
-        record = dataclasses.replace(record, last_seen=now)
-        # The record before its index entry: on a cluster they live on different nodes,
-        # and a pipeline's commands to two nodes may land in either order.
-        await client.set(keys.heartbeat(record.id), record.to_json(), px=int(ttl * 1000))
-        pipe = client.pipeline(transaction=False)
-        pipe.zadd(keys.workers, {record.id: int(now * 1000)})
-        pipe.zremrangebyscore(keys.workers, "-inf", int((now - 10 * ttl) * 1000))
-        await pipe.execute()
-
-    async def aforget_worker(self, worker_id: str) -> None:
-        """Remove a worker's heartbeat (a clean stop)."""
-        client = await self._aclient_ready()
-        await client.delete(self.keys.heartbeat(worker_id))
-        await client.zrem(self.keys.workers, worker_id)
 
     def server_settings(self) -> list[ServerSettings]:
         """The persistence and eviction settings of the server, or of every primary of a

@@ -1,4 +1,4 @@
-"""Credentials out of every text that leaves the process (README "Security").
+"""Credentials out of every text that leaves the process (docs/explanation/security.md).
 
 :func:`redact` is the one door: stored error texts go through it (``rules.clean_text``),
 and so do the package's log lines, their tracebacks included (:class:`RedactingFilter`,
@@ -39,7 +39,8 @@ MIN_SECRET_CHARS = 4
 LOGGER_NAMES = (
     "django_outbox",
     "django_outbox.worker",
-    "django_outbox.events",
+    "django_outbox.ws",
+    "django_outbox.events",  # the publisher's name in 0.1.0 (deprecated)
     "django_outbox.consumers",
     "django_outbox.policy",
 )

@@ -9,7 +9,7 @@ subclass :class:`ContentTooLarge` (413). Both content errors are ``ValueError``\
 
 The identifier allow-list keeps ``:``, ``{``, ``}``, ``*``, whitespace and
 newlines out of key names, so no input can alias another session's keys or act
-as a pattern (README "Keys and identifiers").
+as a pattern (docs/explanation/storage.md).
 """
 
 from __future__ import annotations
@@ -151,9 +151,10 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 def clean_text(text: object, limit: int) -> str:
     """``text`` made safe to store and send: a str (anything else through
     :func:`describe_error`'s safe ``str``), lone surrogates replaced by U+FFFD,
-    credentials removed (:func:`~django_outbox.core.redaction.redact`, README
-    "Security"), at most ``limit`` characters (an ellipsis marks a cut). For exception
-    messages, verifier output and agent replies: text the outbox did not write itself."""
+    credentials removed (:func:`~django_outbox.core.redaction.redact`,
+    docs/explanation/security.md), at most ``limit`` characters (an ellipsis marks a cut).
+    For exception messages, verifier output and agent replies: text the outbox did not
+    write itself."""
     if not isinstance(text, str):
         text = _safe_str(text)
     elif type(text) is not str:

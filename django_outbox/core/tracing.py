@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing, when the ``otel`` extra is installed (README "Tracing").
+"""OpenTelemetry tracing, when the ``otel`` extra is installed (docs/howto/observe.md#tracing).
 
 An accept runs in an ``outbox.accept`` span and records the current W3C trace context
 (``traceparent``) in the entry; the worker's ``outbox.deliver`` / ``outbox.verify``
@@ -25,7 +25,7 @@ except ImportError:  # optional: pip install django-outbox[otel]
     trace = None  # type: ignore[assignment]
 
 TRACER_NAME = "django_outbox"
-#: The entry member that carries the accept's trace context (README "How it is stored").
+#: The entry member that carries the accept's trace context (docs/explanation/storage.md).
 TRACEPARENT = "traceparent"
 
 _propagator = TraceContextTextMapPropagator() if trace is not None else None

@@ -4,10 +4,12 @@
 per running event loop, as channels-redis keeps them), runs the effects of
 :mod:`~django_outbox.core.plans` with a sync and an async driver, sends
 pipelines (one per node on a cluster, re-running only calls whose script was
-missing), applies cluster index hints, and turns every "Valkey cannot serve
-this now" error (a cut connection, a failover, OOM, READONLY, LOADING, ...)
-into :class:`~django_outbox.core.errors.OutboxUnavailable`. Auto-pipelining
-(:class:`Batcher`) and hiredis command packing make the async path cheap.
+missing), hands a per-session script's reply on a cluster to
+:mod:`~django_outbox.core.hints` (which applies its index hint), and turns every
+"Valkey cannot serve this now" error (a cut connection, a failover, OOM,
+READONLY, LOADING, ...) into :class:`~django_outbox.core.errors.OutboxUnavailable`.
+Auto-pipelining (:class:`Batcher`) and hiredis command packing make the async
+path cheap.
 Nothing here knows what a queue is: the operations live in
 :mod:`~django_outbox.core.service` and :mod:`~django_outbox.core.delivery`.
 """
@@ -20,27 +22,27 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import Any, TypeGuard, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio
 import redis.cluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from .entry import OutboxEvent
 from .errors import OutboxUnavailable, SignalOwed
+from .hints import ahinted, hinted, is_hinted
 from .keys import KeySpace
 from .packing import with_hiredis_packing
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, T, iter_once
-from .scripts import HINTED, Script, index_hint_argv, load_scripts
+from .scripts import HINTED, Script, load_scripts
 from .unavailable import (
     UNREACHABLE,
     as_unavailable,
     classified,
-    is_torn_connection,
     unavailable_error,
 )
 
@@ -53,8 +55,6 @@ logger = logging.getLogger("django_outbox")
 
 #: Per-node connection cap of the async cluster client (Valkey's default maxclients).
 CLUSTER_MAX_CONNECTIONS = 10_000
-#: Most items a cluster shard's wake list holds (the standalone list's cap is in _lib.lua).
-MAX_WAKE_ITEMS = 10000
 
 
 def is_moved(result: Any) -> bool:
@@ -64,10 +64,6 @@ def is_moved(result: Any) -> bool:
 def _node_pipeline(node: Any) -> Any:
     """A non-transactional pipeline on one cluster node's own connection."""
     return node.redis_connection.pipeline(transaction=False)
-
-
-def is_hinted(call: Eval | Cmd, result: Any) -> TypeGuard[Eval]:
-    return isinstance(call, Eval) and call.script in HINTED and not isinstance(result, Exception)
 
 
 def as_text(value: Any) -> Any:
@@ -348,7 +344,7 @@ class Transport:
         Every time decision that crosses processes (leases, due times, backoff and
         verify gates, ``acceptedAt``, marker expiry) is taken inside the scripts on
         the server's clock, so a process whose clock is wrong can neither freeze a
-        session, shorten a backoff nor delay a prompt (README "Operations"). An
+        session, shorten a backoff nor delay a prompt (docs/explanation/ordering.md#clocks). An
         injected ``clock`` (tests) replaces it.
         """
         return 0 if self.clock is None else int(self.clock() * 1_000_000)
@@ -389,7 +385,7 @@ class Transport:
             client.script_load(script.text)
             result = client.evalsha(script.sha, len(keys), *keys, *args)
         if self.cluster and name in HINTED:
-            return self._hinted(name, args, result)
+            return hinted(self, name, args, result)
         return result
 
     async def _aevalsha(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -400,84 +396,8 @@ class Transport:
             await client.script_load(script.text)
             result = await client.evalsha(script.sha, len(keys), *keys, *args)
         if self.cluster and name in HINTED:
-            return await self._ahinted(name, args, result)
+            return await ahinted(self, name, args, result)
         return result
-
-    # -- cluster index hints -----------------------------------------------------------
-    #
-    # On a cluster a per-session script answers {reply, hint}: what the global
-    # indices of its workspace's shard need (see _lib.lua and index.lua). The
-    # hint is applied before the reply reaches the plan. If that fails, an
-    # accept raises OutboxUnavailable(accepted=True) — the client's retry with
-    # the same key replays the accept, which reports the hint again; any other
-    # transition logs it: the worker's index repair finds the workspace later.
-
-    def _hint_call(self, args: list[Any], hint: list[Any]) -> Eval | None:
-        due, wake, attention, new, gone, empty, version = (int(h) for h in hint[:7])
-        if due < 0 and not wake and attention < 0 and not new and not gone and not empty:
-            return None
-        session_id, workspace_id = as_text(args[2]), as_text(args[3])
-        keys = self.keys.shard_keys(self.keys.shard_of(workspace_id))
-        now_ms = self._now_us() // 1000
-        hint_values = (due, wake, attention, new, gone, empty, version)
-        return Eval(
-            "index",
-            keys,
-            index_hint_argv(workspace_id, session_id, hint_values, now_ms, MAX_WAKE_ITEMS),
-        )
-
-    def _hint_failed(self, name: str, exc: Exception) -> None:
-        if name == "accept":
-            raise OutboxUnavailable(
-                f"accepted, but the cluster index update failed: {exc}; retry with the same "
-                "clientMessageID",
-                accepted=True,
-            ) from exc
-        logger.warning("outbox: cluster index update after %s failed: %s", name, exc)
-
-    def _hinted(self, name: str, args: list[Any], result: Any) -> Any:
-        reply, hint = result
-        call = self._hint_call(args, hint)
-        if call is not None:
-            try:
-                if as_text(self._evalsha(self.client, "index", call.keys, call.args)) == "recheck":
-                    self._recheck_workspace(as_text(args[3]))
-            except (redis.RedisError, RedisClusterException, AttributeError, TypeError) as exc:
-                if isinstance(exc, (AttributeError, TypeError)) and not is_torn_connection(exc):
-                    raise
-                self._hint_failed(name, exc)
-        return reply
-
-    async def _ahinted(self, name: str, args: list[Any], result: Any) -> Any:
-        reply, hint = result
-        call = self._hint_call(args, hint)
-        if call is not None:
-            client = await self._aclient_ready()
-            try:
-                if (
-                    as_text(await self._aevalsha(client, "index", call.keys, call.args))
-                    == "recheck"
-                ):
-                    await self._arecheck_workspace(as_text(args[3]))
-            except (redis.RedisError, RedisClusterException, AttributeError, TypeError) as exc:
-                if isinstance(exc, (AttributeError, TypeError)) and not is_torn_connection(exc):
-                    raise
-                self._hint_failed(name, exc)
-        return reply
-
-    def _recheck_workspace(self, workspace_id: str) -> None:
-        """After dropping an emptied workspace from its shard: re-add it if a session
-        was accepted there meanwhile (remove, then re-check, never check-then-remove)."""
-        if self.client.exists(self.keys.sessions(workspace_id)):
-            self.client.sadd(self._workspaces_key(workspace_id), workspace_id)
-
-    async def _arecheck_workspace(self, workspace_id: str) -> None:
-        client = await self._aclient_ready()
-        if await client.exists(self.keys.sessions(workspace_id)):
-            await client.sadd(self._workspaces_key(workspace_id), workspace_id)
-
-    def _workspaces_key(self, workspace_id: str) -> str:
-        return self.keys.index("workspaces", self.keys.shard_of(workspace_id))
 
     def _queue(self, pipe: Any, call: Eval | Cmd) -> None:
         if isinstance(call, Eval):
@@ -584,7 +504,7 @@ class Transport:
                 for j, answer in zip(indices, answers, strict=True):
                     results[todo[j]] = answer
         return [
-            self._hinted(call.script, call.args, result)
+            hinted(self, call.script, call.args, result)
             if is_hinted(call, result)
             else classified(result)
             for call, result in zip(calls, results, strict=True)
@@ -630,7 +550,7 @@ class Transport:
         out = []
         for call, result in zip(calls, results, strict=True):
             if is_hinted(call, result):
-                result = await self._ahinted(call.script, call.args, result)
+                result = await ahinted(self, call.script, call.args, result)
             out.append(classified(result))
         return out
 

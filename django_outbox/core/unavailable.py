@@ -4,7 +4,7 @@ A cut connection, a timeout, a cluster between topologies and the replies that m
 "not now" (OOM, READONLY, LOADING, ...) all become :class:`OutboxUnavailable`, for
 single calls (the drivers in :mod:`~django_outbox.core.transport`) and for each
 answer of a pipeline alike; :func:`retry_unavailable` waits out a short outage
-where an outcome must not be lost (README "Operations: what each Valkey setting keeps").
+where an outcome must not be lost (docs/howto/valkey.md#what-each-setting-keeps).
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ or build an :class:`OpencodeClient` and pass its bound ``deliver`` / ``verify``
 to ``Outbox(deliverer=..., verifier=...)``. The outbox's session ID is the
 opencode session ID (``ses_...``).
 
-Every rule below comes from a real ``opencode serve`` 1.18.33 (README "The
-built-in opencode deliverer"; ``tests/test_opencode_real.py`` checks the ones
-this module relies on against that server):
+Every rule below comes from a real ``opencode serve`` 1.18.33
+(docs/howto/deliverer.md#the-built-in-opencode-deliverer; ``tests/test_opencode_real.py``
+checks the ones this module relies on against that server):
 
 * ``POST /session/{id}/message`` stores the user message first, then blocks
   until the assistant turn ends (with no reachable LLM provider: forever). A
@@ -37,7 +37,7 @@ this module relies on against that server):
 * ``OPENCODE_SERVER_PASSWORD`` turns on HTTP Basic auth (user ``opencode``
   unless ``OPENCODE_SERVER_USERNAME``) on every route, including health.
 
-And from README "Security": the agent's credentials (``PASSWORD``, or a
+And from docs/explanation/security.md: the agent's credentials (``PASSWORD``, or a
 ``user:password@`` in its URL, which is taken out of the URL and sent as Basic
 auth) go to the agent's origin only, never into an error text or a log line; the
 verifier reads at most ``MAX_RESPONSE_BYTES`` of any answer and the deliverer only
@@ -121,7 +121,8 @@ def message_id_for(entry: Entry) -> str:
     millisecond) and 14 base62 characters, here from a SHA-256 of the entry ID.
     The time is ``acceptedAt``, stamped on Valkey's clock, so a session's
     messageIDs (which order opencode's transcript) follow accept order even when
-    the web processes' clocks disagree (case 14); the entry ID's own time part
+    the web processes' clocks disagree (one running minutes ahead cannot put its
+    prompt before an earlier one); the entry ID's own time part
     comes from whichever process accepted it. opencode itself only checks the
     ``msg`` prefix.
     """
@@ -315,7 +316,8 @@ class OpencodeClient:
         one. Returns when opencode answers 2xx (the turn has ended; the message is
         in the transcript). ``workspace_id`` and ``attempt`` are not sent.
 
-        How an ending is classified (the outcomes of README "What happens to a message"):
+        How an ending is classified (the outcomes of
+        docs/explanation/lifecycle.md#what-happens-to-a-message):
 
         * 2xx → returns (delivered). The body is not read: the status is enough.
           Of any other answer at most 2,000 bytes are read (for the error's

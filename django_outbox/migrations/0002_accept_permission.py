@@ -1,4 +1,4 @@
-"""Adds ``add_outboxentry``: the permission to accept prompts (README "Access policy")."""
+"""Adds ``add_outboxentry``: the permission to accept prompts (docs/howto/access-policy.md)."""
 
 from django.db import migrations
 

@@ -1,4 +1,4 @@
-"""Adds ``DeliveryReceipt``: receipts of ``once=True`` receivers (README "Signals")."""
+"""Adds ``DeliveryReceipt``: receipts of ``once=True`` receivers (docs/reference/signals.md)."""
 
 import django.utils.timezone
 from django.db import migrations, models

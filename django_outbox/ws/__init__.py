@@ -1,10 +1,11 @@
-"""The WebSocket wing (README "Live updates (WebSocket)").
+"""The WebSocket wing (docs/reference/websocket.md).
 
 - :mod:`django_outbox.ws.consumer`: ``OutboxConsumer``, one client watching one
   session's queue (a snapshot on connect, then every ``queue.update``);
 - :mod:`django_outbox.ws.routing`: ``websocket_urlpatterns`` for your ``URLRouter``;
 - :mod:`django_outbox.ws.publish`: the channel-layer publisher of ``queue.update``
-  messages, called by :class:`django_outbox.outbox.Outbox` on every change;
+  messages, subscribed to :class:`django_outbox.outbox.Outbox`'s events from
+  ``OutboxConfig.ready``; it logs as ``django_outbox.ws``;
 - :mod:`django_outbox.ws.origin`: ``OriginValidator`` and ``AllowedHostsOriginValidator``,
   channels' origin checks that log a refusal and close with 4403 where the client sees
   it; importable from here (``from django_outbox.ws import AllowedHostsOriginValidator``).

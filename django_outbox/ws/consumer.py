@@ -1,10 +1,10 @@
 """The queue WebSocket consumer: a snapshot on connect, then every ``queue.update``.
 
-README "Live updates (WebSocket)" describes the frames. Route:
+docs/reference/websocket.md describes the frames. Route:
 ``ws/outbox/workspaces/<ws>/sessions/<ses>/`` (see :mod:`django_outbox.ws.routing`).
 The user comes from the scope (``AuthMiddlewareStack``, or any middleware that
 sets ``scope["user"]``, e.g. a token middleware); the access policy decides
-(action ``view``, README "Access policy"), on connect, on every resync and at
+(action ``view``, docs/howto/access-policy.md), on connect, on every resync and at
 every periodic check, with the user read afresh from the database and, when the
 scope has a Django login session, that session read afresh (a refusal, a logout
 or a password change closes with 4403). Frames the client may send:
@@ -14,7 +14,7 @@ or a password change closes with 4403). Frames the client may send:
 and the socket stays open; binary frames (close 1003) and frames over
 ``MAX_FRAME_BYTES`` (close 1009) close that socket only.
 
-Staying true (README "Live updates (WebSocket)"): every ``WS_CHECK_INTERVAL``
+Staying true (docs/reference/websocket.md#staying-true): every ``WS_CHECK_INTERVAL``
 seconds each socket re-authorises, re-joins its group (channels-redis forgets
 members after ``group_expiry``), and compares the session's version in Valkey
 with the highest version it sent; behind (the channel layer lost something) or
@@ -160,8 +160,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         if self.channel_layer is None:
             logger.error(
                 "outbox: WebSocket to %s closed with 4500: CHANNEL_LAYERS is missing from "
-                "the settings, so no queue update could reach it (README 'Live updates "
-                "(WebSocket)')",
+                "the settings, so no queue update could reach it "
+                "(docs/reference/websocket.md, close code 4500)",
                 self.scope.get("path"),
             )
             return CLOSE_INTERNAL
@@ -267,7 +267,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         self._live.closing = True
         await super().close(code=code, reason=reason)
 
-    # -- staying true (README "Live updates (WebSocket)") ---------------------------------
+    # -- staying true (docs/reference/websocket.md#staying-true) --------------------
 
     #: Seconds of a monotonic clock (tests may replace it).
     clock = staticmethod(time.monotonic)

@@ -1,12 +1,12 @@
 """Origin validators that say why they refused, and say it on the wire.
 
-README "Live updates (WebSocket)" shows them in ``asgi.py``. Channels' own
-:class:`channels.security.websocket.OriginValidator` refuses a missing or foreign
-``Origin`` by closing before the handshake is accepted: the server answers HTTP 403,
-the browser sees close code 1006 (indistinguishable from a dropped network, so a
-client keeps reconnecting), and nothing is logged. These subclasses take the same
-arguments and let the same origins through; a refused socket is accepted and then
-closed with 4403, and the refusal is logged (warning, logger
+docs/quickstart.md#asgipy shows them in ``asgi.py``; docs/reference/websocket.md#origins
+says what they do. Channels' own :class:`channels.security.websocket.OriginValidator`
+refuses a missing or foreign ``Origin`` by closing before the handshake is accepted: the
+server answers HTTP 403, the browser sees close code 1006 (indistinguishable from a
+dropped network, so a client keeps reconnecting), and nothing is logged. These
+subclasses take the same arguments and let the same origins through; a refused socket is
+accepted and then closed with 4403, and the refusal is logged (warning, logger
 ``django_outbox.consumers``) with its reason and the origin as sent (credentials
 removed, at most :data:`MAX_LOGGED_ORIGIN` characters).
 

@@ -1,9 +1,11 @@
 """The channel-layer publisher: ``queue.update`` messages, their shape and their sending.
 
-README "Live updates (WebSocket)" gives the message as clients receive it.
+docs/reference/websocket.md gives the message as clients receive it.
 
 Every state change the service makes — in an API process or a worker — is
-published to the Channels group of its session. Group names allow only
+published to the Channels group of its session: :func:`subscribe` (called from
+``OutboxConfig.ready``) adds :func:`publish` / :func:`apublish` to the Django
+outbox's event listeners. Group names allow only
 ``[A-Za-z0-9._-]`` and fewer than 100 characters, so they are derived by
 hashing (workspace, session). A publish that fails is logged and counted and
 never fails the mutation: the event is a hint, the snapshot is the truth
@@ -28,9 +30,13 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from ..core.entry import OutboxEvent
+from ..outbox import EventListener, Outbox
 
-# The logger keeps the name it had as django_outbox/events.py (logging configs use it).
-logger = logging.getLogger("django_outbox.events")
+logger = logging.getLogger("django_outbox.ws")
+#: The name the publisher logged under in 0.1.0, deprecated: a logging config that still
+#: sets it up (a level, handlers, ``propagate``) gets the publisher's records there until
+#: the next release.
+_OLD_LOGGER = logging.getLogger("django_outbox.events")
 
 GROUP_PREFIX = "outbox."
 MESSAGE_TYPE = "queue.update"
@@ -92,6 +98,15 @@ class PublishStats:
 stats = PublishStats()
 
 
+def _logger() -> logging.Logger:
+    """``django_outbox.ws``, or the deprecated ``django_outbox.events`` while a logging
+    config still sets that one up."""
+    old = _OLD_LOGGER
+    if old.handlers or old.level != logging.NOTSET or not old.propagate:
+        return old
+    return logger
+
+
 def _layer() -> Any:
     from channels.layers import get_channel_layer
 
@@ -116,7 +131,7 @@ async def apublish(event: OutboxEvent) -> bool:
             )
     except Exception as exc:
         stats.count(False)
-        logger.warning(
+        _logger().warning(
             "outbox: could not publish %s for %s/%s: %s",
             MESSAGE_TYPE,
             event.workspace_id,
@@ -133,3 +148,11 @@ def publish(event: OutboxEvent) -> bool:
     if event.kind != "updated" or not event.watched:
         return True
     return async_to_sync(apublish)(event)
+
+
+def subscribe() -> None:
+    """Publish the events of every :class:`~django_outbox.outbox.Outbox` from now on
+    (``OutboxConfig.ready`` calls it; calling it again changes nothing)."""
+    listener = EventListener(publish, apublish)
+    if listener not in Outbox.event_listeners:
+        Outbox.event_listeners.append(listener)

@@ -1,6 +1,6 @@
 """WebSocket routes: ``websocket_urlpatterns``, to add to your ``URLRouter``.
 
-README "Live updates (WebSocket)" shows the ``asgi.py`` that routes them.
+docs/quickstart.md#asgipy shows the ``asgi.py`` that routes them.
 
 One route, ``ws/outbox/workspaces/<workspace_id>/sessions/<session_id>/``, served by
 :class:`django_outbox.ws.consumer.OutboxConsumer`. ``django_outbox.routing`` re-exports

@@ -1,6 +1,6 @@
 """What keeps one queue socket true: its position, its snapshot pages, its resync budget.
 
-README "Live updates (WebSocket)" states the guarantees; the consumer
+docs/reference/websocket.md#staying-true states the guarantees; the consumer
 (:mod:`django_outbox.ws.consumer`) drives these pieces:
 
 - :class:`SocketState`: per socket, the highest session version it was sent,

@@ -1,4 +1,5 @@
-"""``manage.py outbox``: look at the queue and act on it from a shell (README "Command line").
+"""``manage.py outbox``: look at the queue and act on it from a shell
+(docs/reference/commands.md#outbox).
 
 Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the admin:
 
@@ -34,7 +35,7 @@ OK, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 1, 2, 3
 
 
 def _exit(message: str, code: int) -> CommandError:
-    """The error that ends a run with a documented exit code (README "Command line")."""
+    """The error that ends a run with a documented exit code (docs/reference/commands.md#outbox)."""
     return CommandError(message, returncode=code)
 
 

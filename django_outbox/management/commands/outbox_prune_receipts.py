@@ -1,6 +1,6 @@
 """``manage.py outbox_prune_receipts``: delete delivery receipts older than ``DEDUPE_TTL``.
 
-See README "Signals". The worker prunes in small batches by itself; this command
+See docs/reference/signals.md. The worker prunes in small batches by itself; this command
 is for a cron job, or for a project whose workers are seldom up.
 """
 

@@ -1,6 +1,6 @@
 """``manage.py outbox_worker``: deliver accepted messages until SIGTERM or SIGINT.
 
-See README "The worker".
+See docs/reference/commands.md#outbox_worker.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ function stateOf(entry) {
  *   baseURL       where django_outbox.urls is mounted (default "/outbox/")
  *   wsURL         origin of the WebSocket routes (default: this page's, ws: or wss:)
  *   csrfToken     a string or a function returning one (default: the CSRF cookie as it
- *                 is when the client is created; see README "JavaScript client")
+ *                 is when the client is created; see docs/howto/frontend.md)
  *   csrfCookie    the CSRF cookie's name (default "csrftoken", Django's CSRF_COOKIE_NAME)
  *   csrfHeader    default "X-CSRFToken"
  *   storageKey    prefix of this client's localStorage keys (default "django-outbox:<user>")
