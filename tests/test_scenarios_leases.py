@@ -341,13 +341,8 @@ class AcceptAfterIdle:
     def __getattr__(self, name):
         return getattr(self.outbox, name)
 
-    def __setattr__(self, name, value):
-        if name == "owner":
-            self.outbox.owner = value
-        object.__setattr__(self, name, value)
-
-    async def astep(self, ws, ses, deliverer, carry=None, *, more=None):
-        took, carry = await self.outbox.astep(ws, ses, deliverer, carry, more=more)
+    async def astep(self, ws, ses, deliverer, carry=None, *, more=None, owner=None):
+        took, carry = await self.outbox.astep(ws, ses, deliverer, carry, more=more, owner=owner)
         if not took and not self.done:
             self.done = True
             wakes = self.worker.stats.wakes
@@ -384,13 +379,8 @@ class StopAfterClaimingAhead:
     def __getattr__(self, name):
         return getattr(self.outbox, name)
 
-    def __setattr__(self, name, value):
-        if name == "owner":
-            self.outbox.owner = value
-        object.__setattr__(self, name, value)
-
-    async def astep(self, ws, ses, deliverer, carry=None, *, more=None):
-        took, carry = await self.outbox.astep(ws, ses, deliverer, carry, more=more)
+    async def astep(self, ws, ses, deliverer, carry=None, *, more=None, owner=None):
+        took, carry = await self.outbox.astep(ws, ses, deliverer, carry, more=more, owner=owner)
         if isinstance(carry, Claimed):
             self.stop.set()
         return took, carry

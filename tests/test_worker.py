@@ -165,6 +165,27 @@ async def _has_worker(r):
     return bool(r.zrange("outboxworkers", 0, -1))
 
 
+async def test_a_workers_leases_name_the_worker_not_the_shared_outbox(make_outbox):
+    # Two workers may share one Outbox: each names itself in its own lease tokens, and
+    # neither renames the outbox (whose own steps keep naming the process).
+    from django_outbox.core.worker import Worker
+
+    agent = BlockingDeliverer()
+    outbox = make_outbox(deliverer=agent)
+    owner = outbox.owner
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
+    stop = asyncio.Event()
+    worker = Worker(outbox, None, concurrency=1, tick=30, stop=stop, worker_id="w-7")
+    run = asyncio.create_task(worker.run())
+    await asyncio.wait_for(agent.started.wait(), 5)
+    lease = (await outbox.asnapshot(WS, "s1")).lease
+    assert lease.owner == "w-7" and outbox.owner == owner
+    agent.release()
+    stop.set()
+    await asyncio.wait_for(run, 10)
+    await outbox.aclose()
+
+
 async def test_ambiguous_then_verified_by_the_loop(make_outbox, signals_log):
     async def deliver(entry, **kwargs):
         raise AmbiguousError("cut")

@@ -158,7 +158,7 @@ class OutboxDelivery(OutboxBase):
         )
         self._last_keeper: LeaseKeeper | None = None
         #: Names this process in lease tokens ("<owner>.<random>"), so the admin
-        #: can tell who holds a lease. The worker sets it to its worker ID.
+        #: can tell who holds a lease. A worker names itself instead (``astep(owner=...)``).
         self.owner = f"{socket.gethostname()}-{os.getpid()}"
         #: Callables ``(step, outcome, result, seconds)`` told about every delivery
         #: step: ``step`` is "deliver" or "verify", ``outcome`` the classified
@@ -205,6 +205,7 @@ class OutboxDelivery(OutboxBase):
         carry: Carry | Claimed | None = None,
         *,
         more: Callable[[], bool] | None = None,
+        owner: str | None = None,
     ) -> tuple[bool, Carry | Claimed | None]:
         """One step (see :meth:`adeliver_once`); returns ``(step taken, carry)``.
 
@@ -216,13 +217,14 @@ class OutboxDelivery(OutboxBase):
         that nobody's ``entry_delivered`` listens to be settled together with the next
         claim (a :class:`Claimed` carry: the caller must then step again, or release
         it). Whoever ends the loop must hand a carry back with :meth:`arelease`.
+        ``owner`` names the lease's holder in a new lease token (None: :attr:`owner`).
         Raises :class:`~django_outbox.core.errors.OutboxUnavailable`.
         """
         keys = self.keys.session(ws, ses)
         if isinstance(carry, Claimed):
             token, answer = carry.token, carry.answer
         else:
-            token, ack = carry if carry is not None else (self._new_token(), [])
+            token, ack = carry if carry is not None else (self._new_token(owner), [])
             answer = await self._arun(self._claim_plan(ws, ses, token, ack))
         kind, claimed, recovered = answer
         if recovered:
@@ -309,8 +311,8 @@ class OutboxDelivery(OutboxBase):
         token, ack = (carry.token, []) if isinstance(carry, Claimed) else carry
         await self._arun(self._release_plan(workspace_id, session_id, token, ack))
 
-    def _new_token(self) -> str:
-        return f"{self.owner}.{secrets.token_hex(8)}"
+    def _new_token(self, owner: str | None = None) -> str:
+        return f"{owner or self.owner}.{secrets.token_hex(8)}"
 
     def _keeper(self) -> LeaseKeeper:
         return self._loop_local("_last_keeper", self._keepers, lambda loop: LeaseKeeper(self, loop))

@@ -64,7 +64,6 @@ class WorkerOutbox(Protocol):
     cluster: bool
     deliverer: Callable[..., Any] | None
     ledger_probe: Callable[..., Any] | None
-    owner: str
     history_counter: Any
 
     async def astep(
@@ -75,6 +74,7 @@ class WorkerOutbox(Protocol):
         carry: Any = None,
         *,
         more: Callable[[], bool] | None = None,
+        owner: str | None = None,
     ) -> tuple[bool, Any]: ...
     async def arelease(self, workspace_id: str, session_id: str, carry: Any) -> None: ...
     async def adue_sessions(self, limit: int) -> list[tuple[str, str]]: ...
@@ -129,7 +129,6 @@ class Worker:
         self.once = once
         self.heartbeat = heartbeat
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        outbox.owner = self.id
         self.started = time.time()
         self.stats = WorkerStats()
         self._ready: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -242,7 +241,7 @@ class Worker:
             # grace beats leaving it to be verified. No further claim is made then.
             while not self.stop.is_set() or isinstance(carry, Claimed):
                 took, carry = await self.outbox.astep(
-                    ws, ses, self.deliverer, carry, more=self._running_on
+                    ws, ses, self.deliverer, carry, more=self._running_on, owner=self.id
                 )
                 if took:
                     self.stats.steps += 1
