@@ -1,8 +1,9 @@
 """The house rules of django_outbox/ (README "Architecture"), read from the source.
 
 The core knows nothing about Django; nothing outside the core talks to Valkey or
-to a core object's private members; the package's imports form no circle; no
-module is so long that it holds more than one concept.
+to a core object's private members; a worker sets nothing on the outbox it shares;
+the package's imports form no circle; no module is so long that it holds more than
+one concept.
 """
 
 from __future__ import annotations
@@ -102,6 +103,32 @@ def test_nothing_outside_the_core_touches_core_privates():
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if PRIVATE_CORE_ACCESS.search(line)
     ]
+    assert offenders == []
+
+
+def test_the_worker_and_its_duties_set_nothing_on_the_outbox():
+    """One outbox may serve several workers at once: what is a worker's own (its ID in
+    the lease tokens it makes) goes into the calls it makes, never onto the outbox."""
+
+    def is_outbox(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "outbox") or (
+            isinstance(node, ast.Attribute) and node.attr == "outbox"
+        )
+
+    offenders = []
+    for path in [CORE / "worker.py", *sorted((CORE / "duties").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            else:
+                continue
+            offenders += [
+                f"{path.name}:{node.lineno}"
+                for target in targets
+                if isinstance(target, ast.Attribute) and is_outbox(target.value)
+            ]
     assert offenders == []
 
 

@@ -15,8 +15,10 @@ from redis.cluster import RedisCluster, key_slot
 
 from django_outbox import Entry, Status
 from django_outbox.core import hints
+from django_outbox.core.duties.repair import repair_indices
 from django_outbox.core.entry import format_time, new_entry_id
 from django_outbox.core.errors import Duplicate, OutboxUnavailable
+from django_outbox.core.finding import wait_wake
 from django_outbox.core.plans import Cmd, Pipe
 from django_outbox.core.scripts import SCRIPT_NAMES
 from django_outbox.core.worker import Worker
@@ -273,10 +275,10 @@ async def test_a_wake_wait_costs_one_command_per_shard(cluster_outbox, node):
     node.config_resetstat(target_nodes=node.PRIMARIES)
     try:
         for key in box.keys.index_keys("wake"):
-            assert await box.await_wake(key, 0.05, 10) == []
+            assert await wait_wake(box, key, 0.05, 10) == []
         await aaccept(box, "k1")
         (key,) = [k for k in box.keys.index_keys("wake") if node.llen(k)]
-        assert await box.await_wake(key, 0.05, 10) == [("w1", "s1")]
+        assert await wait_wake(box, key, 0.05, 10) == [("w1", "s1")]
     finally:
         await box.aclose()
     calls: dict[str, int] = {}
@@ -380,7 +382,7 @@ async def test_a_lost_hint_is_repaired(cluster_outbox, node):
     node.delete(shard[0])  # lost again, and this time nobody retries
     worker = Worker(outbox, deliver, concurrency=1, tick=1, stop=asyncio.Event(), heartbeat=False)
     assert await worker.scan() == 0
-    assert await worker.repair_indices() == 1
+    assert await repair_indices(outbox, {}) == 1
     assert await worker.scan() == 1
     await outbox.aclose()
 

@@ -6,6 +6,8 @@ scenario 11: work is found at once)."""
 import pytest
 import redis
 
+from django_outbox.core.finding import due_sessions
+
 from .helpers import aaccept
 
 pytestmark = pytest.mark.cluster
@@ -24,11 +26,11 @@ async def test_a_session_due_before_its_shards_score_is_found_by_the_scan(cluste
         await aaccept(outbox, "k1", ses="s1")
         assert await outbox.adeliver_once("w1", "s1")  # s1 backs off until T0 + 10 s
         now[0] = T0 + 1
-        assert await outbox.adue_sessions(100) == []  # the shard's score is raised to T0 + 10
+        assert await due_sessions(outbox, 100) == []  # the shard's score is raised to T0 + 10
         await aaccept(outbox, "k2", ses="s2")  # due now: earlier than the shard's score
-        assert await outbox.adue_sessions(100) == [("w1", "s2")]
+        assert await due_sessions(outbox, 100) == [("w1", "s2")]
         now[0] = T0 + 10
-        assert sorted(await outbox.adue_sessions(100)) == [("w1", "s1"), ("w1", "s2")]
+        assert sorted(await due_sessions(outbox, 100)) == [("w1", "s1"), ("w1", "s2")]
     finally:
         await outbox.aclose()
 

@@ -15,6 +15,7 @@ import pytest
 
 from django_outbox import LEDGER_STATE_TURN_ENDED, RetryResult, Status, Verdict
 from django_outbox.core.entry import format_time
+from django_outbox.core.finding import due_sessions
 from django_outbox.core.worker import Worker
 
 from . import scenarios
@@ -265,14 +266,14 @@ async def test_a_session_under_a_live_lease_is_not_due(amake):
     await aaccept(outbox)
     step = asyncio.create_task(outbox.adeliver_once(WS, SES))
     await asyncio.wait_for(agent.started.wait(), 10)
-    assert await outbox.adue_sessions(100) == []
+    assert await due_sessions(outbox, 100) == []
 
     async def held_past_the_first_expiry():
         lease = (await outbox.asnapshot(WS, SES)).lease
         return lease.held_for > lock_ttl * 1.5
 
     await wait_for(held_past_the_first_expiry, 10, message="the lease is renewed past its TTL")
-    assert await outbox.adue_sessions(100) == []  # renewals moved the due time on
+    assert await due_sessions(outbox, 100) == []  # renewals moved the due time on
     agent.release()
     assert await step
     assert await outbox.alist(WS, SES) == []

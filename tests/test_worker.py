@@ -1,6 +1,7 @@
 """Outbox.arun: the delivery loop in one process (README "The worker")."""
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -183,6 +184,42 @@ async def test_a_workers_leases_name_the_worker_not_the_shared_outbox(make_outbo
     agent.release()
     stop.set()
     await asyncio.wait_for(run, 10)
+    await outbox.aclose()
+
+
+async def test_a_worker_runs_the_registered_duties_beside_the_loop(make_outbox, caplog):
+    # Every `interval` seconds, a failed pass logged and the next one on time; at the stop
+    # its finish. A once run makes no passes of a duty that is not `burst`, but finishes it.
+    from django_outbox.core.duties import Duty
+    from django_outbox.core.worker import Worker
+
+    passes, finished = [], []
+
+    async def flaky():
+        passes.append(time.monotonic())
+        if len(passes) == 1:
+            raise RuntimeError("refused")
+
+    async def finish():
+        finished.append(len(passes))
+
+    outbox = make_outbox(deliverer=lambda *a, **k: None)
+    outbox.duties.append(Duty("flaky", 0.02, flaky, finish=finish))
+    stop = asyncio.Event()
+    worker = Worker(outbox, None, concurrency=1, tick=30, stop=stop, heartbeat=False)
+    with caplog.at_level(logging.WARNING, "django_outbox.worker"):
+        run = asyncio.create_task(worker.run())
+        await wait_for(lambda: len(passes) >= 3, 5, message="passes go on after a failure")
+        stop.set()
+        await run
+    assert finished == [len(passes)]
+    assert f"outbox worker {worker.id}: flaky failed: refused" in caplog.text
+    passes.clear()
+    finished.clear()
+    await Worker(outbox, None, concurrency=1, tick=30, stop=asyncio.Event(), once=True).run()
+    assert passes == [] and finished == [0]
+    with pytest.raises(ValueError, match="interval"):
+        Duty("never", 0, flaky)
     await outbox.aclose()
 
 

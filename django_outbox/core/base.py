@@ -1,35 +1,32 @@
 """What every outbox operation stands on: configuration, script arguments, durability,
-events, session snapshots and the due index.
+events and session snapshots.
 
 :class:`OutboxBase` extends the :class:`~django_outbox.core.transport.Transport`
 with what is shared by the operations (:mod:`~django_outbox.core.service`), the
 delivery step (:mod:`~django_outbox.core.delivery`) and the worker loop
 (:mod:`~django_outbox.core.worker`): the KEYS/ARGV prefix of the per-session
 scripts (the layout of ``_lib.lua``), ``WAIT_REPLICAS``/``WAIT_AOF`` waits,
-building events only when someone listens, atomic snapshots of a session, and
-the reads and waits a worker uses to find due sessions (README "Architecture").
+building events only when someone listens, atomic snapshots of a session, the
+list of workspaces, and the duties registered for its workers (README
+"Architecture"). How a worker finds due sessions is :mod:`~django_outbox.core.finding`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from .config import Config
+from .duties import Duty
 from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
 from .errors import OutboxUnavailable
 from .history import HistoryCounter
 from .keys import KeySpace, SessionKeys
-from .paging import score_pairs
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
 from .replies import SnapshotReply
-from .scripts import due_argv, index_drop_argv, session_prefix
+from .scripts import session_prefix
 from .transport import Transport, as_text
-
-logger = logging.getLogger("django_outbox")
 
 #: Sessions whose key names are kept ready (KeySpace.session, script KEYS lists).
 KEY_CACHE_SIZE = 4096
@@ -87,6 +84,9 @@ class OutboxBase(Transport):
             clock=None if clock is None else (lambda: int(clock() * 1_000_000)),
         )
         self._global_keys = [] if cluster else self.keys.global_keys()
+        #: Duties every worker of this outbox runs beside its own (heartbeat, history...;
+        #: :mod:`~django_outbox.core.duties`): the Django layer adds the receipts pruner.
+        self.duties: list[Duty] = []
         #: SessionKeys -> the KEYS list of its scripts (shared, never mutated).
         self._script_keys: dict[SessionKeys, list[str]] = {}
 
@@ -335,7 +335,7 @@ class OutboxBase(Transport):
         """Async :meth:`list`."""
         return (await self.asnapshot(workspace_id, session_id)).entries
 
-    # -- the indices a worker reads ---------------------------------------------------------
+    # -- workspaces ---------------------------------------------------------------------------
 
     def _workspaces_plan(self) -> Plan[builtins.list[str]]:
         """Every workspace with sessions, sorted (one SMEMBERS per shard on a cluster)."""
@@ -357,140 +357,3 @@ class OutboxBase(Transport):
     async def aworkspaces(self) -> builtins.list[str]:
         """Async :meth:`workspaces`."""
         return await self._arun(self._workspaces_plan())
-
-    async def adue_sessions(self, limit: int) -> builtins.list[tuple[str, str]]:
-        """``(workspace_id, session_id)`` of sessions due now, at most ``limit``
-        workspaces (every shard of the workspaces-due index on a cluster) and
-        ``limit`` sessions of each, in two pipelined round trips.
-
-        On a cluster a shard's score may be early (see ``index.lua``): a workspace
-        found with nothing due gets its true earliest due time back. Raises
-        :class:`OutboxUnavailable`.
-        """
-        now_us = self._now_us()  # 0: each shard's own clock decides (due.lua)
-        answers = await self._arun(
-            iter_once(
-                Pipe(
-                    [
-                        Eval("due", [key], due_argv(now_us, limit, with_scores=True))
-                        for key in self.keys.index_keys("wsdue")
-                    ]
-                )
-            )
-        )
-        workspaces: dict[str, int] = {}
-        for shard in answers:
-            if isinstance(shard, Exception):
-                raise shard
-            for ws, score in score_pairs(shard):
-                workspaces[as_text(ws)] = int(float(score))
-        if not workspaces:
-            return []
-        answers = await self._arun(
-            iter_once(
-                Pipe(
-                    [Eval("due", [self.keys.due(ws)], due_argv(now_us, limit)) for ws in workspaces]
-                )
-            )
-        )
-        due: builtins.list[tuple[str, str]] = []
-        idle: dict[str, int] = {}
-        for ws, sessions in zip(workspaces, answers, strict=True):
-            if isinstance(sessions, Exception):
-                raise sessions
-            if not sessions:
-                idle[ws] = workspaces[ws]
-            due += [(ws, as_text(ses)) for ses in sessions]
-        if idle and self.cluster:
-            await self._araise_scores(idle)
-        return due
-
-    async def _araise_scores(self, idle: dict[str, int]) -> None:
-        """Cluster only: move workspaces whose shard score was early to their true
-        earliest due time. Remove-then-recheck: drop the score only if it is still
-        the one read (index.lua 'drop'), then read the workspace's own due index and
-        add its earliest time back with ZADD LT, so a hint that arrived meanwhile
-        is never overwritten by a later time."""
-        client = await self._aclient_ready()
-        keys = self.keys
-
-        async def one(ws: str, score: int) -> None:
-            shard = keys.shard_keys(keys.shard_of(ws))
-            await self._aevalsha(client, "index", shard, index_drop_argv(ws, score))
-            first = await client.zrange(keys.due(ws), 0, 0, withscores=True)
-            if first:
-                await client.zadd(shard[0], {ws: int(first[0][1])}, lt=True)
-
-        await asyncio.gather(*(one(ws, score) for ws, score in idle.items()))
-
-    async def await_wake(
-        self, key: str, block: float, batch: int
-    ) -> builtins.list[tuple[str, str]]:
-        """Wait up to ``block`` seconds on wake list ``key`` (one of
-        ``keys.index_keys("wake")``); return the ``(workspace_id, session_id)`` pairs
-        taken, each handed to exactly this caller: up to ``1 + batch`` in one BLMPOP
-        (a burst of accepts comes in one round trip, and a single wake-up is not held
-        back by a second one). ``[]`` when the wait timed out. Raises what the BLMPOP
-        raises (Valkey 7.2+ / Redis 7 have it).
-
-        On a cluster redis-py asks the server for BLMPOP's keys (``COMMAND GETKEYS``)
-        before every call, three commands per wait per shard per worker, so a cluster
-        worker waits with BLPOP, then takes the burst with one LPOP (a failed LPOP is
-        logged and the pairs already taken are returned).
-        """
-        client = await self._aclient_ready()
-        if self.cluster:
-            item = await client.blpop([key], timeout=block)
-            if item is None:
-                return []
-            items = [item[1]]
-            if batch > 0:
-                try:
-                    items += await client.lpop(key, batch) or []
-                except Exception as exc:
-                    logger.warning("outbox: wake read failed: %s", exc)
-        else:
-            reply = await client.blmpop(block, 1, key, direction="LEFT", count=batch + 1)
-            if reply is None:
-                return []
-            items = reply[1]
-        pairs = []
-        for raw in items:
-            ws, _, ses = as_text(raw).partition(" ")
-            if ws and ses:
-                pairs.append((ws, ses))
-        return pairs
-
-    async def arepair_indices(self, cursors: dict[int, int], batch: int) -> int:
-        """Cluster only: one paced pass of the index repair; returns workspaces checked.
-
-        A shard's workspaces-due score is written by the client *after* the
-        script (the hint). A client that dies between the two (and whose caller
-        never retries) leaves a workspace due in its own index but not in the
-        shard's. This walks each shard's workspaces SET with SSCAN, at most
-        ``batch`` workspaces per shard per pass, and adds each one's earliest
-        due time with ZADD LT (never later than it is). ``cursors`` carries the
-        SSCAN positions from pass to pass (updated in place).
-        """
-        client = await self._aclient_ready()
-        keys = self.keys
-        checked = 0
-        for shard in range(keys.shards):
-            shard_keys = keys.shard_keys(shard)
-            cursor, members = await client.sscan(shard_keys[1], cursors.get(shard, 0), count=batch)
-            cursors[shard] = cursor
-            workspaces = [as_text(m) for m in members]
-            if not workspaces:
-                continue
-            pipe = client.pipeline(transaction=False)
-            for ws in workspaces:
-                pipe.zrange(keys.due(ws), 0, 0, withscores=True)
-            earliest = {
-                ws: int(first[0][1])
-                for ws, first in zip(workspaces, await pipe.execute(), strict=True)
-                if first
-            }
-            if earliest:
-                await client.zadd(shard_keys[0], earliest, lt=True)
-            checked += len(workspaces)
-        return checked

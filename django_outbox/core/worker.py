@@ -9,6 +9,12 @@ one task that steps it (``adeliver_once``) until nothing is due; at most
 ``concurrency`` such tasks run at once. Staged entries whose lease is gone are
 recovered by the claim that next looks at their session (their session is
 indexed at the lease's expiry), so recovery is continuous, not only at start.
+
+The reads behind the tick and the wake are :mod:`~django_outbox.core.finding`.
+Beside the loop a worker runs its periodic duties, each the same way
+(:mod:`~django_outbox.core.duties`): its heartbeat, the per-minute history, the
+ledger sweep (with a ledger probe), the cluster's index repair (on a cluster),
+then the duties registered in the outbox's ``duties`` list.
 """
 
 from __future__ import annotations
@@ -19,16 +25,20 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .config import Config
 from .delivery import Claimed
+from .duties import Duty
+from .duties.heartbeat import HeartbeatOutbox, heartbeat
+from .duties.history import HistoryOutbox, history
+from .duties.parked_sweep import SweepOutbox, parked_sweep
+from .duties.repair import index_repair
 from .errors import OutboxUnavailable
-from .history import FLUSH_EVERY
-from .keys import KeySpace
-from .reads import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, WorkerHeartbeat
+from .finding import IndexTransport, due_sessions, wait_wake
+from .reads import HEARTBEAT_TTL, WorkerHeartbeat
 from .unavailable import retry_unavailable
 
 logger = logging.getLogger("django_outbox.worker")
@@ -38,10 +48,6 @@ WAKE_WAIT_MAX = 2.0  # seconds one BLMPOP may block
 WAKE_BATCH = 100  # more wake items one BLMPOP may take at once (a burst of accepts)
 SCAN_AGAIN_AFTER = 0.05  # seconds before the next scan when one returned a full page
 STARTUP_PATIENCE = 30.0  # seconds start-up retries while Valkey is unavailable
-REPAIR_INTERVAL = 10.0  # seconds between passes of the cluster index repair
-REPAIR_BATCH = 100  # workspaces per shard per repair pass (SSCAN COUNT hint)
-SAMPLE_EVERY = 20.0  # seconds between tries to sample the minute's depth (one worker wins)
-FIRST_SAMPLE_AFTER = 5.0  # seconds from start to a worker's first try
 
 
 @dataclass
@@ -55,16 +61,17 @@ class WorkerStats:
     errors: int = 0
 
 
-class WorkerOutbox(Protocol):
-    """What a :class:`Worker` needs of the outbox: public members only (the core
-    :class:`~django_outbox.core.service.Outbox` provides them)."""
+class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, Protocol):
+    """What a :class:`Worker` needs of the outbox (the core
+    :class:`~django_outbox.core.service.Outbox` provides it): the public members
+    below for the loop, the transport the due and wake reads run on
+    (:class:`~django_outbox.core.finding.IndexTransport`), and what its duties use
+    (each duty module's protocol)."""
 
     config: Config
-    keys: KeySpace
-    cluster: bool
     deliverer: Callable[..., Any] | None
     ledger_probe: Callable[..., Any] | None
-    history_counter: Any
+    duties: list[Duty]
 
     async def astep(
         self,
@@ -77,17 +84,9 @@ class WorkerOutbox(Protocol):
         owner: str | None = None,
     ) -> tuple[bool, Any]: ...
     async def arelease(self, workspace_id: str, session_id: str, carry: Any) -> None: ...
-    async def adue_sessions(self, limit: int) -> list[tuple[str, str]]: ...
-    async def await_wake(self, key: str, block: float, batch: int) -> list[tuple[str, str]]: ...
-    async def arepair_indices(self, cursors: dict[int, int], batch: int) -> int: ...
     async def abeat(self, record: WorkerHeartbeat, ttl: float) -> None: ...
-    async def aforget_worker(self, worker_id: str) -> None: ...
-    async def aworkspaces(self) -> list[str]: ...
-    async def asweep_workspace_parked_errors(self, workspace_id: str) -> int: ...
     async def aload_scripts(self) -> None: ...
     async def arecover(self) -> int: ...
-    async def aflush_history(self, counter: Any) -> int: ...
-    async def asample_history(self, worker_id: str) -> bool: ...
 
 
 class Worker:
@@ -98,6 +97,9 @@ class Worker:
     long in-flight deliveries may finish after ``stop`` before they are
     cancelled (a cancelled delivery is recorded as ambiguous and verified
     later). ``heartbeat`` publishes a liveness record readable by the admin.
+    ``duties`` are run beside the worker's own (:mod:`~django_outbox.core.duties`);
+    None: the outbox's ``duties``. ``worker_id`` names the worker in its heartbeat,
+    its logs and its lease tokens (default ``<host>-<pid>-<random>``).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class Worker:
         once: bool = False,
         heartbeat: bool = True,
         worker_id: str | None = None,
+        duties: Iterable[Duty] | None = None,
     ) -> None:
         self.outbox = outbox
         chosen = deliverer or outbox.deliverer
@@ -131,6 +134,11 @@ class Worker:
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.started = time.time()
         self.stats = WorkerStats()
+        #: What the worker runs beside the loop, in this order (stopping: reversed).
+        self.duties: list[Duty] = [
+            *self._own_duties(),
+            *(outbox.duties if duties is None else duties),
+        ]
         self._ready: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._queued: set[tuple[str, str]] = set()
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -159,9 +167,9 @@ class Worker:
         """Offer every session due now; return how many were found.
 
         Reads the workspaces-due index, then the due sessions of each due
-        workspace (:meth:`~django_outbox.core.base.OutboxBase.adue_sessions`).
+        workspace (:func:`~django_outbox.core.finding.due_sessions`).
         """
-        due = await self.outbox.adue_sessions(SCAN_LIMIT)
+        due = await due_sessions(self.outbox, SCAN_LIMIT)
         self.stats.scans += 1
         self.fresh = 0
         for ws, ses in due:
@@ -183,7 +191,7 @@ class Worker:
                 await self._freed.wait()
                 continue
             try:
-                pairs = await self.outbox.await_wake(key, block, min(WAKE_BATCH, room - 1))
+                pairs = await wait_wake(self.outbox, key, block, min(WAKE_BATCH, room - 1))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -323,75 +331,45 @@ class Worker:
         """Publish this worker's heartbeat (read by the admin and ``outbox_worker --check``)."""
         await self.outbox.abeat(self.heartbeat_record(), HEARTBEAT_TTL)
 
-    async def _heartbeat_loop(self) -> None:
-        while not self.stop.is_set():
-            try:
-                await self.beat()
-            except Exception as exc:
-                logger.warning("outbox worker %s: heartbeat failed: %s", self.id, exc)
-            await self._sleep(HEARTBEAT_INTERVAL)
+    # -- duties ----------------------------------------------------------------------------
 
-    async def _forget(self) -> None:
-        try:
-            await self.outbox.aforget_worker(self.id)
-        except Exception:
-            pass
+    def _own_duties(self) -> list[Duty]:
+        """The duties of the worker itself, as far as its outbox calls for them."""
+        outbox = self.outbox
+        own = []
+        if self.heartbeat:
+            own.append(heartbeat(outbox, self.id, self.beat))
+        if outbox.cluster:
+            own.append(index_repair(outbox))
+        if outbox.ledger_probe is not None:
+            own.append(parked_sweep(outbox, self.id))
+        if outbox.history_counter.enabled:
+            own.append(history(outbox, self.id))
+        return own
 
-    async def repair_indices(self, cursors: dict[int, int] | None = None) -> int:
-        """Cluster only: one paced pass of the index repair (at most ``REPAIR_BATCH``
-        workspaces per shard); returns workspaces checked. ``cursors`` carries the
-        scan positions from pass to pass."""
-        return await self.outbox.arepair_indices({} if cursors is None else cursors, REPAIR_BATCH)
-
-    async def _repair_loop(self) -> None:
-        cursors: dict[int, int] = {}
-        while not self.stop.is_set():
-            await self._sleep(REPAIR_INTERVAL)
+    async def _keep(self, duty: Duty) -> None:
+        """Run ``duty``'s passes until the worker stops (the timing is :class:`Duty`'s)."""
+        wait = duty.interval if duty.first_after is None else duty.first_after
+        while True:
+            if wait > 0:
+                await self._sleep(wait)
             if self.stop.is_set():
                 return
             try:
-                await self.repair_indices(cursors)
+                await duty.run()
             except Exception as exc:
-                logger.warning("outbox worker %s: index repair failed: %s", self.id, exc)
+                logger.warning("outbox worker %s: %s failed: %s", self.id, duty.name, exc)
+            wait = duty.interval
 
-    async def _parked_sweep_loop(self) -> None:
-        outbox = self.outbox
-        interval = outbox.config.parked_sweep_interval
-        while not self.stop.is_set():
-            await self._sleep(interval)
-            if self.stop.is_set():
-                return
+    async def _finish(self) -> None:
+        """The duties' last words once the worker has stopped, last duty first."""
+        for duty in reversed(self.duties):
+            if duty.finish is None:
+                continue
             try:
-                for ws in await outbox.aworkspaces():
-                    swept = await outbox.asweep_workspace_parked_errors(ws)
-                    if swept:
-                        logger.info("outbox worker %s: ledger sweep of %s: %d", self.id, ws, swept)
+                await duty.finish()
             except Exception as exc:
-                logger.warning("outbox worker %s: ledger sweep failed: %s", self.id, exc)
-
-    async def write_history(self, *, sample: bool = False) -> None:
-        """Write the settles counted since the last write into the per-minute history
-        and, with ``sample``, sample the minute's depth unless another worker did
-        (README "Dashboard"). Failures are logged; the counts wait for the next write."""
-        outbox = self.outbox
-        try:
-            if outbox.history_counter.pending or outbox.history_counter.offset_us is None:
-                await outbox.aflush_history(outbox.history_counter)
-            if sample:
-                await outbox.asample_history(self.id)
-        except Exception as exc:
-            logger.warning("outbox worker %s: writing history failed: %s", self.id, exc)
-
-    async def _history_loop(self) -> None:
-        # The first sample FIRST_SAMPLE_AFTER seconds in, not at start: the sample reads
-        # every session's statuses, which a short run would pay for per message.
-        sampled_at = time.monotonic() - SAMPLE_EVERY + FIRST_SAMPLE_AFTER
-        while not self.stop.is_set():
-            due = time.monotonic() - sampled_at >= SAMPLE_EVERY
-            if due:
-                sampled_at = time.monotonic()
-            await self.write_history(sample=due)
-            await self._sleep(FLUSH_EVERY)
+                logger.warning("outbox worker %s: %s failed: %s", self.id, duty.name, exc)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -402,20 +380,17 @@ class Worker:
         if recovered:
             logger.info("outbox worker %s: recovered %d staged entries", self.id, recovered)
         helpers: list[asyncio.Task[None]] = [asyncio.create_task(self._relay_stop())]
-        if self.heartbeat:
-            helpers.append(asyncio.create_task(self._heartbeat_loop()))
+        helpers += [
+            asyncio.create_task(self._keep(duty), name=f"outbox duty {duty.name}")
+            for duty in self.duties
+            if duty.burst or not self.once
+        ]
         if self.once:
             await self._patiently(self.scan)
         else:
             for key in outbox.keys.index_keys("wake"):
                 helpers.append(asyncio.create_task(self._wake_loop(key)))
-            if outbox.cluster:
-                helpers.append(asyncio.create_task(self._repair_loop()))
             helpers.append(asyncio.create_task(self._tick_loop()))
-            if outbox.ledger_probe is not None:
-                helpers.append(asyncio.create_task(self._parked_sweep_loop()))
-            if outbox.history_counter.enabled:
-                helpers.append(asyncio.create_task(self._history_loop()))
         logger.info(
             "outbox worker %s started (concurrency %d, tick %ss)",
             self.id,
@@ -430,10 +405,7 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            if outbox.history_counter.enabled:
-                await self.write_history()
-            if self.heartbeat:
-                await self._forget()
+            await self._finish()
             logger.info("outbox worker %s stopped: %s", self.id, self.stats)
         return self.stats
 
