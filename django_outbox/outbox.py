@@ -8,7 +8,6 @@ WebSocket wing's publisher, from ``OutboxConfig.ready``), to the core service;
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, NamedTuple
@@ -41,14 +40,21 @@ class Outbox(CoreOutbox):
     :mod:`django_outbox.signals` for every event (``send_robust``: a failing receiver
     is logged and does not stop the others), then tells its :attr:`event_listeners`
     (the WebSocket publisher, :mod:`django_outbox.ws.publish`, which sends
-    ``queue.update`` to the session's Channels group). Construct it directly in tests:
-    ``Outbox(url=..., deliverer=..., verifier=..., ledger_probe=..., **tunables)``.
+    ``queue.update`` to the session's Channels group). Its workers also prune the
+    delivery receipts of opted-in ``entry_delivered`` receivers (the duty
+    :func:`django_outbox.receipts.pruner`, registered in ``duties``). Construct it
+    directly in tests: ``Outbox(url=..., deliverer=..., verifier=..., ledger_probe=...,
+    **tunables)``.
     """
 
     #: Listeners of every instance's events, in order (:class:`EventListener`).
     #: ``OutboxConfig.ready`` subscribes the WebSocket publisher
     #: (:func:`django_outbox.ws.publish.subscribe`).
     event_listeners: ClassVar[list[EventListener]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.duties.append(receipts.pruner(entry_delivered.once_receivers))
 
     def listening(self, kind: str, watched: bool) -> bool:
         """Events are built when a WebSocket client watches the session or the kind's
@@ -74,17 +80,6 @@ class Outbox(CoreOutbox):
         for listener in self.event_listeners:
             await listener.aemit(event)
         _raise_if_owed(event, responses)
-
-    async def arun(self, *args: Any, stop: asyncio.Event | None = None, **kwargs: Any) -> Any:
-        """The core worker loop (``Outbox.arun``), with the delivery receipts of opted-in
-        ``entry_delivered`` receivers pruned beside it (``receipts.aprune_every``)."""
-        stop = stop or asyncio.Event()
-        pruner = asyncio.create_task(receipts.aprune_every(stop, entry_delivered.once_receivers))
-        try:
-            return await super().arun(*args, stop=stop, **kwargs)
-        finally:
-            pruner.cancel()
-            await asyncio.gather(pruner, return_exceptions=True)
 
 
 def _raise_if_owed(event: OutboxEvent, responses: list[tuple[Any, Any]]) -> None:

@@ -13,14 +13,13 @@ raises rolls back its writes and the receipt, and the signal stays owed.
 
 Failures are counted per receiver (:data:`FAILURES`, exported by the worker's
 metrics as ``outbox_receiver_failures_total``) and logged at ERROR each time.
-:func:`prune` deletes receipts older than ``DEDUPE_TTL`` in bounded batches; the
-worker calls it every :data:`PRUNE_INTERVAL` seconds, ``manage.py
-outbox_prune_receipts`` on demand.
+:func:`prune` deletes receipts older than ``DEDUPE_TTL`` in bounded batches;
+every worker of the Django outbox runs it every :data:`PRUNE_INTERVAL` seconds (the
+duty :func:`pruner`), ``manage.py outbox_prune_receipts`` on demand.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from collections import Counter
@@ -31,6 +30,8 @@ from typing import Any
 from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
+
+from .core.duties import Duty
 
 logger = logging.getLogger("django_outbox")
 
@@ -166,25 +167,18 @@ def prune(older_than: float | None = None, batch: int = PRUNE_BATCH) -> int:
     return deleted
 
 
-async def aprune_every(
-    stop: asyncio.Event, wanted: Callable[[], Any], interval: float = PRUNE_INTERVAL
-) -> None:
-    """Until ``stop`` is set: one :func:`prune` batch every ``interval`` seconds while
-    ``wanted()`` is truthy (the worker passes ``entry_delivered.once_receivers``: no
-    opted-in receiver here, no receipts written, no pass). A failed pass is logged
-    and tried again at the next interval."""
-    while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), interval)
-            return
-        except TimeoutError:
-            pass
+def pruner(wanted: Callable[[], Any], interval: float = PRUNE_INTERVAL) -> Duty:
+    """The worker duty (:class:`~django_outbox.core.duties.Duty`) that deletes one
+    :func:`prune` batch every ``interval`` seconds, the first one after the start, while
+    ``wanted()`` is truthy (the Django outbox passes ``entry_delivered.once_receivers``:
+    no opted-in receiver here, no receipts written, no pass). It runs in a ``once`` run
+    too. A failed pass is logged by the worker and tried again at the next interval."""
+
+    async def run() -> None:
         if not wanted():
-            continue
-        try:
-            deleted = await sync_to_async(prune, thread_sensitive=True)()
-        except Exception as exc:
-            logger.warning("outbox: pruning delivery receipts failed: %s", exc)
-            continue
+            return
+        deleted = await sync_to_async(prune, thread_sensitive=True)()
         if deleted:
             logger.info("outbox: pruned %d delivery receipts older than DEDUPE_TTL", deleted)
+
+    return Duty("pruning delivery receipts", interval, run, burst=True)

@@ -360,8 +360,18 @@ def test_the_prune_command(capsys):
         call_command("outbox_prune_receipts", "--older-than", "-3")
 
 
+def test_every_worker_of_the_django_outbox_prunes_receipts():
+    outbox = Outbox(url="redis://127.0.0.1:1/0")  # no Valkey needed: the duty's settings
+    [duty] = outbox.duties
+    assert (duty.name, duty.interval, duty.burst) == (
+        "pruning delivery receipts",
+        receipts.PRUNE_INTERVAL,
+        True,  # as before, in a --once run too
+    )
+
+
 @override_settings(OUTBOX={"DEDUPE_TTL": 50})
-async def test_the_worker_prunes_while_a_once_receiver_is_connected():
+async def test_the_worker_prunes_while_a_once_receiver_is_connected(amake_outbox):
     await sync_to_async(_receipts_aged)([100, 100, 1])
     asked: list[int] = []
 
@@ -369,16 +379,15 @@ async def test_the_worker_prunes_while_a_once_receiver_is_connected():
         asked.append(1)
         return []
 
-    stop = asyncio.Event()
-    idle = asyncio.create_task(receipts.aprune_every(stop, nobody, interval=0.02))
-    await wait_for(lambda: len(asked) >= 3, 5, message="three passes considered")
-    stop.set()
-    await idle
+    await receipts.pruner(nobody).run()
+    assert asked == [1]
     assert await DeliveryReceipt.objects.acount() == 3  # no opted-in receiver: no pass
+    outbox = amake_outbox(deliverer=delivered)
+    outbox.duties[:] = [receipts.pruner(lambda: ["r"], interval=0.02)]
     stop = asyncio.Event()
-    pruner = asyncio.create_task(receipts.aprune_every(stop, lambda: ["r"], interval=0.02))
+    run = asyncio.create_task(outbox.arun(stop=stop, heartbeat=False))
     try:
         await wait_for(lambda: sync_to_async(lambda: DeliveryReceipt.objects.count() == 1)(), 5)
     finally:
         stop.set()
-        await pruner
+        await run
