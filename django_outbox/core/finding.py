@@ -1,4 +1,4 @@
-"""How a worker finds work: the due index and the wake lists (README "The worker").
+"""How a worker finds work: the due index and the wake lists (docs/explanation/storage.md).
 
 Two reads, run by the loop in :mod:`~django_outbox.core.worker` (and by nothing
 else): :func:`due_sessions` reads the workspaces-due index, then the due sessions

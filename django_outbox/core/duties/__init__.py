@@ -1,4 +1,4 @@
-"""A worker's periodic duties, in one shape (README "The worker").
+"""A worker's periodic duties, in one shape (docs/explanation/storage.md).
 
 A :class:`Duty` is a job a worker does beside delivering, every so many seconds:
 publishing its heartbeat (:mod:`.heartbeat`), repairing the cluster's

@@ -1,5 +1,6 @@
 """The heartbeat duty: a worker's liveness record, read by the admin's workers
-page and ``outbox_worker --check`` (:mod:`~django_outbox.core.reads`)."""
+page and ``outbox_worker --check`` (docs/reference/commands.md). The record and its
+key are in :mod:`~django_outbox.core.reads`."""
 
 from __future__ import annotations
 

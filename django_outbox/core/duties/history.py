@@ -1,5 +1,5 @@
 """The history duty: the settles a process counted written into the per-minute
-history, and the minute's depth sampled (README "Dashboard";
+history, and the minute's depth sampled (docs/howto/observe.md, "The dashboard";
 :mod:`~django_outbox.core.history`)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The ledger sweep duty: parked errors resolved by asking the ledger probe
-(``sweep_workspace_parked_errors``, README "Ledger probe")."""
+"""The ledger sweep duty: error entries resolved by asking the ledger probe
+(``sweep_workspace_parked_errors``; docs/explanation/lifecycle.md, "The ledger probe")."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class SweepOutbox(Protocol):
 
 def parked_sweep(outbox: SweepOutbox, worker_id: str) -> Duty:
     """Every ``PARKED_SWEEP_INTERVAL`` seconds, the first one after the start: every
-    workspace's parked errors swept, and each workspace with entries swept logged at
+    workspace's error entries swept, and each workspace with entries swept logged at
     INFO. For an outbox with a ledger probe only (without one the sweep does nothing)."""
 
     async def run() -> None:
