@@ -38,7 +38,7 @@ from .duties.parked_sweep import SweepOutbox, parked_sweep
 from .duties.repair import index_repair
 from .errors import OutboxUnavailable
 from .finding import IndexTransport, due_sessions, wait_wake
-from .reads import HEARTBEAT_TTL, WorkerHeartbeat
+from .heartbeats import HEARTBEAT_TTL, WorkerHeartbeat
 from .unavailable import retry_unavailable
 
 logger = logging.getLogger("django_outbox.worker")

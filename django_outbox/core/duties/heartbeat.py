@@ -1,13 +1,13 @@
 """The heartbeat duty: a worker's liveness record, read by the admin's workers
-page and ``outbox_worker --check`` (docs/reference/commands.md). The record and its
-key are in :mod:`~django_outbox.core.reads`."""
+page and ``outbox_worker --check`` (docs/reference/commands.md). The record, its
+write and its reads are :mod:`~django_outbox.core.heartbeats`."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from ..reads import HEARTBEAT_INTERVAL
+from ..heartbeats import HEARTBEAT_INTERVAL
 from . import Duty
 
 
