@@ -5,10 +5,11 @@ events and session snapshots.
 with what is shared by the operations (:mod:`~django_outbox.core.service`), the
 delivery step (:mod:`~django_outbox.core.delivery`) and the worker loop
 (:mod:`~django_outbox.core.worker`): the KEYS/ARGV prefix of the per-session
-scripts (the layout of ``_lib.lua``), ``WAIT_REPLICAS``/``WAIT_AOF`` waits,
-building events only when someone listens, atomic snapshots of a session, the
-list of workspaces, and the duties registered for its workers (README
-"Architecture"). How a worker finds due sessions is :mod:`~django_outbox.core.finding`.
+scripts (the layout of ``lua/lib/layout.lua``), ``WAIT_REPLICAS``/``WAIT_AOF``
+waits, building events only when someone listens, atomic snapshots of a session,
+the list of workspaces, and the duties registered for its workers
+(docs/explanation/storage.md). How a worker finds due sessions is
+:mod:`~django_outbox.core.finding`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The delivery loop behind ``Outbox.arun`` and ``manage.py outbox_worker`` (README "The worker").
+"""The delivery loop behind ``Outbox.arun`` and ``manage.py outbox_worker``
+(docs/reference/commands.md).
 
 Work is found through the due index, never by scanning keys: every tick a
 worker reads the workspaces whose earliest due time has passed, then the due
