@@ -75,7 +75,7 @@ class OutboxBase(Transport):
         self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
         self._dedupe_ttl_ms = int(self.config.dedupe_ttl * 1000)
         # The per-minute history outlives the window by two minutes (the last one
-        # shown is whole); 0: history off (README "Dashboard").
+        # shown is whole); 0: history off (docs/howto/observe.md).
         window = self.config.history_window
         self._history_ttl_ms = int((window + 120) * 1000) if window else 0
         #: This process's settles, counted until a worker writes them (core/history.py).
@@ -96,7 +96,7 @@ class OutboxBase(Transport):
     def _session_args(
         self, keys: SessionKeys, workspace_id: str, session_id: str, now_us: int | None = None
     ) -> tuple[list[str], list[Any]]:
-        """(KEYS, ARGV prefix) of a per-session script (the layout of ``_lib.lua``)."""
+        """(KEYS, ARGV prefix) of a per-session script (``lua/lib/layout.lua``)."""
         script_keys = self._script_keys.get(keys)
         if script_keys is None:
             if len(self._script_keys) >= KEY_CACHE_SIZE:

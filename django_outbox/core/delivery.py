@@ -1,7 +1,7 @@
 """The delivery step: claim a session's lease, deliver or verify its head, settle.
 
 :class:`OutboxDelivery` adds to :class:`~django_outbox.core.base.OutboxBase`
-the step a worker takes for one session (README "How delivery works"):
+the step a worker takes for one session (docs/explanation/lifecycle.md):
 
 1. ``claim.lua`` takes the session's lease (``LOCK_TTL``) and stages its head
    entry, or answers that the session is busy, has nothing due, or owes an
@@ -83,8 +83,9 @@ class Claimed:
 class LeaseKeeper:
     """Renews every lease held on one event loop, in one script call per round.
 
-    A lease is renewed every third of ``LOCK_TTL`` (README "The worker"); one
-    background task serves all deliveries of the loop and ends when none is held.
+    A lease is renewed every third of ``LOCK_TTL`` (docs/reference/commands.md,
+    "outbox_worker"); one background task serves all deliveries of the loop and ends when
+    none is held.
     """
 
     def __init__(self, outbox: OutboxDelivery, loop: asyncio.AbstractEventLoop) -> None:
@@ -368,8 +369,8 @@ class OutboxDelivery(OutboxBase):
         Once ``DELIVERY_TIMEOUT`` has passed, the call's outcome is unknown whatever
         the deliverer does next — returns, raises, or swallows the cancellation —
         so any ending after the deadline is ambiguous and the verifier decides
-        (README "What happens to a message"). A cancellation of the step that the
-        deliverer swallowed is raised again here, after the fact, so the step
+        (docs/explanation/lifecycle.md, "What happens to a message"). A cancellation of the
+        step that the deliverer swallowed is raised again here, after the fact, so the step
         records the attempt as ambiguous. The error text is built by
         :func:`~django_outbox.core.rules.describe_error`, which no exception's
         ``__str__`` can break.

@@ -1,6 +1,6 @@
 """The outbox service: accept, list, operate, sweep, clean up, run a worker.
 
-:class:`Outbox` is the public face of the core (README "Python API"). Every
+:class:`Outbox` is the public face of the core (docs/reference/python.md). Every
 operation is written once, as a *plan* (:mod:`~django_outbox.core.plans`) run
 by a sync and an async driver, so ``accept`` and ``aaccept`` share everything
 but the I/O. State transitions happen in the Lua scripts of ``core/lua``; this
@@ -185,8 +185,8 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         ``accepted_id``), :class:`IdempotencyConflict` (same key, other content),
         :class:`OutboxFull` (``CAP`` reached; ``scope`` ``"user"``: the user already has
         ``USER_MAX_QUEUED`` entries queued in the workspace), :class:`RateLimited` (the
-        user's ``USER_ACCEPTS_PER_MINUTE`` are used up; ``retry_after`` seconds; README
-        "Per-user bounds"), :class:`InvalidIdentifier`,
+        user's ``USER_ACCEPTS_PER_MINUTE`` are used up; ``retry_after`` seconds;
+        docs/explanation/idempotency.md), :class:`InvalidIdentifier`,
         :class:`InvalidContent` (text, model, key or user ID breaks a rule of
         :mod:`~django_outbox.core.rules`; :class:`ContentTooLarge` for sizes; both
         are ``ValueError`` subclasses) and
@@ -461,8 +461,8 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
 
     def sweep_workspace_parked_errors(self, workspace_id: str) -> int:
         """Ask the ledger probe about each error entry of the workspace and act on the answer
-        (README "The Python API"): ``TURN_ENDED``/``PROMOTED`` → completed (removed;
-        ``entry_delivered`` fires in the worker that next claims the session);
+        (docs/explanation/lifecycle.md, "The ledger probe"): ``TURN_ENDED``/``PROMOTED`` →
+        completed (removed; ``entry_delivered`` fires in the worker that next claims the session);
         no row or ``FAILED`` → re-armed to pending;
         ``LEDGERED``/``ADMITTED``/``STALLED`` → left as they are; a probe that
         raises leaves the entry for the next sweep. Returns the number completed
@@ -510,7 +510,7 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
             if events:
                 yield Emit(events)
         removed += int((yield Cmd(("DEL", self.keys.pause(workspace_id)))))
-        # Its per-minute history too (README "Dashboard"): every minute of the window,
+        # Its per-minute history too (docs/howto/observe.md): every minute of the window,
         # one slot, so a few UNLINKs of many keys each.
         if self._history_ttl_ms:
             now = self._history_now((yield Cmd(("TIME",))))
@@ -605,7 +605,7 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         """The session's version (int) as Valkey holds it now, or None when the session
         has no version (it never changed, or ``cleanup_workspace`` removed it: it has no
         entries then). One ``GET``, no entry is read: a watcher compares it with the
-        highest version it was sent (README "Live updates (WebSocket)").
+        highest version it was sent (docs/reference/websocket.md).
 
         With ``watching`` (a live watcher asking) the same round trip also renews the
         watcher count's ``WATCH_TTL``; a count that is gone (expired or flushed while
