@@ -290,3 +290,21 @@ def test_every_script_states_its_flags_and_is_the_only_place_lua_is_assembled():
     for script in load_scripts().values():
         assert "ONLY_OP" not in script.text and "ACK_SETTLED" not in script.text
         assert "CARRIED" not in script.text
+
+
+def test_script_answers_are_read_by_their_reply_types_only():
+    """A script's answer is a positional Lua table; core/replies.py is the one place that
+    reads it by position (one frozen type per reply). Elsewhere in the core, ``answer[0]``
+    or ``answer[4:]`` would be a second, unchecked reading of a script's header."""
+    offenders = []
+    for path in sorted(CORE.rglob("*.py")):
+        if path.name == "replies.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "answer"
+            ):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert offenders == []

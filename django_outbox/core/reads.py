@@ -49,6 +49,7 @@ from .paging import (
     page_of_given,
     page_of_sorted,
     read_side_by_side,
+    score_pairs,
     side_by_side,
 )
 from .paging import as_text as _text
@@ -589,9 +590,9 @@ class QueueReads(OutboxBase, Heartbeats):
             if isinstance(answer, Exception):
                 raise answer
         found = [
-            OverdueSession(ws, _text(answer[0]), float(answer[1]) / 1000)
+            OverdueSession(ws, _text(member), float(score) / 1000)
             for ws, answer in zip(names, answers, strict=True)
-            if answer
+            for member, score in score_pairs(answer)
         ]
         return min(found, key=lambda o: o.due_at, default=None)
 
