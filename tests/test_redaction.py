@@ -14,6 +14,7 @@ import base64
 import json
 import logging
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -479,15 +480,295 @@ def test_redact_removes_credentials(text, hidden, kept):
     assert hidden not in redacted and kept in redacted
 
 
+# --- the common spellings of secrets ------------------------------------------------------
+# What an agent's error body echoes of its request headers and environment. Each spelling is
+# (text, values that must go, a part that must stay), and is also tried inside the texts
+# that carry it: a sentence, one line (the opencode deliverer's excerpt), a JSON string,
+# JSON inside a JSON string, a Python repr.
+
+SK_PROJ = "sk-proj-Xy12AbCdEfGhIjKlMnOpQrStUvWxYz3456"
+SK_ANT = "sk-ant-api03-AbCdEf_GhIjKl-MnOpQrStUvWx12345678"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+PW = "hunter2-Gold"
+SESSION_ID = "k3x9vq7m2p8r4t6w1y5z0abc"
+GHP = "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+BASIC = "dXNlcjpwYXNz"  # base64("user:pass"): letters only
+
+
+def spelling(label: str, text: str, hidden: list[str], kept: str):
+    return pytest.param(text, hidden, kept, id=label)
+
+
+SPELLINGS = [
+    # environment lines and key=value lists
+    spelling("env OPENAI_API_KEY", f"OPENAI_API_KEY={SK_PROJ}", [SK_PROJ], "OPENAI_API_KEY="),
+    spelling(
+        "env AWS_SECRET_ACCESS_KEY",
+        f"AWS_SECRET_ACCESS_KEY={AWS_SECRET}",
+        [AWS_SECRET],
+        "AWS_SECRET_ACCESS_KEY=",
+    ),
+    spelling(
+        "env AWS_ACCESS_KEY_ID",
+        "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE",
+        ["AKIAIOSFODNN7EXAMPLE"],
+        "AWS_ACCESS_KEY_ID=",
+    ),
+    spelling("env DB_PASSWORD", f"DB_PASSWORD={PW}", [PW], "DB_PASSWORD="),
+    spelling("env DB_PASS", f"DB_PASS={PW} DB_HOST=db", [PW], "DB_HOST=db"),
+    spelling("env PGPASSWORD", f"PGPASSWORD={PW}", [PW], "PGPASSWORD="),
+    spelling("env secret_key", f"secret_key=django-insecure-{PW}", [PW], "secret_key="),
+    spelling("env SECRET_KEY quoted", f"SECRET_KEY='django-insecure-{PW}'", [PW], "SECRET_KEY="),
+    spelling("env api_token", f"api_token=tok{PW}", [PW], "api_token="),
+    spelling("env bare token", f"token={PW}", [PW], "token="),
+    spelling(
+        "env export GITHUB_TOKEN", f'export GITHUB_TOKEN="{PW}"', [PW], "export GITHUB_TOKEN="
+    ),
+    spelling("kwarg accessToken", f"client(accessToken={PW}, retries=3)", [PW], "retries=3"),
+    spelling("kwarg client_secret", f"client_secret={PW}&grant_type=x", [PW], "&grant_type=x"),
+    spelling("query api_key", f"GET /v1?api_key={PW}&q=1", [PW], "&q=1"),
+    # headers
+    spelling("header X-Api-Key", f"X-Api-Key: {PW}", [PW], "X-Api-Key:"),
+    spelling("json x-api-key", f'{{"x-api-key": "{SK_ANT}"}}', [SK_ANT], '"x-api-key": "'),
+    spelling("escaped json x-api-key", f'{{\\"x-api-key\\": \\"{PW}\\"}}', [PW], "x-api-key"),
+    spelling("header X-Auth-Token Bearer", f"X-Auth-Token: Bearer {PW}", [PW], "X-Auth-Token:"),
+    spelling(
+        "header Authorization Bearer", f"Authorization: Bearer {PW}", [PW], "Authorization: Bearer"
+    ),
+    spelling(
+        "header Proxy-Authorization",
+        f"Proxy-Authorization: Basic {BASIC}",
+        [BASIC],
+        "Proxy-Authorization:",
+    ),
+    spelling(
+        "json authorization",
+        '{"authorization": "Bearer AbcdEfghIjklMnop"}',
+        ["AbcdEfghIjklMnop"],
+        '"authorization"',
+    ),
+    spelling(
+        "escaped json authorization",
+        '{\\"authorization\\": \\"Bearer AbcdEfghIjklMnop\\"}',
+        ["AbcdEfghIjklMnop"],
+        "authorization",
+    ),
+    spelling(
+        "header Cookie",
+        f"Cookie: sessionid={SESSION_ID}; csrftoken={PW}",
+        [SESSION_ID, PW],
+        "Cookie:",
+    ),
+    spelling(
+        "json cookie",
+        f'{{"cookie": "sessionid={SESSION_ID}", "host": "agent"}}',
+        [SESSION_ID],
+        '"host": "agent"',
+    ),
+    spelling(
+        "header Set-Cookie", f"Set-Cookie: csrftoken={PW}; Path=/; HttpOnly", [PW], "Set-Cookie:"
+    ),
+    spelling("bare sessionid", f"sessionid={SESSION_ID}", [SESSION_ID], "sessionid="),
+    # YAML
+    spelling("yaml password", f"database:\n  password: {PW}\n  host: db", [PW], "host: db"),
+    spelling("yaml quoted password", f"password: '{PW}'", [PW], "password:"),
+    spelling("yaml client_secret", f"client_secret: {PW}", [PW], "client_secret:"),
+    # URL userinfo
+    spelling(
+        "url with a scheme", f"postgres://app:{PW}@db.internal:5432/app", [PW], "@db.internal:5432"
+    ),
+    spelling(
+        "url without a scheme",
+        f"cannot reach app:{PW}@db.internal:5432",
+        [PW],
+        "app:***@db.internal:5432",
+    ),
+    spelling(
+        "url without a scheme, @ in it",
+        "dsn=app:p@ss-W0rd@db.internal:5432",
+        ["p@ss", "ss-W0rd"],
+        "@db.internal:5432",
+    ),
+    # Basic / Bearer
+    spelling(
+        "Bearer, letters only",
+        "sent Bearer abcdefghijklmnopqrstuvwx",
+        ["abcdefghijklmnopqrstuvwx"],
+        "sent Bearer",
+    ),
+    spelling("Bearer, short letters", "sent Bearer abcdefghij", ["abcdefghij"], "sent Bearer"),
+    spelling("Basic, letters only", f"sent Basic {BASIC}", [BASIC], "sent Basic"),
+    # well-known token shapes
+    spelling(
+        "bare sk-",
+        "key sk-AbCdEf1234567890GhIjKlMn used",
+        ["sk-AbCdEf1234567890GhIjKlMn"],
+        "key *** used",
+    ),
+    spelling("bare sk-ant-", f"echo {SK_ANT}", [SK_ANT], "echo"),
+    spelling("bare sk-proj-", f"echo {SK_PROJ}", [SK_PROJ], "echo"),
+    spelling("bare ghp_", f"remote {GHP} refused", [GHP], "refused"),
+    spelling("bare gho_", "gho_Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2", ["Z9y8X7w6V5u4T3s2R1q0"], ""),
+    spelling(
+        "bare github_pat_",
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+        ["11ABCDEFG0123456789"],
+        "",
+    ),
+    spelling(
+        "bare xoxb-",
+        "slack xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+        ["AbCdEfGhIjKlMnOpQrStUvWx"],
+        "slack",
+    ),
+    spelling(
+        "bare xoxp-",
+        "xoxp-123456789012-123456789012-abcdef0123456789abcdef",
+        ["abcdef0123456789abcdef"],
+        "",
+    ),
+    spelling(
+        "bare xoxa-", "xoxa-2-123456789012-abcdef0123456789abcdef", ["abcdef0123456789abcdef"], ""
+    ),
+    spelling("bare AKIA", "aws AKIAIOSFODNN7EXAMPLE denied", ["AKIAIOSFODNN7EXAMPLE"], "denied"),
+    spelling(
+        "bare JWT",
+        "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
+        "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        ["eyJzdWIiOiIxMjM0NTY3ODkwIn0"],
+        "jwt",
+    ),
+    # PEM private keys
+    spelling(
+        "PEM on one line",
+        "key -----BEGIN PRIVATE KEY----- MIIEvQIBADANBgkqhkiG9w0BAQEFAASC "
+        "-----END PRIVATE KEY----- end",
+        ["MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"],
+        "-----END PRIVATE KEY----- end",
+    ),
+    spelling(
+        "PEM RSA across lines",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAv1\nQx2Zz9LMNOP\n"
+        "-----END RSA PRIVATE KEY-----\nnext",
+        ["MIIEowIBAAKCAQEAv1", "Qx2Zz9LMNOP"],
+        "next",
+    ),
+    spelling(
+        "PEM cut before END",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU...",
+        ["b3BlbnNzaC1rZXktdjEAAAAABG5vbmU"],
+        "-----BEGIN OPENSSH PRIVATE KEY-----",
+    ),
+    spelling(
+        "PEM with escaped newlines",
+        '"key": "-----BEGIN EC PRIVATE KEY-----\\nMHcCAQEEIBkg4LVWM9nuwNSk\\n'
+        '-----END EC PRIVATE KEY-----"',
+        ["MHcCAQEEIBkg4LVWM9nuwNSk"],
+        '"key": "',
+    ),
+    spelling(
+        "PGP private key block",
+        "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF0AbCdEfGh\n"
+        "-----END PGP PRIVATE KEY BLOCK-----",
+        ["lQOYBF0AbCdEfGh"],
+        "-----END PGP PRIVATE KEY BLOCK-----",
+    ),
+]
+
+#: The texts a spelling travels in.
+CONTEXTS = {
+    "alone": lambda text: text,
+    "in a sentence": lambda text: f"upstream failed ({text}) retry later",
+    "on one line": lambda text: " ".join(text.split()),
+    "in a JSON string": lambda text: json.dumps({"detail": text}),
+    "in JSON inside JSON": lambda text: json.dumps({"body": json.dumps({"detail": text})}),
+    "in a repr": lambda text: repr({"detail": text}),
+}
+
+
+@pytest.mark.parametrize("text, hidden, kept", SPELLINGS)
+def test_every_common_spelling_of_a_secret_is_removed(text, hidden, kept):
+    from django_outbox.core.redaction import redact
+
+    redacted = redact(text)
+    assert_hidden(redacted, *hidden)
+    assert kept in redacted and "***" in redacted, redacted
+    for name, wrap in CONTEXTS.items():
+        wrapped = redact(wrap(text))
+        assert all(value not in wrapped for value in hidden), (name, wrapped)
+
+
+@pytest.mark.parametrize("text, hidden, kept", SPELLINGS)
+def test_a_secret_cut_by_the_stored_texts_bound_leaves_nothing_behind(text, hidden, kept):
+    """``clean_text`` redacts before it cuts: a cut through the secret keeps none of it."""
+    from django_outbox.core.rules import clean_text
+
+    padding = "x" * 40 + " "
+    for cut in (len(padding) + len(text) // 2, len(padding) + len(text) - 2):
+        cleaned = clean_text(padding + text, cut)
+        assert all(value[:6] not in cleaned for value in hidden), (cut, cleaned)
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        pytest.param(
+            lambda pw: re.sub("%[0-9A-F]{2}", lambda m: m[0].lower(), quote(pw, safe="")),
+            id="percent-encoded, lower case",
+        ),
+        pytest.param(lambda pw: quote(pw, safe="").replace("%2F", "%2f"), id="mixed case"),
+        pytest.param(lambda pw: quote(pw), id="percent-encoded, / kept"),
+        pytest.param(lambda pw: base64.b64encode(pw.encode()).decode(), id="base64"),
+        pytest.param(
+            lambda pw: base64.b64encode(pw.encode()).decode().rstrip("="), id="base64 unpadded"
+        ),
+        pytest.param(lambda pw: base64.urlsafe_b64encode(pw.encode()).decode(), id="url-safe"),
+        pytest.param(lambda pw: json.dumps(pw)[1:-1], id="JSON string"),
+    ],
+)
+def test_a_configured_password_is_removed_however_it_is_encoded(encode):
+    from django_outbox.core.redaction import redact, remember_url
+
+    raw = f"P@ss/W{secrets.token_hex(5)}"  # a letter in its percent-escapes ("/" is %2F)
+    remember_url(f"http://opencode:{quote(raw, safe='')}@agent.internal:4096")
+    spelled = encode(raw)
+    redacted = redact(f"the agent echoed [{spelled}] back")
+    assert spelled not in redacted and redacted == "the agent echoed [***] back"
+
+
 @pytest.mark.parametrize(
     "text",
     [
         "could not connect to opencode at http://127.0.0.1:4096: ConnectError: refused",
         "Basic authentication failed",
+        "Bearer authentication failed",
+        "Bearer token expired",
+        "bearer tokens are required",
+        "Authorization header missing",
+        'Bearer realm="api", error="invalid_token"',
         "WRONGPASS invalid username-password pair or user is disabled.",
         "Error 111 connecting to 127.0.0.1:6379. Connection refused.",
         "mail me at someone@example.com",
+        "mailto:someone@example.com",
+        "git@github.com:org/repo.git not found",
         "timed out after 600.0s",
+        "token bucket full",
+        "password reset link sent",
+        "HTTP 500 Internal Server Error",
+        "max_tokens: 4096 exceeds the model's limit",
+        "tokenizer=cl100k_base",
+        "passwordless login is disabled",
+        "bypass=1 compass=north",
+        "cookie consent required",
+        "Set the SECRET_KEY setting",
+        "sk-learn is not installed",
+        "AKIA is the prefix of an access key ID",
+        "BEGIN PRIVATE KEY is missing",
+        "user=alice host=db port=5432",
+        '{"sessionID": "ses_abc", "workspaceID": "w1"}',
+        "ambiguous: opencode answered HTTP 500 for http://127.0.0.1:4096/session/ses_x/message: "
+        '{"name":"UnknownError","data":{"message":"injected"}}',
+        "HTTPStatusError: Server error '503 Service Unavailable' for url 'http://agent:8080/v1'",
     ],
 )
 def test_redact_leaves_text_without_credentials_alone(text):

@@ -3,22 +3,43 @@
 :func:`redact` is the one door: stored error texts go through it (``rules.clean_text``),
 and so do the package's log lines, their tracebacks included (:class:`RedactingFilter`,
 attached to every ``django_outbox`` logger when the core is imported), system check
-messages and command errors. It removes:
+messages and command errors. It removes, whatever the text around them (an agent's
+error body often echoes its request headers and environment):
 
 * the userinfo of any ``scheme://user:password@host`` URL (``redis``, ``rediss``,
   ``unix``, ``http(s)``, ...): ``redis://user:***@host``; a userinfo without ``:`` is
-  taken for a token and replaced whole;
-* the value of ``password=``, ``token=``, ``secret=``, ``api_key=`` (and the like) in
-  query strings, ``key=value`` lists and ``"password": "..."`` mappings;
-* ``Authorization`` / ``Proxy-Authorization`` values and ``Basic`` / ``Bearer`` tokens;
+  taken for a token and replaced whole; and the password of a ``user:password@host``
+  written without a scheme (``app:***@db:5432``);
+* the value given to any name holding a secret word as a whole part (``password``,
+  ``passwd``, ``pwd``, ``pass``, ``secret``, ``token``, ``credentials``, ``api_key``,
+  ``access_key``, ``private_key``, ``sessionid``, ...): environment lines
+  (``DB_PASSWORD=…``, ``OPENAI_API_KEY=…``, ``AWS_SECRET_ACCESS_KEY=…``), query
+  strings and ``key=value`` lists, headers (``X-Api-Key: …``), YAML (``password: …``),
+  JSON and Python mappings (``"x-api-key": "…"``), JSON escaped inside JSON;
+* ``Cookie`` / ``Set-Cookie`` values, every pair of them;
+* ``Authorization`` / ``Proxy-Authorization`` values and ``Basic`` / ``Bearer`` tokens
+  (a ``Bearer`` followed by a word of prose, "Bearer authentication", stays);
+* tokens of a well-known shape wherever they stand: ``sk-…`` (OpenAI, Anthropic),
+  ``sk_live_…``, ``ghp_…`` / ``gho_…`` / ``github_pat_…``, ``glpat-…``, ``xoxb-…`` and
+  the other Slack tokens, ``hf_…``, ``npm_…``, ``AIza…``, ``AKIA…`` AWS access key IDs
+  and JSON Web Tokens;
+* PEM private key blocks, from ``-----BEGIN … PRIVATE KEY-----`` to its ``END`` line
+  (to the end of the text when a cut removed it);
 * every password the process was configured with, wherever it appears (as given,
-  percent-encoded or decoded, and as the Basic token it makes):
-  :func:`remember_url`, :func:`remember_credentials` and :func:`remember_secret`
+  percent-encoded in either case or decoded, base64-encoded, and as the Basic token it
+  makes): :func:`remember_url`, :func:`remember_credentials` and :func:`remember_secret`
   register them (the settings do it for ``VALKEY_URL`` and ``OUTBOX["OPENCODE"]``).
   Values shorter than :data:`MIN_SECRET_CHARS` are only removed where they stand as a
   credential, since removing them everywhere would mangle ordinary words.
 
-No Django imports; nothing here raises on odd input.
+Ordinary text stays as it is ("token bucket full", "password reset link sent",
+"Basic authentication failed"). No Django imports; nothing here raises on odd input.
+
+Every pattern runs in time linear in the text, whatever it holds (an agent's body is
+hostile input): each may start only where a run of its characters starts (a
+look-behind), its repeats are bounded (``{0,64}``) or cannot overlap the part that
+follows them, and a scan that looks for a closing quote or line stops at the first
+candidate. The comments at each pattern say which.
 """
 
 from __future__ import annotations
@@ -46,30 +67,107 @@ LOGGER_NAMES = (
 )
 
 # scheme://userinfo@ — greedy up to the last "@" before the host (a password may hold "@").
-# A scheme starts only where no scheme character precedes it: linear on any input.
+# A scheme starts only where no scheme character precedes it, and the userinfo cannot pass
+# a "/", which every later start holds: linear on any input.
 _USERINFO = re.compile(
     r"(?P<scheme>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#'\"<>`]*)@"
 )
-_NAMES = (
-    r"password|passwd|pwd|secret|client_secret|token|access_token|refresh_token|"
-    r"api_key|apikey|api-key"
+# user:password@host without a scheme (a DSN, "app:pw@db:5432"): it starts only after
+# whitespace, a quote, a bracket or "=", ",", ";" (or at the start); the password is
+# bounded (128 characters) so that no start scans further. "mailto:" is an address.
+_BARE_USERINFO = re.compile(
+    r"(?<![^\s\"'(<\[{=,;])(?!mailto:)(?P<user>[^\s:/@\"'<>()\[\]{}=,;]{1,64}):"
+    r"(?P<password>[^\s/?#\"'<>]{1,128})@(?=[A-Za-z0-9\[])"
 )
-# password=value (query strings, kwargs, key=value lists) and "password": "value" mappings.
+
+# A secret word, as a whole part of a name (case-insensitive): the distinctive words may
+# follow letters (PGPASSWORD, accessToken, clientSecret, csrftoken, JSESSIONID); "key"
+# counts only after a qualifier (api_key, SECRET_ACCESS_KEY, x-api-key), and "pass" and
+# "pwd" only as a part of their own (DB_PASS, not bypass). "sessionid" is case-sensitive
+# so that the outbox's own "sessionID" (not a secret) stays.
+_SECRET_WORD = (
+    r"[a-z0-9]{0,24}?(?:password|passwd|passphrase|secret|token|credentials?|apikey)"
+    r"|(?:api|access|secret|private|signing|encryption|master|client|auth|app|account|service)"
+    r"[_.-]?key"
+    r"|pass|pwd"
+    r"|(?-i:[A-Za-z0-9]{0,24}?(?:sessionid|SESSIONID|sessid|SESSID))"
+)
+# A name: letters, digits, "_", "." and "-" (at most 64), starting with a secret word
+# where a run or a part of one starts (the look-behind: no letter or digit before it;
+# "OPENAI_API_KEY" matches from "API"), the word not followed by a letter or digit
+# ("tokenizer", "max_tokens" and "passwordless" are not secret names). Every repeat is
+# bounded: constant work per start.
+_NAME = (
+    r"(?<![A-Za-z0-9])"
+    rf"(?=(?:{_SECRET_WORD})(?![a-z0-9]))"
+    r"[\w.\-]{1,64}"
+)
+# A quoted value: a JSON string with its escapes, a Python repr's '...', or either quote
+# escaped (once or more: JSON inside a JSON string, \"...\", or deeper) and closed by the
+# same escaped quote. Each scan ends at the first quote or newline that can close it (an
+# escaped quote ends at the next such escape; there are at most 16 kinds of them). An
+# opening quote never closed (a cut excerpt) runs to the next quote or line end.
+_QUOTED = (
+    r"\"(?:[^\"\\\n]|\\.)*\""
+    r"|'(?:[^'\\\n]|\\.)*'"
+    r"|(?P<escaped>\\{1,7}[\"'])(?:(?!(?P=escaped))[^\n])*(?P=escaped)"
+    r"|\\{0,7}[\"'][^\"'\n]*"
+)
+# name=value, name: value, "name": "value" (and \"name\": \"value\"), with an optional
+# auth scheme before a bare value (X-Auth-Token: Bearer abc).
 _ASSIGNED = re.compile(
-    rf"(?i)(?<![\w-])(?:(?P<q>[\"'])(?P<qname>{_NAMES})(?P=q)\s*:\s*|(?P<name>{_NAMES})\s*=\s*)"
-    r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s&#,;'\"<>)\]}]*)"
+    rf"(?i)(?P<name>{_NAME})\\{{0,7}}[\"']?[ \t]*[=:][ \t]*"
+    rf"(?P<value>{_QUOTED}|(?:(?:bearer|basic|token)[ \t]+)?[^\s&#,;'\"<>)\]}}]+)"
+)
+# Cookie / Set-Cookie: a quoted value, or every name=value pair of the header.
+_COOKIE = re.compile(
+    r"(?i)(?P<head>(?<![\w.\-])(?:set-)?cookie\\{0,7}[\"']?[ \t]*[:=][ \t]*)"
+    rf"(?P<value>{_QUOTED}|[^\s;,\"']+(?:;[ \t]*[^\s;,\"'=]+=[^\s;,\"']*)*)"
 )
 # Authorization: <scheme> <credentials>, as a header line or in a mapping's repr.
 _HEADER = re.compile(
-    r"(?i)(?P<head>(?<![\w-])(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?"
-    r"(?:(?:basic|bearer|digest|token|negotiate)\s+)?)(?P<value>[^\s\"',;}\]]+)"
+    r"(?i)(?P<head>(?<![\w-])(?:proxy-)?authorization\\{0,7}[\"']?\s*[:=]\s*\\{0,7}[\"']?"
+    r"(?:(?:basic|bearer|digest|token|negotiate)\s+)?)(?P<value>[^\s\"',;}\]\\]+)"
 )
-# A bare Basic/Bearer token: token68 characters, with a digit or a symbol in it (so the
-# words after "Basic" in "Basic authentication failed" stay).
+# A bare Basic/Bearer token: token68 characters (at least 6); see _is_credential for
+# which words after the scheme are taken for a token.
 _TOKEN = re.compile(
-    r"(?P<head>\b(?:Basic|Bearer|basic|bearer)\s+)"
-    r"(?P<value>(?=[A-Za-z0-9._~+/-]*[0-9._~+/-])[A-Za-z0-9._~+/-]{6,}=*)"
+    r"(?P<head>\b(?P<scheme>Basic|Bearer|basic|bearer|BASIC|BEARER)\s+)"
+    r"(?P<value>[A-Za-z0-9._~+/-]{6,}=*)"
 )
+#: Words that follow "Bearer" in prose rather than a token (6 letters or more: a shorter
+#: word is never taken for a token).
+_PROSE_AFTER_SCHEME = frozenset(
+    "access authentication authorisation authorization cannot challenge credential "
+    "credentials expired format header headers instead invalid missing prefix realm "
+    "required scheme should string tokens".split()
+)
+_MIXED_CASE = re.compile(r"[a-z][A-Z]")
+# Tokens of a well-known shape, wherever they stand (not inside a longer word): a fixed
+# prefix, then one run of the token's characters, so a failed start costs its prefix.
+_SHAPED = re.compile(
+    r"(?<![A-Za-z0-9_\-])(?:"
+    r"sk-[A-Za-z0-9_\-]{20,}"  # OpenAI (sk-, sk-proj-, sk-svcacct-), Anthropic (sk-ant-)
+    r"|[rs]k_(?:live|test)_[A-Za-z0-9]{10,}"  # Stripe
+    r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"  # GitHub
+    r"|glpat-[A-Za-z0-9_\-]{20,}"  # GitLab
+    r"|xox[abeoprs]-[A-Za-z0-9\-]{10,}|xapp-[A-Za-z0-9\-]{10,}"  # Slack
+    r"|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{30,}"  # Hugging Face, npm
+    r"|AIza[A-Za-z0-9_\-]{35}"  # Google API keys
+    r"|(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"  # AWS access key IDs
+    r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"  # JSON Web Tokens
+    r")"
+)
+# A PEM private key block, to its END line or, when a cut removed it, to the end of the
+# text. The lazy scan stops at the first END line; a block without one takes the rest of
+# the text, later BEGIN lines included, so no start scans twice.
+_PEM = re.compile(
+    r"-----BEGIN (?P<label>[A-Z0-9 ]{0,40}?PRIVATE KEY(?: BLOCK)?)-----"
+    r"[\s\S]*?(?P<end>-----END [A-Z0-9 ]{0,40}?PRIVATE KEY(?: BLOCK)?-----|\Z)"
+)
+_OPENING_QUOTE = re.compile(r"\\{0,7}[\"']")
+#: A percent-escape in a remembered spelling: matched in either case (%2f is %2F).
+_PERCENT_ESCAPE = re.compile(r"(%[0-9A-Fa-f]{2})")
 
 _lock = threading.Lock()
 _secrets: set[str] = set()
@@ -85,16 +183,49 @@ def _masked_userinfo(match: re.Match[str]) -> str:
     return f"{match['scheme']}{kept}@"
 
 
+def _masked_bare_userinfo(match: re.Match[str]) -> str:
+    return f"{match['user']}:{MASK}@"
+
+
+def _masked_quoted(value: str) -> str:
+    """``value`` masked, keeping its quotes (``"***"``, ``'***'``, ``\\"***\\"``; an
+    unclosed quote stays unclosed)."""
+    opening = _OPENING_QUOTE.match(value)
+    if opening is None:
+        return MASK
+    quote_ = opening[0]
+    closed = len(value) >= 2 * len(quote_) and value.endswith(quote_)
+    return f"{quote_}{MASK}{quote_ if closed else ''}"
+
+
 def _masked_assignment(match: re.Match[str]) -> str:
-    value = match["value"]
     head = match[0][: match.start("value") - match.start()]
-    if value[:1] in ("'", '"') and len(value) >= 2:
-        return f"{head}{value[0]}{MASK}{value[0]}"
-    return f"{head}{MASK}"
+    return f"{head}{_masked_quoted(match['value'])}"
 
 
 def _masked_value(match: re.Match[str]) -> str:
     return f"{match['head']}{MASK}"
+
+
+def _is_credential(scheme: str, value: str) -> bool:
+    """Whether the word after ``Basic`` / ``Bearer`` is a credential rather than prose:
+    it holds a digit or a symbol, mixes case inside (``dXNlcjpwYXNz``), is 16 characters
+    or more, or follows ``Bearer`` and is no word of :data:`_PROSE_AFTER_SCHEME`."""
+    if not value.isalpha() or _MIXED_CASE.search(value) or len(value) >= 16:
+        return True
+    return scheme.lower() == "bearer" and value.lower() not in _PROSE_AFTER_SCHEME
+
+
+def _masked_token(match: re.Match[str]) -> str:
+    if _is_credential(match["scheme"], match["value"]):
+        return f"{match['head']}{MASK}"
+    return match[0]
+
+
+def _masked_pem(match: re.Match[str]) -> str:
+    label = match["label"]
+    end = f"-----END {label}-----" if match["end"] else ""
+    return f"-----BEGIN {label}-----{MASK}{end}"
 
 
 def redact(text: str) -> str:
@@ -107,23 +238,43 @@ def redact(text: str) -> str:
     pattern = _pattern
     if pattern is not None:
         text = pattern.sub(MASK, text)
+    text = _PEM.sub(_masked_pem, text)
     text = _USERINFO.sub(_masked_userinfo, text)
-    text = _ASSIGNED.sub(_masked_assignment, text)
+    text = _BARE_USERINFO.sub(_masked_bare_userinfo, text)
+    text = _COOKIE.sub(_masked_assignment, text)
     text = _HEADER.sub(_masked_value, text)
-    return _TOKEN.sub(_masked_value, text)
+    text = _ASSIGNED.sub(_masked_assignment, text)
+    text = _TOKEN.sub(_masked_token, text)
+    return _SHAPED.sub(MASK, text)
 
 
 # --- what the process was configured with -------------------------------------------------
 
 
 def _forms(value: str) -> set[str]:
-    """The ways ``value`` may be written: as given, decoded, encoded, as a repr or JSON."""
+    """The ways ``value`` may be written: as given, decoded, encoded, as a repr or JSON,
+    and base64-encoded (standard and URL-safe, with and without padding)."""
     decoded = unquote(value)
     forms = {value, decoded}
     for form in (value, decoded):
         forms |= {quote(form, safe=""), quote(form), quote_plus(form)}
         forms |= {repr(form)[1:-1], json.dumps(form)[1:-1]}
+        if len(form) >= MIN_SECRET_CHARS:
+            raw = form.encode("utf-8", "surrogatepass")
+            for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+                forms |= {encoded.decode("ascii"), encoded.decode("ascii").rstrip("=")}
     return forms
+
+
+def _spelled(form: str) -> str:
+    """A pattern matching ``form`` literally, its percent-escapes in either case."""
+    parts = _PERCENT_ESCAPE.split(form)
+    return "".join(
+        f"%[{part[1].upper()}{part[1].lower()}][{part[2].upper()}{part[2].lower()}]"
+        if index % 2
+        else re.escape(part)
+        for index, part in enumerate(parts)
+    )
 
 
 def remember_secret(value: object) -> None:
@@ -138,7 +289,7 @@ def remember_secret(value: object) -> None:
             return
         _secrets.update(new)
         ordered = sorted(_secrets, key=len, reverse=True)  # the longest spelling first
-        _pattern = re.compile("|".join(re.escape(s) for s in ordered))
+        _pattern = re.compile("|".join(_spelled(s) for s in ordered))
 
 
 def remember_credentials(username: str | None, password: str | None) -> None:
