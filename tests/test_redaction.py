@@ -569,6 +569,8 @@ SPELLINGS = [
         "header Set-Cookie", f"Set-Cookie: csrftoken={PW}; Path=/; HttpOnly", [PW], "Set-Cookie:"
     ),
     spelling("bare sessionid", f"sessionid={SESSION_ID}", [SESSION_ID], "sessionid="),
+    spelling("Cookie of any name", f"Cookie: theme=dark; __Host-app={PW}", [PW], "Cookie:"),
+    spelling("Set-Cookie of any name", f"Set-Cookie: remember={PW}; Path=/", [PW], "Set-Cookie:"),
     # YAML
     spelling("yaml password", f"database:\n  password: {PW}\n  host: db", [PW], "host: db"),
     spelling("yaml quoted password", f"password: '{PW}'", [PW], "password:"),
@@ -696,6 +698,22 @@ def test_every_common_spelling_of_a_secret_is_removed(text, hidden, kept):
     for name, wrap in CONTEXTS.items():
         wrapped = redact(wrap(text))
         assert all(value not in wrapped for value in hidden), (name, wrapped)
+
+
+def test_a_redacted_json_body_keeps_its_shape():
+    """Staff read the redacted excerpt: a JSON body, also inside one or two JSON strings or
+    as a repr, still parses, with its secrets replaced (one holding a quote included)."""
+    from django_outbox.core.redaction import redact
+
+    body = {"x-api-key": SK_ANT, "cookie": f"sessionid={SESSION_ID}", "password": 'p"q', "n": 1}
+    redacted = {"x-api-key": "***", "cookie": "***", "password": "***", "n": 1}
+    once = json.dumps(body)
+    twice = json.dumps({"body": once})
+    thrice = json.dumps({"body": twice})
+    assert json.loads(redact(once)) == redacted
+    assert json.loads(json.loads(redact(twice))["body"]) == redacted
+    assert json.loads(json.loads(json.loads(redact(thrice))["body"])["body"]) == redacted
+    assert ast.literal_eval(redact(repr(body))) == redacted
 
 
 @pytest.mark.parametrize("text, hidden, kept", SPELLINGS)

@@ -104,13 +104,14 @@ _NAME = (
 )
 # A quoted value: a JSON string with its escapes, a Python repr's '...', or either quote
 # escaped (once or more: JSON inside a JSON string, \"...\", or deeper) and closed by the
-# same escaped quote. Each scan ends at the first quote or newline that can close it (an
-# escaped quote ends at the next such escape; there are at most 16 kinds of them). An
-# opening quote never closed (a cut excerpt) runs to the next quote or line end.
+# same escaped quote with no backslash before it (a quote escaped once more is inside).
+# Each scan ends at the first quote or newline that can close it (an escaped quote ends at
+# the next such escape; there are at most 14 kinds of them). An opening quote never
+# closed (a cut excerpt) runs to the next quote or line end.
 _QUOTED = (
     r"\"(?:[^\"\\\n]|\\.)*\""
     r"|'(?:[^'\\\n]|\\.)*'"
-    r"|(?P<escaped>\\{1,7}[\"'])(?:(?!(?P=escaped))[^\n])*(?P=escaped)"
+    r"|(?P<escaped>\\{1,7}[\"'])(?:(?!(?<!\\)(?P=escaped))[^\n])*(?<!\\)(?P=escaped)"
     r"|\\{0,7}[\"'][^\"'\n]*"
 )
 # name=value, name: value, "name": "value" (and \"name\": \"value\"), with an optional
