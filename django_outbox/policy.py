@@ -15,7 +15,8 @@ policy is asked as the one action ``operate`` (the contract since the first rele
 asks each its own permission (``park_workspace`` or ``cleanup_workspace``). The outbox
 hands prompts to the agent by session ID alone, so a policy must check that the
 session belongs to the workspace: :func:`session_scoped` does it, and a system check
-(``W007``) warns about a policy that does not say it does.
+(``W007``) warns about a policy that does not say it does. What a viewer reads of a
+failed delivery follows the admin's rule too (:func:`reads_error_excerpts`).
 """
 
 from __future__ import annotations
@@ -140,6 +141,21 @@ def staff_only(user: Any, workspace_id: str, session_id: str | None, action: str
     every workspace; nobody else gets anything. It cannot know which sessions belong to
     which workspace: it suits operators only (system check ``W001``)."""
     return has_outbox_permission(user, action)
+
+
+def reads_error_excerpts(user: Any) -> bool:
+    """Whether ``user`` reads an entry's ``lastError`` as stored over REST and the
+    WebSocket: the redacted excerpt of what failed, which may quote the agent's answer
+    and name its internal URL. Everyone else reads a short text that holds nothing the
+    agent wrote, beside ``errorKind`` and ``errorStatus`` (docs/explanation/security.md).
+    The admin's own rule for viewing entries, whatever the access policy allows:
+    :func:`has_outbox_permission` for ``view`` (an active staff account holding
+    ``view_outboxentry``). False when asking fails."""
+    try:
+        return has_outbox_permission(user, "view")
+    except Exception:
+        logger.exception("outbox: cannot tell whether a user reads error excerpts; no")
+        return False
 
 
 def decision(answer: Any, what: str) -> bool:

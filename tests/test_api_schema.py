@@ -17,6 +17,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from django_outbox.core.rules import ErrorKind
+
 pytestmark = pytest.mark.django_db
 
 SCHEMA_PATH = "/outbox/api/schema/?format=json"
@@ -71,6 +73,18 @@ def test_schema_documents_every_operation_status_and_error_body():
                 for code in ("429", "503"):
                     if code in operation["responses"]:
                         assert "Retry-After" in operation["responses"][code]["headers"]
+
+
+def test_the_entry_schema_documents_what_a_viewer_reads_of_an_error():
+    schemas = Client().get(SCHEMA_PATH).json()["components"]["schemas"]
+    entry = schemas["Entry"]
+    kind = entry["properties"]["errorKind"]["allOf"][0]["$ref"].rsplit("/", 1)[1]
+    assert schemas[kind]["enum"] == [k.value for k in ErrorKind]
+    assert "`agent_error` - the agent answered with an error" in schemas[kind]["description"]
+    status = entry["properties"]["errorStatus"]
+    assert (status["type"], status["minimum"], status["maximum"]) == ("integer", 100, 599)
+    assert "staff" in entry["properties"]["lastError"]["description"]
+    assert not {"errorKind", "errorStatus", "lastError"} & set(entry["required"])
 
 
 def test_schema_yaml_by_default():

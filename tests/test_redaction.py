@@ -54,6 +54,7 @@ STAFF = SimpleNamespace(
     username="root",
     pk=1,
     id=1,
+    has_perm=lambda perm: True,  # an operator: reads lastError excerpts
 )
 
 

@@ -22,6 +22,8 @@ from django_outbox.core.rules import (
     MAX_MODEL_BYTES,
     MAX_REASON_CHARS,
     MAX_USER_ID_CHARS,
+    ErrorKind,
+    entry_for_viewer,
     max_entry_json_bytes,
     min_snapshot_frame_bytes,
 )
@@ -106,8 +108,14 @@ def worst_entry() -> Entry:
 
 def test_one_worst_case_entry_always_fits_a_default_frame():
     entry = worst_entry().to_dict()
-    size = len(json.dumps(entry, ensure_ascii=False).encode())
-    assert size <= max_entry_json_bytes(FULL)
+    # as staff read it: the stored error, its kind (the longest) and a status besides
+    shown = {
+        **entry_for_viewer(entry, excerpt=True),
+        "errorKind": max((k.value for k in ErrorKind), key=len),
+        "errorStatus": 599,
+    }
+    for each in (entry, shown):
+        assert len(json.dumps(each, ensure_ascii=False).encode()) <= max_entry_json_bytes(FULL)
     frames = snapshot_frames("w" * 128, "s" * 128, 2**63, [entry, entry], 768 * 1024)
     assert len(frames) == 2  # one entry a page
     assert all(len(f.encode()) <= min_snapshot_frame_bytes(FULL) for f in frames)

@@ -6,7 +6,9 @@ The byte limit on ``text`` is the core's (``ContentTooLarge``, answered 413), an
 everything the service decides (duplicates, conflicts, the cap) is translated by
 :mod:`django_outbox.api.errors`. Response serializers are documentation:
 responses are rendered from :meth:`Entry.to_dict`, the one source of the
-camelCase wire form, and the schema test checks the two agree.
+camelCase wire form, as the viewer reads it
+(:func:`~django_outbox.core.rules.entry_for_viewer`), and the schema test checks
+the two agree.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from rest_framework import serializers
 from ..core.entry import Status
 from ..core.rules import (
     CLIENT_MESSAGE_ID_RE,
+    ERROR_TEXTS,
     IDENTIFIER_RE,
     MAX_MODEL_BYTES,
     MAX_MODEL_DEPTH,
     MAX_REASON_CHARS,
+    ErrorKind,
     check_model,
     json_depth,
 )
@@ -184,7 +188,25 @@ class EntrySerializer(serializers.Serializer):
     nextAttemptAt = serializers.CharField(
         required=False, help_text="Backoff gate; absent means due now."
     )
-    lastError = serializers.CharField(required=False)
+    lastError = serializers.CharField(
+        required=False,
+        help_text="What ended the last attempt. For a user who may view entries in the admin "
+        "(active staff with view_outboxentry): the stored text, credentials removed, which "
+        "may quote the agent's answer and name its URL. For everyone else: a short text "
+        "that holds nothing the agent wrote, e.g. 'the agent answered with an error "
+        "(HTTP 500)'.",
+    )
+    errorKind = serializers.ChoiceField(
+        choices=[(kind.value, ERROR_TEXTS[kind].format(status="")) for kind in ErrorKind],
+        required=False,
+        help_text="With lastError: what kind of failure it was.",
+    )
+    errorStatus = serializers.IntegerField(
+        required=False,
+        min_value=100,
+        max_value=599,
+        help_text="With lastError, when the agent answered: its HTTP status.",
+    )
     deliveredAt = serializers.CharField(required=False)
     clientMessageID = serializers.CharField()
     userID = serializers.CharField(help_text="The accepting user's primary key.")

@@ -19,9 +19,11 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ..core.entry import DismissResult, RetryResult
+from ..core.entry import DismissResult, Entry, RetryResult
+from ..core.rules import entry_for_viewer
 from ..errors import Duplicate
 from ..outbox import get_outbox
+from ..policy import reads_error_excerpts
 from .base import OutboxAPIView
 from .errors import busy_response, error_response, not_found_response
 from .schema import (
@@ -48,6 +50,14 @@ from .serializers import (
 )
 
 
+def entries_for(request: Request, *entries: Entry) -> list[dict[str, Any]]:
+    """``entries`` as the request's user reads them: a ``lastError`` with its
+    ``errorKind`` and ``errorStatus``, the stored excerpt for staff only
+    (:func:`~django_outbox.policy.reads_error_excerpts`, docs/reference/rest.md)."""
+    excerpt = any(e.last_error for e in entries) and reads_error_excerpts(request.user)
+    return [entry_for_viewer(e.to_dict(), excerpt=excerpt) for e in entries]
+
+
 class MessagesView(OutboxAPIView):
     """``api/workspaces/<ws>/sessions/<ses>/messages/``: the session's queue; accept a prompt."""
 
@@ -65,7 +75,7 @@ class MessagesView(OutboxAPIView):
     def get(self, request: Request, workspace_id: str, session_id: str) -> Response:
         snapshot = get_outbox().snapshot(workspace_id, session_id)
         return Response(
-            {"version": snapshot.version, "entries": [e.to_dict() for e in snapshot.entries]}
+            {"version": snapshot.version, "entries": entries_for(request, *snapshot.entries)}
         )
 
     @documented(
@@ -122,7 +132,7 @@ class MessagesView(OutboxAPIView):
             )
         except Duplicate as dup:
             return Response({"id": dup.accepted_id, "duplicate": True}, status=status.HTTP_200_OK)
-        return Response(entry.to_dict(), status=status.HTTP_202_ACCEPTED)
+        return Response(entries_for(request, entry)[0], status=status.HTTP_202_ACCEPTED)
 
 
 class MessageView(OutboxAPIView):
@@ -192,7 +202,7 @@ class MessageRetryView(OutboxAPIView):
             return busy_response()
         for entry in outbox.snapshot(workspace_id, session_id).entries:
             if entry.id == entry_id:
-                return Response(entry.to_dict())
+                return Response(entries_for(request, entry)[0])
         return error_response(
             status.HTTP_404_NOT_FOUND,
             "not_found",

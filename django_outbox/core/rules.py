@@ -10,13 +10,20 @@ subclass :class:`ContentTooLarge` (413). Both content errors are ``ValueError``\
 The identifier allow-list keeps ``:``, ``{``, ``}``, ``*``, whitespace and
 newlines out of key names, so no input can alias another session's keys or act
 as a pattern (docs/explanation/storage.md).
+
+It also says what comes out: text the outbox did not write is cleaned (:func:`clean_text`,
+:func:`describe_error`), a stored error is summarised for every viewer
+(:func:`summarize_error`, :func:`entry_for_viewer`), and an entry's JSON has a bound
+(:func:`max_entry_json_bytes`).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier
@@ -187,13 +194,136 @@ def describe_error(exc: BaseException, *, with_type: bool = True) -> str:
 MAX_ERROR_CHARS = 2000
 
 
+# --- what every viewer reads of a failure -------------------------------------------------
+
+
+class ErrorKind(enum.StrEnum):
+    """What ended an entry's last attempt, as every viewer may read it (``errorKind``;
+    docs/explanation/security.md)."""
+
+    TIMEOUT = "timeout"  #: the agent did not answer within ``DELIVERY_TIMEOUT``
+    UNREACHABLE = "unreachable"  #: nothing was sent: the agent could not be reached
+    AGENT_ERROR = "agent_error"  #: the agent answered a server error (5xx)
+    REJECTED = "rejected"  #: the agent answered another non-2xx status
+    NO_ANSWER = "no_answer"  #: sent, but no answer came back (the outcome is unknown)
+    INTERRUPTED = "interrupted"  #: the delivery was cancelled (a worker stopping)
+    UNCONFIRMED = "unconfirmed"  #: whether the agent has the message could not be told
+    NOT_RECEIVED = "not_received"  #: the verifier found the agent does not have it
+    AGENT_BUSY = "agent_busy"  #: the agent still handles an earlier attempt
+    UNAVAILABLE = "unavailable"  #: the queue store did not confirm the step
+    FAILED = "failed"  #: the deliverer failed in another way
+
+
+#: The short text every viewer reads for each kind (``{status}``: `` (HTTP 503)`` or "").
+ERROR_TEXTS = {
+    ErrorKind.TIMEOUT: "the agent did not answer in time",
+    ErrorKind.UNREACHABLE: "the agent could not be reached",
+    ErrorKind.AGENT_ERROR: "the agent answered with an error{status}",
+    ErrorKind.REJECTED: "the agent refused the message{status}",
+    ErrorKind.NO_ANSWER: "the message was sent but no answer came back",
+    ErrorKind.INTERRUPTED: "the delivery was interrupted",
+    ErrorKind.UNCONFIRMED: "it could not be confirmed that the agent has the message",
+    ErrorKind.NOT_RECEIVED: "the agent does not have the message",
+    ErrorKind.AGENT_BUSY: "the agent is still handling an earlier attempt",
+    ErrorKind.UNAVAILABLE: "the queue store did not confirm the delivery step",
+    ErrorKind.FAILED: "the delivery failed",
+}
+
+# The stored texts' openings, as the delivery step writes them (core/delivery.py); a
+# test drives each through a real delivery.
+_KIND_BY_OPENING = (
+    ("cancelled", ErrorKind.INTERRUPTED),
+    ("timed out after ", ErrorKind.TIMEOUT),
+    ("transient: replicas did not acknowledge", ErrorKind.UNAVAILABLE),
+    ("prior attempt pending: ", ErrorKind.AGENT_BUSY),
+    ("verifier: the agent does not have it", ErrorKind.NOT_RECEIVED),
+    ("verifier", ErrorKind.UNCONFIRMED),
+    ("outcome unknown", ErrorKind.UNCONFIRMED),
+)
+# An HTTP status where a message starts with one (after an exception's type): the opencode
+# deliverer's "opencode answered HTTP 503 for <url>" and httpx's raise_for_status()
+# "Server error '503 Service Unavailable' for url ...". Anchored: a status further on
+# (in the agent's body) is the agent's text, not the answer's status.
+_STATUS = re.compile(
+    r"(?:[A-Za-z_][\w.]{0,99}: )?"
+    r"(?:[\w.-]{1,40} answered HTTP (?P<answered>[1-5]\d\d)(?!\d)"
+    r"|(?:Informational response|Redirect response|Client error|Server error) "
+    r"'(?P<raised>[1-5]\d\d) )"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSummary:
+    """What every viewer reads of a stored error: its ``kind``, the agent's HTTP
+    ``status`` when it answered one (else None) and a short ``text`` that holds nothing
+    the agent wrote."""
+
+    kind: ErrorKind
+    status: int | None
+    text: str
+
+
+def summarize_error(last_error: str) -> ErrorSummary:
+    """The :class:`ErrorSummary` of a stored ``lastError`` (as the delivery step writes
+    it: ``"transient: ..."``, ``"ambiguous: ..."``, ``"timed out after ..."``,
+    ``"<Type>: <message>"``, ...). Reads only the text's opening and the status the
+    message starts with; never raises."""
+    kind: ErrorKind | None = None
+    for opening, known in _KIND_BY_OPENING:
+        if last_error.startswith(opening):
+            kind = known
+            break
+    status = None
+    if kind is None:
+        outcome, colon, rest = last_error.partition(": ")
+        if not colon or outcome not in ("transient", "ambiguous"):
+            outcome, rest = "", last_error
+        match = _STATUS.match(rest)
+        if match is not None:
+            status = int(match["answered"] or match["raised"])
+            kind = ErrorKind.AGENT_ERROR if status >= 500 else ErrorKind.REJECTED
+        elif outcome == "transient":
+            kind = ErrorKind.UNREACHABLE
+        elif outcome == "ambiguous":
+            kind = ErrorKind.NO_ANSWER
+        else:
+            kind = ErrorKind.FAILED
+    shown = f" (HTTP {status})" if status is not None else ""
+    return ErrorSummary(kind, status, ERROR_TEXTS[kind].format(status=shown))
+
+
+def entry_for_viewer(data: dict[str, Any], *, excerpt: bool) -> dict[str, Any]:
+    """An entry's wire dict (``Entry.to_dict()``) as one viewer reads it. With a
+    ``lastError``: ``errorKind`` (an :class:`ErrorKind`) and, when the agent answered
+    one, ``errorStatus`` (int) follow it, and ``lastError`` is the summary's short text
+    unless ``excerpt`` (staff: the stored, redacted text, which may quote the agent's
+    answer and name its URL; docs/explanation/security.md). A new dict; ``data`` is
+    left as it is, and one without a ``lastError`` is returned as it is."""
+    error = data.get("lastError")
+    if not isinstance(error, str):
+        return data
+    summary = summarize_error(error)
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in ("errorKind", "errorStatus"):
+            continue
+        out[name] = value
+        if name == "lastError":
+            if not excerpt:
+                out[name] = summary.text
+            out["errorKind"] = str(summary.kind)
+            if summary.status is not None:
+                out["errorStatus"] = summary.status
+    return out
+
+
 # --- the size of an entry on the wire -----------------------------------------------------
 
 #: JSON escapes one character into at most six bytes (a control character becomes ``\u00XX``).
 _ESCAPED = 6
 #: Bytes of an entry's JSON that no rule above bounds by itself: member names, the ID,
-#: status, times, counters, ``parkedFrom``, ``blockedByInFlight`` and ``inFlightFor``
-#: (about 700 in the worst case), rounded up generously.
+#: status, times, counters, ``parkedFrom``, ``blockedByInFlight``, ``inFlightFor``,
+#: ``errorKind`` and ``errorStatus`` (about 750 in the worst case), rounded up generously.
 _ENTRY_FIXED_BYTES = 4096
 #: Bytes a snapshot frame adds around its entries: type, workspace and session IDs (128
 #: characters each at most), version, page and page count.

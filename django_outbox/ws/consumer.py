@@ -51,10 +51,10 @@ from django.db.models import Model
 
 from ..conf import outbox_settings
 from ..core.redaction import redact
-from ..core.rules import IDENTIFIER_RE
+from ..core.rules import IDENTIFIER_RE, entry_for_viewer
 from ..errors import OutboxUnavailable
 from ..outbox import get_outbox
-from ..policy import is_allowed
+from ..policy import is_allowed, reads_error_excerpts
 from .publish import group_name
 from .truth import PUBLISH_GRACE, ResyncBudget, SocketState, is_behind, snapshot_frames
 
@@ -96,6 +96,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     #: The user whose socket count holds this socket (None: not counted).
     socket_user: str | None = None
     socket_id = ""
+    #: Whether this socket's user reads ``lastError`` excerpts (staff; set each time the
+    #: access policy is asked, :func:`~django_outbox.policy.reads_error_excerpts`).
+    error_excerpts = False
 
     #: Attempts of the channel layer's receive before the socket gives up (a pooled
     #: connection may be stale after a Valkey restart), with doubling delays from
@@ -246,6 +249,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         async with live.lock:
             if live.closing:
                 return
+            entry = message.get("entry")
+            if isinstance(entry, dict):
+                message = {**message, "entry": entry_for_viewer(entry, excerpt=self.error_excerpts)}
             await self.send(text_data=json.dumps(message, ensure_ascii=False))
             version = message.get("version")
             if isinstance(version, int):
@@ -348,7 +354,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         current = await get_user({"session": store})
         if not current.is_authenticated or current.pk != getattr(user, "pk", None):
             return False
-        return await sync_to_async(is_allowed)(current, self.workspace_id, self.session_id, "view")
+        return await sync_to_async(self._may_view)(current)
 
     async def resync(self) -> None:
         """Answer a client's ``{"type": "resync"}``: past ``WS_RESYNC_BUDGET`` resyncs in
@@ -484,7 +490,14 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         user = self.scope.get("user")
         if fresh and isinstance(user, Model) and user.pk is not None:
             user = user.__class__._default_manager.filter(pk=user.pk).first()
-        return is_allowed(user, self.workspace_id, self.session_id, "view")
+        return self._may_view(user)
+
+    def _may_view(self, user: Any) -> bool:
+        """The access policy's ``view`` for ``user``; notes whether it reads ``lastError``
+        excerpts (docs/explanation/security.md). Sync: the policy may query the database."""
+        allowed = is_allowed(user, self.workspace_id, self.session_id, "view")
+        self.error_excerpts = allowed and reads_error_excerpts(user)
+        return allowed
 
     async def _send_snapshot(self, wanted: bool = False) -> None:
         """Read the session and send it as ``queue.snapshot`` pages (no update between
@@ -508,7 +521,10 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 self.workspace_id,
                 self.session_id,
                 snapshot.version,
-                (e.to_dict() for e in snapshot.entries),
+                (
+                    entry_for_viewer(e.to_dict(), excerpt=self.error_excerpts)
+                    for e in snapshot.entries
+                ),
                 outbox.config.ws_max_frame_bytes,
             )
             for frame in frames:
