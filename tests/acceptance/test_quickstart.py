@@ -33,8 +33,8 @@ import pytest
 from django_outbox.conf import OPENCODE_KEYS, OWN_KEYS
 from django_outbox.core.config import Config
 from django_outbox.testing import ValkeyServer, free_port, wait_until
+from tests.support.paths import ROOT as REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 SNIPPETS = DOCS / "quickstart"
 PASSWORD = "quickstart-Pa55word"
@@ -244,7 +244,7 @@ def frontend_snippets() -> tuple[str, str, str]:
 def frontend_in_browser(tmp_path: Path, server: str) -> bool:
     """Log in, open the frontend page, send a prompt and wait until the page shows it
     sent; False (and why, printed) when there is no headless browser here."""
-    from .test_browser import CHROMEDRIVER, CHROMIUM, start_chrome
+    from tests.support.browser import CHROMEDRIVER, CHROMIUM, start_chrome
 
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
         print("quickstart: no headless browser, the frontend page was not tried")

@@ -3,26 +3,19 @@
 ``test_queue_page_shows_a_prompt_delivered_live`` drives headless Chromium from Debian
 (``apt-get install -y chromium chromium-driver``: the binaries ``/usr/bin/chromium`` and
 ``/usr/bin/chromedriver``) with Selenium, on a live demo stack. Skipped, with the reason
-printed, when either is missing; it installs nothing. The helpers here (``start_chrome``,
-``save_screenshot``) serve the other browser tests too: logins and tabs in
-``test_browser_tabs.py``, close codes in ``test_browser_close_codes.py``; outbox.js's
-logic under Node is in ``test_browser_logic.py``.
+printed, when either is missing; it installs nothing (tests/support/browser.py). The other
+browser tests: logins and tabs in ``test_browser_tabs.py``, close codes in
+``test_browser_close_codes.py``; outbox.js's logic under Node is in ``test_browser_logic.py``.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
-from pathlib import Path
 
 import pytest
 
-from .test_demo import DemoProcess
-
-CHROMIUM = os.environ.get("OUTBOX_TEST_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("OUTBOX_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
-DEADLINE = 30.0  # seconds for each wait in the browser
+from tests.support.browser import DEADLINE, browser_or_skip, start_chrome
+from tests.support.demo import DemoProcess
 
 #: The browser's own queue of unacknowledged sends (outbox.js keeps one localStorage key
 #: per prompt: ``<storageKey>:pending:<clientMessageID>``).
@@ -54,63 +47,9 @@ fetch(`${page.apiBase}api/workspaces/${page.workspace}/sessions/${page.session}/
 """
 
 
-def _browser_or_skip():
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
-    if missing:
-        reason = (
-            f"no headless browser: {', '.join(missing)} missing "
-            "(apt-get install -y chromium chromium-driver)"
-        )
-        print(reason)
-        pytest.skip(reason)
-    return pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-
-
-def start_chrome(tmp_path: Path, name: str = "chromium"):
-    """A headless Chromium with its own profile under ``tmp_path / name`` (skips without one).
-
-    Background tabs are not throttled, so a test can drive two tabs of one browser (they
-    share cookies and localStorage, as two tabs of a real user do).
-    """
-    webdriver = _browser_or_skip()
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--disable-background-timer-throttling",
-        "--disable-renderer-backgrounding",
-        "--disable-backgrounding-occluded-windows",
-        "--window-size=1400,900",
-        f"--user-data-dir={tmp_path / (name + '-profile')}",
-    ):
-        options.add_argument(flag)
-    return webdriver.Chrome(
-        options=options,
-        service=webdriver.ChromeService(
-            executable_path=CHROMEDRIVER, log_output=str(tmp_path / f"{name}-chromedriver.log")
-        ),
-    )
-
-
-def save_screenshot(driver, name: str) -> None:
-    """Save a PNG of the current tab to ``$OUTBOX_TEST_SCREENSHOTS/<name>.png`` when set."""
-    folder = os.environ.get("OUTBOX_TEST_SCREENSHOTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(Path(folder) / f"{name}.png"))
-
-
 @pytest.mark.slow
 def test_queue_page_shows_a_prompt_delivered_live(tmp_path):
-    _browser_or_skip()
+    browser_or_skip()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait

@@ -1,6 +1,6 @@
 """outbox.js in headless Chromium when the queue socket is refused (case 23, client side).
 
-A real server (uvicorn, ``tests/asgi_close_codes.py``) accepts the socket and closes it
+A real server (uvicorn, ``tests/support/asgi/close_codes.py``) accepts the socket and closes it
 with 4403 (refused) or 4400 (invalid ID), as the README promises: the client stops
 reconnecting and sets ``view.error``; ``subscription.reconnect()`` asks once more. A
 socket refused *before* it is accepted reaches the browser as close code 1006 (the
@@ -19,17 +19,17 @@ import urllib.request
 import pytest
 
 from example_project.stack import free_port
-
-from .test_browser import DEADLINE, _browser_or_skip, save_screenshot, start_chrome
-from .test_demo import ROOT, stop_group
-from .valkey import wait_until
+from tests.support.browser import DEADLINE, browser_or_skip, save_screenshot, start_chrome
+from tests.support.demo import stop_group
+from tests.support.paths import ROOT
+from tests.support.valkey import wait_until
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    _browser_or_skip()
+    browser_or_skip()
     port = free_port()
     log_path = tmp_path_factory.mktemp("close-codes") / "uvicorn.log"
     with log_path.open("wb") as log:
@@ -38,7 +38,7 @@ def server(tmp_path_factory):
                 sys.executable,
                 "-m",
                 "uvicorn",
-                "tests.asgi_close_codes:app",
+                "tests.support.asgi.close_codes:app",
                 "--host",
                 "127.0.0.1",
                 "--port",

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from .test_browser import DEADLINE, _browser_or_skip, save_screenshot, start_chrome
-from .test_demo import DemoProcess
+from tests.support.browser import DEADLINE, browser_or_skip, save_screenshot, start_chrome
+from tests.support.demo import DemoProcess
 
 PROMPTS = 3
 #: The tiles as {label: value}, read in one go.
@@ -46,7 +46,7 @@ def login(driver, wait, url: str, username: str, password: str) -> None:
 
 @pytest.mark.slow
 def test_the_dashboard_charts_real_deliveries_and_refreshes(tmp_path):
-    _browser_or_skip()
+    browser_or_skip()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait

@@ -1,10 +1,11 @@
 """outbox.js in headless Chromium against the real consumer under uvicorn (case 23).
 
-The page of ``tests/asgi_close_codes.py``, served by ``tests/asgi_ws_wire.py`` with the
-real :class:`~django_outbox.ws.consumer.OutboxConsumer` behind the logging origin
-validator: a refusal reaches the browser as 4403 / 4400 (not 1006), so the client stops
-and says why; 4429 (too many sockets for the user) is transient: the client keeps
-trying, with backoff, and connects once a socket of the user closes.
+The page of ``tests/support/asgi/close_codes.py``, served by
+``tests/support/asgi/refusals.py`` with the real
+:class:`~django_outbox.ws.consumer.OutboxConsumer` behind the logging origin validator: a
+refusal reaches the browser as 4403 / 4400 (not 1006), so the client stops and says why;
+4429 (too many sockets for the user) is transient: the client keeps trying, with backoff,
+and connects once a socket of the user closes.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import asyncio
 import pytest
 from websockets.asyncio.client import connect
 
-from .test_browser import DEADLINE, _browser_or_skip, start_chrome
-from .test_ws_wire import MAX_SOCKETS, asgi_server, open_sockets, path
+from tests.support.browser import DEADLINE, browser_or_skip, start_chrome
+from tests.support.refusals_server import MAX_SOCKETS, asgi_server, open_sockets, path
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def server(valkey, tmp_path_factory):
-    _browser_or_skip()
+    browser_or_skip()
     log = tmp_path_factory.mktemp("ws-wire-browser") / "uvicorn.log"
     with asgi_server("uvicorn", valkey, log) as address:
         yield f"http://{address}", log

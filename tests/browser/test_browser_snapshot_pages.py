@@ -8,15 +8,14 @@ from __future__ import annotations
 import pytest
 
 from django_outbox.outbox import Outbox
-
-from .test_browser import DEADLINE, _browser_or_skip, save_screenshot, start_chrome
-from .truth_server import serve
+from tests.support.browser import DEADLINE, browser_or_skip, save_screenshot, start_chrome
+from tests.support.live_server import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.standalone]
 
 
 async def test_a_paged_snapshot_shows_every_prompt_in_order(valkey, tmp_path):
-    _browser_or_skip()
+    browser_or_skip()
     from selenium.webdriver.support.ui import WebDriverWait
 
     core = Outbox(url=valkey, user_max_queued=0, user_accepts_per_minute=0)
@@ -31,7 +30,7 @@ async def test_a_paged_snapshot_shows_every_prompt_in_order(valkey, tmp_path):
     await core.aclose()
     core.close()
     with serve(
-        "uvicorn", valkey, tmp_path / "server", app="tests.truth_browser_asgi:application"
+        "uvicorn", valkey, tmp_path / "server", app="tests.support.asgi.snapshot_pages:application"
     ) as server:
         base = server.ws.replace("ws://", "http://")
         driver = start_chrome(tmp_path)

@@ -1,6 +1,6 @@
 """outbox.js in a real browser across logins and tabs (case 21), on a live demo stack.
 
-Headless Chromium driven by Selenium (see ``tests/test_browser.py`` for what it needs).
+Headless Chromium driven by Selenium (see ``tests/browser/test_browser.py`` for what it needs).
 Each test opens the demo's queue page in one or two tabs of one browser: the tabs share
 cookies and localStorage, as a real user's tabs do.
 
@@ -26,8 +26,8 @@ import uuid
 
 import pytest
 
-from .test_browser import DEADLINE, _browser_or_skip, save_screenshot, start_chrome
-from .test_demo import DemoProcess
+from tests.support.browser import DEADLINE, browser_or_skip, save_screenshot, start_chrome
+from tests.support.demo import DemoProcess
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +117,7 @@ ACCEPTED_NOTES = ("accepted", "already accepted earlier")
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    _browser_or_skip()
+    browser_or_skip()
     process = DemoProcess(tmp_path_factory.mktemp("demo"), "--latency", "0.2").start()
     yield process
     process.stop()

@@ -1,10 +1,10 @@
 """outbox.js under Node: paged snapshots and the 4429 close (README "Live updates
-(WebSocket)"). The same harness as tests/test_browser_logic.py; the real browser test of
-a paged snapshot is in tests/test_ws_truth_browser.py."""
+(WebSocket)"). The same harness as tests/browser/test_browser_logic.py; the real browser test of
+a paged snapshot is in tests/browser/test_browser_snapshot_pages.py."""
 
 from __future__ import annotations
 
-from .test_browser_logic import run_node
+from tests.support.node import run_node
 
 PAGES = r"""
 {

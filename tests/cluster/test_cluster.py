@@ -2,8 +2,8 @@
 global indices kept by index hints, workers that find and wake on work in every shard.
 
 Each test runs twice: on a one-node cluster (every slot on one server) and on
-three masters with a replica each (tests/cluster.py); the failover test is
-tests/test_cluster_failover.py.
+three masters with a replica each (tests/support/cluster.py); the failover test is
+tests/faults/test_cluster_failover.py.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from django_outbox.core.plans import Cmd, Pipe
 from django_outbox.core.scripts import SCRIPT_NAMES
 from django_outbox.core.worker import Worker
 from django_outbox.errors import AmbiguousError
-
-from .cluster import ValkeyCluster
-from .helpers import BlockingDeliverer, aaccept, wait_for
-from .valkey import free_port
+from tests.support.cluster import ValkeyCluster
+from tests.support.helpers import BlockingDeliverer, aaccept, wait_for
+from tests.support.valkey import free_port
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""Sanity checks for the local Valkey Cluster harness in ``tests/cluster.py``."""
+"""Sanity checks for the local Valkey Cluster harness in ``tests/support/cluster.py``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from .cluster import ValkeyCluster
+from tests.support.cluster import ValkeyCluster
 
 pytestmark = pytest.mark.cluster
 

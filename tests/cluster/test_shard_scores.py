@@ -7,8 +7,7 @@ import pytest
 import redis
 
 from django_outbox.core.finding import due_sessions
-
-from .helpers import aaccept
+from tests.support.helpers import aaccept
 
 pytestmark = pytest.mark.cluster
 

@@ -21,18 +21,7 @@ from django_outbox.core.rules import (
     validate_content,
 )
 from django_outbox.errors import ContentTooLarge, InvalidContent, InvalidIdentifier
-
-HOSTILE_MODEL = {
-    "a": [],
-    "b": {},
-    "nested": [[1, [2, []]], {"x": [{}]}],
-    "big": 12345678901234567,
-    "neg": -98765432109876543,
-    "float": 0.1,
-    "emoji": "𝄞😀",
-    "slash": "a/b",
-}
-HOSTILE_TEXT = 'nul\x00 rtl\u202eabc\u202c zwj 👩\u200d👩\u200d👧 astral 𝄞 quote" back\\ tab\t'
+from tests.support.hostile import HOSTILE_MODEL, HOSTILE_TEXT
 
 
 def make(**kw):

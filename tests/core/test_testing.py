@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import redis
 
 from django_outbox.core.service import Outbox
 from django_outbox.testing import ValkeyServer, ping
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
 
 
 def test_valkey_server_is_a_throwaway_real_server_an_outbox_can_use(tmp_path):
@@ -52,7 +50,7 @@ def test_the_suite_refuses_to_flush_a_valkey_that_holds_data(tmp_path):
         env.pop("OUTBOX_TEST_CLUSTER", None)
         run = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "tests/test_entry.py::test_wire_dict_is_camel_case"],
+             "tests/core/test_entry.py::test_wire_dict_is_camel_case"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert run.returncode == 2, run.stdout + run.stderr

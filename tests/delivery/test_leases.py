@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -16,12 +15,19 @@ from django_outbox import DismissResult, RetryResult, Status, Verdict
 from django_outbox.core.delivery import Claimed
 from django_outbox.core.entry import format_time
 from django_outbox.core.worker import Worker
+from tests.support import scenarios
+from tests.support.helpers import (
+    SES,
+    WS,
+    BlockingDeliverer,
+    aaccept,
+    astatuses,
+    make_entry,
+    wait_for,
+)
+from tests.support.paths import ROOT
+from tests.support.scenarios import ambiguous, nothing
 
-from . import scenarios
-from .helpers import SES, WS, BlockingDeliverer, aaccept, astatuses, make_entry, wait_for
-from .scenarios import ambiguous, nothing
-
-ROOT = Path(__file__).resolve().parent.parent
 amake = scenarios.amake  # the fixture
 
 
@@ -248,7 +254,16 @@ async def test_cleanup_during_a_delivery_removes_the_lease_too(amake, r, signals
 
 def start_child(valkey, lock_ttl, mode):
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.lease_child", valkey, WS, SES, str(lock_ttl), mode],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.children.lease",
+            valkey,
+            WS,
+            SES,
+            str(lock_ttl),
+            mode,
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )

@@ -7,6 +7,7 @@ from prometheus_client import generate_latest
 
 from django_outbox.errors import AmbiguousError
 from django_outbox.metrics import WorkerMetrics
+from tests.support.paths import ROOT
 
 
 def sample(metrics, name, labels=None):
@@ -97,9 +98,8 @@ def test_the_grafana_dashboard_names_only_metrics_a_worker_exposes(make_outbox):
     """deploy/grafana/django-outbox.json (README "The worker") stays true to WorkerMetrics."""
     import json
     import re
-    from pathlib import Path
 
-    dashboard = Path(__file__).resolve().parent.parent / "deploy/grafana/django-outbox.json"
+    dashboard = ROOT / "deploy/grafana/django-outbox.json"
     panels = json.loads(dashboard.read_text())["panels"]
     exprs = [target["expr"] for panel in panels for target in panel["targets"]]
     named = {name for expr in exprs for name in re.findall(r"\boutbox_[a-z_]+", expr)}

@@ -5,22 +5,29 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from django_outbox import DismissResult, RetryResult, Status, Verdict
-
-from .helpers import accept
-from .valkey import wait_until
+from tests.support.helpers import accept
+from tests.support.paths import ROOT
+from tests.support.valkey import wait_until
 
 WS, SES = "w1", "s1"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_child(valkey, lock_ttl, hang_on):
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_child", valkey, WS, SES, str(lock_ttl), hang_on],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.children.crash",
+            valkey,
+            WS,
+            SES,
+            str(lock_ttl),
+            hang_on,
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )

@@ -15,10 +15,9 @@ from django_outbox import (
     Verdict,
 )
 from django_outbox.errors import AmbiguousError, PriorAttemptPendingError
-
-from . import scenarios
-from .helpers import SES, WS, BlockingDeliverer, aaccept, astatuses, make_entry
-from .scenarios import ambiguous, nothing, transient
+from tests.support import scenarios
+from tests.support.helpers import SES, WS, BlockingDeliverer, aaccept, astatuses, make_entry
+from tests.support.scenarios import ambiguous, nothing, transient
 
 amake = scenarios.amake  # the fixture
 
@@ -254,7 +253,7 @@ async def test_the_attention_index_follows_each_state(amake):
 
 
 async def test_an_updating_settle_whose_reply_was_lost_is_replayed_not_lost(amake, valkey):
-    from .proxy import TcpProxy
+    from tests.support.proxy import TcpProxy
 
     proxy = TcpProxy(int(valkey.rsplit(":", 1)[1].split("/")[0])).start()
     try:

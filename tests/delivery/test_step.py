@@ -11,8 +11,7 @@ import pytest
 
 from django_outbox import Status, Verdict
 from django_outbox.errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
-
-from .helpers import BlockingDeliverer, aaccept, astatuses, wait_for
+from tests.support.helpers import BlockingDeliverer, aaccept, astatuses, wait_for
 
 WS, SES = "w1", "s1"
 

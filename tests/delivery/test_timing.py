@@ -17,10 +17,9 @@ from django_outbox import LEDGER_STATE_TURN_ENDED, RetryResult, Status, Verdict
 from django_outbox.core.entry import format_time
 from django_outbox.core.finding import due_sessions
 from django_outbox.core.worker import Worker
-
-from . import scenarios
-from .helpers import SES, WS, aaccept, astatuses, wait_for
-from .scenarios import ambiguous, transient
+from tests.support import scenarios
+from tests.support.helpers import SES, WS, aaccept, astatuses, wait_for
+from tests.support.scenarios import ambiguous, transient
 
 amake = scenarios.amake  # the fixture
 
@@ -227,7 +226,7 @@ async def test_a_ledger_completion_wakes_an_idle_worker(amake, signals_log):
 
 
 async def test_a_release_with_more_work_queued_wakes_an_idle_worker(amake):
-    from .helpers import BlockingDeliverer
+    from tests.support.helpers import BlockingDeliverer
 
     agent = BlockingDeliverer()
     delivered = []
@@ -258,7 +257,7 @@ async def test_a_session_under_a_live_lease_is_not_due(amake):
     """README "The worker": a session in flight is indexed at its lease's expiry, and each
     renewal moves it on, so no scan offers it while its lease lives (a worker would only
     get busy)."""
-    from .helpers import BlockingDeliverer
+    from tests.support.helpers import BlockingDeliverer
 
     lock_ttl = 1.0  # renewed every 0.33 s
     agent = BlockingDeliverer()

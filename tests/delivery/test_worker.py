@@ -8,8 +8,7 @@ import pytest
 
 from django_outbox import Status, Verdict
 from django_outbox.errors import AmbiguousError
-
-from .helpers import NO_USER_BOUNDS, BlockingDeliverer, wait_for
+from tests.support.helpers import NO_USER_BOUNDS, BlockingDeliverer, wait_for
 
 WS = "w1"
 
@@ -294,7 +293,7 @@ async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
 
 @pytest.mark.standalone
 async def test_start_up_waits_for_valkey_to_come_back(tmp_path, make_outbox):
-    from .valkey import ValkeyProcess
+    from tests.support.valkey import ValkeyProcess
 
     server = ValkeyProcess(tmp_path).start()
     delivered = asyncio.Event()

@@ -5,7 +5,10 @@ import pytest
 from django.core import checks
 from django.test import override_settings
 
-GOOD = {"DELIVERER": "tests.agents.deliver", "ACCESS_POLICY": "tests.policies.own_workspace"}
+GOOD = {
+    "DELIVERER": "tests.support.agents.deliver",
+    "ACCESS_POLICY": "tests.support.policies.own_workspace",
+}
 LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
@@ -16,7 +19,7 @@ def ids(**overrides):
 
 def test_e004_next_to_the_settings_module(valkey, monkeypatch):
     """uvicorn mysite.asgi:application, no ASGI_APPLICATION: still an error."""
-    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.ws_wire_project.settings")
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.support.mysite.settings")
     assert ids() == ["django_outbox.E004"]
     assert ids(CHANNEL_LAYERS=LAYERS) == []
 
@@ -26,18 +29,18 @@ def test_e004_next_to_the_wsgi_application(valkey, monkeypatch):
     project package."""
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.settings_split.production")
     assert ids() == []  # tests.settings_split.asgi does not exist: nothing to look at
-    wsgi = "tests.ws_wire_project.wsgi.application"
+    wsgi = "tests.support.mysite.wsgi.application"
     assert ids(WSGI_APPLICATION=wsgi) == ["django_outbox.E004"]
     assert ids(WSGI_APPLICATION=wsgi, CHANNEL_LAYERS=LAYERS) == []
 
 
 def test_no_asgi_module_no_error(valkey):
-    # tests.settings has no sibling asgi module and names no ASGI_APPLICATION
+    # tests.support.settings.base has no sibling asgi module and names no ASGI_APPLICATION
     assert ids() == []
 
 
 def test_the_e004_message_says_what_clients_see(valkey, monkeypatch):
-    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.ws_wire_project.settings")
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.support.mysite.settings")
     with override_settings(OUTBOX=GOOD):
         (found,) = [m for m in checks.run_checks(tags=["outbox"]) if m.id.endswith("E004")]
     assert "4500" in found.msg and "CHANNEL_LAYERS" in found.msg
@@ -61,5 +64,5 @@ def test_the_logging_validators_satisfy_w008(valkey, name):
     outbox_checks._walk(ProtocolTypeRouter({"websocket": inner}), False, frozenset(), out)
     assert out.consumer_routes == [True]
     assert (
-        ids(ASGI_APPLICATION="tests.ws_wire_project.asgi.application", CHANNEL_LAYERS=LAYERS) == []
+        ids(ASGI_APPLICATION="tests.support.mysite.asgi.application", CHANNEL_LAYERS=LAYERS) == []
     )

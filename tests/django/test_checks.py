@@ -5,9 +5,12 @@ import redis
 from django.core import checks
 from django.test import override_settings
 
-from .valkey import ValkeyProcess, free_port
+from tests.support.valkey import ValkeyProcess, free_port
 
-GOOD = {"DELIVERER": "tests.agents.deliver", "ACCESS_POLICY": "tests.policies.own_workspace"}
+GOOD = {
+    "DELIVERER": "tests.support.agents.deliver",
+    "ACCESS_POLICY": "tests.support.policies.own_workspace",
+}
 
 
 def ids(deploy=False, **kwargs):
@@ -80,11 +83,15 @@ def test_appendfsync_no_warns_under_deploy(tmp_path, monkeypatch):
 
 
 def test_routed_consumer_without_channel_layer_is_an_error(valkey):
-    with override_settings(OUTBOX=GOOD, ASGI_APPLICATION="tests.asgi_with_consumer.application"):
+    with override_settings(
+        OUTBOX=GOOD, ASGI_APPLICATION="tests.support.asgi.with_consumer.application"
+    ):
         assert ids() == ["django_outbox.E004"]
     layers = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     with override_settings(
-        OUTBOX=GOOD, ASGI_APPLICATION="tests.asgi_with_consumer.application", CHANNEL_LAYERS=layers
+        OUTBOX=GOOD,
+        ASGI_APPLICATION="tests.support.asgi.with_consumer.application",
+        CHANNEL_LAYERS=layers,
     ):
         assert ids() == []
 

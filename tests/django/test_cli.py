@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -15,11 +14,9 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from django_outbox.core.entry import Status
-
-from .helpers import SES, WS, accept
-from .valkey import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.helpers import SES, WS, accept
+from tests.support.paths import ROOT
+from tests.support.valkey import free_port
 
 
 def run(*args: str) -> str:
@@ -161,7 +158,11 @@ def test_valkey_unavailable_is_3(outbox):
 def test_exit_codes_reach_the_shell(outbox, valkey):
     """Through a real ``python -m django`` process, as a script would call it."""
     entry = accept(outbox, "a")
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "OUTBOX_VALKEY_URL": valkey}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+        "OUTBOX_VALKEY_URL": valkey,
+    }
 
     def shell(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -16,8 +16,7 @@ from django.test import override_settings
 from django_outbox import conf, get_outbox
 from django_outbox.conf import CALLABLE_KEYS, OWN_SETTINGS, OpencodeSettings, outbox_settings
 from django_outbox.core.config import Config, declared, kinds
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
 
 
 def test_defaults_follow_the_design():
@@ -160,7 +159,11 @@ def test_conf_imports_nothing_it_configures():
     ["django_outbox.conf", "django_outbox.outbox", "django_outbox.delivery.opencode"],
 )
 def test_each_settings_reader_imports_first_in_a_fresh_interpreter(module):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+    }
     done = subprocess.run(
         [sys.executable, "-c", f"import {module}"], cwd=ROOT, env=env, capture_output=True
     )
@@ -207,10 +210,10 @@ def route_workspace(workspace_id: str) -> str | None:
 
 
 async def test_opencode_urls_come_from_workspace_urls_then_base_url():
-    block = {"BASE_URL": "http://base", "WORKSPACE_URLS": "tests.test_conf.route_workspace"}
+    block = {"BASE_URL": "http://base", "WORKSPACE_URLS": "tests.django.test_conf.route_workspace"}
     with override_settings(OUTBOX={"OPENCODE": block}):
         s = outbox_settings().opencode
-        assert s.workspace_urls == "tests.test_conf.route_workspace"  # imported on first use
+        assert s.workspace_urls == "tests.django.test_conf.route_workspace"  # imported on first use
         assert await s.aurl_for("w2") == "http://two"
         assert await s.aurl_for("w1") == "http://base"
 

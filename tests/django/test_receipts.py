@@ -3,7 +3,7 @@
 The effects are ``auth.Group`` rows named ``"<entry id>:<n>"`` (a table without a
 constraint on them, so a second run of a receiver would show as a second row); the
 receipts are :class:`~django_outbox.models.DeliveryReceipt`. The kill-loop across
-worker processes is in tests/test_receipts_processes.py.
+worker processes is in tests/django/test_receipts_processes.py.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from django_outbox.metrics import WorkerMetrics
 from django_outbox.models import DeliveryReceipt
 from django_outbox.outbox import Outbox
 from django_outbox.signals import DeliveredSignal, entry_delivered
-
-from .helpers import SES, WS, aaccept, make_entry, wait_for
-from .proxy import TcpProxy
+from tests.support.helpers import SES, WS, aaccept, make_entry, wait_for
+from tests.support.proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -129,8 +128,8 @@ def test_connect_once_is_a_django_receiver():
     entry_delivered.connect(meter, once=True)  # the same function twice: one registration
     receiver(entry_delivered, once=True)(ameter)  # the decorator passes once= through
     assert sorted(entry_delivered.once_receivers()) == [
-        "tests.test_receipts.ameter",
-        "tests.test_receipts.meter",
+        "tests.django.test_receipts.ameter",
+        "tests.django.test_receipts.meter",
     ]
     assert entry_delivered.disconnect(meter) and entry_delivered.disconnect(ameter)
     assert entry_delivered.once_receivers() == []
@@ -143,7 +142,7 @@ def test_a_long_dotted_name_is_cut_with_a_hash():
 
     f.__qualname__ = "x" * 400
     name = receipts.receiver_name(f)
-    assert len(name) == receipts.MAX_NAME and name.startswith("tests.test_receipts.xxx")
+    assert len(name) == receipts.MAX_NAME and name.startswith("tests.django.test_receipts.xxx")
     f.__qualname__ = "x" * 399 + "y"
     assert receipts.receiver_name(f) != name
 
@@ -157,7 +156,7 @@ def test_a_replay_skips_the_once_receiver_and_runs_the_plain_one():
     assert effects(entry.id) == 1
     assert plain_calls == [(entry.id, entry.delivered_at)] * 2
     assert list(DeliveryReceipt.objects.values_list("entry_id", "delivered_at", "receiver")) == [
-        (entry.id, entry.delivered_at, "tests.test_receipts.meter")
+        (entry.id, entry.delivered_at, "tests.django.test_receipts.meter")
     ]
 
 
@@ -169,7 +168,7 @@ def test_a_failed_run_rolls_back_its_write_and_its_receipt(caplog):
         [(_, response)] = fire(entry)
     assert isinstance(response, RuntimeError)
     assert effects(entry.id) == 0 and DeliveryReceipt.objects.count() == 0
-    assert receipts.FAILURES["tests.test_receipts.meter"] == 1
+    assert receipts.FAILURES["tests.django.test_receipts.meter"] == 1
     assert "stays owed" in caplog.text
     fire(entry)
     assert effects(entry.id) == 1 and DeliveryReceipt.objects.count() == 1
@@ -245,7 +244,7 @@ async def test_a_failing_once_receiver_is_retried_by_the_next_claim_then_recorde
     assert not await outbox.adeliver_once(WS, SES)
 
     await wait_for(lambda: outbox.adeliver_once(WS, SES), 5, 0.05, "the owed signal fired")
-    name = f"tests.test_receipts.{fn.__name__}"
+    name = f"tests.django.test_receipts.{fn.__name__}"
     [(entry_id, delivered_at, receiver)] = await areceipts()
     assert (entry_id, receiver) == (m1.id, name) and delivered_at
     assert await aeffects(m1.id) == 1
@@ -274,12 +273,12 @@ async def test_a_permanently_failing_receiver_holds_its_session_visibly(amake_ou
     with caplog.at_level(logging.ERROR, "django_outbox"):
         run = asyncio.create_task(outbox.arun(tick=0.05, stop=stop, heartbeat=False))
         try:
-            await wait_for(lambda: receipts.FAILURES["tests.test_receipts.meter"] >= 3, 10)
+            await wait_for(lambda: receipts.FAILURES["tests.django.test_receipts.meter"] >= 3, 10)
             assert await aeffects(other.id) == 1  # the other session was not held
             assert [e.id for e in await outbox.alist(WS, "stuck")] == [waiting.id]
             assert await aeffects(stuck.id) == 0
             value = metrics.registry.get_sample_value(
-                "outbox_receiver_failures_total", {"receiver": "tests.test_receipts.meter"}
+                "outbox_receiver_failures_total", {"receiver": "tests.django.test_receipts.meter"}
             )
             assert value >= 3
             failing_sessions.clear()  # the fix is deployed

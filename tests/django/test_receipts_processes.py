@@ -1,7 +1,7 @@
 """The kill loop of issue 18: three ``outbox_worker`` processes SIGKILLed at random while
 the agent fails definitively, ambiguously and transiently; every worker runs a
-``once=True`` receiver that writes a metering row (tests/metering) into one SQLite file
-they share, and a plain receiver that records each firing in Valkey (tests/recorder).
+``once=True`` receiver that writes a metering row (tests/support/metering) into one SQLite file
+they share, and a plain receiver that records each firing in Valkey (tests/support/recorder).
 
 The plain receiver shows that ``entry_delivered`` is replayed (at-least-once); the
 metering rows show that the opt-in turns that into exactly one effect per delivery.
@@ -14,16 +14,16 @@ import time
 
 import pytest
 
-from .helpers import NO_USER_BOUNDS
-from .metering.run import metering_counts, prepare_db, receipt_count, worker_env
-from .test_worker_processes import (
+from tests.support.helpers import NO_USER_BOUNDS
+from tests.support.metering.run import metering_counts, prepare_db, receipt_count, worker_env
+from tests.support.valkey import wait_until
+from tests.support.workers import (
     Workers,
     accept_many,
     check_invariants,
     delivered_signals,
     wait_delivered,
 )
-from .valkey import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_once_receiver_meters_every_delivery_exactly_once_under_sigkills(
         ):
             time.sleep(rng.uniform(0.3, 0.8))
             # every other SIGKILL aims at a worker whose receivers ran and which has not
-            # acknowledged yet (tests/metering/receivers.py: linger); the rest land anywhere
+            # acknowledged yet (tests/support/metering/receivers.py: linger); the rest land anywhere
             victim = (lingering(r, w, 2.0) if kills % 2 else None) or rng.choice(w.live())
             victim.kill()
             victim.wait(5)

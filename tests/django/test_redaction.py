@@ -37,12 +37,11 @@ from django_outbox import get_outbox
 from django_outbox.conf import outbox_settings
 from django_outbox.delivery import opencode
 from django_outbox.ws.routing import websocket_urlpatterns
+from tests.support.helpers import aaccept, accept
+from tests.support.paths import ROOT
+from tests.support.valkey import ValkeyServer, free_port
 
-from .helpers import aaccept, accept
-from .valkey import ValkeyServer, free_port
-
-ROOT = Path(__file__).resolve().parent.parent
-ALLOW_ALL = "tests.test_redaction.allow_all"
+ALLOW_ALL = "tests.django.test_redaction.allow_all"
 OPENCODE_DELIVER = "django_outbox.delivery.opencode.deliver"
 WS, SES = "w1", "ses_redaction1"  # opencode session IDs start with "ses"
 STAFF = SimpleNamespace(
@@ -317,7 +316,7 @@ def worker_env(valkey_url: str, **extra: str) -> dict[str, str]:
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OUTBOX_VALKEY_URL": valkey_url,
-        "DJANGO_SETTINGS_MODULE": "tests.secret_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.secret",
         **extra,
     }
 
@@ -366,7 +365,7 @@ def unreachable_urls() -> list[tuple[str, list[str]]]:
     ]
 
 
-GOOD = {"DELIVERER": "tests.agents.deliver", "ACCESS_POLICY": ALLOW_ALL}
+GOOD = {"DELIVERER": "tests.support.agents.deliver", "ACCESS_POLICY": ALLOW_ALL}
 
 
 @pytest.mark.parametrize("url, hidden", unreachable_urls())
@@ -413,7 +412,7 @@ def test_invalid_agent_url_check_shows_no_password():
 def test_manage_py_check_prints_no_password():
     pw = fresh()
     env = worker_env(f"redis://user:{pw}@127.0.0.1:{closed_port()}/0")
-    env["DJANGO_SETTINGS_MODULE"] = "tests.worker_settings"
+    env["DJANGO_SETTINGS_MODULE"] = "tests.support.settings.worker"
     done = subprocess.run(
         [sys.executable, "-m", "django", "check"],
         cwd=ROOT,

@@ -8,7 +8,10 @@ from django.test import override_settings
 
 from django_outbox.policy import session_scoped
 
-GOOD = {"DELIVERER": "tests.agents.deliver", "ACCESS_POLICY": "tests.policies.own_workspace"}
+GOOD = {
+    "DELIVERER": "tests.support.agents.deliver",
+    "ACCESS_POLICY": "tests.support.policies.own_workspace",
+}
 LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
@@ -44,7 +47,9 @@ def messages(**settings):
 
 
 def test_a_policy_that_does_not_say_it_checks_the_session_warns(valkey):
-    found = messages(OUTBOX={**GOOD, "ACCESS_POLICY": "tests.test_security_checks.workspace_only"})
+    found = messages(
+        OUTBOX={**GOOD, "ACCESS_POLICY": "tests.django.test_security_checks.workspace_only"}
+    )
     assert list(found) == ["django_outbox.W007"]
     assert "session_scoped" in found["django_outbox.W007"].hint
 
@@ -52,8 +57,8 @@ def test_a_policy_that_does_not_say_it_checks_the_session_warns(valkey):
 @pytest.mark.parametrize(
     "policy",
     [
-        "tests.test_security_checks.scoped",
-        "tests.test_security_checks.checked_by_hand",
+        "tests.django.test_security_checks.scoped",
+        "tests.django.test_security_checks.checked_by_hand",
         "example_project.demo.policy.workspace_members",
     ],
 )
@@ -62,7 +67,9 @@ def test_a_policy_that_checks_the_session_passes(valkey, policy):
 
 
 def test_the_default_policy_gets_w001_not_w007(valkey):
-    assert sorted(messages(OUTBOX={"DELIVERER": "tests.agents.deliver"})) == ["django_outbox.W001"]
+    assert sorted(messages(OUTBOX={"DELIVERER": "tests.support.agents.deliver"})) == [
+        "django_outbox.W001"
+    ]
 
 
 def test_a_policy_that_does_not_import_gets_e002_not_w007(valkey):
@@ -87,19 +94,19 @@ def asgi(name: str) -> list[str]:
     ],
 )
 def test_an_origin_validated_or_absent_consumer_passes(valkey, app):
-    assert asgi(f"tests.asgi_origin.{app}") == []
+    assert asgi(f"tests.support.asgi.origin.{app}") == []
 
 
 @pytest.mark.parametrize(
     "app", ["unguarded", "guard_inside_auth_only_for_one_route", "behind_app_middleware"]
 )
 def test_a_consumer_route_without_an_origin_validator_warns(valkey, app):
-    assert asgi(f"tests.asgi_origin.{app}") == ["django_outbox.W008"]
+    assert asgi(f"tests.support.asgi.origin.{app}") == ["django_outbox.W008"]
 
 
 def test_a_layer_the_check_cannot_see_through_warns_that_it_cannot_tell(valkey):
     found = messages(
-        OUTBOX=GOOD, ASGI_APPLICATION="tests.asgi_origin.hidden", CHANNEL_LAYERS=LAYERS
+        OUTBOX=GOOD, ASGI_APPLICATION="tests.support.asgi.origin.hidden", CHANNEL_LAYERS=LAYERS
     )
     assert sorted(found) == ["django_outbox.W009"]
     assert "closure_middleware.<locals>.app" in found["django_outbox.W009"].msg

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.urls import reverse
@@ -17,10 +16,9 @@ from opentelemetry.util._once import Once
 
 from django_outbox.core import tracing
 from django_outbox.core.entry import Entry
+from tests.support.helpers import SES, WS, accept
+from tests.support.paths import ROOT
 
-from .helpers import SES, WS, accept
-
-ROOT = Path(__file__).resolve().parent.parent
 SECRET_TEXT = "the prompt's text must never reach a span"
 
 
@@ -108,7 +106,7 @@ def test_one_trace_from_the_request_to_the_worker_process(admin_client, valkey, 
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OUTBOX_VALKEY_URL": valkey,
-        "DJANGO_SETTINGS_MODULE": "tests.otel_worker_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.otel_worker",
         "OUTBOX_TEST_SPANS": str(exported),
     }
     done = subprocess.run(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from . import chaos
+from tests.support import chaos
 
 pytestmark = pytest.mark.slow
 

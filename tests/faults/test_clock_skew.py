@@ -4,7 +4,6 @@ shorten a backoff (README "Operations")."""
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
@@ -17,30 +16,16 @@ import redis
 
 from django_outbox.core.entry import parse_time
 from django_outbox.core.service import Outbox
+from tests.support.faketime import FAKETIME, skewed
+from tests.support.paths import ROOT
+from tests.support.valkey import wait_until
 
-from .valkey import wait_until
-
-ROOT = Path(__file__).resolve().parent.parent
-FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), "")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.standalone,
     pytest.mark.skipif(not FAKETIME, reason="libfaketime missing (apt-get install faketime)"),
 ]
 WS, SES = "w1", "s1"
-
-
-def skewed(offset: str | None) -> dict[str, str]:
-    """Environment for a process whose wall clock is ``offset`` off ("+600s", "-600s");
-    its monotonic clock is left alone (timers still run at the real pace)."""
-    if offset is None:
-        return {}
-    return {
-        "LD_PRELOAD": FAKETIME,
-        "FAKETIME": offset,
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "FAKETIME_NO_CACHE": "1",
-    }
 
 
 class Processes:
@@ -52,7 +37,7 @@ class Processes:
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "OUTBOX_VALKEY_URL": self.valkey,
-            "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+            "DJANGO_SETTINGS_MODULE": "tests.support.settings.worker",
             **skewed(clock),
             **extra,
         }
@@ -160,7 +145,7 @@ def test_a_backoff_set_by_a_worker_with_a_wrong_clock_is_kept_by_the_others(
     not ten minutes later (a clock ahead lengthened it)."""
     outbox.accept(WS, SES, user_id="u", client_message_id="m1", text="m1")
     env = {
-        "OUTBOX_TEST_DELIVERER": "tests.agents.fail_first",
+        "OUTBOX_TEST_DELIVERER": "tests.support.agents.fail_first",
         "OUTBOX_TEST_RETRY_BACKOFF": "3",
         "OUTBOX_TEST_MAX_BACKOFF": "3",
     }

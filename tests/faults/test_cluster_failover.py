@@ -15,8 +15,7 @@ import redis
 from django_outbox import Verdict
 from django_outbox.core.errors import Duplicate, OutboxUnavailable
 from django_outbox.outbox import Outbox
-
-from .cluster import ValkeyCluster
+from tests.support.cluster import ValkeyCluster
 
 pytestmark = [
     pytest.mark.cluster,

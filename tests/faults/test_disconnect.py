@@ -11,8 +11,9 @@ from collections import Counter
 import httpx
 import pytest
 
-from .disconnects import AUTH, ROOT, asgi_server, check_resend, cut_post, settled
-from .valkey import wait_until
+from tests.support.disconnects import AUTH, asgi_server, check_resend, cut_post, settled
+from tests.support.paths import ROOT
+from tests.support.valkey import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def test_50_clients_vanish_mid_post_and_nothing_splits(server, r, valkey):
     assert sorted(e["clientMessageID"] for e in entries) == sorted(keys)  # one entry per key
     assert b"Traceback" not in log.read_bytes()
     # the deliverer sees each text exactly once
-    worker_env = {**env, "DJANGO_SETTINGS_MODULE": "tests.worker_settings"}
+    worker_env = {**env, "DJANGO_SETTINGS_MODULE": "tests.support.settings.worker"}
     done = subprocess.run(
         [sys.executable, "-m", "django", "outbox_worker", "--once"],
         cwd=ROOT,

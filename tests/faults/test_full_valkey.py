@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import redis
@@ -18,8 +17,8 @@ from django_outbox import DismissResult
 from django_outbox.core.service import Outbox
 from django_outbox.errors import OutboxUnavailable
 from django_outbox.testing import ValkeyServer, wait_until
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.standalone
 TEXT = "x" * 40_000
 WORKSPACES = ("w0", "w1", "w2")
@@ -110,8 +109,8 @@ def test_a_worker_process_started_on_a_full_valkey_drains_it(server, tmp_path):
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OUTBOX_VALKEY_URL": server.url,
-        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
-        "OUTBOX_TEST_DELIVERER": "tests.agents.noop",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.worker",
+        "OUTBOX_TEST_DELIVERER": "tests.support.agents.noop",
     }
     proc = None
     try:

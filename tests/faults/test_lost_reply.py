@@ -3,8 +3,7 @@
 import pytest
 
 from django_outbox.errors import Duplicate
-
-from .proxy import TcpProxy
+from tests.support.proxy import TcpProxy
 
 WS, SES = "w1", "s1"
 

@@ -14,9 +14,8 @@ import pytest
 
 from django_outbox import Verdict
 from django_outbox.errors import Duplicate, OutboxUnavailable
-
-from .helpers import NO_USER_BOUNDS
-from .valkey import ValkeyProcess
+from tests.support.helpers import NO_USER_BOUNDS
+from tests.support.valkey import ValkeyProcess
 
 pytestmark = pytest.mark.slow
 SESSIONS, PER_SESSION = 10, 12
@@ -96,7 +95,7 @@ async def test_valkey_killed_and_restarted_mid_delivery_loses_nothing(tmp_path, 
 
 async def test_connections_cut_again_and_again_lose_nothing(valkey, make_outbox):
     # issue 7, scenario 3: every connection between worker and Valkey is cut every 100 ms
-    from .proxy import TcpProxy
+    from tests.support.proxy import TcpProxy
 
     port = int(valkey.rsplit(":", 1)[1].split("/")[0])
     proxy = TcpProxy(port).start()

@@ -29,9 +29,8 @@ from django_outbox.delivery.opencode import (
     message_id_for,
 )
 from django_outbox.errors import AmbiguousError, TransientDeliveryError
-
-from .fake_opencode import FakeOpencode, Fault
-from .helpers import make_entry
+from tests.support.fake_opencode import FakeOpencode, Fault
+from tests.support.helpers import make_entry
 
 MESSAGE_ID_RE = re.compile(r"msg_[0-9a-f]{12}[0-9A-Za-z]{14}")
 
@@ -442,7 +441,7 @@ async def test_settings_functions_deliver_and_verify(fake):
     [
         lambda url: {"w2": url},
         lambda url: lambda ws: url if ws == "w2" else None,
-        lambda url: "tests.test_opencode.route_workspace",
+        lambda url: "tests.opencode.test_opencode.route_workspace",
     ],
     ids=["dict", "callable", "dotted-path"],
 )

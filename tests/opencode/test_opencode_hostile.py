@@ -23,9 +23,8 @@ from django_outbox.conf import outbox_settings
 from django_outbox.delivery import opencode
 from django_outbox.delivery.opencode import OpencodeClient, OpencodeHTTPError
 from django_outbox.errors import AmbiguousError
-
-from .fake_opencode import FakeOpencode, Fault
-from .helpers import make_entry
+from tests.support.fake_opencode import FakeOpencode, Fault
+from tests.support.helpers import make_entry
 
 PASSWORD = "hostile-test-Pw-9"
 HUGE = 200 * 1024 * 1024  # the body a hostile agent answers (made lazily by the fake)

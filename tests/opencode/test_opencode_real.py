@@ -29,11 +29,10 @@ from django_outbox.delivery.opencode import (
     message_id_for,
 )
 from django_outbox.errors import AmbiguousError
+from tests.support.helpers import make_entry
+from tests.support.paths import ROOT as REPO
+from tests.support.valkey import free_port
 
-from .helpers import make_entry
-from .valkey import free_port
-
-REPO = Path(__file__).resolve().parent.parent
 OPENCODE = REPO / ".opencode" / "node_modules" / ".bin" / "opencode"
 INSTALL = REPO / "scripts" / "install-opencode.sh"
 START_DEADLINE = 45.0  # seconds for `opencode serve` to answer /global/health

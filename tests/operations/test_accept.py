@@ -19,10 +19,9 @@ from django_outbox.errors import (
     OutboxFull,
     OutboxUnavailable,
 )
-
-from .helpers import aaccept, accept
-from .test_entry import HOSTILE_MODEL, HOSTILE_TEXT
-from .valkey import ValkeyProcess, free_port
+from tests.support.helpers import aaccept, accept
+from tests.support.hostile import HOSTILE_MODEL, HOSTILE_TEXT
+from tests.support.valkey import ValkeyProcess, free_port
 
 
 def test_accept_returns_pending_entry_and_lists_it(outbox):

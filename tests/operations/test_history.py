@@ -20,12 +20,11 @@ from django_outbox.core.history import (
 from django_outbox.core.keys import KeySpace
 from django_outbox.core.reads import WorkerHeartbeat
 from django_outbox.core.worker import Worker
-
-from .conftest import ON_CLUSTER
-from .helpers import NO_USER_BOUNDS, SES, WS, accept
-from .scenarios import ambiguous
-from .test_worker_processes import Workers, accept_many
-from .valkey import wait_until
+from tests.conftest import ON_CLUSTER
+from tests.support.helpers import NO_USER_BOUNDS, SES, WS, accept
+from tests.support.scenarios import ambiguous
+from tests.support.valkey import wait_until
+from tests.support.workers import Workers, accept_many
 
 T0 = 1_900_000_020.0  # an injected clock: 20 s into minute 31,666,667
 MINUTE = int(T0) // 60

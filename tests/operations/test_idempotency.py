@@ -79,7 +79,7 @@ def test_over_http_two_members_of_a_workspace_each_get_202(django_user_model):
     alice, bob = make("alice", password=None), make("bob", password=None)
     body = json.dumps({"clientMessageID": "1", "text": "hello"})
     url = f"/outbox/api/workspaces/{WS}/sessions/{SES}/messages/"
-    with override_settings(OUTBOX={"ACCESS_POLICY": "tests.test_idempotency.everyone"}):
+    with override_settings(OUTBOX={"ACCESS_POLICY": "tests.operations.test_idempotency.everyone"}):
         answers = []
         for user in (alice, bob, bob):
             client = APIClient()

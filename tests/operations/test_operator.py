@@ -20,8 +20,7 @@ from django_outbox import (
     Verdict,
 )
 from django_outbox.errors import AmbiguousError
-
-from .helpers import BlockingDeliverer, accept, statuses
+from tests.support.helpers import BlockingDeliverer, accept, statuses
 
 WS, SES = "w1", "s1"
 

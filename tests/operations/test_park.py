@@ -8,8 +8,7 @@ import asyncio
 
 from django_outbox import Status
 from django_outbox.core.scripts import reason_argv
-
-from .helpers import BlockingDeliverer, aaccept, accept, wait_for
+from tests.support.helpers import BlockingDeliverer, aaccept, accept, wait_for
 
 WS = "ws1"
 

@@ -1,9 +1,9 @@
 """The core's read methods (django_outbox/core/reads.py) against real Valkey.
 
 Index pages, search and the cleanup summary are also covered through the admin
-(tests/test_admin.py, tests/test_admin_cluster.py); this file holds what the admin
-does not show: the heartbeat record's round trip, the server-settings probe the
-checks and the worker's preflight share, and the reads' own contracts.
+(tests/django/admin/test_admin.py, tests/django/admin/test_admin_cluster.py); this file
+holds what the admin does not show: the heartbeat record's round trip, the server-settings
+probe the checks and the worker's preflight share, and the reads' own contracts.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from django_outbox.core.reads import (
     read_server_settings,
 )
 from django_outbox.core.worker import Worker
-
-from .valkey import free_port
+from tests.support.valkey import free_port
 
 
 def accept(outbox, ws: str, ses: str, text: str) -> None:

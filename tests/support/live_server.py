@@ -1,5 +1,6 @@
-"""Real ASGI servers (uvicorn or daphne) running ``tests.truth_asgi`` for the live-update
-tests (tests/test_ws_truth.py) and the fault suite's row 7 (tests/chaos.py).
+"""Real ASGI servers (uvicorn or daphne) running ``tests.support.asgi.live`` for the live-update
+tests (tests/django/ws/test_staying_true_on_servers.py) and the fault suite's row 7
+(tests/support/chaos.py).
 
 :func:`serve` sets up a file database with user ``alice`` and a login session for her,
 starts the server on a free loopback port and stops it (SIGTERM, then SIGKILL) on the
@@ -18,11 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .disconnects import SETUP
-from .helpers import stop_process
-from .valkey import free_port, wait_until
+from tests.support.disconnects import SETUP
+from tests.support.helpers import stop_process
+from tests.support.paths import ROOT
+from tests.support.valkey import free_port, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 LAYER_DB = 3
 
 
@@ -78,15 +79,15 @@ def _command(kind: str, port: int, app: str) -> list[str]:
 
 @contextmanager
 def serve(
-    kind: str, valkey: str, tmp: Path, app: str = "tests.truth_asgi:application", **env: str
+    kind: str, valkey: str, tmp: Path, app: str = "tests.support.asgi.live:application", **env: str
 ) -> Iterator[Server]:
-    """Run ``app`` under ``kind`` with ``tests.truth_settings`` (``env`` added to the
+    """Run ``app`` under ``kind`` with ``tests.support.settings.live`` (``env`` added to the
     server's environment, e.g. ``OUTBOX_TEST_GROUP_EXPIRY="2"``)."""
     tmp.mkdir(parents=True, exist_ok=True)
     full_env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "tests.truth_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.live",
         "TEST_DB": str(tmp / "db.sqlite3"),
         "OUTBOX_VALKEY_URL": valkey,
         "OUTBOX_TEST_LAYER_URL": layer_url(valkey),

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 
-from .valkey import free_port
+from tests.support.valkey import free_port
 
 
 class TcpProxy:

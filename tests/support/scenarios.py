@@ -1,6 +1,6 @@
-"""Shared pieces of the scenario tests (tests/test_scenarios_*.py, issue 19): an
-``amake`` fixture that builds Outbox instances and closes their async clients too, and
-deliverers with a fixed ending."""
+"""Shared pieces of the scenario tests (tests/delivery/test_leases.py, test_settle.py,
+test_timing.py): an ``amake`` fixture that builds Outbox instances and closes their async
+clients too, and deliverers with a fixed ending."""
 
 from __future__ import annotations
 

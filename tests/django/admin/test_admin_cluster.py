@@ -3,7 +3,7 @@
 On a cluster the workspaces SET, the all-sessions ZSET and the attention ZSET
 are split into ``CLUSTER_SHARDS`` copies (``KeySpace.index_keys``); the admin
 reads every copy and merges them, so paging, totals, search and actions behave
-as on a standalone server (tests/test_admin.py).
+as on a standalone server (tests/django/admin/test_admin.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from django_outbox.core.entry import Status
 from django_outbox.core.paging import in_index_order, merge_index_pages
 from django_outbox.core.worker import Worker
 from django_outbox.outbox import get_outbox
-
-from .test_admin import (
+from tests.support.admin import (
     ALL_PERMS,
     CHANGELIST,
     accept,

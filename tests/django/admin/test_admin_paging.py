@@ -13,9 +13,8 @@ import time
 import pytest
 
 from django_outbox.core.entry import Entry, Status, format_time
-
-from .helpers import NO_USER_BOUNDS
-from .test_admin import ALL_PERMS, login, page_link, post_action, staff
+from tests.support.admin import ALL_PERMS, login, page_link, post_action, staff
+from tests.support.helpers import NO_USER_BOUNDS
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 """The admin dashboard (issue 17, README "Dashboard"): where it is, who may see it, what it
 draws from a run with real deliveries, and its refresh fragment. The browser test is in
-tests/test_browser_dashboard.py."""
+tests/browser/test_browser_dashboard.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from django.urls import reverse
 
 from django_outbox.admin.dashboard import BOTTOM, FRAGMENT_HEADER, HEIGHT, Series, line_chart
 from django_outbox.core.worker import Worker
-
-from .helpers import NO_USER_BOUNDS, accept
-from .test_admin import ALL_PERMS, login, staff
+from tests.support.admin import ALL_PERMS, login, staff
+from tests.support.helpers import NO_USER_BOUNDS, accept
 
 pytestmark = pytest.mark.django_db
 

@@ -32,8 +32,8 @@ from django_outbox.errors import ContentTooLarge, InvalidContent
 
 pytestmark = pytest.mark.django_db
 
-OWN_WORKSPACE = "tests.test_api.own_workspace_policy"
-RECORDING = "tests.test_api.recording_policy"
+OWN_WORKSPACE = "tests.django.api.test_api.own_workspace_policy"
+RECORDING = "tests.django.api.test_api.recording_policy"
 POLICY_CALLS: list[tuple[str, str | None, str]] = []
 
 
@@ -205,7 +205,7 @@ def test_policy_gets_workspace_session_and_action(users):
 
 
 def test_default_policy_is_model_permissions(users, django_user_model):
-    # Staff without permissions get nothing (tests/test_authz.py has the whole matrix).
+    # Staff without permissions get nothing (tests/django/test_authz.py has the whole matrix).
     assert_error(client_for(users["owner"]).get(messages_url()), 403, "permission_denied")
     bare = django_user_model.objects.create_user("bare", password=None, is_staff=True)
     assert_error(client_for(bare).get(messages_url()), 403, "permission_denied")

@@ -9,7 +9,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,14 +22,13 @@ from django_outbox.outbox import EventListener, Outbox, get_outbox
 from django_outbox.ws import publish
 from django_outbox.ws.publish import group_name
 from django_outbox.ws.routing import websocket_urlpatterns
+from tests.support.helpers import aaccept
+from tests.support.paths import ROOT
 
-from .helpers import aaccept
-
-ROOT = Path(__file__).resolve().parent.parent
 STAFF = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=True, username="staff")
 ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
 ANONYMOUS = SimpleNamespace(is_authenticated=False, is_active=False, is_staff=False, username="")
-POLICY = "tests.policies.own_workspace"
+POLICY = "tests.support.policies.own_workspace"
 
 
 @pytest.fixture
@@ -203,7 +201,11 @@ def test_the_old_routing_module_gives_the_same_routes():
     ],
 )
 def test_each_websocket_module_imports_first_in_a_fresh_interpreter(module):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+    }
     done = subprocess.run(
         [sys.executable, "-c", f"import {module}"], cwd=ROOT, env=env, capture_output=True
     )
@@ -345,7 +347,7 @@ async def test_a_worker_process_delivery_reaches_the_socket(layers, valkey):
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OUTBOX_VALKEY_URL": valkey,
-        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.worker",
         "OUTBOX_TEST_CHANNEL_LAYER": valkey,
     }
     proc = await asyncio.create_subprocess_exec(

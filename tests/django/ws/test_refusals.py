@@ -1,6 +1,6 @@
 """The consumer's refusal paths and robustness in process, on a real Valkey and a real
 channels-redis layer (cases 11, 23; README "Live updates (WebSocket)"). The same codes
-through uvicorn and daphne: tests/test_ws_wire.py."""
+through uvicorn and daphne: tests/django/ws/test_refusals_on_servers.py."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from django.test import override_settings
 from django_outbox.outbox import get_outbox, reset_outbox
 from django_outbox.ws.consumer import socket_ttl, socket_user_id
 from django_outbox.ws.routing import websocket_urlpatterns
+from tests.support.valkey import ValkeyProcess
 
-from .valkey import ValkeyProcess
-
-POLICY = "tests.policies.own_workspace"
+POLICY = "tests.support.policies.own_workspace"
 
 
 def user(name="alice", pk="alice", authenticated=True):
@@ -292,7 +291,7 @@ async def test_a_failure_on_connect_closes_4500_after_accepting(layers, r, monke
 async def test_a_failing_layer_receive_is_retried_not_a_crash(valkey):
     """channels calls the layer's receive outside dispatch: a stale connection there used
     to end the socket with a traceback; it is retried and updates still arrive."""
-    layer = {"default": {"BACKEND": "tests.flaky_layer.FlakyReceiveLayer", "CONFIG": {}}}
+    layer = {"default": {"BACKEND": "tests.support.flaky_layer.FlakyReceiveLayer", "CONFIG": {}}}
     with override_settings(CHANNEL_LAYERS=layer, OUTBOX={"ACCESS_POLICY": POLICY}):
         comm = communicator()
         assert (await first(comm))["type"] == "queue.snapshot"

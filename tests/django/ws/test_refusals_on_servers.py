@@ -3,20 +3,13 @@
 
 A close before the handshake is accepted is an HTTP 403 on the wire (the client sees
 1006), so every refusal accepts and then closes with its code: these tests read the codes
-with the ``websockets`` client from ``tests/asgi_ws_wire.py`` served by each server.
+with the ``websockets`` client from ``tests/support/asgi/refusals.py`` served by each server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import redis
@@ -24,55 +17,12 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from django_outbox.core.keys import KeySpace
-
-from .helpers import stop_process
-from .valkey import ValkeyProcess, free_port, wait_until
+from tests.support.refusals_server import MAX_SOCKETS, asgi_server, open_sockets, path
+from tests.support.valkey import ValkeyProcess, wait_until
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("uvicorn", "daphne")
 DEFAULT = object()
-MAX_SOCKETS = 3  # OUTBOX_TEST_MAX_SOCKETS of the servers below
-
-
-@contextmanager
-def asgi_server(kind: str, valkey_url: str, log: Path, **env: str) -> Iterator[str]:
-    """``kind`` (uvicorn or daphne) serving tests.asgi_ws_wire on a free loopback port;
-    yields ``"127.0.0.1:<port>"``; its output goes to ``log``."""
-    port = free_port()
-    if kind == "uvicorn":
-        argv = ["-m", "uvicorn", "tests.asgi_ws_wire:application", "--host", "127.0.0.1"]
-        argv += ["--port", str(port)]
-    else:
-        argv = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-        argv += ["tests.asgi_ws_wire:application"]
-    environ = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "tests.ws_wire_settings",
-        "OUTBOX_VALKEY_URL": valkey_url,
-        "OUTBOX_TEST_MAX_SOCKETS": str(MAX_SOCKETS),
-        **env,
-    }
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, *argv], cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT
-        )
-    address = f"127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text(errors="replace")
-        try:
-            with urllib.request.urlopen(f"http://{address}/?session=s", timeout=1):
-                return True
-        except OSError:
-            return False
-
-    try:
-        wait_until(up, 30, interval=0.1, message=f"{kind} serving tests.asgi_ws_wire")
-        yield address
-    finally:
-        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +34,6 @@ def servers(valkey, tmp_path_factory):
         asgi_server("daphne", valkey, tmp / "daphne.log") as daphne,
     ):
         yield {"uvicorn": (uvicorn, tmp / "uvicorn.log"), "daphne": (daphne, tmp / "daphne.log")}
-
-
-def path(ws: str = "alice", ses: str = "s1") -> str:
-    return f"/ws/outbox/workspaces/{ws}/sessions/{ses}/"
 
 
 async def outcome(address, route, *, origin=DEFAULT, user=None, frames=()):
@@ -113,14 +59,6 @@ def watchers(valkey: str, ws: str = "alice", ses: str = "s1") -> str | None:
     client = redis.Redis.from_url(valkey, decode_responses=True)
     try:
         return client.get(KeySpace().session(ws, ses).watch)
-    finally:
-        client.close()
-
-
-def open_sockets(valkey: str, user: str = "alice") -> int:
-    client = redis.Redis.from_url(valkey)
-    try:
-        return client.zcard(KeySpace().sockets(user))
     finally:
         client.close()
 

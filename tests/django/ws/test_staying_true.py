@@ -29,10 +29,9 @@ from django_outbox.outbox import get_outbox
 from django_outbox.ws.publish import group_name
 from django_outbox.ws.routing import websocket_urlpatterns
 from django_outbox.ws.truth import ResyncBudget, SocketState, is_behind, snapshot_frames
+from tests.support.helpers import aaccept
 
-from .helpers import aaccept
-
-POLICY = "tests.policies.own_workspace"
+POLICY = "tests.support.policies.own_workspace"
 FULL = 102_400
 
 

@@ -1,13 +1,13 @@
 """Open queue sockets stay true, through real servers (README "Live updates (WebSocket)";
 cases 13, 17, 06, 07).
 
-uvicorn and daphne subprocesses serve ``tests.truth_asgi`` (tests/truth_server.py) with
-the channel layer (channels-redis, ``group_expiry`` 2 s standing in for a day) in its own
+uvicorn and daphne subprocesses serve ``tests.support.asgi.live`` (tests/support/live_server.py)
+with the channel layer (channels-redis, ``group_expiry`` 2 s standing in for a day) in its own
 database of the test Valkey, ``WS_CHECK_INTERVAL`` 0.4 s, ``WS_RESYNC_INTERVAL`` 0.5 s and
-``WS_RESYNC_BUDGET`` 30. Clients are raw ``websockets`` clients with alice's login
-session cookie. Every wait has a deadline: ``BOUND`` is the convergence bound (check
-interval, a grace for updates on their way, the resync interval, a snapshot) with room
-for a loaded two-core machine.
+``WS_RESYNC_BUDGET`` 30. Clients are raw ``websockets`` clients with alice's login session
+cookie. Every wait has a deadline: ``BOUND`` is the convergence bound (check interval, a grace
+for updates on their way, the resync interval, a snapshot) with room for a loaded two-core
+machine.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from websockets.exceptions import ConnectionClosed
 
 from django_outbox.outbox import Outbox
 from django_outbox.ws.publish import group_name
-
-from .truth_server import layer_url, serve
+from tests.support.live_server import layer_url, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.standalone]
 

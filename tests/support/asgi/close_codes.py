@@ -1,6 +1,6 @@
 """A tiny ASGI app (no Django) for the browser test of outbox.js's close codes.
 
-Served by uvicorn in ``tests/test_browser_close_codes.py``. ``GET /?session=<name>``
+Served by uvicorn in ``tests/browser/test_browser_close_codes.py``. ``GET /?session=<name>``
 is a page that subscribes outbox.js to ``ws1``/``<name>`` and keeps every view in
 ``window.views``; ``GET /outbox.js`` is the client; ``GET /connects`` counts the
 socket connections per session. The queue socket of each session behaves as named:
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-OUTBOX_JS = Path(__file__).resolve().parent.parent / "django_outbox/static/django_outbox/outbox.js"
+from tests.support.paths import OUTBOX_JS
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>outbox.js close codes</title></head>

@@ -1,12 +1,12 @@
 """The outbox WebSocket behind a real ASGI server, for the close-code tests (case 23).
 
-Served by uvicorn and daphne in ``tests/test_ws_wire.py`` with settings
-``tests.ws_wire_settings``. The user comes from the cookie ``user`` (default
+Served by uvicorn and daphne in ``tests/django/ws/test_refusals_on_servers.py`` with settings
+``tests.support.settings.refusals``. The user comes from the cookie ``user`` (default
 ``alice``): an active, non-staff user whose primary key is the name, allowed by
-``tests.policies.own_workspace`` into the workspace named like them. The WebSocket
+``tests.support.policies.own_workspace`` into the workspace named like them. The WebSocket
 routes sit behind :func:`django_outbox.ws.AllowedHostsOriginValidator`. HTTP:
 ``GET /?session=<name>`` is a page subscribing outbox.js to ``ws1``/``<name>`` (the
-browser test's page, ``tests/asgi_close_codes.py``), ``GET /outbox.js`` the client.
+browser test's page, ``tests/support/asgi/close_codes.py``), ``GET /outbox.js`` the client.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from django_outbox.ws import AllowedHostsOriginValidator  # noqa: E402
 from django_outbox.ws.routing import websocket_urlpatterns  # noqa: E402
-
-from .asgi_close_codes import _http  # noqa: E402
+from tests.support.asgi.close_codes import _http  # noqa: E402
 
 
 def user_named(name: str) -> SimpleNamespace:

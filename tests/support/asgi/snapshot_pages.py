@@ -1,20 +1,20 @@
-"""The ASGI application of the paged-snapshot browser test (tests/test_ws_truth_browser.py):
-``GET /`` is a page that subscribes outbox.js to ``alice``/``s1`` and keeps every view in
-``window.views`` and every snapshot page's ``{page, pages, bytes}`` in ``window.pages``;
-``GET /outbox.js`` is the client; the queue WebSocket is the real consumer behind
-``AuthMiddlewareStack`` (settings: ``tests.truth_settings``)."""
-
-from pathlib import Path
+"""The ASGI application of the paged-snapshot browser test
+(tests/browser/test_browser_snapshot_pages.py): ``GET /`` is a page that subscribes outbox.js to
+``alice``/``s1`` and keeps every view in ``window.views`` and every snapshot page's
+``{page, pages, bytes}`` in ``window.pages``; ``GET /outbox.js`` is the client; the queue
+WebSocket is the real consumer behind ``AuthMiddlewareStack`` (settings:
+``tests.support.settings.live``)."""
 
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 from django.core.asgi import get_asgi_application
 
+from tests.support.paths import OUTBOX_JS
+
 get_asgi_application()  # sets Django up before the routes import models
 
 from django_outbox.ws.routing import websocket_urlpatterns  # noqa: E402
 
-OUTBOX_JS = Path(__file__).resolve().parent.parent / "django_outbox/static/django_outbox/outbox.js"
 PAGE = b"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>outbox.js snapshot pages</title></head>
 <body>

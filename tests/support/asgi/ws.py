@@ -1,8 +1,8 @@
-"""An ASGI application with the outbox WebSocket, for fault scenarios (tests/chaos.py).
+"""An ASGI application with the outbox WebSocket, for fault scenarios (tests/support/chaos.py).
 
 Every WebSocket client is treated as an active staff user holding every outbox
 permission (no database needed);
-settings come from ``tests.ws_settings``.
+settings come from ``tests.support.settings.ws``.
 """
 
 from types import SimpleNamespace

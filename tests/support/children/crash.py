@@ -1,6 +1,6 @@
 """A delivery process to be SIGKILLed by tests: logs each delivery to a Valkey list.
 
-Usage: python -m tests.crash_child URL WS SES LOCK_TTL HANG_ON_TEXT
+Usage: python -m tests.support.children.crash URL WS SES LOCK_TTL HANG_ON_TEXT
 Delivers the session's entries one step at a time; on the entry whose text is
 HANG_ON_TEXT it logs "<text>:started" and hangs inside the deliverer.
 """

@@ -1,8 +1,8 @@
 """A worker process that takes a session's lease and hangs holding it, to be SIGKILLed.
 
-Usage: python -m tests.lease_child URL WS SES LOCK_TTL MODE
+Usage: python -m tests.support.children.lease URL WS SES LOCK_TTL MODE
 
-MODE names the lease it hangs under (tests/test_scenarios_leases.py):
+MODE names the lease it hangs under (tests/delivery/test_leases.py):
 
 - ``verify``: the verification lease: the verifier pushes ``verify:started`` onto the
   Valkey list ``test:log`` and never returns;

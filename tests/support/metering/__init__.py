@@ -1,2 +1,2 @@
 """A metering app for worker processes (issue 18): a ``once=True`` receiver writes one row
-per delivery into a database file every worker shares; see tests/receipts_settings.py."""
+per delivery into a database file every worker shares; see tests/support/settings/receipts.py."""

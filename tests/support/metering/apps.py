@@ -1,10 +1,10 @@
-"""Connects the metering receivers (tests/metering/receivers.py) when Django starts."""
+"""Connects the metering receivers (tests/support/metering/receivers.py) when Django starts."""
 
 from django.apps import AppConfig
 
 
 class MeteringConfig(AppConfig):
-    name = "tests.metering"
+    name = "tests.support.metering"
     label = "test_metering"
     default_auto_field = "django.db.models.AutoField"
 

@@ -1,4 +1,4 @@
-"""The metering table: one row per run of :func:`tests.metering.receivers.meter`. No
+"""The metering table: one row per run of :func:`tests.support.metering.receivers.meter`. No
 constraint on it, so a second run for a delivery would show as a second row."""
 
 from django.db import models

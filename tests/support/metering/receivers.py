@@ -1,7 +1,7 @@
 """The receivers the metering app connects in every worker process.
 
-- :func:`meter` (``once=True``): one :class:`~tests.metering.models.Metering` row.
-- ``tests.recorder`` (plain, connected before): appends to ``test:delivered`` in Valkey,
+- :func:`meter` (``once=True``): one :class:`~tests.support.metering.models.Metering` row.
+- ``tests.support.recorder`` (plain, connected before): appends to ``test:delivered`` in Valkey,
   so replays of the signal show there.
 - :func:`linger` (plain, async: it runs after the sync receivers): sleeps
   ``OUTBOX_TEST_RECEIVER_SLEEP`` seconds, so a SIGKILL often lands after the receivers

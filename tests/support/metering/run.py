@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from tests.support.paths import ROOT
 
 
 def prepare_db(tmp: Path, valkey_url: str) -> Path:
@@ -22,7 +22,7 @@ def prepare_db(tmp: Path, valkey_url: str) -> Path:
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "OUTBOX_VALKEY_URL": valkey_url,
-        "DJANGO_SETTINGS_MODULE": "tests.receipts_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.receipts",
         "OUTBOX_TEST_DB": str(db),
     }
     subprocess.run(
@@ -37,9 +37,9 @@ def prepare_db(tmp: Path, valkey_url: str) -> Path:
 
 
 def worker_env(db: Path, receiver_sleep: float) -> dict[str, str]:
-    """What a worker process needs to meter into ``db`` (tests.test_worker_processes.Workers)."""
+    """What a worker process needs to meter into ``db`` (tests.support.workers.Workers)."""
     return {
-        "DJANGO_SETTINGS_MODULE": "tests.receipts_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.receipts",
         "OUTBOX_TEST_DB": str(db),
         "OUTBOX_TEST_RECEIVER_SLEEP": str(receiver_sleep),
     }

@@ -17,7 +17,7 @@ INSTALLED_APPS = [
     "example_project.demo",
 ]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = "tests.support.urls"
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

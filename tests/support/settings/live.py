@@ -1,5 +1,6 @@
-"""Settings of the ASGI server processes of tests/test_ws_truth.py (a file database, the
-channel layer in its own Valkey database, short live-update intervals).
+"""Settings of the ASGI server processes of tests/django/ws/test_staying_true_on_servers.py
+(a file database, the channel layer in its own Valkey database, short live-update
+intervals).
 
 Environment: ``TEST_DB`` (sqlite file), ``OUTBOX_VALKEY_URL`` (the outbox),
 ``OUTBOX_TEST_LAYER_URL`` (the channel layer), ``OUTBOX_TEST_GROUP_EXPIRY`` (seconds,
@@ -9,13 +10,13 @@ settings, default ``0.4,0.5,30``).
 
 import os
 
-from tests.settings import *  # noqa: F403
+from tests.support.settings.base import *  # noqa: F403
 
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["TEST_DB"]}}
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 _check, _interval, _budget = os.environ.get("OUTBOX_TEST_WS", "0.4,0.5,30").split(",")
 OUTBOX = {
-    "ACCESS_POLICY": "tests.truth_asgi.revocable",
+    "ACCESS_POLICY": "tests.support.asgi.live.revocable",
     "CAP": 100,
     "USER_MAX_QUEUED": 0,
     "USER_ACCEPTS_PER_MINUTE": 0,

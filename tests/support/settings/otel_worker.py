@@ -1,5 +1,5 @@
 """Worker settings that export OpenTelemetry spans, one JSON object per line, to the file
-named by ``OUTBOX_TEST_SPANS`` (tests/test_tracing.py reads them back)."""
+named by ``OUTBOX_TEST_SPANS`` (tests/django/test_tracing.py reads them back)."""
 
 import os
 
@@ -7,7 +7,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
-from tests.worker_settings import *  # noqa: F403
+from tests.support.settings.worker import *  # noqa: F403
 
 _provider = TracerProvider()
 _provider.add_span_processor(

@@ -1,12 +1,12 @@
 """Settings for worker processes with a ``once=True`` receiver (issue 18): those of
-tests/worker_settings.py, plus the metering app and a SQLite file every process shares
+tests/support/settings/worker.py, plus the metering app and a SQLite file every process shares
 (``OUTBOX_TEST_DB``; WAL, ``BEGIN IMMEDIATE`` so concurrent writers wait their turn)."""
 
 import os
 
-from tests.worker_settings import *  # noqa: F403
+from tests.support.settings.worker import *  # noqa: F403
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.metering"]  # noqa: F405
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.support.metering"]  # noqa: F405
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",

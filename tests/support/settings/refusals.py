@@ -1,4 +1,5 @@
-"""Settings of the ASGI servers of tests/test_ws_wire.py (tests/asgi_ws_wire.py).
+"""Settings of the ASGI servers of tests/django/ws/test_refusals_on_servers.py
+(tests/support/asgi/refusals.py).
 
 Environment: ``OUTBOX_VALKEY_URL`` (the outbox and the channel layer);
 ``OUTBOX_TEST_NO_LAYER=1`` leaves ``CHANNEL_LAYERS`` out; ``OUTBOX_TEST_MAX_SOCKETS``
@@ -7,7 +8,7 @@ is ``WS_MAX_SOCKETS_PER_USER`` (default 3).
 
 import os
 
-from tests.settings import *  # noqa: F403
+from tests.support.settings.base import *  # noqa: F403
 
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 if os.environ.get("OUTBOX_TEST_NO_LAYER") != "1":
@@ -18,7 +19,7 @@ if os.environ.get("OUTBOX_TEST_NO_LAYER") != "1":
         }
     }
 OUTBOX = {
-    "ACCESS_POLICY": "tests.policies.own_workspace",
+    "ACCESS_POLICY": "tests.support.policies.own_workspace",
     "WS_MAX_SOCKETS_PER_USER": int(os.environ.get("OUTBOX_TEST_MAX_SOCKETS", "3")),
 }
 LOGGING = {

@@ -2,12 +2,12 @@
 
 The opencode deliverer and verifier on ``OUTBOX_TEST_OPENCODE_URL`` (credentials in the URL),
 ``OUTBOX_TEST_OPENCODE_PASSWORD`` as ``PASSWORD`` when set; the rest as
-``tests.worker_settings``.
+``tests.support.settings.worker``.
 """
 
 import os
 
-from tests.worker_settings import *  # noqa: F403
+from tests.support.settings.worker import *  # noqa: F403
 
 OUTBOX = {
     **OUTBOX,  # noqa: F405

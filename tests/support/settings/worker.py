@@ -2,13 +2,13 @@
 
 import os
 
-from tests.settings import *  # noqa: F403
+from tests.support.settings.base import *  # noqa: F403
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.recorder"]  # noqa: F405
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.support.recorder"]  # noqa: F405
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 OUTBOX = {
-    "DELIVERER": os.environ.get("OUTBOX_TEST_DELIVERER", "tests.agents.deliver"),
-    "VERIFIER": "tests.agents.verify",
+    "DELIVERER": os.environ.get("OUTBOX_TEST_DELIVERER", "tests.support.agents.deliver"),
+    "VERIFIER": "tests.support.agents.verify",
     "LOCK_TTL": float(os.environ.get("OUTBOX_TEST_LOCK_TTL", "30")),
     "RETRY_BACKOFF": float(os.environ.get("OUTBOX_TEST_RETRY_BACKOFF", "0.05")),
     "MAX_BACKOFF": float(os.environ.get("OUTBOX_TEST_MAX_BACKOFF", "0.2")),

@@ -1,8 +1,8 @@
-"""Settings for the WebSocket server process of tests/chaos.py."""
+"""Settings for the WebSocket server process of tests/support/chaos.py."""
 
 import os
 
-from tests.settings import *  # noqa: F403
+from tests.support.settings.base import *  # noqa: F403
 
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 CHANNEL_LAYERS = {
@@ -16,5 +16,5 @@ CHANNEL_LAYERS = {
     }
 }
 # One staff user stands in for every client (hundreds of sockets): the per-user socket
-# bound is off here and tested in tests/test_ws_wire.py.
+# bound is off here and tested in tests/django/ws/test_refusals_on_servers.py.
 OUTBOX = {"WS_MAX_SOCKETS_PER_USER": 0}
