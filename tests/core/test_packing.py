@@ -28,6 +28,7 @@ def test_hiredis_packing_sends_the_same_bytes(command):
     )
 
 
+@pytest.mark.standalone  # a standalone client's one connection pool
 async def test_the_outbox_client_uses_it(make_outbox):
     outbox = make_outbox()
     client = outbox._aclient()

@@ -252,6 +252,7 @@ async def test_the_attention_index_follows_each_state(amake):
 # -- a settle whose reply was lost recognises its own write ----------------------------------
 
 
+@pytest.mark.standalone  # a TCP proxy in front of one server
 async def test_an_updating_settle_whose_reply_was_lost_is_replayed_not_lost(amake, valkey):
     from tests.support.proxy import TcpProxy
 

@@ -18,7 +18,8 @@ from tests.support.workers import (
     wait_delivered,
 )
 
-pytestmark = pytest.mark.slow
+# The worker processes' settings (tests.support.settings.worker) name a standalone server.
+pytestmark = [pytest.mark.slow, pytest.mark.standalone]
 
 
 @pytest.fixture

@@ -300,6 +300,7 @@ def test_pages_among_equal_scores_follow_member_order_whatever_the_tie_hint(outb
     assert back == expected[:-1]
 
 
+@pytest.mark.standalone  # counts the round trips to one index; a cluster's is sharded
 def test_its_tie_offset_spares_a_position_among_equal_scores_the_probes(outbox, r, monkeypatch):
     """Deep among 40 equal scores, a page finds its sessions in one round trip (the
     index with the counts; the snapshots follow) when the position carries its tie
