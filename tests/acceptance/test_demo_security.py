@@ -136,7 +136,7 @@ def _ws_connect(user, ws: str, ses: str):
         comm.scope["user"] = user
         try:
             connected, _ = await comm.connect()
-            assert connected  # a refusal accepts, then closes with its code (case 23)
+            assert connected  # a refusal accepts, then closes with its code
             output = await comm.receive_output(5)
             if output["type"] == "websocket.close":
                 return False, output["code"]

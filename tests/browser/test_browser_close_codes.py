@@ -1,4 +1,4 @@
-"""outbox.js in headless Chromium when the queue socket is refused (case 23, client side).
+"""outbox.js in headless Chromium when the queue socket is refused (the client side).
 
 A real server (uvicorn, ``tests/support/asgi/close_codes.py``) accepts the socket and closes it
 with 4403 (refused) or 4400 (invalid ID), as the README promises: the client stops

@@ -1,4 +1,4 @@
-"""The admin dashboard in headless Chromium (issue 17): on a live demo stack (uvicorn, the
+"""The admin dashboard in headless Chromium: on a live demo stack (uvicorn, the
 worker, the fake agent, an embedded Valkey), prompts sent from the queue page are charted
 from the history the worker writes, and the page refreshes itself. The screenshot is
 saved to ``$OUTBOX_TEST_SCREENSHOTS/dashboard.png`` when that is set (the docs' picture)."""

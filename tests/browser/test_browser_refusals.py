@@ -1,4 +1,4 @@
-"""outbox.js in headless Chromium against the real consumer under uvicorn (case 23).
+"""outbox.js in headless Chromium against the real consumer under uvicorn.
 
 The page of ``tests/support/asgi/close_codes.py``, served by
 ``tests/support/asgi/refusals.py`` with the real

@@ -1,4 +1,4 @@
-"""outbox.js in a real browser across logins and tabs (case 21), on a live demo stack.
+"""outbox.js in a real browser across logins and tabs, on a live demo stack.
 
 Headless Chromium driven by Selenium (see ``tests/browser/test_browser.py`` for what it needs).
 Each test opens the demo's queue page in one or two tabs of one browser: the tabs share

@@ -190,7 +190,7 @@ async def test_a_worker_finds_work_on_a_cluster_without_preloaded_scripts(
     accept.lua once never added the workspace anywhere a worker looks and
     accepted messages were never delivered by arun()/outbox_worker. Now each
     script reports an index hint that the client applies to the workspace's
-    shard (issue 8).
+    shard.
     """
     delivered = []
 

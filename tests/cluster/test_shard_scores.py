@@ -1,7 +1,7 @@
 """On a cluster, a shard's copy of a workspace's due time may be early, never late (README
 "Valkey Cluster"): a session that becomes due before the time its shard holds is found by
-the next scan, without waiting for a wake or the index repair (issue 19, the kind of
-scenario 11: work is found at once)."""
+the next scan, without waiting for a wake or the index repair (work is found at once, as
+tests/delivery/test_timing.py asks of the wakes)."""
 
 import pytest
 import redis

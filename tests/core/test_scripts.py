@@ -359,7 +359,7 @@ def settle_next(outbox, token, entry_id, *acknowledge, now=NOW):
 
 
 class TestSettleNext:
-    """settle_next.lua: a delivered-settle and the next claim as one transition (issue 21)."""
+    """settle_next.lua: a delivered-settle and the next claim as one transition."""
 
     def test_records_the_delivery_acknowledges_it_and_stages_the_next(self, outbox, r):
         first = seed(outbox, accepted=NOW - 2)
@@ -424,7 +424,7 @@ class TestSettleNext:
 
     @pytest.mark.standalone
     def test_the_claim_half_reads_nothing_the_settle_half_has_read(self, outbox, r):
-        # One transition rather than two scripts back to back (issue 21): the lease and the
+        # One transition rather than two scripts back to back: the lease and the
         # staging list are read once, and the settled entry leaves staging without being
         # rewritten there first.
         first = seed(outbox, accepted=NOW - 2)
@@ -627,7 +627,7 @@ class TestAdminIndices:
         assert r.zrange(outbox.keys.attention, 0, -1) == []
 
     def test_a_delivered_settle_in_staging_leaves_every_index_as_it_was(self, outbox, r):
-        # Issue 21: this settle reindexes nothing, so the indices must already be exact.
+        # This settle reindexes nothing, so the indices must already be exact.
         first = seed(outbox, accepted=NOW - 2)
         seed(outbox, accepted=NOW - 1)
         assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"

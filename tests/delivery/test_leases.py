@@ -1,6 +1,6 @@
-"""Leases end when their holder is done, gone or overtaken (issue 19, scenarios 1, 2, 4, 5,
-12, 13), and every state a lease can name answers ``retry``/``dismiss`` as README "The
-Python API" promises: BUSY only for the entry a live lease works on."""
+"""Leases end when their holder is done, gone or overtaken, and every state a lease can name
+answers ``retry``/``dismiss`` as README "The Python API" promises: BUSY only for the entry a
+live lease works on."""
 
 import asyncio
 import os
@@ -43,7 +43,7 @@ async def make_verifying(outbox, key="k1"):
     return entry
 
 
-# -- scenario 1: a graceful stop right after a delivery ------------------------------------
+# -- a graceful stop right after a delivery ------------------------------------------------
 
 
 async def test_graceful_stop_after_a_delivery_gives_the_lease_back(amake, signals_log):
@@ -75,7 +75,7 @@ async def test_graceful_stop_after_a_delivery_gives_the_lease_back(amake, signal
     assert signals_log.ids("delivered") == [k1.id, k2.id]
 
 
-# -- scenario 2 and the busy table: what each lease state answers ----------------------------
+# -- busy during a verification, and what each lease state answers ---------------------------
 
 
 async def test_retry_and_dismiss_are_busy_during_a_verification(amake, signals_log):
@@ -182,7 +182,7 @@ def test_staging_without_a_lease_is_not_busy(make_outbox, op):
         assert outbox.list(WS, SES) == []
 
 
-# -- scenario 4: a holder whose lease vanished --------------------------------------------
+# -- a holder whose lease vanished --------------------------------------------------------
 
 
 async def test_a_holder_whose_lease_vanished_records_nothing(amake, r, signals_log):
@@ -215,7 +215,7 @@ async def test_a_holder_overtaken_by_another_lease_records_nothing(amake, r, sig
     assert await astatuses(outbox) == [("k1", "delivering")]
 
 
-# -- scenario 5: cleanup while a delivery is in flight -------------------------------------
+# -- cleanup while a delivery is in flight -------------------------------------------------
 
 
 def workspace_traces(outbox, r, ws=WS) -> list[str]:
@@ -249,7 +249,7 @@ async def test_cleanup_during_a_delivery_removes_the_lease_too(amake, r, signals
     assert signals_log.ids("delivered") == []
 
 
-# -- scenario 12: a SIGKILLed holder's lease expires within LOCK_TTL ----------------------
+# -- a SIGKILLed holder's lease expires within LOCK_TTL -----------------------------------
 
 
 def start_child(valkey, lock_ttl, mode):
@@ -312,7 +312,7 @@ async def test_a_sigkilled_holders_lease_expires_within_lock_ttl(
     assert await outbox.alist(WS, SES) == []
 
 
-# -- scenario 13: a carried lease is released when the session runs dry --------------------
+# -- a carried lease is released when the session runs dry ---------------------------------
 
 
 async def test_a_carried_lease_is_released_when_the_session_runs_dry(amake, signals_log):
@@ -402,7 +402,7 @@ class StopAfterClaimingAhead:
 
 
 async def test_an_entry_claimed_ahead_is_delivered_after_a_stop_not_left_staged(amake, r):
-    # Issue 21: a delivery nobody's entry_delivered listens to is settled with the next
+    # A delivery nobody's entry_delivered listens to is settled with the next
     # claim. A stop right then must not leave that entry staged (it would come back as
     # verifying, though it was never sent): the worker delivers it within the grace.
     delivered = []

@@ -1,4 +1,4 @@
-"""The outcome table at its edges (cases 15 and 16): a timed-out call stays unknown
+"""The outcome table at its edges: a timed-out call stays unknown
 whatever the deliverer does next, and no exception text can break a step."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Stored:
         self.texts = []
 
 
-# --- case 15: once DELIVERY_TIMEOUT has passed, the outcome is unknown ----------------
+# --- once DELIVERY_TIMEOUT has passed, the outcome is unknown -------------------------
 
 
 def swallowing(stored, then):
@@ -167,7 +167,7 @@ async def test_a_delivery_within_the_timeout_is_still_delivered(make_outbox, sig
     assert signals_log.ids("delivered") == [entry.id]
 
 
-# --- case 16: no exception text can break a step --------------------------------------
+# --- no exception text can break a step -----------------------------------------------
 
 
 class BadStr(Exception):

@@ -1,4 +1,4 @@
-"""Crash recovery and stale leases at the storage level (cases 01 and 02; README "The worker")."""
+"""Crash recovery and stale leases at the storage level (README "The worker")."""
 
 import asyncio
 import os

@@ -1,7 +1,7 @@
-"""What a settle and an operator's action leave behind (issue 19, scenarios 3, 8, 9, 10):
-the ledger is asked about the attempt that was really made, retries restart the counters
-they promise to, every settle outcome advances the session's version, and the admin's
-"needs attention" index holds exactly the sessions README "Admin" says it does."""
+"""What a settle and an operator's action leave behind: the ledger is asked about the
+attempt that was really made, retries restart the counters they promise to, every settle
+outcome advances the session's version, and the admin's "needs attention" index holds
+exactly the sessions README "Admin" says it does."""
 
 import asyncio
 
@@ -22,7 +22,7 @@ from tests.support.scenarios import ambiguous, nothing, transient
 amake = scenarios.amake  # the fixture
 
 
-# -- scenario 3: the ledger probe after an unverifiable outcome ------------------------------
+# -- the ledger probe after an unverifiable outcome ------------------------------------------
 
 
 async def test_the_ledger_is_asked_about_the_attempt_that_was_made(amake, signals_log):
@@ -51,7 +51,7 @@ async def test_the_ledger_is_asked_about_the_attempt_that_was_made(amake, signal
     assert signals_log.ids("delivered") == [entry.id]
 
 
-# -- scenario 8: retry restarts the counters --------------------------------------------------
+# -- retry restarts the counters --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("refusal", ["transient", "prior_pending"])
@@ -113,7 +113,7 @@ async def test_retry_of_unverifiable_restarts_the_verification_window(amake):
     assert (stored.status, stored.verify_attempts) == (Status.VERIFYING, 1)
 
 
-# -- scenario 9: every settle advances the version ----------------------------------------
+# -- every settle advances the version ----------------------------------------------------
 
 
 def failing(exc):
@@ -198,7 +198,7 @@ async def test_entry_updated_versions_strictly_increase_over_a_whole_life(amake,
     assert versions == sorted(set(versions)), list(zip(states, versions, strict=True))
 
 
-# -- scenario 10: the admin's "needs attention" index ----------------------------------------
+# -- the admin's "needs attention" index -----------------------------------------------------
 
 
 def needs_attention(outbox) -> bool:

@@ -230,7 +230,7 @@ async def test_sync_deliverer_runs_off_the_loop(make_outbox):
 async def test_a_timed_out_sync_deliverer_keeps_the_lease_until_its_thread_returns(make_outbox):
     """DELIVERY_TIMEOUT cannot stop a sync deliverer's thread, so the session keeps its
     lease until the thread returns: one call, never two in flight. What the thread
-    reports after the deadline does not count (case 15): the outcome is unknown and
+    reports after the deadline does not count: the outcome is unknown and
     the entry is verified, never resent blindly.
 
     The interleaving that once broke it (two in flight, then a duplicate turn): sync
@@ -390,7 +390,7 @@ async def test_two_tasks_racing_one_session_never_both_deliver(make_outbox):
 
 
 async def test_long_delivery_keeps_its_lease(make_outbox, r, signals_log):
-    # case 03 (a): the deliverer holds m1 for 3 x LOCK_TTL; nobody else delivers meanwhile
+    # the deliverer holds m1 for 3 x LOCK_TTL; nobody else delivers meanwhile
     slow = BlockingDeliverer()
     first = make_outbox(deliverer=slow, lock_ttl=0.3)
     second = make_outbox(deliverer=slow, lock_ttl=0.3)
@@ -413,7 +413,7 @@ async def test_long_delivery_keeps_its_lease(make_outbox, r, signals_log):
 
 
 async def test_lost_lease_is_not_claimed_as_delivered(make_outbox, r, signals_log, fast):
-    # case 03 (b): W1's lock is deleted by hand, W2 takes the session
+    # W1's lock is deleted by hand, W2 takes the session
     release = asyncio.Event()
     calls = []
 

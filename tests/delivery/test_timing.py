@@ -1,5 +1,4 @@
-"""Timing gates with real, non-zero backoffs and delays, and wakes that do not wait for the
-tick (issue 19, scenarios 6, 7, 11).
+"""Timing gates with real, non-zero backoffs and delays, and wakes that do not wait for the tick.
 
 "Not before" is judged on the server's clock: an injected clock that the test moves (the
 gate holds up to the microsecond before it opens), or Valkey's TIME read at each call of
@@ -36,7 +35,7 @@ class Clock:
         return self.now
 
 
-# -- scenario 6: RETRY_BACKOFF ---------------------------------------------------------------
+# -- RETRY_BACKOFF ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("refusal", ["transient", "failed"])
@@ -97,7 +96,7 @@ async def test_a_real_retry_backoff_is_kept_on_the_server_clock(amake, r):
     assert await outbox.alist(WS, SES) == []
 
 
-# -- scenario 7: VERIFY_DELAY and VERIFY_BACKOFF -----------------------------------------------
+# -- VERIFY_DELAY and VERIFY_BACKOFF -----------------------------------------------------------
 
 
 async def test_the_verifier_is_not_called_before_the_verify_delay(amake):
@@ -153,7 +152,7 @@ async def test_a_real_verify_delay_is_kept_on_the_server_clock(amake, r):
     assert await outbox.alist(WS, SES) == []
 
 
-# -- scenario 11: operations wake an idle worker at once ----------------------------------
+# -- operations wake an idle worker at once -----------------------------------------------
 
 WAKE_BOUND = 1.0  # seconds; the tick is 30 s
 

@@ -377,7 +377,7 @@ async def test_events_nobody_listens_to_are_not_built(make_outbox, signals_log, 
 
 @pytest.mark.standalone
 async def test_a_busy_worker_leaves_wake_items_for_workers_with_room(make_outbox, r):
-    # Issue 21: a worker whose slots are all taken takes no more from the wake list, so
+    # A worker whose slots are all taken takes no more from the wake list, so
     # several workers share a backlog evenly instead of one hoarding a whole LPOP batch.
     agent = BlockingDeliverer()
     worker_box = make_outbox(deliverer=agent)
@@ -398,7 +398,7 @@ async def test_a_busy_worker_leaves_wake_items_for_workers_with_room(make_outbox
 
 @pytest.mark.standalone
 async def test_a_delivery_nobody_listens_to_costs_one_script(make_outbox, r):
-    # Issue 21: with no entry_delivered to fire in between, a delivery is settled together
+    # With no entry_delivered to fire in between, a delivery is settled together
     # with the session's next claim (settle_next.lua): one script per message, not two.
     delivered = []
 

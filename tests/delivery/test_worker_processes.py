@@ -1,4 +1,4 @@
-"""outbox_worker processes against one Valkey: order, crashes, signals (issue 3; cases 01-03)."""
+"""outbox_worker processes against one Valkey: order, crashes, signals."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_sigterm_finishes_the_delivery_and_exits_0(outbox, r, workers):
 
 
 def test_killed_workers_session_resumes_within_lock_ttl_plus_a_tick(outbox, r, workers):
-    # case 02 end to end: LOCK_TTL 2 s, tick 0.2 s
+    # a stale lease end to end: LOCK_TTL 2 s, tick 0.2 s
     m1 = outbox.accept("w1", "s1", user_id="u", client_message_id="a", text="0")
     m2 = outbox.accept("w1", "s1", user_id="u", client_message_id="b", text="1")
     slow = workers(OUTBOX_TEST_TURN="30", OUTBOX_TEST_LOCK_TTL="2")

@@ -169,7 +169,7 @@ def ws_session(user, revoke=None) -> tuple[object, object]:
         comm.scope["user"] = user if user is not None else AnonymousUser()
         try:
             connected, _ = await comm.connect()
-            assert connected  # a refusal accepts, then closes with its code (case 23)
+            assert connected  # a refusal accepts, then closes with its code
             output = await comm.receive_output(5)
             if output["type"] == "websocket.close":
                 return output["code"], None

@@ -49,7 +49,6 @@ def test_unreachable_valkey(monkeypatch):
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
 def test_evicting_valkey_is_an_error(valkey, r, policy):
-    # case 08
     r.config_set("maxmemory-policy", policy)
     try:
         with override_settings(OUTBOX=GOOD):

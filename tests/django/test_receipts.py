@@ -1,4 +1,4 @@
-"""``entry_delivered`` receivers with ``once=True``: exactly-once effects (issue 18).
+"""``entry_delivered`` receivers with ``once=True``: exactly-once effects.
 
 The effects are ``auth.Group`` rows named ``"<entry id>:<n>"`` (a table without a
 constraint on them, so a second run of a receiver would show as a second row); the

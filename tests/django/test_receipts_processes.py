@@ -1,4 +1,4 @@
-"""The kill loop of issue 18: three ``outbox_worker`` processes SIGKILLed at random while
+"""The receipts' kill loop: three ``outbox_worker`` processes SIGKILLed at random while
 the agent fails definitively, ambiguously and transiently; every worker runs a
 ``once=True`` receiver that writes a metering row (tests/support/metering) into one SQLite file
 they share, and a plain receiver that records each firing in Valkey (tests/support/recorder).

@@ -1,4 +1,4 @@
-"""Credentials never leave the process (issue 15; README "Security").
+"""Credentials never leave the process (README "Security").
 
 A password in ``VALKEY_URL`` or in the opencode agent's URL, the agent's ``PASSWORD`` and
 ``Authorization`` values are removed from every text the outbox lets out: an entry's

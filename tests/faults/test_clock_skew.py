@@ -1,4 +1,4 @@
-"""One clock, the server's (case 14): worker and web processes whose clocks are ten
+"""One clock, the server's: worker and web processes whose clocks are ten
 minutes off, run under libfaketime, neither freeze a session, delay a prompt nor
 shorten a backoff (README "Operations")."""
 

@@ -1,4 +1,4 @@
-"""Failover (issue 8): a master of a three-master cluster is SIGKILLed mid-load with
+"""Failover: a master of a three-master cluster is SIGKILLed mid-load with
 WAIT_REPLICAS=1; its replica is promoted. No accepted message may be lost, none
 sent twice, order per session kept, entry_delivered once each, and the worker
 carries on by itself.

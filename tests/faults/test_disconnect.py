@@ -1,4 +1,4 @@
-"""Case 09: clients that go away while their POST is being accepted, under a real ASGI server."""
+"""Clients that go away while their POST is being accepted, under a real ASGI server."""
 
 from __future__ import annotations
 

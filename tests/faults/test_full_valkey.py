@@ -1,4 +1,4 @@
-"""A full Valkey drains (case 12): at ``maxmemory`` (policy ``noeviction``) what frees
+"""A full Valkey drains: at ``maxmemory`` (policy ``noeviction``) what frees
 memory still runs — dismiss, cleanup, claims, delivered-settles, releases — what would
 grow it is refused whole, and a worker never exits: it backs off and drains."""
 

@@ -1,4 +1,4 @@
-"""Case 05: a command ran but its reply was lost and the client sent it again."""
+"""A command ran but its reply was lost and the client sent it again."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Valkey SIGKILLed and restarted from its AOF while workers deliver (issue 7, scenario 2).
+"""Valkey SIGKILLed and restarted from its AOF while workers deliver.
 
 With ``appendfsync always`` nothing acknowledged may be lost: every message a
 client saw accepted (202, or 200 for a retried key) is delivered exactly once,
@@ -94,7 +94,7 @@ async def test_valkey_killed_and_restarted_mid_delivery_loses_nothing(tmp_path, 
 
 
 async def test_connections_cut_again_and_again_lose_nothing(valkey, make_outbox):
-    # issue 7, scenario 3: every connection between worker and Valkey is cut every 100 ms
+    # every connection between worker and Valkey is cut every 100 ms
     from tests.support.proxy import TcpProxy
 
     port = int(valkey.rsplit(":", 1)[1].split("/")[0])

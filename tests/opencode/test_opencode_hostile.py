@@ -1,4 +1,4 @@
-"""The opencode deliverer and verifier against a hostile agent (issue 15; README "Security").
+"""The opencode deliverer and verifier against a hostile agent (README "Security").
 
 A hostile (or compromised, or misconfigured) agent must not get the agent's credentials sent
 to another host through a ``Link: rel=next`` header, nor grow the worker's memory by answering

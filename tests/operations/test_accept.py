@@ -1,4 +1,4 @@
-"""accept(): dedupe, cap, bad input, Valkey failures (README "The Python API"; cases 04, 08, 10);
+"""accept(): dedupe, cap, bad input, Valkey failures (README "The Python API");
 seed_entry_for_test(), which goes through the same accept script."""
 
 import contextlib
@@ -75,7 +75,7 @@ def test_same_key_other_text_or_model_conflicts_and_keeps_the_original(outbox):
 
 
 def test_keys_are_scoped_per_session(outbox):
-    # case 04: k4 used in ws1/s1, ws1/s2 and ws2/s1 -> three separate entries
+    # k4 used in ws1/s1, ws1/s2 and ws2/s1 -> three separate entries
     ids = {
         accept(outbox, ws=ws, ses=ses, key="k4").id
         for ws, ses in [("w1", "s1"), ("w1", "s2"), ("w2", "s1")]
@@ -96,7 +96,7 @@ def test_cap(make_outbox, r):
 
 
 def test_dismissed_keys_stay_deduplicated(outbox):
-    # case 04: dismiss m1, POST its key again within DEDUPE_TTL -> the original ID, nothing new
+    # dismiss m1, POST its key again within DEDUPE_TTL -> the original ID, nothing new
     first = accept(outbox)
     outbox.dismiss("w1", "s1", first.id)
     with pytest.raises(Duplicate) as info:
@@ -106,7 +106,7 @@ def test_dismissed_keys_stay_deduplicated(outbox):
 
 
 def test_cleanup_frees_keys(outbox):
-    # case 04: accept k1, cleanup_workspace, accept k1 again -> accepted as new
+    # accept k1, cleanup_workspace, accept k1 again -> accepted as new
     first = accept(outbox)
     assert outbox.cleanup_workspace("w1") > 0
     again = accept(outbox)
@@ -114,7 +114,7 @@ def test_cleanup_frees_keys(outbox):
 
 
 def test_too_large_then_valid_with_the_same_key(outbox, r):
-    # case 04: POST k2 with text too large, then k2 with valid text -> accepted
+    # POST k2 with text too large, then k2 with valid text -> accepted
     with pytest.raises(ValueError, match="102401 UTF-8 bytes"):
         accept(outbox, key="k2", text="x" * 102_401)
     assert r.keys("*") == []
@@ -188,7 +188,7 @@ def test_unreachable_valkey_is_unavailable():
 
 
 def test_down_then_back_accepts_the_same_key(tmp_path):
-    # case 04: POST k3 while Valkey is down (503), again after it is back -> 202
+    # POST k3 while Valkey is down (503), again after it is back -> 202
     from django_outbox.outbox import Outbox
 
     server = ValkeyProcess(tmp_path).start()
@@ -205,7 +205,7 @@ def test_down_then_back_accepts_the_same_key(tmp_path):
 
 
 def test_out_of_memory_is_unavailable_and_writes_nothing(tmp_path):
-    # case 08: a noeviction Valkey at maxmemory refuses the accept; nothing is stored
+    # a noeviction Valkey at maxmemory refuses the accept; nothing is stored
     from django_outbox.outbox import Outbox
 
     server = ValkeyProcess(tmp_path).start()
@@ -231,7 +231,7 @@ def test_out_of_memory_is_unavailable_and_writes_nothing(tmp_path):
 
 
 def test_lost_reply_replay_recognises_its_own_write(outbox, r):
-    # case 05 (a) at the script level: running the very same accept twice is not a duplicate
+    # a lost reply at the script level: running the very same accept twice is not a duplicate
     entry = accept(outbox)
     keys = outbox.keys.session("w1", "s1")
     raw = r.lrange(keys.queue, 0, -1)[0]

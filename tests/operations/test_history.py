@@ -1,4 +1,4 @@
-"""Per-minute history in Valkey (issue 17, README "Dashboard"): what the scripts count on
+"""Per-minute history in Valkey (README "Dashboard"): what the scripts count on
 accept and park, what workers count from their settles and write off the delivery path,
 the minute's depth sample, the TTL bound, and that a window of 0 writes nothing."""
 

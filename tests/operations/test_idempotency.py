@@ -1,4 +1,4 @@
-"""Idempotency keys are scoped to the session and the accepting user (case 19)."""
+"""Idempotency keys are scoped to the session and the accepting user."""
 
 from __future__ import annotations
 

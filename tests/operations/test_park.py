@@ -1,4 +1,4 @@
-"""Parking pauses a workspace (case 22): what is queued is parked, everything accepted
+"""Parking pauses a workspace: what is queued is parked, everything accepted
 afterwards into any of its sessions is held with the park's reason, and unpark
 releases each session in accept order."""
 

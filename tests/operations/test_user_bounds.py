@@ -1,4 +1,4 @@
-"""Per-user bounds (issue 15; README "Security" → "Per-user bounds"): a user's queued
+"""Per-user bounds (README "Security" → "Per-user bounds"): a user's queued
 entries across the sessions of a workspace and accepts per minute are bounded, exactly
 and atomically with the accept, and every path that removes an entry frees its count."""
 

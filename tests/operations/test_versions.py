@@ -1,5 +1,5 @@
 """A session's version never goes backwards, even across cleanup, and watchers of a
-cleaned session are told (case 18)."""
+cleaned session are told."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fault suite behind ``make chaos`` (issue 7): each scenario bounded in time, one line
+"""The fault suite behind ``make chaos``: each scenario bounded in time, one line
 of figures each, and a summary table at the end.
 
     python -m tests.support.chaos            # the full run (minutes)
@@ -453,7 +453,7 @@ def agent_stalls(tmp: Path, short: bool) -> Row:
 
 def client_disconnects(tmp: Path, short: bool) -> Row:
     """Clients send a complete accept POST to uvicorn and go away without reading the reply
-    (case 09), in waves of 50: all at once, each gone 0-50 ms after sending, then one after
+    in waves of 50: all at once, each gone 0-50 ms after sending, then one after
     another, each gone 0-20 ms after sending (while its accept runs); half close with a FIN,
     half with an RST. Every key is then POSTed again, and two outbox_worker processes deliver
     what was stored."""
@@ -582,7 +582,7 @@ def client_disconnects(tmp: Path, short: bool) -> Row:
 
 
 def lost_replies(tmp: Path, short: bool) -> Row:
-    """The reply to accept and to the delivered-settle is lost, again and again (case 05)."""
+    """The reply to accept and to the delivered-settle is lost, again and again."""
     from django_outbox.core.service import Outbox as CoreOutbox
     from django_outbox.errors import Duplicate
     from tests.support.proxy import TcpProxy
@@ -696,7 +696,7 @@ async def _flood(url: str, frames: int) -> tuple[int, int | None]:
 
 def websocket_readers(tmp: Path, short: bool) -> Row:
     """Abandoned, slow, flooding and day-old WebSocket readers while messages are accepted
-    and delivered (cases 07 and 13): the server's memory levels off, group membership
+    and delivered: the server's memory levels off, group membership
     shrinks to the live sockets, resync floods are closed with 4429, and every watcher
     converges to the true queue although the channel layer forgets its groups after 2 s
     (standing in for channels-redis's day)."""
@@ -939,7 +939,7 @@ def _valkey_us(r) -> int:
     return seconds * 1_000_000 + micros
 
 
-# -- scenario 8: clocks minutes apart (case 14) ---------------------------------------------
+# -- scenario 8: clocks minutes apart ---------------------------------------------------------
 
 #: The row's worker clocks (libfaketime offsets; None: the right time) and the accepting
 #: uvicorn's.
@@ -1163,7 +1163,7 @@ def clock_skew(tmp: Path, short: bool) -> Row:
     """outbox_worker processes with wall clocks ten minutes ahead, ten minutes behind and
     right, one SIGKILLed every 0.5-2 s (a lease holder if there is one) and restarted with
     the same clock, while a uvicorn ten minutes ahead accepts prompts, first a trickle,
-    then a backlog; the agent fails some attempts (case 14). Besides the invariants: no
+    then a backlog; the agent fails some attempts. Besides the invariants: no
     session waits longer than LOCK_TTL + FROZEN_SLACK for a new holder after its holder
     died (frozen), no retry comes before RETRY_BACKOFF, and every acceptedAt and
     heartbeat is on Valkey's clock."""
@@ -1260,7 +1260,7 @@ def _clock_figures(
     row.failures += problems[:3] + [f"and {len(problems) - 3} more"] * (len(problems) > 3)
 
 
-# -- scenario 9: Valkey at maxmemory (case 12) ------------------------------------------------
+# -- scenario 9: Valkey at maxmemory ----------------------------------------------------------
 
 
 def _big(n: int) -> str:
@@ -1345,7 +1345,7 @@ def full_valkey(tmp: Path, short: bool) -> Row:
     """A Valkey filled with 40 KB prompts gets ``maxmemory`` just below its used memory
     while three outbox_worker processes deliver (the agent failing some attempts, so a
     failure settle can meet the full server too) and four clients — three in process, one over HTTP
-    — keep accepting more 40 KB prompts, retrying each refusal with the same key (case 12).
+    — keep accepting more 40 KB prompts, retrying each refusal with the same key.
     Every refusal must be a clean 503 / OutboxUnavailable with nothing stored, no worker
     may exit, the queue must drain, and accepts must then succeed at the first try. The
     agent records into a second Valkey (the full one would refuse its writes)."""

@@ -1,5 +1,6 @@
-"""Case 09 helpers: the test project under a real ASGI server (uvicorn), and clients that
-send a complete accept POST and go away without reading the reply.
+"""Helpers for clients gone mid-request: the test project under a real ASGI server
+(uvicorn), and clients that send a complete accept POST and go away without reading the
+reply.
 
 Used by tests/faults/test_disconnect.py and by scenario 5 of the fault suite
 (tests/support/chaos.py).
@@ -164,7 +165,7 @@ def cut_post(
 
 
 def check_resend(reply: httpx.Response, stored_id: str | None) -> str | None:
-    """Judge the second POST of a key by case 09's rule: 200 with the original ID if the
+    """Judge the second POST of a key by the idempotency rule: 200 with the original ID if the
     first POST was stored (``stored_id``), 202 if it was not; never anything else.
     Returns what is wrong, or None."""
     answer = f"resend answered {reply.status_code} {reply.text[:200]}"

@@ -3,7 +3,7 @@
 ``drop_reply_to(marker)`` arms a one-shot fault: the next client request that
 contains ``marker`` is forwarded to the server, the server's reply is read and
 thrown away, and the client's connection is closed — the command ran, its
-reply was lost (case 05).
+reply was lost.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def test_ties_are_broken_by_member_as_in_one_zset(boxes, r):
 
 
 def test_paging_on_continues_after_the_last_session_shown_across_shards(admin_client, boxes):
-    """Case 20 on a cluster: sessions of page 1 (the last one shown among them) are
+    """On a cluster: sessions of page 1 (the last one shown among them) are
     resolved; the next page starts right after it, merged from every shard's copy."""
     outbox, failing = boxes
     workspaces = spread(outbox, 9)

@@ -1,4 +1,4 @@
-"""Paging the outbox admin while its indices change (README "Admin"; issue 13, case 20).
+"""Paging the outbox admin while its indices change (README "Admin").
 
 A page of the changelist ends with a link to the next one that carries the position
 of the last session shown (its index score and ``"<ws> <ses>"`` member); the next page
@@ -92,7 +92,7 @@ def many(outbox):
 
 
 def test_resolving_sessions_on_page_one_does_not_hide_any_from_page_two(admin_client, many):
-    """Case 20: 120 sessions need attention, page 1 is read, 10 of its sessions are
+    """120 sessions need attention, page 1 is read, 10 of its sessions are
     resolved, page 2 is opened: it starts right after the last session page 1 showed."""
     outbox = many
     first = admin_client.get(CHANGELIST)

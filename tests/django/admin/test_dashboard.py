@@ -1,4 +1,4 @@
-"""The admin dashboard (issue 17, README "Dashboard"): where it is, who may see it, what it
+"""The admin dashboard (README "Dashboard"): where it is, who may see it, what it
 draws from a run with real deliveries, and its refresh fragment. The browser test is in
 tests/browser/test_browser_dashboard.py."""
 

@@ -1,4 +1,4 @@
-"""The REST API over a real Valkey: access matrix, status table, cases 04 and 10."""
+"""The REST API over a real Valkey: access matrix, status table, idempotency keys, bad input."""
 
 from __future__ import annotations
 
@@ -468,7 +468,7 @@ def test_cleanup_200_frees_the_keys(staff, r):
     assert response.status_code == 200
     assert response.json()["removed"] > 0
     assert staff.delete(workspace_url()).json() == {"removed": 0}
-    # case 04: after cleanup the key is free again
+    # after cleanup the key is free again
     again = post_json(staff, messages_url(), body("k1"))
     assert again.status_code == 202
     assert again.json()["id"] != first["id"]
@@ -484,7 +484,7 @@ def test_accept_header_without_json_406(staff):
     assert_error(staff.get(messages_url(), HTTP_ACCEPT="text/html"), 406, "not_acceptable")
 
 
-# --- case 04 over HTTP -------------------------------------------------------------------
+# --- idempotency keys over HTTP ------------------------------------------------------------
 
 
 def test_dismissed_then_reposted_200_with_the_original_id(staff):
@@ -510,7 +510,7 @@ def test_same_key_in_other_sessions_and_workspaces_is_separate(staff):
     assert len(entries("ws1", "s1")) == len(entries("ws1", "s2")) == len(entries("ws2", "s1")) == 1
 
 
-# --- case 10: bad input --------------------------------------------------------------------
+# --- bad input -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

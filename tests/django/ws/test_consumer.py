@@ -1,5 +1,4 @@
-"""The queue WebSocket on a real channels-redis layer (README "Live updates (WebSocket)";
-cases 06, 07, 11)."""
+"""The queue WebSocket on a real channels-redis layer (README "Live updates (WebSocket)")."""
 
 from __future__ import annotations
 
@@ -142,7 +141,7 @@ async def test_binary_and_oversized_frames_close_only_that_socket(layers):
 
 async def refused_with(comm) -> int | None:
     """Connect; the close code if the socket is accepted and then closed at once (a
-    refusal as a real server carries it: case 23), else None."""
+    refusal as a real server carries it), else None."""
     connected, _ = await comm.connect()
     assert connected  # accepted: a close before accepting would be an HTTP 403 on the wire
     first = await comm.receive_output(5)
@@ -219,7 +218,7 @@ def test_group_names_are_short_and_safe():
 
 
 async def test_slow_reader_sees_a_gap_and_resyncs(valkey):
-    # case 06: channel capacity 5; a reader that stops reading while 10 messages are
+    # channel capacity 5; a reader that stops reading while 10 messages are
     # accepted and delivered (30 events) loses events, sees the gap, and resyncs.
     config = {
         "default": {
@@ -261,7 +260,7 @@ async def test_slow_reader_sees_a_gap_and_resyncs(valkey):
 
 
 async def test_a_failed_publish_never_fails_the_mutation(valkey, caplog):
-    # case 06: the channel layer's Valkey is unreachable; accepts still answer
+    # the channel layer's Valkey is unreachable; accepts still answer
     config = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",

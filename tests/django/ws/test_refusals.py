@@ -1,5 +1,5 @@
 """The consumer's refusal paths and robustness in process, on a real Valkey and a real
-channels-redis layer (cases 11, 23; README "Live updates (WebSocket)"). The same codes
+channels-redis layer (README "Live updates (WebSocket)"). The same codes
 through uvicorn and daphne: tests/django/ws/test_refusals_on_servers.py."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ async def test_any_failure_while_handling_a_frame_keeps_the_socket_and_the_count
 
 
 async def test_an_unavailable_snapshot_names_no_server(valkey, tmp_path, caplog):
-    """Case 11 / security: the error frame is a fixed text; the cause (host and port of
+    """The error frame is a fixed text; the cause (host and port of
     Valkey) goes to the server's log only."""
     store = ValkeyProcess(tmp_path / "store").start()
     try:

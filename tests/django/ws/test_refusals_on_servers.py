@@ -1,5 +1,5 @@
-"""The queue WebSocket's refusals and limits through real servers, uvicorn and daphne (case 23,
-11, 07; README "Live updates (WebSocket)").
+"""The queue WebSocket's refusals and limits through real servers, uvicorn and daphne
+(README "Live updates (WebSocket)").
 
 A close before the handshake is accepted is an HTTP 403 on the wire (the client sees
 1006), so every refusal accepts and then closes with its code: these tests read the codes

@@ -1,5 +1,4 @@
-"""Open queue sockets stay true, through real servers (README "Live updates (WebSocket)";
-cases 13, 17, 06, 07).
+"""Open queue sockets stay true, through real servers (README "Live updates (WebSocket)").
 
 uvicorn and daphne subprocesses serve ``tests.support.asgi.live`` (tests/support/live_server.py)
 with the channel layer (channels-redis, ``group_expiry`` 2 s standing in for a day) in its own
@@ -143,7 +142,7 @@ async def close_code(view: View, timeout: float = BOUND) -> tuple[int, str, list
     raise AssertionError(f"the socket stayed open {timeout}s; frames: {frames[-3:]}")
 
 
-# -- case 13: convergence whatever the channel layer loses ----------------------------------
+# -- convergence whatever the channel layer loses -------------------------------------------
 
 
 async def test_a_flushed_channel_layer_converges_and_rejoins(server, core, layer):
@@ -200,7 +199,7 @@ async def test_a_cleaned_session_is_shown_empty(server, core):
     await view.ws.close()
 
 
-# -- case 17: re-authorisation without the client asking ------------------------------------
+# -- re-authorisation without the client asking ---------------------------------------------
 
 
 async def test_a_revoked_watcher_is_closed_within_the_interval(server, core, r):
@@ -260,7 +259,7 @@ async def test_resyncs_coalesce_and_a_flood_closes_with_4429(server, core):
     assert sum(f["type"] == "queue.snapshot" for f in frames) <= 2
 
 
-# -- snapshot pages and memory under unread floods (case 07) --------------------------------
+# -- snapshot pages and memory under unread floods -------------------------------------------
 
 
 async def test_a_big_queue_comes_in_pages_under_the_frame_bound(server, core):

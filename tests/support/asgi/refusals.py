@@ -1,4 +1,4 @@
-"""The outbox WebSocket behind a real ASGI server, for the close-code tests (case 23).
+"""The outbox WebSocket behind a real ASGI server, for the close-code tests.
 
 Served by uvicorn and daphne in ``tests/django/ws/test_refusals_on_servers.py`` with settings
 ``tests.support.settings.refusals``. The user comes from the cookie ``user`` (default

@@ -1,4 +1,4 @@
-"""Settings for worker processes with a ``once=True`` receiver (issue 18): those of
+"""Settings for worker processes with a ``once=True`` receiver: those of
 tests/support/settings/worker.py, plus the metering app and a SQLite file every process shares
 (``OUTBOX_TEST_DB``; WAL, ``BEGIN IMMEDIATE`` so concurrent writers wait their turn)."""
 
