@@ -22,18 +22,17 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Valkey Cluster: the cluster tests (one-node and three-master clusters, a failover; these
-# also run inside make test), then the core and worker suites again with every Outbox in
-# cluster mode on a three-master cluster (OUTBOX_TEST_CLUSTER=1). There, async cluster clients
-# that a test leaves open are reported at garbage collection: that rerun is about queue
-# semantics (the standalone run keeps the socket-hygiene check), so those reports are ignored.
-CORE_SUITES = tests/test_accept.py tests/test_scripts.py tests/test_worker.py \
-	tests/test_delivery.py tests/test_operator.py tests/test_recovery.py tests/test_entry.py \
-	tests/test_metrics.py tests/test_park.py tests/test_versions.py tests/test_idempotency.py \
-	tests/test_delivery_edges.py tests/test_user_bounds.py tests/test_history.py
+# also run inside make test), then the folders of the queue's own semantics (tests/core,
+# tests/operations, tests/delivery: every module in them) again with every Outbox in cluster
+# mode on a three-master cluster (OUTBOX_TEST_CLUSTER=1). A test there that only a standalone
+# server can run is marked `standalone` and skipped. Async cluster clients that a test leaves
+# open are reported at garbage collection: that rerun is about queue semantics (the standalone
+# run keeps the socket-hygiene check), so those reports are ignored.
+CLUSTER_RERUN = tests/core tests/operations tests/delivery
 
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -m cluster $(PYTEST_ARGS)
-	OUTBOX_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CORE_SUITES) $(PYTEST_ARGS) \
+	OUTBOX_TEST_CLUSTER=1 $(BIN)/python -m pytest $(CLUSTER_RERUN) $(PYTEST_ARGS) \
 		-W "ignore::pytest.PytestUnraisableExceptionWarning"
 
 # Types: strict on django_outbox/core, django-stubs / djangorestframework-stubs for the
@@ -113,7 +112,7 @@ mutate: $(STAMP)
 
 # The fault suite, long run (a short run is part of make test).
 chaos: $(STAMP)
-	$(BIN)/python -m tests.chaos
+	$(BIN)/python -m tests.support.chaos
 
 # The real opencode server (npm opencode-ai, pinned) for the integration tests,
 # installed into the git-ignored .opencode/ folder.

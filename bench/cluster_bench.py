@@ -5,7 +5,8 @@ Usage: python -m bench.cluster_bench [--quick] [--repeats N] [--workers 1,2,4]
                                      [--concurrency C] [--timeout SECONDS]
 
 Starts, in a temporary directory, a Valkey Cluster of 3 masters with one replica each
-(tests/cluster.py; appendonly no, save "") and one standalone valkey-server (tests/valkey.py),
+(tests/support/cluster.py; appendonly no, save "") and one standalone valkey-server
+(django_outbox.testing),
 both on loopback. One small fill and drain on each store first is a warm-up (not kept). Then,
 for every round and worker count, on each store in turn (the order flips every time so machine
 drift cancels): FLUSHALL; accept W x S x P messages of 100 bytes (W workspaces, S sessions
@@ -61,8 +62,8 @@ from bench.common import (  # noqa: E402
     stop,
     write_results,
 )
-from tests.cluster import ValkeyCluster  # noqa: E402
-from tests.valkey import ValkeyProcess, wait_until  # noqa: E402
+from django_outbox.testing import ValkeyServer, wait_until  # noqa: E402
+from tests.support.cluster import ValkeyCluster  # noqa: E402
 
 ACCEPT_TASKS = 64
 # Sessions delivered at once per worker process: the product default (CONCURRENCY = 64).
@@ -511,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     valkey_version = None
     with tempfile.TemporaryDirectory(prefix="outbox-cluster-bench-") as tmp:
         cluster = ValkeyCluster(Path(tmp) / "cluster", appendonly="no", save="")
-        single = ValkeyProcess(Path(tmp) / "standalone", appendonly="no", save="")
+        single = ValkeyServer(Path(tmp) / "standalone", appendonly="no", save="")
         stores: list[Store] = []
         try:
             t = time.monotonic()

@@ -31,7 +31,7 @@ import redis
 
 from bench import worker_bench
 from bench.common import PAYLOAD, reap_children
-from tests.valkey import wait_until
+from django_outbox.testing import wait_until
 
 SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
 ACCEPT_TASKS = 64  #: accepts in flight at once in bounded()

@@ -24,7 +24,7 @@ import redis.asyncio
 
 from bench import worker_bench
 from bench.common import PAYLOAD, ROOT, child_env, logger, reap_children, stop
-from tests.valkey import free_port, wait_until
+from django_outbox.testing import free_port, wait_until
 
 #: The reference for one accept: what our accept script writes at the least, without checks.
 RAW = (

@@ -207,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.url:
             url = a.url
         else:
-            from tests.valkey import ValkeyProcess
+            from django_outbox.testing import ValkeyServer
 
-            valkey = ValkeyProcess(ROOT / "var" / "bench" / "valkey", appendonly="no").start()
+            valkey = ValkeyServer(ROOT / "var" / "bench" / "valkey", appendonly="no").start()
             url = valkey.url
         valkey_version = server_version(redis.Redis.from_url(url).info("server"))
         log(f"valkey {valkey_version} at {url}; settings {s}; groups {sorted(groups)}")

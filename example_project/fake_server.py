@@ -6,7 +6,7 @@ Two layers build on :class:`FakeOpencodeServer` and add their own knobs:
 
 - ``example_project/fake_agent.py``, the demo's agent: a transcript file, latency, random
   cuts and errors, rules set over ``/_fake/control`` (README "The demo");
-- ``tests/fake_opencode.py``, the tests' server: a fault per route, a log of requests,
+- ``tests/support/fake_opencode.py``, the tests' server: a fault per route, a log of requests,
   pagination, a listener that stops and starts again.
 
 Routes here (a layer may add more by overriding :meth:`FakeOpencodeServer.route`):

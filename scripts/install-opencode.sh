@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install the pinned opencode server (npm package opencode-ai) into the repo's
-# git-ignored .opencode/ folder, for tests/test_opencode_real.py.
+# git-ignored .opencode/ folder, for tests/opencode/test_opencode_real.py.
 #
 # Idempotent: does nothing if that exact version is already installed there.
 # Needs node + npm and access to the npm registry. Prints what it does.

@@ -9,8 +9,7 @@ import redis
 
 from django_outbox import conf
 from django_outbox.outbox import Outbox, reset_outbox
-
-from .valkey import ValkeyProcess, free_port, wait_until
+from tests.support.valkey import ValkeyProcess, free_port, wait_until
 
 #: ``OUTBOX_TEST_CLUSTER=1`` (``make test-cluster``) runs the suites that use these fixtures
 #: on a three-master Valkey Cluster, every Outbox in cluster mode.
@@ -44,7 +43,7 @@ def valkey(tmp_path_factory):
         yield url
         return
     if ON_CLUSTER:
-        from .cluster import ValkeyCluster
+        from tests.support.cluster import ValkeyCluster
 
         with ValkeyCluster(tmp_path_factory.mktemp("cluster")) as cluster:
             yield cluster.startup_url

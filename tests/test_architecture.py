@@ -308,3 +308,70 @@ def test_script_answers_are_read_by_their_reply_types_only():
             ):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == []
+
+
+# --- the tests' own layout (docs/explanation/testing.md "Where the tests are") ------------
+
+REPO = PACKAGE.parent
+TESTS = REPO / "tests"
+#: The folders that hold test modules; support/ holds none.
+TEST_FOLDERS = {
+    "core",
+    "operations",
+    "delivery",
+    "django",
+    "opencode",
+    "cluster",
+    "faults",
+    "browser",
+    "acceptance",
+}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports (relative imports resolved from its place under REPO)."""
+    package = list(path.relative_to(REPO).parent.parts)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - (node.level - 1)] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def test_no_test_module_is_imported_by_bench_tools_or_another_test():
+    """What tests, bench/ and tools/ share lives in tests/support/ or django_outbox.testing:
+    a test module is never imported, so moving or renaming one breaks nothing else."""
+    offenders = set()
+    for folder in ("bench", "tools", "tests"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for module in _imported_modules(path):
+                parts = module.split(".")
+                tests = [i for i, part in enumerate(parts) if part.startswith("test_")]
+                if parts[0] == "tests" and tests:
+                    offenders.add(f"{path.relative_to(REPO)}: {'.'.join(parts[: tests[0] + 1])}")
+    assert sorted(offenders) == []
+
+
+def test_every_test_module_lives_in_a_level_folder():
+    """tests/ holds only conftest.py and this file at its root; every test module is in a
+    folder of TEST_FOLDERS, and every folder on its way is a package (without an
+    ``__init__.py`` pytest would put the folder itself on sys.path, and tests/django would
+    shadow Django)."""
+    misplaced = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        relative = path.relative_to(TESTS)
+        if relative == Path("test_architecture.py"):
+            continue
+        if len(relative.parts) < 2 or relative.parts[0] not in TEST_FOLDERS:
+            misplaced.append(str(relative))
+        folder = path.parent
+        while folder != TESTS.parent:
+            if not (folder / "__init__.py").exists():
+                misplaced.append(f"{folder.relative_to(REPO)} has no __init__.py")
+            folder = folder.parent
+    assert sorted(set(misplaced)) == []

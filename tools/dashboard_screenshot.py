@@ -46,7 +46,7 @@ from django_outbox.core.entry import Verdict  # noqa: E402
 from django_outbox.core.errors import AmbiguousError, OutboxFull  # noqa: E402
 from django_outbox.core.service import Outbox  # noqa: E402
 from django_outbox.testing import ValkeyServer  # noqa: E402
-from tests.test_demo import DemoProcess  # noqa: E402
+from tests.support.demo import DemoProcess  # noqa: E402
 
 CHROMIUM = os.environ.get("OUTBOX_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("OUTBOX_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")

@@ -4,7 +4,7 @@ A tunable is one field of :class:`Config`, ``name: type = setting(default, kind=
 Its ``OUTBOX`` key is the name in upper case; ``kind`` is the rule a given value must pass
 (:data:`Kind`: it returns the value to store or raises :class:`ConfigError`); ``doc`` is one
 line. The rules between two tunables close :meth:`Config.from_mapping`. The reference is
-docs/reference/settings.md, whose table tests/test_conf.py keeps equal to these declarations.
+docs/reference/settings.md, whose table tests/django/test_conf.py keeps equal to these declarations.
 
 Durations are seconds (int or float) or ``datetime.timedelta``, stored as float seconds
 (:func:`duration` is the rule, also used for the opencode block's timeouts).

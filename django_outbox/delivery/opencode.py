@@ -13,8 +13,9 @@ to ``Outbox(deliverer=..., verifier=...)``. The outbox's session ID is the
 opencode session ID (``ses_...``).
 
 Every rule below comes from a real ``opencode serve`` 1.18.33
-(docs/howto/deliverer.md#the-built-in-opencode-deliverer; ``tests/test_opencode_real.py``
-checks the ones this module relies on against that server):
+(docs/howto/deliverer.md#the-built-in-opencode-deliverer;
+``tests/opencode/test_opencode_real.py`` checks the ones this module relies on against that
+server):
 
 * ``POST /session/{id}/message`` stores the user message first, then blocks
   until the assistant turn ends (with no reachable LLM provider: forever). A

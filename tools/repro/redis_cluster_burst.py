@@ -1,13 +1,12 @@
 """Reproduction (not a test, not run by CI) of what django_outbox's transport now avoids by
 awaiting ``initialize()`` before a client's first use (``Transport._aclient_ready``; the test is
-``tests/test_cluster.py::test_a_burst_on_a_fresh_client_is_accepted_whole``): redis-py's async
-RedisCluster (8.1.0 here) fails
-a few commands of a burst on a fresh client with ``AttributeError: 'NoneType' object has no
-attribute 'writelines'`` while it sets up connections (``connect_check_health`` ->
-``on_connect_check_health``). Found by ``make bench-cluster``, whose first 64-task accept burst
-hits it; ``Outbox.aaccept`` on a cluster is affected the same way (a fresh ASGI process's first
-burst of accepts). Awaiting ``client.initialize()`` first avoids it in every run; serialising
-the scripts' loading did not.
+``tests/cluster/test_cluster.py::test_a_burst_on_a_fresh_client_is_accepted_whole``): redis-py's
+async RedisCluster (8.1.0 here) fails a few commands of a burst on a fresh client with
+``AttributeError: 'NoneType' object has no attribute 'writelines'`` while it sets up connections
+(``connect_check_health`` -> ``on_connect_check_health``). Found by ``make bench-cluster``,
+whose first 64-task accept burst hits it; ``Outbox.aaccept`` on a cluster is affected the same
+way (a fresh ASGI process's first burst of accepts). Awaiting ``client.initialize()`` first
+avoids it in every run; serialising the scripts' loading did not.
 
 Run: ``.venv/bin/python tools/repro/redis_cluster_burst.py`` (starts a 3-master cluster in a
 temporary folder; prints the errors of each variant).
@@ -25,7 +24,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster as SyncCluster
 
-from tests.cluster import ValkeyCluster
+from tests.support.cluster import ValkeyCluster
 
 SCRIPT = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
 

@@ -1,0 +1,1 @@
+"""outbox.js in headless Chromium (Selenium) and under Node."""

@@ -1,0 +1,113 @@
+"""The browser side: outbox.js and the demo's queue page, in a real browser.
+
+``test_queue_page_shows_a_prompt_delivered_live`` drives headless Chromium from Debian
+(``apt-get install -y chromium chromium-driver``: the binaries ``/usr/bin/chromium`` and
+``/usr/bin/chromedriver``) with Selenium, on a live demo stack. Skipped, with the reason
+printed, when either is missing; it installs nothing (tests/support/browser.py). The other
+browser tests: logins and tabs in ``test_browser_tabs.py``, close codes in
+``test_browser_close_codes.py``; outbox.js's logic under Node is in ``test_browser_logic.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.support.browser import DEADLINE, browser_or_skip, start_chrome
+from tests.support.demo import DemoProcess
+
+#: The browser's own queue of unacknowledged sends (outbox.js keeps one localStorage key
+#: per prompt: ``<storageKey>:pending:<clientMessageID>``).
+PENDING_JS = (
+    "return Object.keys(localStorage).filter(k => k.includes(':pending'))"
+    ".map(k => localStorage.getItem(k));"
+)
+#: Leave two sends behind as a page killed mid-send would: the first was POSTed (the
+#: server stored it) but its answer never arrived, the second never left the browser.
+RESUME_SETUP = """
+const [textA, textB, done] = arguments;
+const page = JSON.parse(document.getElementById("outbox-page").textContent);
+const item = (text, at) => ({workspace: page.workspace, session: page.session, text,
+  clientMessageID: crypto.randomUUID(), createdAt: at, user: page.userID});
+const a = item(textA, Date.now()), b = item(textB, Date.now() + 1);
+const csrf = document.cookie.split("; ").find((c) => c.startsWith("csrftoken=")).slice(10);
+fetch(`${page.apiBase}api/workspaces/${page.workspace}/sessions/${page.session}/messages/`, {
+  method: "POST", credentials: "same-origin",
+  headers: {"Content-Type": "application/json", "X-CSRFToken": csrf},
+  body: JSON.stringify({clientMessageID: a.clientMessageID, text: a.text}),
+}).then((r) => {
+  if (r.status !== 202) throw new Error("setup POST answered " + r.status);
+  for (const x of [a, b]) {
+    const key = `django-outbox:${page.userID}:pending:${x.clientMessageID}`;
+    localStorage.setItem(key, JSON.stringify(x));
+  }
+  done();
+});
+"""
+
+
+@pytest.mark.slow
+def test_queue_page_shows_a_prompt_delivered_live(tmp_path):
+    browser_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    demo = DemoProcess(tmp_path, "--latency", "0.5").start()
+    driver = start_chrome(tmp_path)
+    wait = WebDriverWait(driver, DEADLINE, poll_frequency=0.05)
+    text = f"browser prompt {uuid.uuid4().hex[:8]} <b>not bold</b>"
+    try:
+        driver.get(f"{demo.url}/")
+        wait.until(ec.presence_of_element_located((By.ID, "id_username"))).send_keys("demo")
+        driver.find_element(By.ID, "id_password").send_keys("demo")
+        driver.find_element(By.ID, "login-submit").click()
+        prompt = wait.until(ec.element_to_be_clickable((By.ID, "prompt")))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "connection"), "live"))
+        driver.execute_script("window.__samePage = true;")  # a reload would lose it
+
+        prompt.send_keys(text)
+        driver.find_element(By.ID, "send").click()
+
+        sent = f'//ol[@id="queue"]/li[@data-state="sent"]/div[@class="text"][.="{text}"]'
+        wait.until(ec.presence_of_element_located((By.XPATH, sent)))
+        assert driver.execute_script("return window.__samePage === true;"), "the page reloaded"
+        # The text was rendered as text, not markup.
+        assert not driver.find_elements(By.XPATH, '//ol[@id="queue"]//b[.="not bold"]')
+        # Nothing is left waiting in the browser's own queue (localStorage).
+        pending = driver.execute_script(PENDING_JS)
+        assert pending == [], pending
+        # And the agent got it exactly once.
+        wait.until(ec.text_to_be_present_in_element((By.ID, "transcript"), text))
+        lines = transcript_lines(driver)
+        assert lines.count(text) == 1, lines
+
+        # The page dies mid-send: prompt A's POST reached the server but its answer was
+        # lost, prompt B never left; both sit in localStorage. The reloaded page resends
+        # both with their keys: A answers 200 (kept once), B 202.
+        lost_reply, never_sent = f"{text} A", f"{text} B"
+        driver.execute_async_script(RESUME_SETUP, lost_reply, never_sent)
+        driver.refresh()
+        sent_b = sent.replace(f'.="{text}"', f'.="{never_sent}"')
+        wait.until(ec.presence_of_element_located((By.XPATH, sent_b)))
+        wait.until(lambda d: d.execute_script(PENDING_JS) == [])
+        driver.find_element(By.ID, "refresh-transcript").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "transcript"), never_sent))
+        lines = transcript_lines(driver)
+        assert [lines.count(t) for t in (text, lost_reply, never_sent)] == [1, 1, 1], lines
+        assert lines.index(lost_reply) < lines.index(never_sent), lines
+    except Exception:
+        print(demo.log())
+        print(driver.get_log("browser") if hasattr(driver, "get_log") else "")
+        raise
+    finally:
+        driver.quit()
+        demo.stop()
+
+
+def transcript_lines(driver):
+    """The transcript's lines read in one script call (the list may re-render meanwhile)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#transcript li')].map(li => li.innerText.trim())"
+    )

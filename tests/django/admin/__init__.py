@@ -1,0 +1,1 @@
+"""The outbox admin: pages, actions, paging, previews, the dashboard, a cluster's merged indices."""

@@ -1,0 +1,1 @@
+"""The REST API: endpoints, status codes and the OpenAPI document."""

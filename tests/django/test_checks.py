@@ -1,0 +1,159 @@
+"""System checks: each ID fires when it should and only then (README "System checks")."""
+
+import pytest
+import redis
+from django.core import checks
+from django.test import override_settings
+
+from tests.support.valkey import ValkeyProcess, free_port
+
+GOOD = {
+    "DELIVERER": "tests.support.agents.deliver",
+    "ACCESS_POLICY": "tests.support.policies.own_workspace",
+}
+
+
+def ids(deploy=False, **kwargs):
+    return sorted(
+        m.id for m in checks.run_checks(tags=["outbox"], include_deployment_checks=deploy)
+    )
+
+
+def test_a_good_setup_passes(valkey):
+    with override_settings(OUTBOX=GOOD):
+        assert ids() == []
+
+
+def test_default_policy_and_no_deliverer_warn():
+    assert ids() == ["django_outbox.W001", "django_outbox.W002"]
+
+
+def test_invalid_settings_are_an_error():
+    with override_settings(OUTBOX={"CAP": 0}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E001"]
+    assert "'CAP'] must be an integer >= 1" in messages[0].msg
+
+
+@pytest.mark.parametrize("value", ["tests.nope.deliver", "django_outbox.policy.ACTIONS"])
+def test_callables_must_import_and_be_callable(value):
+    with override_settings(OUTBOX={**GOOD, "VERIFIER": value}):
+        assert "django_outbox.E002" in ids()
+
+
+def test_unreachable_valkey(monkeypatch):
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", f"redis://127.0.0.1:{free_port()}/0")
+    with override_settings(OUTBOX=GOOD):
+        assert ids() == ["django_outbox.W005"]
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
+def test_evicting_valkey_is_an_error(valkey, r, policy):
+    r.config_set("maxmemory-policy", policy)
+    try:
+        with override_settings(OUTBOX=GOOD):
+            messages = checks.run_checks(tags=["outbox"])
+        assert [m.id for m in messages] == ["django_outbox.E003"]
+        assert "noeviction" in messages[0].hint
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+
+
+def test_no_persistence_warns_under_deploy(valkey):
+    # the test server runs with appendonly no and no save points
+    with override_settings(OUTBOX=GOOD):
+        assert ids() == []
+        assert ids(deploy=True) == ["django_outbox.W003"]
+
+
+def test_appendfsync_no_warns_under_deploy(tmp_path, monkeypatch):
+    server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="no").start()
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", server.url)
+    try:
+        with override_settings(OUTBOX=GOOD):
+            assert ids(deploy=True) == ["django_outbox.W004"]
+        client = redis.Redis.from_url(server.url)
+        client.config_set("appendfsync", "everysec")
+        client.close()
+        with override_settings(OUTBOX=GOOD):
+            assert ids(deploy=True) == []
+    finally:
+        server.stop()
+
+
+def test_routed_consumer_without_channel_layer_is_an_error(valkey):
+    with override_settings(
+        OUTBOX=GOOD, ASGI_APPLICATION="tests.support.asgi.with_consumer.application"
+    ):
+        assert ids() == ["django_outbox.E004"]
+    layers = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    with override_settings(
+        OUTBOX=GOOD,
+        ASGI_APPLICATION="tests.support.asgi.with_consumer.application",
+        CHANNEL_LAYERS=layers,
+    ):
+        assert ids() == []
+
+
+def test_wait_aof_without_an_aof_is_an_error(valkey, tmp_path, monkeypatch):
+    # The test server runs with appendonly no: WAITAOF could never be acknowledged.
+    with override_settings(OUTBOX={**GOOD, "WAIT_AOF": True}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E005"]
+    assert "appendonly no" in messages[0].msg
+    server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="no").start()
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", server.url)
+    try:
+        with override_settings(OUTBOX={**GOOD, "WAIT_AOF": True}):
+            assert ids() == ["django_outbox.E005"]
+        with override_settings(OUTBOX=GOOD):
+            assert ids() == []
+    finally:
+        server.stop()
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_every_primary_is_checked(cluster_node_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", cluster_node_url)
+    node = redis.Redis.from_url(cluster_node_url)
+    node.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with override_settings(OUTBOX={**GOOD, "CLUSTER": True}):
+            monkeypatch.setattr(redis, "__version__", "8.1.0")
+            messages = checks.run_checks(tags=["outbox"])
+            assert [m.id for m in messages] == ["django_outbox.E003"]
+            assert f"127.0.0.1:{node.connection_pool.connection_kwargs['port']}" in messages[0].msg
+            monkeypatch.setattr(redis, "__version__", "5.3.1")
+            assert ids() == ["django_outbox.E003", "django_outbox.W006"]
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
+        node.close()
+
+
+def test_environment_url_overridden_by_settings_warns(valkey, monkeypatch):
+    # Settings win over OUTBOX_VALKEY_URL (README "Settings"); a disagreement is said.
+    other = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", other)
+    with override_settings(OUTBOX={**GOOD, "VALKEY_URL": valkey}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.W010"]
+    assert other in messages[0].msg and valkey in messages[0].msg
+
+
+def test_environment_url_equal_to_settings_is_quiet(valkey, monkeypatch):
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", valkey + "/")
+    with override_settings(OUTBOX={**GOOD, "VALKEY_URL": valkey}):
+        assert ids() == []
+
+
+def test_evicting_valkey_hint_says_how_to_migrate_meanwhile(valkey, r):
+    # E003 stays an error; its hint names the overrides (migrate --skip-checks, silencing)
+    # and that the worker keeps refusing.
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with override_settings(OUTBOX=GOOD):
+            (message,) = checks.run_checks(tags=["outbox"])
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+    assert "migrate --skip-checks" in message.hint
+    assert "SILENCED_SYSTEM_CHECKS" in message.hint and "--allow-eviction" in message.hint

@@ -1,0 +1,203 @@
+"""``manage.py outbox``: what each subcommand prints and the exit codes scripts rely on
+(README "Command line": 0 done, 1 not found, 2 refused, 3 Valkey unavailable)."""
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from django_outbox.core.entry import Status
+from tests.support.helpers import SES, WS, accept
+from tests.support.paths import ROOT
+from tests.support.valkey import free_port
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("outbox", *args, stdout=out)
+    return out.getvalue()
+
+
+def exit_code(*args: str) -> int:
+    with pytest.raises(CommandError) as raised:
+        run(*args)
+    return raised.value.returncode
+
+
+def test_status_reports_totals_statuses_and_overdue(outbox, r):
+    accept(outbox, "a")
+    accept(outbox, "b", ses="s2")
+    text = run("status")
+    assert "Workspaces 1 · sessions 2" in text
+    assert "Entries: pending 2" in text
+    # both sessions are due since their accept: the older one is the most overdue
+    assert f"Most overdue: {WS}/{SES}" in text
+    assert "Workers: 0 live, 0 silent" in text
+
+
+def test_status_json_is_one_object(outbox):
+    accept(outbox, "a")
+    data = json.loads(run("status", "--json"))
+    assert data["sessions"] == 1 and data["entries"] == {"pending": 1}
+    assert data["mostOverdue"]["workspaceID"] == WS
+    assert data["mostOverdue"]["overdueSeconds"] >= 0
+    assert data["workers"] == []
+
+
+def test_status_sums_the_recent_history(outbox):
+    accept(outbox, "a")
+    accept(outbox, "b", ses="s2")
+
+    async def deliver_one():
+        await outbox.adeliver_once(WS, SES, deliverer=lambda entry, **kw: None)
+        await outbox.aflush_history(outbox.history_counter)
+        await outbox.aclose()
+
+    asyncio.run(deliver_one())
+    text = run("status")
+    assert "Last hour: accepted 2, delivered 1, failed attempts 0, unknown outcomes 0" in text
+    assert "latency p50 <= " in text
+    recent = json.loads(run("status", "--json", "--minutes", "1440"))["recent"]
+    assert recent["minutes"] == 1440 and recent["accepted"] == 2 and recent["delivered"] == 1
+    assert recent["latencySeconds"]["p99"] is not None
+    assert exit_code("status", "--minutes", "0") == 2
+    assert exit_code("status", "--minutes", "soon") == 2
+    # call_command passes options as they are: anything but a whole number is refused (2)
+    for bad in (None, 1.5, True, ["60"]):
+        with pytest.raises(CommandError) as raised:
+            call_command("outbox", "status", minutes=bad, stdout=io.StringIO())
+        assert raised.value.returncode == 2, bad
+    assert '"minutes": 5' in run_with(minutes=5)
+
+
+def run_with(**options) -> str:
+    out = io.StringIO()
+    call_command("outbox", "status", "--json", stdout=out, **options)
+    return out.getvalue()
+
+
+def test_status_on_an_empty_outbox(outbox):
+    text = run("status")
+    assert "Entries: none" in text and "Overdue: nothing" in text
+
+
+def test_inspect_workspace_and_session(outbox):
+    first = accept(outbox, "a")
+    accept(outbox, "b", ses="s2")
+    text = run("inspect", WS)
+    assert "2 sessions, 2 entries" in text and f"  {SES}: 1 entries" in text
+    text = run("inspect", WS, SES)
+    assert f"{first.id} pending, attempts 0" in text
+    data = json.loads(run("inspect", WS, SES, "--json"))
+    assert [e["id"] for e in data["entries"]] == [first.id] and data["lease"] is None
+
+
+def test_inspect_of_nothing_is_not_found(outbox):
+    assert exit_code("inspect", "nope") == 1
+    assert exit_code("inspect", WS, "nope") == 1
+
+
+def test_inspect_of_an_emptied_session_is_not_an_error(outbox):
+    entry = accept(outbox, "a")
+    outbox.dismiss(WS, SES, entry.id)
+    assert "0 entries" in run("inspect", WS, SES)
+    assert json.loads(run("inspect", WS, SES, "--json"))["entries"] == []
+
+
+def test_retry_and_dismiss_codes(outbox):
+    entry = accept(outbox, "a")
+    assert "Re-armed" in run("retry", WS, SES, entry.id)
+    outbox.park_workspace(WS, "maintenance")
+    assert exit_code("retry", WS, SES, entry.id) == 2  # parked: busy, not missing
+    outbox.unpark_workspace(WS)
+    assert "Dismissed" in run("dismiss", WS, SES, entry.id)
+    assert outbox.list(WS, SES) == []
+    assert exit_code("dismiss", WS, SES, entry.id) == 1
+    assert exit_code("retry", WS, SES, entry.id) == 1
+
+
+def test_bad_identifier_is_refused(outbox):
+    assert exit_code("retry", "bad id!", SES, "e1") == 2
+    assert exit_code("park", WS, "--reason", " ") == 2  # an empty reason
+
+
+def test_park_and_unpark(outbox):
+    accept(outbox, "a")
+    assert "1 entries now" in run("park", WS, "--reason", "maintenance")
+    assert outbox.list(WS, SES)[0].status is Status.PARKED
+    assert "1 entries released" in run("unpark", WS)
+    assert outbox.list(WS, SES)[0].status is Status.PENDING
+
+
+def test_cleanup_needs_confirmation(outbox, monkeypatch):
+    accept(outbox, "a")
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal
+    assert exit_code("cleanup", WS) == 2
+    assert len(outbox.list(WS, SES)) == 1  # nothing deleted
+    assert "Cleaned up workspace" in run("cleanup", WS, "--yes")
+    assert outbox.list(WS, SES) == []
+    assert exit_code("cleanup", WS, "--yes") == 1
+
+
+def test_valkey_unavailable_is_3(outbox):
+    with override_settings(OUTBOX={"VALKEY_URL": f"redis://127.0.0.1:{free_port()}/0"}):
+        assert exit_code("status") == 3
+        with pytest.raises(CommandError) as raised:
+            run("status")
+        assert str(raised.value).count("Valkey unavailable") == 1  # said once, not twice
+
+
+@pytest.mark.slow
+def test_exit_codes_reach_the_shell(outbox, valkey):
+    """Through a real ``python -m django`` process, as a script would call it."""
+    entry = accept(outbox, "a")
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+        "OUTBOX_VALKEY_URL": valkey,
+    }
+
+    def shell(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "django", "outbox", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = shell("dismiss", WS, SES, entry.id)
+    assert done.returncode == 0, done.stderr
+    missing = shell("dismiss", WS, SES, entry.id)
+    assert missing.returncode == 1 and "Not found" in missing.stderr
+    refused = shell("cleanup", WS)  # its session's keys remain: a cleanup asks first
+    assert refused.returncode == 2 and "pass --yes" in refused.stderr
+    status = shell("status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["entries"] == {}
+
+
+def test_status_json_names_workers_in_camel_case(outbox):
+    import asyncio
+    import time
+
+    from django_outbox.core.reads import WorkerHeartbeat
+
+    beat = WorkerHeartbeat("w-1", time.time(), host="h", pid=7, in_flight=2, concurrency=8)
+
+    async def publish():
+        await outbox.abeat(beat, 15)
+        await outbox.aclose()
+
+    asyncio.run(publish())
+    (worker,) = json.loads(run("status", "--json"))["workers"]
+    assert worker["id"] == "w-1" and worker["live"] is True
+    assert worker["inFlight"] == 2 and worker["concurrency"] == 8 and worker["pid"] == 7
+    assert worker["lastSeen"].endswith("+00:00") and "last_seen" not in worker

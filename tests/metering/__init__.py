@@ -1,2 +1,0 @@
-"""A metering app for worker processes (issue 18): a ``once=True`` receiver writes one row
-per delivery into a database file every worker shares; see tests/receipts_settings.py."""
