@@ -105,6 +105,23 @@ class OutboxUnavailable(OutboxError):
         self.accepted = accepted
 
 
+class KeySpaceClaimed(OutboxError):
+    """The key space (``KEY_PREFIX`` on this server and database) belongs to another
+    project: this outbox does not deliver, clean up or accept there
+    (docs/howto/valkey.md#one-project-per-key-space). ``prefix`` is the key prefix,
+    ``claimed_by`` who holds the space (the claim's label, host and time, as text)."""
+
+    def __init__(self, prefix: str, claimed_by: str) -> None:
+        super().__init__(
+            f"the outbox key space {prefix!r} on this Valkey database belongs to another "
+            f"project ({claimed_by}); this project does not deliver, clean up or accept "
+            "there. Give it its own KEY_PREFIX or database number, or take the key space "
+            "over deliberately (docs/howto/valkey.md#one-project-per-key-space)"
+        )
+        self.prefix = prefix
+        self.claimed_by = claimed_by
+
+
 class SignalOwed(Exception):
     """Raised by an emit hook (``Outbox.emit`` / ``aemit``) for a ``delivered`` event
     whose receivers must run again: the entry is not acknowledged, its

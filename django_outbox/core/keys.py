@@ -85,6 +85,9 @@ class KeySpace:
         self.attention = f"{prefix}attention"
         #: Prefix of worker heartbeat keys.
         self.heartbeat_prefix = f"{prefix}worker:"
+        #: STRING: the claim of the project this key space belongs to (JSON, see
+        #: core/owner.py; docs/howto/valkey.md#one-project-per-key-space).
+        self.owner = f"{prefix}owner"
 
     def session(self, workspace_id: str, session_id: str) -> SessionKeys:
         """The keys of one session (cached: the hot paths ask for the same ones again).

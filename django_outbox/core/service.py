@@ -42,6 +42,7 @@ from .entry import (
 from .errors import Duplicate, IdempotencyConflict, OutboxFull, RateLimited
 from .history import HistoryReads
 from .keys import dedupe_marker, user_digest
+from .owner import OwnedKeySpace
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .reads import QueueReads
 from .replies import AcceptReply, CleanupReply, OperatorReply, SeedReply
@@ -70,7 +71,7 @@ UNPAUSE_PASSES = 10
 WATCH_TTL = 24 * 3600
 
 
-class Outbox(QueueReads, HistoryReads, OutboxDelivery):
+class Outbox(QueueReads, HistoryReads, OwnedKeySpace, OutboxDelivery):
     """The outbox service: one per process, safe for concurrent use.
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,
@@ -78,7 +79,11 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
     :class:`~django_outbox.core.config.Config` (durations in seconds). ``clock`` (None:
     Valkey's clock, the default and the only right choice in production)
     returns seconds since the epoch (injectable for tests). ``cluster=True`` uses
-    Valkey Cluster clients. Sync methods use one thread-safe client; async
+    Valkey Cluster clients. ``key_space_owner`` (a
+    :class:`~django_outbox.core.owner.KeySpaceOwner`; ``get_outbox`` passes this project's)
+    makes accept, cleanup and the worker refuse a key space another project claimed
+    (:class:`KeySpaceClaimed`; docs/howto/valkey.md#one-project-per-key-space); None,
+    the default, claims nothing. Sync methods use one thread-safe client; async
     methods (``a``-prefixed) use one client per running event loop.
 
     Subclasses may override :meth:`emit` / :meth:`aemit` to observe
@@ -99,6 +104,8 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
         user_id = check_user_id(user_id)
+        if self.key_space_owner is not None and not self._key_space_confirmed:
+            yield from self._key_space_plan()  # the process's first accept claims the space
         user = user_digest(user_id)
         marker = dedupe_marker(user_id, client_message_id)
         now_us = self._now_us()  # 0: the script stamps acceptedAt on the server's clock
@@ -192,6 +199,8 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         are ``ValueError`` subclasses) and
         :class:`OutboxUnavailable` (Valkey unreachable, out of memory, or a
         ``WAIT_REPLICAS``/``WAIT_AOF`` wait timed out — then ``accepted`` is True).
+        With a ``key_space_owner``, the process's first accept claims the key space, and
+        raises :class:`KeySpaceClaimed` (nothing stored) while another project holds it.
         """
         with accept_span(workspace_id, session_id) as span:
             entry = self._run(
@@ -476,6 +485,7 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
 
     def _cleanup_plan(self, workspace_id: str) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
+        yield from self._key_space_plan()  # every time: it deletes
         removed = 0
         for session_id in (yield from self._sessions_plan(workspace_id)):
             keys = self.keys.session(workspace_id, session_id)
@@ -538,6 +548,9 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
         settles nothing. Each removed entry is reported as an ``updated`` event with
         state ``dismissed`` (watchers drop it), and the session's version never goes
         backwards: its next change is numbered above every version it had.
+        With a ``key_space_owner`` it first confirms (or makes) the key space's claim,
+        every time, and raises :class:`KeySpaceClaimed`, deleting nothing, while another
+        project holds the space (docs/howto/valkey.md#one-project-per-key-space).
         """
         return self._run(self._cleanup_plan(workspace_id))
 
@@ -639,8 +652,9 @@ class Outbox(QueueReads, HistoryReads, OutboxDelivery):
     ) -> WorkerStats:
         """Deliver until ``stop`` is set (or, with ``once``, until nothing is due now).
 
-        Loads the scripts, recovers staged entries whose lease is gone, then
-        delivers due sessions with at most ``concurrency`` (default
+        Claims the key space (raises :class:`KeySpaceClaimed` at once when another
+        project holds it), loads the scripts, recovers staged entries whose lease is
+        gone, then delivers due sessions with at most ``concurrency`` (default
         ``CONCURRENCY``) at once, finding them through the due index every
         ``tick`` seconds (default ``TICK``) and at once through the wake list
         that accepts push to. After ``stop``, in-flight deliveries get ``grace``

@@ -88,6 +88,7 @@ class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, 
     async def abeat(self, record: WorkerHeartbeat, ttl: float) -> None: ...
     async def aload_scripts(self) -> None: ...
     async def arecover(self) -> int: ...
+    async def aclaim_key_space(self, *, force: bool = False) -> Any: ...
 
 
 class Worker:
@@ -375,7 +376,9 @@ class Worker:
     # -- the run ---------------------------------------------------------------------------
 
     async def run(self) -> WorkerStats:
-        """Recover, then deliver until stopped; every task is joined before returning."""
+        """Claim the key space, recover, then deliver until stopped; every task is joined
+        before returning. Raises :class:`~django_outbox.core.errors.KeySpaceClaimed` at
+        once when another project holds the key space (docs/howto/valkey.md)."""
         outbox = self.outbox
         recovered = await self._patiently(self._start)
         if recovered:
@@ -411,6 +414,9 @@ class Worker:
         return self.stats
 
     async def _start(self) -> int:
+        # Nothing is recovered or delivered in a key space another project claimed
+        # (KeySpaceClaimed propagates: it is not an outage to wait out).
+        await self.outbox.aclaim_key_space()
         await self.outbox.aload_scripts()
         return await self.outbox.arecover()
 
