@@ -25,6 +25,9 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
   validator (``ASGI_APPLICATION`` does not import, or a layer hides what it wraps)
 - ``W010`` the environment's ``OUTBOX_VALKEY_URL`` names another server than
   ``OUTBOX['VALKEY_URL']`` or ``CONNECTION_ALIAS``, which win
+- ``E006`` the key space (``KEY_PREFIX`` in that Valkey database) is claimed by another
+  project (another ``SECRET_KEY``): its worker would deliver this one's prompts; the
+  check only reads the claim, it never writes one
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -43,9 +46,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
 from .core.errors import OutboxUnavailable
+from .core.owner import read_claim
 from .core.reads import ServerSettings, read_server_settings, redis_py_version
 from .core.redaction import redact
 from .core.transport import is_async_callable
+from .outbox import key_space_owner
 from .policy import CHECKS_SESSION
 
 CONNECT_TIMEOUT = 1.0
@@ -212,6 +217,44 @@ def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                 )
             )
     return errors
+
+
+@checks.register("outbox")
+def check_key_space(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E006 (docs/howto/valkey.md#one-project-per-key-space). Reads the claim and writes
+    none, so ``migrate``'s checks never claim a key space; nothing when Valkey is
+    unreachable (``W005`` says so)."""
+    conf = _settings_or_error([])
+    if conf is None:
+        return []
+    prefix = conf.config.key_prefix
+    try:
+        claim = read_claim(conf.valkey_url, prefix, cluster=conf.cluster, timeout=CONNECT_TIMEOUT)
+    except OutboxUnavailable:
+        return []
+    if claim is None:
+        return []
+    try:
+        if key_space_owner(conf).owns(claim):
+            return []
+    except ImproperlyConfigured:  # no SECRET_KEY: Django says so wherever it needs one
+        return []
+    return [
+        checks.Error(
+            f"The outbox key space {prefix!r} at {redact(conf.valkey_url)} is claimed by "
+            f"another project ({claim.describe()}): another SECRET_KEY, so another project "
+            "or deployment. Sharing it, each project's worker would deliver the other's "
+            "prompts and its cleanup delete them; this project's outbox_worker will not "
+            "start there, and its cleanups and accepts are refused.",
+            hint="Give this project its own key space: another OUTBOX['KEY_PREFIX'] (e.g. "
+            "'staging') or another database number in the URL (redis://host:6379/1), see "
+            "django-outbox's docs/howto/valkey.md. If this project is the rightful owner "
+            "(its SECRET_KEY changed: list the old one in SECRET_KEY_FALLBACKS while "
+            "rotating), stop the other project's workers and take the key space over with "
+            "'python manage.py outbox claim --force'.",
+            id="django_outbox.E006",
+        )
+    ]
 
 
 def _version(text: str) -> tuple[int, ...]:

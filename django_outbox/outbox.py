@@ -8,17 +8,21 @@ WebSocket wing's publisher, from ``OutboxConfig.ready``), to the core service;
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, NamedTuple
 
+from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.utils.crypto import salted_hmac
 
 from . import receipts
-from .conf import outbox_settings
+from .conf import OutboxSettings, outbox_settings
 from .core.entry import OutboxEvent
 from .core.errors import SignalOwed
+from .core.owner import KeySpaceOwner
 from .core.service import Outbox as CoreOutbox
 from .signals import entry_delivered, entry_staged, entry_updated
 
@@ -102,6 +106,44 @@ def _signal_kwargs(event: OutboxEvent) -> dict[str, Any]:
     }
 
 
+# --- the project as the owner of its key space ------------------------------------------
+
+#: The HMAC salt of the key space identity (:func:`key_space_owner`): a digest made for
+#: this one purpose, which no other HMAC Django makes with ``SECRET_KEY`` can stand for.
+#: Changing it changes every project's identity: never.
+KEY_SPACE_OWNER_SALT = "django_outbox.key_space_owner"
+
+
+def key_space_owner(conf: OutboxSettings | None = None) -> KeySpaceOwner:
+    """This project as the owner of its key space (docs/howto/valkey.md#one-project-per-key-space).
+
+    ``id`` is the HMAC-SHA256 of ``KEY_PREFIX`` keyed with ``SECRET_KEY`` (Django's
+    ``salted_hmac`` with :data:`KEY_SPACE_OWNER_SALT`): the one thing every process of a
+    deployment shares (its web servers, workers and one-off commands may use different
+    settings modules, hosts and paths); the stored digest reveals nothing of the key.
+    ``former`` are the same digests made with each of ``SECRET_KEY_FALLBACKS``: while a
+    key is rotated the old claim is still this project's and is renewed with the new
+    key. ``label`` is the settings module, shown to other projects' operators, never
+    compared. ``conf`` defaults to :func:`outbox_settings`. Raises
+    ``ImproperlyConfigured`` when ``SECRET_KEY`` is not set (Django's own error).
+    """
+    prefix = (conf or outbox_settings()).config.key_prefix
+
+    def digest(secret: str | bytes) -> str:
+        return salted_hmac(
+            KEY_SPACE_OWNER_SALT, prefix, secret=secret, algorithm="sha256"
+        ).hexdigest()
+
+    fallbacks = getattr(settings, "SECRET_KEY_FALLBACKS", None) or ()
+    return KeySpaceOwner(
+        id=digest(settings.SECRET_KEY),
+        former=tuple(digest(key) for key in fallbacks if key),
+        # (override_settings hides SETTINGS_MODULE; the environment still names it)
+        label=getattr(settings, "SETTINGS_MODULE", None)
+        or os.environ.get("DJANGO_SETTINGS_MODULE", ""),
+    )
+
+
 _lock = threading.Lock()
 _instance: Outbox | None = None
 
@@ -109,7 +151,9 @@ _instance: Outbox | None = None
 def get_outbox() -> Outbox:
     """The process-wide :class:`Outbox`, built from ``settings.OUTBOX`` on first use.
 
-    Rebuilt after ``settings.OUTBOX`` changes. Raises ``ImproperlyConfigured``
+    Rebuilt after ``settings.OUTBOX`` (or ``SECRET_KEY``) changes. It claims the key
+    space as this project's (:func:`key_space_owner`;
+    docs/howto/valkey.md#one-project-per-key-space). Raises ``ImproperlyConfigured``
     for invalid settings.
     """
     global _instance
@@ -123,6 +167,7 @@ def get_outbox() -> Outbox:
                 verifier=s.resolve("VERIFIER"),
                 ledger_probe=s.resolve("LEDGER_PROBE"),
                 config=s.config,
+                key_space_owner=key_space_owner(s),
             )
         return _instance
 
@@ -138,7 +183,8 @@ def reset_outbox() -> None:
 
 @receiver(setting_changed)
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    # The instance is built from what conf.py reads, which depends on these two settings
-    # (CACHES through CONNECTION_ALIAS); conf.py forgets its own copy on the same signal.
-    if setting in ("OUTBOX", "CACHES"):
+    # The instance is built from what conf.py reads, which depends on these settings
+    # (CACHES through CONNECTION_ALIAS, the SECRET_KEYs through key_space_owner); conf.py
+    # forgets its own copy on the same signal.
+    if setting in ("OUTBOX", "CACHES", "SECRET_KEY", "SECRET_KEY_FALLBACKS"):
         reset_outbox()

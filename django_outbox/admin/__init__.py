@@ -45,7 +45,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
-from ..core.errors import InvalidIdentifier, OutboxUnavailable
+from ..core.errors import InvalidIdentifier, KeySpaceClaimed, OutboxUnavailable
 from ..core.rules import check_identifier
 from ..models import OutboxDashboard, OutboxEntry
 from ..outbox import get_outbox
@@ -405,7 +405,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
         func = allowed[name][0]
         try:
             response = func(self, request, refs, workspaces)
-        except OutboxUnavailable as exc:
+        except (OutboxUnavailable, KeySpaceClaimed) as exc:
             self.message_user(request, f"Nothing was done: {exc}", messages.ERROR)
             return self._back(request)
         return response or self._back(request)

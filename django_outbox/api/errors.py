@@ -21,6 +21,7 @@ body shape / content rule (serializer)              400     ``invalid`` + ``fiel
 ``RetryResult``/``DismissResult.NOT_FOUND``         404     ``not_found``
 ``RetryResult``/``DismissResult.BUSY``              409     ``busy``
 ``OutboxUnavailable``                               503     ``unavailable`` + ``accepted``
+``KeySpaceClaimed`` (another project's key space)   503     ``unavailable`` + ``accepted``
 ==================================================  ======  ==============================
 
 ``outbox_full`` carries ``Retry-After: 30``, ``rate_limited`` the seconds until the user's
@@ -50,6 +51,7 @@ from ..errors import (
     IdempotencyConflict,
     InvalidContent,
     InvalidIdentifier,
+    KeySpaceClaimed,
     OutboxFull,
     OutboxUnavailable,
     RateLimited,
@@ -159,6 +161,18 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             f"You sent {exc.limit} messages to this workspace within a minute; nothing was "
             f"stored. Retry in {exc.retry_after} s with the same clientMessageID.",
             headers={"Retry-After": str(exc.retry_after)},
+        )
+    if isinstance(exc, KeySpaceClaimed):
+        # The deployment is misconfigured: the operators learn who holds the space from
+        # the log and from manage.py check; the client only that nothing was done.
+        logger.error("outbox API: %s", exc)
+        return error_response(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            "unavailable",
+            "The outbox is not available on this server until its operators fix its "
+            "configuration; nothing was changed.",
+            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)},
+            accepted=False,
         )
     if isinstance(exc, OutboxUnavailable):
         logger.warning("outbox API: %s", exc)

@@ -9,10 +9,12 @@ Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the
 - ``retry <workspace> <session> <entry>``, ``dismiss <workspace> <session> <entry>``.
 - ``park <workspace> --reason CODE``, ``unpark <workspace> [--reason CODE]``.
 - ``cleanup <workspace> [--yes]``: asks for confirmation unless ``--yes``.
+- ``claim [--force]``, ``release``: this project's claim on the key space
+  (docs/howto/valkey.md#one-project-per-key-space).
 
 Exit codes scripts can rely on: 0 done, 1 not found (no such entry, session or
-workspace), 2 refused (busy under a live lease, bad input, a cleanup not confirmed),
-3 Valkey unavailable.
+workspace), 2 refused (busy under a live lease, bad input, a cleanup not confirmed, a
+key space another project claimed), 3 Valkey unavailable.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.core.entry import DismissResult, RetryResult
 from django_outbox.core.history import summary
-from django_outbox.errors import InvalidContent, InvalidIdentifier, OutboxUnavailable
+from django_outbox.core.owner import ClaimResult
+from django_outbox.core.redaction import redact
+from django_outbox.errors import (
+    InvalidContent,
+    InvalidIdentifier,
+    KeySpaceClaimed,
+    OutboxUnavailable,
+)
 from django_outbox.outbox import Outbox, get_outbox
 
 OK, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 1, 2, 3
@@ -86,7 +95,7 @@ def _seconds(bound: float | str) -> str:
 class Command(BaseCommand):
     help = (
         "Look at the outbox and act on it: status, inspect, retry, dismiss, park, unpark, "
-        "cleanup. Exit codes: 0 done, 1 not found, 2 refused (busy, bad input, not "
+        "cleanup, claim, release. Exit codes: 0 done, 1 not found, 2 refused (busy, bad input, not "
         "confirmed), 3 Valkey unavailable."
     )
     # The outbox's own checks would refuse to run while Valkey is unreachable or evicting;
@@ -129,6 +138,16 @@ class Command(BaseCommand):
         cleanup.add_argument("workspace")
         cleanup.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
+        claim = sub.add_parser(
+            "claim", help="claim the key space (KEY_PREFIX in this database) for this project"
+        )
+        claim.add_argument(
+            "--force",
+            action="store_true",
+            help="take it over from another project (stop that project's workers first)",
+        )
+        sub.add_parser("release", help="give up this project's claim on the key space")
+
     def handle(self, *args: Any, **options: Any) -> None:
         outbox = get_outbox()
         run = getattr(self, f"_{options['subcommand']}")
@@ -138,6 +157,12 @@ class Command(BaseCommand):
             raise _exit(str(exc), UNAVAILABLE) from exc
         except (InvalidIdentifier, InvalidContent) as exc:
             raise _exit(str(exc), REFUSED) from exc
+        except KeySpaceClaimed as exc:
+            raise _exit(
+                f"Nothing was done: {exc}. 'manage.py check' says how to fix it; "
+                "'manage.py outbox claim --force' takes the key space over.",
+                REFUSED,
+            ) from exc
 
     # -- reading ------------------------------------------------------------------------
 
@@ -332,6 +357,43 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Cleaned up workspace {ws}: {summary.entry_count} entries, {removed} keys removed."
         )
+
+    # -- the key space ------------------------------------------------------------------
+
+    def _claim(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        space = self._space(outbox)
+        before = outbox.key_space_claim() if options["force"] else None
+        result = outbox.claim_key_space(force=options["force"])
+        assert result is not None  # get_outbox passes this project's key_space_owner
+        if result is ClaimResult.UNWRITTEN:
+            raise _exit(
+                f"The claim on {space} was not written (Valkey refused the write: full or "
+                "read-only). Nobody else holds it; try again later.",
+                UNAVAILABLE,
+            )
+        message = {
+            ClaimResult.CLAIMED: f"Claimed {space} for this project.",
+            ClaimResult.OWNED: f"This project already holds {space}.",
+            ClaimResult.RENEWED: f"Renewed this project's claim on {space}: it was made with "
+            "a key of SECRET_KEY_FALLBACKS and now names the current SECRET_KEY.",
+            ClaimResult.TAKEN_OVER: f"Took {space} over from "
+            f"{before.describe() if before else 'another project'}: that project's workers "
+            "refuse to start here from now on (stop any still running).",
+        }
+        self.stdout.write(message[result])
+
+    def _release(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        space = self._space(outbox)
+        if not outbox.release_key_space():
+            raise _exit(f"No claim on {space}: nothing to release.", NOT_FOUND)
+        self.stdout.write(
+            f"Released {space}: the next accept, cleanup or worker start of a project "
+            "claims it again."
+        )
+
+    @staticmethod
+    def _space(outbox: Outbox) -> str:
+        return f"key space {outbox.keys.prefix!r} at {redact(outbox.url)}"
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.conf import outbox_settings
 from django_outbox.core.redaction import RedactingFilter, redact
-from django_outbox.errors import OutboxUnavailable
+from django_outbox.errors import KeySpaceClaimed, OutboxUnavailable
 from django_outbox.outbox import get_outbox
 from django_outbox.signals import entry_delivered
 
@@ -100,7 +100,10 @@ class Command(BaseCommand):
         self._preflight(outbox, options["allow_eviction"])
         if options["metrics_port"] is not None:
             self._serve_metrics(outbox, options["metrics_host"], options["metrics_port"])
-        stats = asyncio.run(self._run(outbox, options))
+        try:
+            stats = asyncio.run(self._run(outbox, options))
+        except KeySpaceClaimed as exc:  # taken over between the preflight and the start
+            raise _refused(exc) from None
         self.stdout.write(f"outbox_worker stopped: {stats.steps} steps, {stats.errors} errors")
 
     async def _run(self, outbox, options):
@@ -137,7 +140,8 @@ class Command(BaseCommand):
 
     def _preflight(self, outbox, allow_eviction: bool) -> None:
         """Refuse to start against an unreachable or evicting Valkey (on a cluster, any
-        evicting primary)."""
+        evicting primary), or in a key space another project claimed; claim it when it
+        is unclaimed (docs/howto/valkey.md#one-project-per-key-space)."""
         delay = 0.2
         for attempt in range(1, CONNECT_ATTEMPTS + 1):
             try:
@@ -168,6 +172,14 @@ class Command(BaseCommand):
                 self.style.WARNING("WARNING: " + message + "; --allow-eviction given.")
             )
             logger.warning(message)
+        try:
+            claimed = outbox.claim_key_space()
+        except KeySpaceClaimed as exc:
+            raise _refused(exc) from None
+        except OutboxUnavailable as exc:
+            raise CommandError(f"cannot read the key space's claim: {redact(str(exc))}") from None
+        if claimed is not None:
+            logger.info("outbox worker: key space %r: %s", outbox.keys.prefix, claimed)
 
     def _check(self, outbox) -> None:
         try:
@@ -201,3 +213,11 @@ class Command(BaseCommand):
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         root.addHandler(handler)
         root.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+def _refused(exc: KeySpaceClaimed) -> CommandError:
+    return CommandError(
+        f"outbox_worker refuses to start: {redact(str(exc))}. 'python manage.py check' "
+        "says how to fix it; 'python manage.py outbox claim --force' takes the key space "
+        "over once the other project's workers are stopped."
+    )
