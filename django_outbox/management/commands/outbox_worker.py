@@ -102,7 +102,7 @@ class Command(BaseCommand):
             self._serve_metrics(outbox, options["metrics_host"], options["metrics_port"])
         try:
             stats = asyncio.run(self._run(outbox, options))
-        except KeySpaceClaimed as exc:  # taken over between the preflight and the start
+        except KeySpaceClaimed as exc:  # raised by the start, before anything is delivered
             raise _refused(exc) from None
         self.stdout.write(f"outbox_worker stopped: {stats.steps} steps, {stats.errors} errors")
 
@@ -140,8 +140,8 @@ class Command(BaseCommand):
 
     def _preflight(self, outbox, allow_eviction: bool) -> None:
         """Refuse to start against an unreachable or evicting Valkey (on a cluster, any
-        evicting primary), or in a key space another project claimed; claim it when it
-        is unclaimed (docs/howto/valkey.md#one-project-per-key-space)."""
+        evicting primary). The worker's start then claims the key space, or refuses one
+        another project claimed (docs/howto/valkey.md#one-project-per-key-space)."""
         delay = 0.2
         for attempt in range(1, CONNECT_ATTEMPTS + 1):
             try:
@@ -172,14 +172,6 @@ class Command(BaseCommand):
                 self.style.WARNING("WARNING: " + message + "; --allow-eviction given.")
             )
             logger.warning(message)
-        try:
-            claimed = outbox.claim_key_space()
-        except KeySpaceClaimed as exc:
-            raise _refused(exc) from None
-        except OutboxUnavailable as exc:
-            raise CommandError(f"cannot read the key space's claim: {redact(str(exc))}") from None
-        if claimed is not None:
-            logger.info("outbox worker: key space %r: %s", outbox.keys.prefix, claimed)
 
     def _check(self, outbox) -> None:
         try:
