@@ -151,10 +151,10 @@ _instance: Outbox | None = None
 def get_outbox() -> Outbox:
     """The process-wide :class:`Outbox`, built from ``settings.OUTBOX`` on first use.
 
-    Rebuilt after ``settings.OUTBOX`` (or ``SECRET_KEY``) changes. It claims the key
-    space as this project's (:func:`key_space_owner`;
-    docs/howto/valkey.md#one-project-per-key-space). Raises ``ImproperlyConfigured``
-    for invalid settings.
+    Rebuilt after ``settings.OUTBOX`` (or ``SECRET_KEY``) changes. It carries this
+    project's :func:`key_space_owner`: its accepts, cleanups and workers claim the key
+    space and refuse another project's (docs/howto/valkey.md#one-project-per-key-space).
+    Raises ``ImproperlyConfigured`` for invalid settings.
     """
     global _instance
     with _lock:

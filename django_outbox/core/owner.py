@@ -97,7 +97,7 @@ class Claim:
         except ValueError:
             data = None
         if not isinstance(data, dict) or not isinstance(data.get("id"), str):
-            return cls(id=f"unreadable:{text}", label="an unreadable claim")
+            return cls(id=f"unreadable:{text}")
         return cls(
             id=data["id"],
             label=str(data.get("label") or ""),
@@ -108,6 +108,8 @@ class Claim:
     def describe(self) -> str:
         """Who holds the space, for messages: ``"'mysite.settings' on host web-1,
         claimed 2026-01-01T12:00:00.000000Z"``."""
+        if self.id.startswith("unreadable:"):
+            return "a value django-outbox did not write"
         parts = [repr(self.label) if self.label else "unnamed"]
         if self.host:
             parts.append(f"on host {self.host}")

@@ -167,6 +167,11 @@ def test_check_reports_another_projects_key_space_and_not_when_unreachable(r, mo
     assert "'production.settings' on host prod-1" in messages[0].msg
     assert "another OUTBOX['KEY_PREFIX']" in messages[0].hint
     assert "redis://host:6379/1" in messages[0].hint
+    # a value the outbox did not write is nobody this project can be
+    r.set("outboxowner", "not a claim")
+    messages = [m for m in checks.run_checks(tags=["outbox"]) if m.is_serious()]
+    assert [m.id for m in messages] == ["django_outbox.E006"]
+    assert "(a value django-outbox did not write)" in messages[0].msg
     # another prefix on the same database is another key space
     with override_settings(OUTBOX={"KEY_PREFIX": "staging"}):
         assert check_ids() == []
