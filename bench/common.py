@@ -18,6 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 PAYLOAD = "x" * 100  #: the text of every benchmark message and peer job
 
+
+def due_horizon_ms() -> int:
+    """An hour from now (ms): a session due after it is an emptied one waiting for its
+    dedupe window to pass (it is reclaimed then), not work left to do."""
+    return int(time.time() * 1000) + 3_600_000
+
+
 #: Every child process a benchmark starts, so an exception or Ctrl-C never leaves one behind.
 CHILDREN: list[subprocess.Popen] = []
 

@@ -236,7 +236,8 @@ class TestSettle:
         assert settle(outbox, "other", e.id, "delivered") == ["lost"]
         assert call(outbox, "release", "tok", e.id) == 1  # acknowledged
         assert not r.exists(keys.lock, keys.staging, keys.queue)
-        assert r.zscore(keys.due, SES) is None
+        # Empty, and (seeded) no dedupe marker holds it: due now, to be reclaimed.
+        assert r.zscore(keys.due, SES) == NOW // 1000
 
     def test_owed_signal_goes_to_the_next_claimer(self, outbox, r):
         e = self.stage(outbox)
@@ -387,7 +388,9 @@ class TestSettleNext:
         keys = outbox.keys.session(WS, SES)
         assert (kind, settled[0], claimed[0]) == ("next", "removed", "idle")
         assert not r.exists(keys.lock, keys.staging, keys.queue)
+        # Empty and no dedupe marker holds it (seeded): the claim reclaimed it at once.
         assert r.zscore(keys.due, SES) is None
+        assert not r.sismember(keys.sessions, SES) and not r.exists(keys.version)
 
     def test_nothing_recorded_claims_nothing(self, outbox, r):
         e = seed(outbox)

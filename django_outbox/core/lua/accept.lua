@@ -50,7 +50,8 @@ return hinted(function()
     if mfp == fp then return {'duplicate', mid} end
     return {'conflict', mid or marker}
   end
-  if redis.call('LLEN', Q) + redis.call('LLEN', D) >= cap then return {'full'} end
+  local held_entries = redis.call('LLEN', Q) + redis.call('LLEN', D)
+  if held_entries >= cap then return {'full'} end
   -- Per-user bounds (docs/explanation/idempotency.md, "Per-user bounds"), read before
   -- anything is written.
   local queued, full_at = user_state(user)
@@ -101,13 +102,21 @@ return hinted(function()
   end
   -- The new entry is the last one, so it can only make the session due now when
   -- nothing else decides its due time: in strict order when the session has no
-  -- score (no lease, no staging, no head); in due order unless a lease holds it.
+  -- score (no lease, no staging, no head) or was empty (its score, then, is when it
+  -- would have been reclaimed: lib/reclaim.lua); in due order unless a lease holds it.
   -- This keeps accept O(1) instead of re-reading the queue.
   local locked = redis.call('EXISTS', LOCK) == 1
-  local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
-  if redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES) == 1 then
+  local changed
+  if held_entries == 0 and not locked then
+    changed = redis.call('ZADD', DUE, 'CH', NOW_MS, SES)  -- whatever its reclaim time was
+  else
+    local mode = (ORDERING == 'strict' or locked) and 'NX' or 'LT'
+    changed = redis.call('ZADD', DUE, mode, 'CH', NOW_MS, SES)
+  end
+  if changed == 1 then
     -- The session's due time moved to now (or it is new): the workspace's earliest due
-    -- time can only have moved earlier, to now. Unchanged: the mirror is still exact.
+    -- time can only have moved earlier, to now, or (an empty session that was overdue
+    -- for reclaiming) later, where the mirror may stay early. Unchanged: still exact.
     if G > 0 then redis.call('ZADD', WSDUE, 'LT', NOW_MS, WS) end
     wake()
   end

@@ -1,6 +1,6 @@
 -- claim: take the session's lease and its next piece of work
 -- (docs/explanation/lifecycle.md, "What happens to a message").
---@include layout entry time lease indices staging
+--@include layout entry time lease indices staging reclaim
 
 -- Claim under lease `token` for `ttl` ms, first acknowledging `acknowledge` (a list of
 -- IDs of delivered entries whose entry_delivered the caller fired under this same
@@ -78,7 +78,16 @@ local function claim(token, ttl, acknowledge, carried)
   local idx, raw, st, content = find_head(items)
   if idx == nil then
     if owner == token then redis.call('DEL', LOCK) end
-    reindex(items, staged_now, -2)  -- no lease now
+    local empty_at = nil
+    if #items == 0 and #recovered == 0 then
+      -- Empty: reclaimed once its dedupe window has passed (lib/reclaim.lua).
+      empty_at = reclaim_at()
+      if empty_at <= NOW_MS then
+        reclaim()
+        return answer('idle', false, current_version())
+      end
+    end
+    reindex(items, staged_now, -2, empty_at)  -- no lease now
     local version = #recovered > 0 and bump() or current_version()
     return answer('idle', false, version)
   end

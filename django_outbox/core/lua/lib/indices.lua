@@ -97,12 +97,23 @@ local function earliest_due()
   return nil
 end
 
+-- When an empty session (nothing queued, staged or leased) is looked at again: when the
+-- last of its dedupe markers expires (ms; now if it has none or they have all expired).
+-- Then its idempotency window has passed, and the claim that finds it still empty
+-- reclaims its keys (lib/reclaim.lua). One command: the markers ZSET is scored by expiry.
+local function reclaim_at()
+  local last = redis.call('ZRANGE', MARKERS, -1, -1, 'WITHSCORES')
+  if last[2] then return math.max(tonumber(last[2]), NOW_MS) end
+  return NOW_MS
+end
+
 -- Keep the due index exact for this session and (on standalone) its workspace,
 -- and the admin's attention index. items (the queue, as LRANGE Q would return it
 -- now), staged (LLEN D now) and pttl (PTTL of the lease now: a script's clock stands
 -- still, so right after SET ... PX ttl it is ttl) may be passed by a caller that
--- already has them; nil: read here.
-local function reindex(items, staged, pttl)
+-- already has them; nil: read here. empty_at: reclaim_at() when the caller has read
+-- it for an empty session.
+local function reindex(items, staged, pttl, empty_at)
   local score = nil
   pttl = pttl or redis.call('PTTL', LOCK)  -- -2: no lease; -1: a lease without a TTL
   local locked = pttl ~= -2
@@ -113,6 +124,8 @@ local function reindex(items, staged, pttl)
     score = NOW_MS + math.max(pttl, 0)
   elseif staged > 0 then
     score = NOW_MS  -- staged entries without a lease: recover them now
+  elseif #items == 0 then
+    score = empty_at or reclaim_at()  -- empty: look again to reclaim it
   else
     local idx, due = find_head(items)
     if idx ~= nil then score = NOW_MS elseif due ~= nil then score = math.floor(due / 1000) end
