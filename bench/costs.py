@@ -342,8 +342,8 @@ def settle_next_profile(url: str, sessions: int = 50, per: int = 20) -> tuple:
     marks."""
     import statistics
 
-    from django_outbox.core.delivery import RECEIPT_TTL_MS
     from django_outbox.core.scripts import claim_argv, settle_next_argv
+    from django_outbox.core.step import RECEIPT_TTL_MS
 
     client = redis.Redis.from_url(url)
     client.flushall()

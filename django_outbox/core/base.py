@@ -3,7 +3,7 @@ events and session snapshots.
 
 :class:`OutboxBase` extends the :class:`~django_outbox.core.transport.Transport`
 with what is shared by the operations (:mod:`~django_outbox.core.service`), the
-delivery step (:mod:`~django_outbox.core.delivery`) and the worker loop
+delivery step (:mod:`~django_outbox.core.step`) and the worker loop
 (:mod:`~django_outbox.core.worker`): the KEYS/ARGV prefix of the per-session
 scripts (the layout of ``lua/lib/layout.lua``), ``WAIT_REPLICAS``/``WAIT_AOF``
 waits, building events only when someone listens, atomic snapshots of a session,

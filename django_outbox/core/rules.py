@@ -229,7 +229,7 @@ ERROR_TEXTS = {
     ErrorKind.FAILED: "the delivery failed",
 }
 
-# The stored texts' openings, as the delivery step writes them (core/delivery.py); a
+# The stored texts' openings, as the delivery step writes them (core/step.py); a
 # test drives each through a real delivery.
 _KIND_BY_OPENING = (
     ("cancelled", ErrorKind.INTERRUPTED),

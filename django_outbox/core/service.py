@@ -5,7 +5,7 @@ operation is written once, as a *plan* (:mod:`~django_outbox.core.plans`) run
 by a sync and an async driver, so ``accept`` and ``aaccept`` share everything
 but the I/O. State transitions happen in the Lua scripts of ``core/lua``; this
 module picks them, passes the tunables, and turns their answers into entries,
-results and errors. The rooms below it: :mod:`~django_outbox.core.delivery`
+results and errors. The rooms below it: :mod:`~django_outbox.core.step`
 (the delivery step and recovery), :mod:`~django_outbox.core.base` (script
 arguments, durability, events, snapshots, the due index) and
 :mod:`~django_outbox.core.transport` (clients and drivers).
@@ -18,7 +18,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .delivery import OutboxDelivery
 from .entry import (
     LEDGER_STATE_ADMITTED,
     LEDGER_STATE_FAILED,
@@ -57,6 +56,7 @@ from .scripts import (
     seed_argv,
     unpause_argv,
 )
+from .step import DeliveryStep
 from .tracing import accept_span, current_traceparent, record
 from .transport import as_text
 from .worker import Worker, WorkerStats
@@ -71,7 +71,7 @@ UNPAUSE_PASSES = 10
 WATCH_TTL = 24 * 3600
 
 
-class Outbox(QueueReads, HistoryReads, OwnedKeySpace, OutboxDelivery):
+class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
     """The outbox service: one per process, safe for concurrent use.
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,

@@ -11,7 +11,7 @@ READONLY, LOADING, ...) into :class:`~django_outbox.core.errors.OutboxUnavailabl
 Auto-pipelining (:class:`Batcher`) and hiredis command packing make the async
 path cheap.
 Nothing here knows what a queue is: the operations live in
-:mod:`~django_outbox.core.service` and :mod:`~django_outbox.core.delivery`.
+:mod:`~django_outbox.core.service` and :mod:`~django_outbox.core.step`.
 """
 
 from __future__ import annotations

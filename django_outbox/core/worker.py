@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .config import Config
-from .delivery import Claimed
 from .duties import Duty
 from .duties.heartbeat import HeartbeatOutbox, heartbeat
 from .duties.history import HistoryOutbox, history
@@ -40,6 +39,7 @@ from .duties.repair import index_repair
 from .errors import OutboxUnavailable
 from .finding import IndexTransport, due_sessions, wait_wake
 from .heartbeats import HEARTBEAT_TTL, WorkerHeartbeat
+from .step import Claimed
 from .unavailable import retry_unavailable
 
 logger = logging.getLogger("django_outbox.worker")

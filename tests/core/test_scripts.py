@@ -6,7 +6,6 @@ import json
 import pytest
 
 from django_outbox import Entry
-from django_outbox.core.delivery import RECEIPT_TTL_MS
 from django_outbox.core.entry import format_time, new_entry_id, parse_time
 from django_outbox.core.scripts import (
     accept_argv,
@@ -17,6 +16,7 @@ from django_outbox.core.scripts import (
     settle_argv,
     settle_next_argv,
 )
+from django_outbox.core.step import RECEIPT_TTL_MS
 
 WS, SES = "w1", "s1"
 NOW = 1_764_466_959_000_000  # microseconds

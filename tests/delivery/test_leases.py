@@ -12,8 +12,8 @@ import time
 import pytest
 
 from django_outbox import DismissResult, RetryResult, Status, Verdict
-from django_outbox.core.delivery import Claimed
 from django_outbox.core.entry import format_time
+from django_outbox.core.step import Claimed
 from django_outbox.core.worker import Worker
 from tests.support import scenarios
 from tests.support.helpers import (

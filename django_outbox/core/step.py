@@ -1,6 +1,6 @@
 """The delivery step: claim a session's lease, deliver or verify its head, settle.
 
-:class:`OutboxDelivery` adds to :class:`~django_outbox.core.base.OutboxBase`
+:class:`DeliveryStep` adds to :class:`~django_outbox.core.base.OutboxBase`
 the step a worker takes for one session (docs/explanation/lifecycle.md):
 
 1. ``claim.lua`` takes the session's lease (``LOCK_TTL``) and stages its head
@@ -16,7 +16,7 @@ the step a worker takes for one session (docs/explanation/lifecycle.md):
    :class:`~django_outbox.core.errors.SignalOwed` it is not acknowledged: the
    lease is left to expire and the next claim fires the owed signal again.
 
-:meth:`OutboxDelivery.arecover` returns staged entries whose lease is gone to
+:meth:`DeliveryStep.arecover` returns staged entries whose lease is gone to
 their queue as verifying. Deliverers answer by returning or by raising one of
 the three outcome errors of :mod:`~django_outbox.core.errors`.
 """
@@ -88,7 +88,7 @@ class LeaseKeeper:
     none is held.
     """
 
-    def __init__(self, outbox: OutboxDelivery, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, outbox: DeliveryStep, loop: asyncio.AbstractEventLoop) -> None:
         self.outbox = outbox
         self.loop = loop
         self.held: dict[str, tuple[SessionKeys, str, str]] = {}
@@ -148,7 +148,7 @@ class LeaseKeeper:
                     logger.warning("outbox: lease %s lost before the delivery ended", token)
 
 
-class OutboxDelivery(OutboxBase):
+class DeliveryStep(OutboxBase):
     """The delivery step and recovery (see the module docstring); constructed like
     :class:`~django_outbox.core.base.OutboxBase`."""
 
