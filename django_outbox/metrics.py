@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.db import connections
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from . import receipts
+from . import receipts, transactional
 from .core.entry import Entry, Status, parse_time
 
 SAMPLE_EVERY = 30.0  # seconds between entries-by-status samples
@@ -66,6 +67,7 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self._sample: dict[str, int] = {}
+        self._pending: dict[str, int] = {}
         self._sampled_at = 0.0
         self.registry.register(self)
 
@@ -98,11 +100,24 @@ class WorkerMetrics:
                 self._sample = self.count_entries()
             except Exception:
                 pass
+            try:
+                self._pending = self.count_pending()
+            except Exception:
+                pass
             self._sampled_at = time.monotonic()
         family = GaugeMetricFamily("outbox_entries", "Entries by status", labels=["status"])
         for status in Status:
             family.add_metric([status.value], self._sample.get(status.value, 0))
         yield family
+        pending = GaugeMetricFamily(
+            "outbox_pending_accepts",
+            "Prompts accepted on commit and not moved into the outbox yet, by state (failed: "
+            "given up, staff decide)",
+            labels=["state"],
+        )
+        for state, count in sorted(self._pending.items()):
+            pending.add_metric([state], count)
+        yield pending
         failures = CounterMetricFamily(
             "outbox_receiver_failures",
             "Failed firings of once=True entry_delivered receivers (the signal stays owed)",
@@ -114,6 +129,17 @@ class WorkerMetrics:
 
     def describe(self):
         return []
+
+    def count_pending(self) -> dict[str, int]:
+        """Rows of accepts on commit by state (``transactional.pending_counts``), read on
+        connections of the calling thread (the metrics server's), closed afterwards unless
+        a transaction holds them."""
+        try:
+            return transactional.pending_counts()
+        finally:
+            for connection in connections.all(initialized_only=True):
+                if not connection.in_atomic_block:
+                    connection.close()
 
     def count_entries(self) -> dict[str, int]:
         """Entries by status (``Outbox.entry_counts``, at most ``SAMPLE_MAX_SESSIONS``)."""

@@ -1,9 +1,11 @@
-"""The app's models: an unmanaged placeholder for the admin (docs/reference/admin.md) and the
-receipts of opted-in ``entry_delivered`` receivers (docs/reference/signals.md).
+"""The app's models: an unmanaged placeholder for the admin (docs/reference/admin.md), the
+receipts of opted-in ``entry_delivered`` receivers (docs/reference/signals.md) and the
+prompts accepted inside a database transaction (docs/howto/transactions.md).
 
-The outbox's data lives in Valkey, not in the database. :class:`DeliveryReceipt`
-is the one table: a row per (delivery, opted-in receiver) that ran, written in
-the receiver's own transaction. :class:`OutboxEntry`
+The outbox's data lives in Valkey, not in the database. Two tables stand beside it:
+:class:`DeliveryReceipt`, a row per (delivery, opted-in receiver) that ran, written in
+the receiver's own transaction, and :class:`PendingAccept`, a row per prompt accepted
+with ``accept_on_commit`` that has not moved into the outbox yet. :class:`OutboxEntry`
 has no table; it exists so the admin gets a content type, real permissions
 and :class:`~django.contrib.admin.models.LogEntry` rows. The permissions are
 what the default access policy and the admin check (``django_outbox.policy``,
@@ -16,6 +18,7 @@ an entry or ``"<ws>"`` for a workspace (identifiers never contain ``/``).
 from __future__ import annotations
 
 from django.db import models
+from django.db.models.functions import Now
 from django.utils import timezone
 
 
@@ -100,3 +103,51 @@ class OutboxDashboard(OutboxEntry):
         default_permissions = ()
         verbose_name = "outbox dashboard"
         verbose_name_plural = "outbox dashboard"
+
+
+class PendingAccept(models.Model):
+    """A prompt accepted with ``Outbox.accept_on_commit``, written in the caller's
+    transaction, that has not moved into the outbox yet (docs/howto/transactions.md).
+
+    Another connection sees the row only once that transaction commits; a rollback (of
+    the transaction, or of the savepoint the row was written in) takes it away. The move
+    (:mod:`django_outbox.transactional`) accepts the prompt into Valkey and deletes the
+    row: right after the commit, or by any worker's duty when the process died first.
+    ``payload`` is the prompt as ASCII JSON (``user_id``, ``text``, ``model``, ``options``:
+    ASCII so that any text, NUL included, fits every database's text column).
+    ``created`` and ``next_attempt`` come from the database's clock. A refused move keeps
+    the row ``waiting`` with the refusal in ``last_error`` and ``attempts`` counted, tried
+    again at ``next_attempt``; ``failed`` rows were given up (refused for good, or not
+    moved within ``DEDUPE_TTL`` of ``created``) and wait for staff (the admin's *Pending
+    accepts*). No permissions of its own: the admin asks the outbox's (view, retry,
+    dismiss; docs/howto/access-policy.md).
+    """
+
+    class State(models.TextChoices):
+        WAITING = "waiting", "waiting for its move"
+        FAILED = "failed", "failed: staff decide"
+
+    workspace_id = models.CharField("workspace", max_length=128)
+    session_id = models.CharField("session", max_length=128)
+    client_message_id = models.CharField("clientMessageID", max_length=128)
+    payload = models.TextField(help_text="The prompt as ASCII JSON: user_id, text, model, options.")
+    created = models.DateTimeField(db_default=Now(), db_index=True)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.WAITING)
+    attempts = models.PositiveIntegerField(
+        default=0, help_text="Moves refused so far (a move that succeeds deletes the row)."
+    )
+    next_attempt = models.DateTimeField(db_default=Now())
+    last_error = models.TextField(
+        "last refusal", blank=True, default="", help_text="Why the last move was refused."
+    )
+
+    class Meta:
+        default_permissions = ()
+        indexes = [models.Index(fields=["state", "next_attempt"], name="django_outbox_pending_due")]
+        verbose_name = "pending accept"
+        verbose_name_plural = "pending accepts"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.client_message_id!r} for {self.workspace_id}/{self.session_id} ({self.state})"
+        )

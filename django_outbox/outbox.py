@@ -11,20 +11,23 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.crypto import salted_hmac
 
-from . import receipts
+from . import receipts, transactional
 from .conf import OutboxSettings, outbox_settings
 from .core.entry import OutboxEvent
 from .core.errors import SignalOwed
 from .core.owner import KeySpaceOwner
 from .core.service import Outbox as CoreOutbox
 from .signals import entry_delivered, entry_staged, entry_updated
+
+if TYPE_CHECKING:
+    from .models import PendingAccept
 
 _SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": entry_updated}
 
@@ -44,9 +47,12 @@ class Outbox(CoreOutbox):
     :mod:`django_outbox.signals` for every event (``send_robust``: a failing receiver
     is logged and does not stop the others), then tells its :attr:`event_listeners`
     (the WebSocket publisher, :mod:`django_outbox.ws.publish`, which sends
-    ``queue.update`` to the session's Channels group). Its workers also prune the
-    delivery receipts of opted-in ``entry_delivered`` receivers (the duty
-    :func:`django_outbox.receipts.pruner`, registered in ``duties``). Construct it
+    ``queue.update`` to the session's Channels group). :meth:`accept_on_commit` accepts
+    inside the caller's database transaction. Its workers also prune the delivery
+    receipts of opted-in ``entry_delivered`` receivers (the duty
+    :func:`django_outbox.receipts.pruner`) and move the prompts accepted on commit that
+    the committing process left behind (the duty :func:`django_outbox.transactional.mover`),
+    both registered in ``duties``. Construct it
     directly in tests: ``Outbox(url=..., deliverer=..., verifier=..., ledger_probe=...,
     **tunables)``.
     """
@@ -59,6 +65,54 @@ class Outbox(CoreOutbox):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.duties.append(receipts.pruner(entry_delivered.once_receivers))
+        self.duties.append(transactional.mover(self))
+
+    def accept_on_commit(
+        self,
+        workspace_id: str,
+        session_id: str,
+        *,
+        user_id: str,
+        client_message_id: str,
+        text: str,
+        model: dict[str, Any] | None = None,
+        using: str | None = None,
+        **options: Any,
+    ) -> PendingAccept:
+        """Accept a prompt as part of the caller's database transaction: it enters the
+        outbox if and only if that transaction commits (docs/howto/transactions.md).
+
+        Checks the input at once, raising inside the transaction what :meth:`accept`
+        raises for it (:class:`InvalidIdentifier`, :class:`InvalidContent`,
+        :class:`ContentTooLarge`), or ``TypeError`` for an option :meth:`accept` does
+        not take (``options`` are passed to it). Then writes a
+        :class:`~django_outbox.models.PendingAccept` row on database ``using`` (None: the
+        router's choice for that model; the transaction must be on the same database)
+        and returns it. Savepoints count: a rolled-back ``atomic()`` block takes its rows
+        with it. Right after the commit the prompt is accepted (``transaction.on_commit``,
+        ``robust=True``) and the row deleted; if the process dies first, any worker moves
+        it within about a second. One entry whatever happens: the ``client_message_id``
+        makes the move idempotent, within ``DEDUPE_TTL``.
+
+        The outbox's bounds (``CAP``, the per-user bounds) and Valkey's availability are
+        met at the move, after the commit, not here: a refused move is retried with a
+        backoff and shown to staff (admin: *Pending accepts*), never dropped silently.
+        Outside a transaction (autocommit) the move runs at once. No async twin: Django
+        runs transactions in sync code (an async view wraps the transaction and this call
+        in ``sync_to_async``). Use :meth:`accept` to answer the client with the entry, a
+        ``Duplicate`` or a 429 now, independently of any database transaction.
+        """
+        return transactional.accept_on_commit(
+            self,
+            workspace_id,
+            session_id,
+            user_id=user_id,
+            client_message_id=client_message_id,
+            text=text,
+            model=model,
+            using=using,
+            **options,
+        )
 
     def listening(self, kind: str, watched: bool) -> bool:
         """Events are built when a WebSocket client watches the session or the kind's

@@ -50,7 +50,10 @@ from ..core.rules import check_identifier
 from ..models import OutboxDashboard, OutboxEntry
 from ..outbox import get_outbox
 from ..policy import has_outbox_permission
-from . import dashboard
+from . import (
+    dashboard,
+    pending,  # noqa: F401  (registers Outbox → Pending accepts)
+)
 from .actions import (
     cleanup_workspaces,
     dismiss_entries,
