@@ -113,8 +113,8 @@ class PendingAccept(models.Model):
     the transaction, or of the savepoint the row was written in) takes it away. The move
     (:mod:`django_outbox.transactional`) accepts the prompt into Valkey and deletes the
     row: right after the commit, or by any worker's duty when the process died first.
-    ``payload`` is the prompt as ASCII JSON (``user_id``, ``text``, ``model``, ``options``:
-    ASCII so that any text, NUL included, fits every database's text column).
+    ``payload`` is the prompt as JSON (``user_id``, ``text``, ``model``, ``options``; its
+    escapes let any text, NUL included, fit every database's text column).
     ``created`` and ``next_attempt`` come from the database's clock. A refused move keeps
     the row ``waiting`` with the refusal in ``last_error`` and ``attempts`` counted, tried
     again at ``next_attempt``; ``failed`` rows were given up (refused for good, or not
@@ -130,7 +130,7 @@ class PendingAccept(models.Model):
     workspace_id = models.CharField("workspace", max_length=128)
     session_id = models.CharField("session", max_length=128)
     client_message_id = models.CharField("clientMessageID", max_length=128)
-    payload = models.TextField(help_text="The prompt as ASCII JSON: user_id, text, model, options.")
+    payload = models.TextField(help_text="The prompt as JSON: user_id, text, model, options.")
     created = models.DateTimeField(db_default=Now(), db_index=True)
     state = models.CharField(max_length=8, choices=State.choices, default=State.WAITING)
     attempts = models.PositiveIntegerField(

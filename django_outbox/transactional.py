@@ -118,7 +118,7 @@ def accept_on_commit(
         inspect.signature(outbox.accept).bind(
             workspace_id, session_id, client_message_id=client_message_id, **prompt, **options
         )
-        payload = json.dumps({**prompt, "options": options}, ensure_ascii=True, allow_nan=False)
+        payload = json.dumps({**prompt, "options": options}, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"accept_on_commit() passes its options to accept(): {exc}") from None
     db = using or router.db_for_write(PendingAccept)

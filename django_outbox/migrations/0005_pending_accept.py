@@ -29,7 +29,7 @@ class Migration(migrations.Migration):
                 (
                     "payload",
                     models.TextField(
-                        help_text="The prompt as ASCII JSON: user_id, text, model, options."
+                        help_text="The prompt as JSON: user_id, text, model, options."
                     ),
                 ),
                 (
