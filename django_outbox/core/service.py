@@ -185,6 +185,11 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
     ) -> Entry:
         """Accept a prompt into the session's queue; return the stored entry (status pending).
 
+        Immediate: the entry is stored when this returns, whatever database transaction the
+        caller is in, and stays if that transaction rolls back. For a prompt that must enter
+        the outbox only if the caller's transaction commits, the Django outbox has
+        ``accept_on_commit`` (docs/howto/transactions.md says when to use which).
+
         One atomic script checks the dedupe marker and the cap, appends the entry,
         writes the marker (value: entry ID and a digest of text and model, TTL
         ``DEDUPE_TTL`` seconds) and updates the indices: a refused or failed call
