@@ -29,7 +29,8 @@ by state (``outbox_pending_accepts``):
   (the settings changed since the call, e.g. a lower ``MAX_TEXT_BYTES``): ``failed`` at once.
 
 A ``failed`` row stays until staff move it (the admin action, which ignores the window) or
-delete it.
+delete it. A duty pass that fails (the database unreachable) pauses the next ones, so an
+outage is not logged every second.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import enum
 import inspect
 import json
 import logging
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -211,6 +213,8 @@ def _databases() -> Iterator[str]:
     from .models import PendingAccept
 
     for alias in connections:
+        if connections[alias].vendor == "dummy":  # DATABASES is empty: nowhere to look
+            continue
         if not router.allow_migrate_model(alias, PendingAccept):
             continue
         if alias not in _tables_seen:
@@ -276,10 +280,24 @@ def _give_up(pending: PendingAccept, using: str) -> None:
 def mover(outbox: Outbox, interval: float = MOVE_INTERVAL) -> Duty:
     """The worker duty (:class:`~django_outbox.core.duties.Duty`) that runs
     :func:`move_due` every ``interval`` seconds, the first pass at the worker's start; in a
-    ``once`` run too. A failed pass is logged by the worker and the next comes on time."""
+    ``once`` run too. A pass that fails (the database unreachable) is logged by the worker,
+    and the passes pause for ``interval`` seconds, doubling after each failed pass up to
+    :data:`MAX_RETRY_BACKOFF`, so an outage is not logged every second."""
+    failures = 0
+    resume_at = 0.0
 
     async def run() -> None:
-        moved = await sync_to_async(move_due, thread_sensitive=True)(outbox)
+        nonlocal failures, resume_at
+        if time.monotonic() < resume_at:
+            return
+        try:
+            moved = await sync_to_async(move_due, thread_sensitive=True)(outbox)
+        except Exception:
+            pause = min(MAX_RETRY_BACKOFF, interval * 2 ** min(failures, 32))
+            failures += 1
+            resume_at = time.monotonic() + pause
+            raise
+        failures = 0
         if moved:
             logger.info("outbox: moved %d accepts committed in the database", moved)
 

@@ -274,6 +274,24 @@ def test_a_running_worker_moves_what_was_left_behind_within_seconds(outbox, make
     assert rows() == []
 
 
+async def test_a_failing_pass_pauses_the_duty_rather_than_failing_every_second(
+    outbox, django_db_blocker
+):
+    duty = transactional.mover(outbox, interval=0.5)
+    with django_db_blocker.block():  # the database refuses every connection
+        with pytest.raises(RuntimeError, match="Database access not allowed"):
+            await duty.run()
+        await duty.run()  # paused for one interval: nothing tried, nothing to log
+        await asyncio.sleep(0.6)
+        with pytest.raises(RuntimeError):
+            await duty.run()
+        await asyncio.sleep(0.6)
+        await duty.run()  # paused for two intervals now
+    await asyncio.sleep(0.5)
+    await duty.run()  # the database is back
+    await outbox.aclose()
+
+
 def test_every_django_outbox_runs_the_mover_duty(outbox):
     [duty] = [d for d in outbox.duties if d.name == "moving accepts on commit"]
     assert (duty.interval, duty.first_after, duty.burst) == (transactional.MOVE_INTERVAL, 0, True)
