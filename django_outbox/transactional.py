@@ -104,7 +104,7 @@ def accept_on_commit(
 ) -> PendingAccept:
     """``outbox.accept_on_commit``: the prompt checked, its row written on ``using`` (None:
     the router's database for writing :class:`~django_outbox.models.PendingAccept`) and its
-    move registered with that database's ``on_commit``; returns the unsaved-to-Valkey row.
+    move registered with that database's ``on_commit``; returns the row.
     Raises what ``accept`` raises for bad input (``InvalidIdentifier``, ``InvalidContent``,
     ``ContentTooLarge``), ``TypeError`` for an option ``accept`` does not take or a value
     that is not JSON, and what the database raises."""
@@ -190,13 +190,16 @@ def _refused(rows: Any, pending: PendingAccept, exc: Exception, *, final: bool) 
         last_error=reason,
         next_attempt=Now() + timedelta(seconds=wait),
     )
+    if pending.state == PendingAccept.State.FAILED:
+        then = "it stays failed, for staff"  # a staff move of a failed row
+    else:
+        then = f"tried again in {wait:g} s"
     logger.warning(
-        "outbox: moving the accept on commit %s (%s) into the outbox was refused: %s; "
-        "tried again in %g s",
+        "outbox: moving the accept on commit %s (%s) into the outbox was refused: %s; %s",
         pending.pk,
         where,
         reason,
-        wait,
+        then,
     )
     return Move(Moved.REFUSED, reason)
 
