@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.helpers import accept
 from tests.support.paths import ROOT
-from tests.support.postgres import PostgresServer, postgres_or_skip
+from tests.support.postgres import PostgresServer, unavailable
 from tests.support.valkey import free_port, wait_until
 from tests.support.workers import Workers
 
@@ -31,11 +31,19 @@ WRITERS = "tests.support.dbwrites.receivers"
 PLAIN = ("write", "awrite")
 
 
+DATABASE = "worker_connections"
+
+
 @pytest.fixture(scope="module")
 def postgres(valkey):
     """A PostgreSQL server for this module, its tables made by ``migrate``."""
-    postgres_or_skip()
-    with PostgresServer() as server:
+    reason = unavailable()
+    if reason:
+        print(reason)
+        pytest.skip(reason)
+    server = PostgresServer().start()
+    try:
+        server.create_database(DATABASE)
         env = {**os.environ, **_settings(server, valkey, "0", False)}
         subprocess.run(
             [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v", "0"],
@@ -46,6 +54,8 @@ def postgres(valkey):
             timeout=180,
         )
         yield server
+    finally:
+        server.stop()
 
 
 def _settings(server: PostgresServer, valkey: str, max_age: str, health: bool) -> dict[str, str]:
@@ -54,6 +64,7 @@ def _settings(server: PostgresServer, valkey: str, max_age: str, health: bool) -
         "OUTBOX_VALKEY_URL": valkey,
         "DJANGO_SETTINGS_MODULE": "tests.support.settings.worker_postgres",
         "OUTBOX_TEST_PG_PORT": str(server.port),
+        "OUTBOX_TEST_PG_NAME": DATABASE,
         "OUTBOX_TEST_CONN_MAX_AGE": max_age,
         "OUTBOX_TEST_CONN_HEALTH_CHECKS": "1" if health else "0",
         "OUTBOX_TEST_LOCK_TTL": "1",  # a once=True receiver that failed fires again soon
@@ -61,10 +72,12 @@ def _settings(server: PostgresServer, valkey: str, max_age: str, health: bool) -
 
 
 def rows(postgres: PostgresServer, receiver: str, entry_ids: list[str]) -> int:
-    [(n,)] = postgres.execute(
-        "SELECT COUNT(*) FROM test_dbwrites_write WHERE receiver = %s AND entry_id = ANY(%s)",
-        (receiver, entry_ids),
-    )
+    """Rows ``receiver`` wrote for these entries."""
+    with postgres.connect(DATABASE) as conn:
+        [(n,)] = conn.execute(
+            "SELECT COUNT(*) FROM test_dbwrites_write WHERE receiver = %s AND entry_id = ANY(%s)",
+            (receiver, entry_ids),
+        ).fetchall()
     return n
 
 
@@ -90,7 +103,8 @@ def receiver_failures(metrics_port: int) -> dict[str, float]:
 def test_receivers_write_again_after_postgres_restarts_under_the_worker(
     postgres, valkey, make_outbox, tmp_path, max_age, health, may_fail
 ):
-    postgres.execute("TRUNCATE test_dbwrites_write")
+    with postgres.connect(DATABASE) as conn:
+        conn.execute("TRUNCATE test_dbwrites_write")
     outbox = make_outbox()
     metrics_port = free_port()
     workers = Workers(valkey, tmp_path, **_settings(postgres, valkey, max_age, health))

@@ -1,167 +1,156 @@
-"""A throwaway PostgreSQL server for tests: Debian's ``postgresql`` package
-(``apt-get install -y postgresql``: ``/usr/lib/postgresql/<version>/bin``, or the folder
-``OUTBOX_TEST_PG_BIN`` names). :func:`postgres_or_skip` skips a test without it, the reason
-printed; nothing is installed here (``.ci/run`` installs the package).
+"""A private PostgreSQL server for tests: Debian's ``postgresql`` package (``apt-get install
+postgresql``; ``.ci/run`` installs it), one unprivileged cluster in a temporary directory,
+listening on a free loopback port, started and stopped by the test that needs it.
 
-:class:`PostgresServer` makes its own cluster in a temporary folder (``initdb``, ``trust``
-authentication, superuser ``postgres``) and serves it on a loopback port only, no Unix socket
-outside that folder. PostgreSQL refuses to run as root: as root the folder is given to
-``nobody`` and every server command runs as that user (``runuser``)."""
+PostgreSQL refuses to run as root, and the tests run as root on CI: the cluster then belongs
+to ``nobody``, and ``initdb`` and ``pg_ctl`` run through ``runuser -u nobody``. The cluster
+trusts local connections (it listens on 127.0.0.1 only) and syncs nothing to disk.
+"""
 
 from __future__ import annotations
 
-import glob
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-import pytest
+from tests.support.valkey import free_port
 
-from tests.support.valkey import free_port, wait_until
-
-#: The unprivileged user the server runs as when the tests run as root.
+#: Where Debian installs each major version's server programs.
+BIN_GLOB = "/usr/lib/postgresql/*/bin"
+#: The cluster's superuser, the one role the tests connect as.
+SUPERUSER = "outbox"
+#: Who owns the cluster when the tests run as root.
 UNPRIVILEGED = "nobody"
 
 
-def postgres_bin() -> Path | None:
-    """The folder of ``initdb``, ``pg_ctl`` and ``postgres`` (the newest version installed),
-    or None."""
-    named = os.environ.get("OUTBOX_TEST_PG_BIN")
-    if named:
-        return Path(named)
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/postgres"),
-        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
-    )
-    return Path(found[-1]).parent if found else None
+def bindir() -> Path | None:
+    """The newest installed ``/usr/lib/postgresql/<major>/bin`` with ``initdb``, ``pg_ctl`` and
+    ``postgres``, or None when Debian's ``postgresql`` package is not installed."""
+    found = [
+        path
+        for path in Path("/").glob(BIN_GLOB.lstrip("/"))
+        if all((path / name).exists() for name in ("initdb", "pg_ctl", "postgres"))
+    ]
+    return max(found, key=lambda p: int(p.parent.name), default=None) if found else None
 
 
-def postgres_or_skip() -> Path:
-    """:func:`postgres_bin`, or skip the test (printing why) when PostgreSQL or psycopg is
-    missing."""
-    pytest.importorskip("psycopg", reason="psycopg is not installed (the test extra has it)")
-    found = postgres_bin()
-    if found is None or not (found / "pg_ctl").exists():
-        reason = (
-            "no PostgreSQL server: /usr/lib/postgresql/*/bin missing "
-            "(apt-get install -y postgresql)"
+def unavailable() -> str | None:
+    """Why a PostgreSQL test cannot run here (a sentence for ``pytest.skip``), or None."""
+    if bindir() is None:
+        return (
+            "PostgreSQL is not installed (Debian's postgresql package: apt-get install "
+            "postgresql; .ci/run installs it)"
         )
-        print(reason)
-        pytest.skip(reason)
-    return found
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg is not installed (pip install -e '.[test]')"
+    return None
 
 
 class PostgresServer:
-    """One PostgreSQL server on ``127.0.0.1:<port>`` with its own cluster, for tests.
+    """One PostgreSQL cluster for a test run: :meth:`start`, :meth:`create_database`,
+    :meth:`restart`, :meth:`stop`. ``port`` is its loopback port, ``log`` its server log."""
 
-    ``bin`` is the folder of its programs (default :func:`postgres_bin`); ``port`` defaults
-    to a free one. The cluster and ``postgres.log`` live in a temporary folder removed by
-    :meth:`stop`. Use it as a context manager, or call :meth:`start` and :meth:`stop`;
-    :meth:`restart` is ``pg_ctl restart -m fast`` (every client connection is ended, as a
-    database failover or a maintenance restart ends them). Settings for Django:
-    :meth:`database`.
-    """
-
-    def __init__(self, bin: Path | None = None, *, port: int | None = None) -> None:
-        found = bin or postgres_bin()
+    def __init__(self, bin_dir: Path | None = None) -> None:
+        found = bin_dir or bindir()
         if found is None:
-            raise RuntimeError("no PostgreSQL server installed (apt-get install -y postgresql)")
+            raise RuntimeError(unavailable() or "PostgreSQL is not installed")
         self.bin = found
-        self.port = port or free_port()
-        self.workdir = Path(tempfile.mkdtemp(prefix="outbox-postgres-"))
-        self.data = self.workdir / "data"
-        self.log = self.workdir / "postgres.log"
-        self._user = UNPRIVILEGED if os.geteuid() == 0 else None
-        if self._user is not None:
-            os.chmod(self.workdir, 0o755)
-            shutil.chown(self.workdir, self._user)
+        # Not under pytest's tmp_path: that is private to root, and the cluster may not be.
+        self.root = Path(tempfile.mkdtemp(prefix="outbox-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.port = free_port()
+        self._owner = pwd.getpwnam(UNPRIVILEGED) if os.geteuid() == 0 else None
 
-    @property
-    def url(self) -> str:
-        """``postgresql://postgres@127.0.0.1:<port>/postgres`` (libpq's form; no password)."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+    def _run(self, program: str, *args: str, timeout: float = 120) -> None:
+        command = [str(self.bin / program), *args]
+        if self._owner is not None:
+            command = ["runuser", "-u", UNPRIVILEGED, "--", *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            log = self.log.read_text(errors="replace") if self.log.exists() else ""
+            raise RuntimeError(
+                f"{program} failed ({done.returncode}): {done.stdout}{done.stderr}{log[-4000:]}"
+            )
 
-    def database(self, name: str = "postgres", **settings: object) -> dict[str, object]:
-        """A ``DATABASES`` entry for database ``name`` on this server; ``settings`` are
-        added to it (``CONN_MAX_AGE=None``, ``CONN_HEALTH_CHECKS=True``...)."""
+    def start(self) -> PostgresServer:
+        """Create the cluster (first time only) and start the server; return self once it
+        accepts connections. Raises ``RuntimeError`` with the output when it does not."""
+        if self._owner is not None:
+            os.chown(self.root, self._owner.pw_uid, self._owner.pw_gid)
+        if not self.data.exists():
+            self._run(
+                "initdb",
+                "-D",
+                str(self.data),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            )
+        self._pg_ctl("start")
+        return self
+
+    def _pg_ctl(self, action: str) -> None:
+        options = " ".join(
+            [
+                f"-p {self.port}",
+                f"-k {self.root}",
+                "-c listen_addresses=127.0.0.1",
+                "-c fsync=off",
+                "-c synchronous_commit=off",
+                "-c full_page_writes=off",
+                "-c shared_buffers=16MB",
+                "-c max_connections=50",
+            ]
+        )
+        args = ["-D", str(self.data), "-l", str(self.log), "-w", "-t", "60"]
+        if action == "start" or action == "restart":
+            args += ["-o", options]
+        if action != "start":
+            args += ["-m", "fast"]
+        self._run("pg_ctl", *args, action)
+
+    def restart(self) -> None:
+        """Stop the server (fast: connections are cut) and start it again on the same port."""
+        self._pg_ctl("restart")
+
+    def stop(self) -> None:
+        """Stop the server and delete the cluster."""
+        try:
+            self._pg_ctl("stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def connect(self, dbname: str = "postgres"):
+        """A psycopg connection (autocommit) to ``dbname`` as the superuser."""
+        import psycopg
+
+        return psycopg.connect(
+            host="127.0.0.1", port=self.port, user=SUPERUSER, dbname=dbname, autocommit=True
+        )
+
+    def create_database(self, name: str) -> dict[str, object]:
+        """Create the database ``name`` (dropping one of that name first); return its
+        Django ``DATABASES`` entry."""
+        with self.connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.django_database(name)
+
+    def django_database(self, name: str) -> dict[str, object]:
+        """The Django ``DATABASES`` entry of database ``name`` on this server."""
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": name,
-            "USER": "postgres",
+            "USER": SUPERUSER,
             "HOST": "127.0.0.1",
             "PORT": str(self.port),
-            **settings,
         }
-
-    def _run(self, program: str, *args: str, timeout: float = 60) -> None:
-        command = [str(self.bin / program), *args]
-        if self._user is not None:
-            command = ["runuser", "-u", self._user, "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{program} failed ({done.returncode}): {done.stdout}{done.stderr}"
-                f"{self.log.read_text() if self.log.exists() else ''}"
-            )
-
-    def _pg_ctl(self, action: str, *args: str) -> None:
-        self._run("pg_ctl", action, "-D", str(self.data), "-l", str(self.log), "-w", *args)
-
-    def start(self, timeout: float = 30.0) -> PostgresServer:
-        """Make the cluster (the first time) and start the server; return self once it
-        accepts connections. Raises ``RuntimeError`` with the server's log if it does not."""
-        if not self.data.exists():
-            self._run(
-                "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                "--no-sync",
-            )  # fmt: skip
-        options = (
-            f"-c listen_addresses=127.0.0.1 -c port={self.port} "
-            f"-c unix_socket_directories={self.workdir} -c fsync=off"
-        )
-        self._pg_ctl("start", "-t", str(int(timeout)), "-o", options)
-        wait_until(self.ready, timeout, message="PostgreSQL accepts connections")
-        return self
-
-    def ready(self) -> bool:
-        """Whether the server answers a query now."""
-        import psycopg
-
-        try:
-            with psycopg.connect(self.url, connect_timeout=2) as conn:
-                conn.execute("SELECT 1")
-        except psycopg.OperationalError:
-            return False
-        return True
-
-    def restart(self, timeout: float = 30.0) -> None:
-        """``pg_ctl restart -m fast``: end every client connection, stop, start again on
-        the same port; return once it accepts connections."""
-        self._pg_ctl("restart", "-m", "fast", "-t", str(int(timeout)))
-        wait_until(self.ready, timeout, message="PostgreSQL accepts connections again")
-
-    def execute(self, sql: str, params: tuple[object, ...] = (), dbname: str = "postgres"):
-        """Run one statement in its own autocommit connection; the rows it returns (or [])."""
-        import psycopg
-
-        url = self.url.rsplit("/", 1)[0] + f"/{dbname}"
-        with psycopg.connect(url, autocommit=True) as conn:
-            cursor = conn.execute(sql, params)  # type: ignore[arg-type]
-            return cursor.fetchall() if cursor.description else []
-
-    def stop(self) -> None:
-        """Stop the server (``-m immediate``) and remove its folder."""
-        if (self.data / "postmaster.pid").exists():
-            try:
-                self._pg_ctl("stop", "-m", "immediate")
-            except RuntimeError:
-                pass
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
