@@ -1,4 +1,8 @@
-"""Connects the receivers of :mod:`tests.support.dbwrites.receivers` when Django starts."""
+"""Connects the receivers of :mod:`tests.support.dbwrites.receivers` when Django starts: those
+``OUTBOX_TEST_DBWRITES`` names (comma-separated; default all three). ``write_once`` is
+connected with ``once=True``."""
+
+import os
 
 from django.apps import AppConfig
 
@@ -11,8 +15,12 @@ class DbWritesConfig(AppConfig):
     def ready(self):
         from django_outbox.signals import entry_delivered
 
-        from .receivers import awrite, write, write_once
+        from . import receivers
 
-        entry_delivered.connect(write, dispatch_uid="test-dbwrites-write")
-        entry_delivered.connect(awrite, dispatch_uid="test-dbwrites-awrite")
-        entry_delivered.connect(write_once, once=True)
+        wanted = os.environ.get("OUTBOX_TEST_DBWRITES", "write,awrite,write_once").split(",")
+        for name in ("write", "awrite"):
+            if name in wanted:
+                fn = getattr(receivers, name)
+                entry_delivered.connect(fn, dispatch_uid=f"test-dbwrites-{name}")
+        if "write_once" in wanted:
+            entry_delivered.connect(receivers.write_once, once=True)

@@ -1,5 +1,6 @@
 """``entry_delivered`` receivers that each write one :class:`~tests.support.dbwrites.models.Write`
-row per call, through the ORM, under their own name:
+row per call, through the ORM, under their own name (connected by
+:class:`~tests.support.dbwrites.apps.DbWritesConfig`):
 
 - :func:`write`: plain and sync (the case of a long-lived worker's stale connection);
 - :func:`awrite`: plain and async (its ORM call runs in the event loop's ORM thread);
