@@ -120,11 +120,12 @@ class WorkerMetrics:
         yield pending
         failures = CounterMetricFamily(
             "outbox_receiver_failures",
-            "Failed firings of once=True entry_delivered receivers (the signal stays owed)",
-            labels=["receiver"],
+            "Calls of signal receivers that raised, by signal and receiver (a plain one's "
+            "effect is lost; a once=True entry_delivered receiver's signal stays owed)",
+            labels=["signal", "receiver"],
         )
-        for name, count in sorted(receipts.FAILURES.items()):
-            failures.add_metric([name], count)
+        for (signal, name), count in sorted(receipts.FAILURES.items()):
+            failures.add_metric([signal, name], count)
         yield failures
 
     def describe(self):

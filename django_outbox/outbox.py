@@ -8,13 +8,17 @@ WebSocket wing's publisher, from ``OutboxConfig.ready``), to the core service;
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.db import connections
+from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 from django.utils.crypto import salted_hmac
 
@@ -24,12 +28,16 @@ from .core.entry import OutboxEvent
 from .core.errors import SignalOwed
 from .core.owner import KeySpaceOwner
 from .core.service import Outbox as CoreOutbox
+from .core.worker import WorkerStats, running_stats
 from .signals import entry_delivered, entry_staged, entry_updated
 
 if TYPE_CHECKING:
     from .models import PendingAccept
 
+logger = logging.getLogger("django_outbox")
+
 _SIGNALS = {"staged": entry_staged, "delivered": entry_delivered, "updated": entry_updated}
+_SIGNAL_NAMES = {kind: f"entry_{kind}" for kind in _SIGNALS}
 
 
 class EventListener(NamedTuple):
@@ -45,13 +53,15 @@ class EventListener(NamedTuple):
 class Outbox(CoreOutbox):
     """:class:`django_outbox.core.service.Outbox` that sends the signals of
     :mod:`django_outbox.signals` for every event (``send_robust``: a failing receiver
-    is logged and does not stop the others), then tells its :attr:`event_listeners`
-    (the WebSocket publisher, :mod:`django_outbox.ws.publish`, which sends
-    ``queue.update`` to the session's Channels group). :meth:`accept_on_commit` accepts
-    inside the caller's database transaction. Its workers also prune the delivery
-    receipts of opted-in ``entry_delivered`` receivers (the duty
-    :func:`django_outbox.receipts.pruner`) and move the prompts accepted on commit that
-    the committing process left behind (the duty :func:`django_outbox.transactional.mover`),
+    is logged with its dotted name, counted and does not stop the others), then tells its
+    :attr:`event_listeners` (the WebSocket publisher, :mod:`django_outbox.ws.publish`,
+    which sends ``queue.update`` to the session's Channels group). In a worker run its
+    receivers find the database connections as a request would: those the server dropped,
+    or older than ``CONN_MAX_AGE``, are closed first (docs/reference/commands.md#outbox_worker).
+    :meth:`accept_on_commit` accepts inside the caller's database transaction. Its workers
+    also prune the delivery receipts of opted-in ``entry_delivered`` receivers (the duty
+    :func:`django_outbox.receipts.pruner`) and move the prompts accepted on commit that the
+    committing process left behind (the duty :func:`django_outbox.transactional.mover`),
     both registered in ``duties``. Construct it
     directly in tests: ``Outbox(url=..., deliverer=..., verifier=..., ledger_probe=...,
     **tunables)``.
@@ -124,30 +134,85 @@ class Outbox(CoreOutbox):
 
     def emit(self, event: OutboxEvent) -> None:
         """Send the event's signal to every receiver (one failing receiver does not stop
-        the others), then tell the :attr:`event_listeners`. Raises :class:`SignalOwed`
-        when an opted-in ``entry_delivered`` receiver failed (the core then leaves the
-        signal owed)."""
+        the others; each failure is logged with the receiver's dotted name and counted in
+        :data:`receipts.FAILURES <django_outbox.receipts.FAILURES>`), then tell the
+        :attr:`event_listeners`. Raises :class:`SignalOwed` when an opted-in
+        ``entry_delivered`` receiver failed (the core then leaves the signal owed)."""
         responses = _SIGNALS[event.kind].send_robust(sender=Outbox, **_signal_kwargs(event))
         for listener in self.event_listeners:
             listener.emit(event)
-        _raise_if_owed(event, responses)
+        _count_failures(event, responses, running_stats.get())
 
     async def aemit(self, event: OutboxEvent) -> None:
-        """Async :meth:`emit`."""
-        responses = await _SIGNALS[event.kind].asend_robust(sender=Outbox, **_signal_kwargs(event))
+        """Async :meth:`emit`. In a worker run (the path a worker delivers by) the database
+        connections are treated first as Django treats them at the start of a request
+        (:func:`_close_old_connections`), in the thread the receivers' ORM calls run in for
+        this event loop (``sync_to_async``, thread-sensitive): not at all while the signal
+        has no receiver or this process has opened no connection, so a worker whose
+        receivers never touch the database pays nothing for it."""
+        signal = _SIGNALS[event.kind]
+        run = running_stats.get()
+        if run is not None and _opened_connections and signal.receivers:
+            await sync_to_async(_close_old_connections, thread_sensitive=True)()
+        responses = await signal.asend_robust(sender=Outbox, **_signal_kwargs(event))
         for listener in self.event_listeners:
             await listener.aemit(event)
-        _raise_if_owed(event, responses)
+        _count_failures(event, responses, run)
 
 
-def _raise_if_owed(event: OutboxEvent, responses: list[tuple[Any, Any]]) -> None:
-    failed = [
-        receiver.outbox_once
-        for receiver, response in responses
-        if isinstance(response, Exception) and receipts.is_once(receiver)
-    ]
-    if failed and event.kind == "delivered":
-        raise SignalOwed(f"entry_delivered receivers failed: {', '.join(failed)}")
+#: Whether this process has opened a database connection yet (Django's
+#: ``connection_created``): until then a worker has none to close before receivers run.
+_opened_connections = False
+
+
+@receiver(connection_created)
+def _connection_opened(**kwargs: Any) -> None:
+    global _opened_connections
+    _opened_connections = True
+
+
+def _close_old_connections() -> None:
+    """Django's ``close_old_connections`` (what ``request_started`` and ``request_finished``
+    run) for the calling thread: a connection with an error since its last use that fails a
+    ping, or one older than ``CONN_MAX_AGE``, is closed, and the next query opens a new one;
+    with ``CONN_HEALTH_CHECKS`` the next query pings first. A connection inside an atomic
+    block (a caller's transaction, a test's) is left alone: closing it would end the
+    transaction."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+
+
+def _count_failures(
+    event: OutboxEvent, responses: list[tuple[Any, Any]], run: WorkerStats | None
+) -> None:
+    """Log and count each receiver that raised (an opted-in one was by
+    :mod:`~django_outbox.receipts`), tell the worker run, if any; raise
+    :class:`SignalOwed` when an opted-in ``entry_delivered`` receiver failed."""
+    owed = []
+    for fn, response in responses:
+        if not isinstance(response, Exception):
+            continue
+        if run is not None:
+            run.receiver_failures += 1
+        if receipts.is_once(fn):
+            owed.append(fn.outbox_once)
+            continue
+        signal, name = _SIGNAL_NAMES[event.kind], receipts.receiver_name(fn)
+        receipts.FAILURES[signal, name] += 1
+        logger.error(
+            "outbox: %s receiver %s failed for entry %s of %s/%s: %r (the event stands; "
+            "this receiver is not called again for it)",
+            signal,
+            name,
+            event.entry.id,
+            event.workspace_id,
+            event.session_id,
+            response,
+            exc_info=response,
+        )
+    if owed and event.kind == "delivered":
+        raise SignalOwed(f"entry_delivered receivers failed: {', '.join(owed)}")
 
 
 def _signal_kwargs(event: OutboxEvent) -> dict[str, Any]:

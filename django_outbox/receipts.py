@@ -11,8 +11,9 @@ receiver's dotted name. A replay finds the row (the unique constraint answers
 ``IntegrityError`` inside a savepoint) and skips the receiver; a receiver that
 raises rolls back its writes and the receipt, and the signal stays owed.
 
-Failures are counted per receiver (:data:`FAILURES`, exported by the worker's
-metrics as ``outbox_receiver_failures_total``) and logged at ERROR each time.
+Failures are counted per receiver (:data:`FAILURES`, which counts the plain receivers
+of every signal too, :class:`django_outbox.outbox.Outbox`; the worker's metrics export
+it as ``outbox_receiver_failures_total``) and logged at ERROR each time.
 :func:`prune` deletes receipts older than ``DEDUPE_TTL`` in bounded batches;
 every worker of the Django outbox runs it every :data:`PRUNE_INTERVAL` seconds (the
 duty :func:`pruner`), ``manage.py outbox_prune_receipts`` on demand.
@@ -42,8 +43,9 @@ PRUNE_BATCH = 1000
 #: Longest ``receiver`` value stored; longer dotted names are cut and suffixed with a hash.
 MAX_NAME = 255
 
-#: Failed firings of opted-in receivers in this process, by receiver name.
-FAILURES: Counter[str] = Counter()
+#: Calls of the outbox's signal receivers that raised in this process, plain and opted-in
+#: alike, by (signal name, receiver's dotted name): ``FAILURES["entry_delivered", name]``.
+FAILURES: Counter[tuple[str, str]] = Counter()
 #: Failed firings per (entry ID, deliveredAt, receiver) in this process, for the log.
 _per_delivery: dict[tuple[str, str, str], int] = {}
 _PER_DELIVERY_MAX = 10_000
@@ -120,7 +122,7 @@ def _fire(call: Callable[[], Any], name: str, kwargs: dict[str, Any]) -> Any:
 
 def _count_failure(key: tuple[str, str, str]) -> None:
     entry_id, delivered_at, name = key
-    FAILURES[name] += 1
+    FAILURES["entry_delivered", name] += 1
     if key not in _per_delivery and len(_per_delivery) >= _PER_DELIVERY_MAX:
         _per_delivery.pop(next(iter(_per_delivery)))
     n = _per_delivery[key] = _per_delivery.get(key, 0) + 1
@@ -132,6 +134,7 @@ def _count_failure(key: tuple[str, str, str]) -> None:
         entry_id,
         delivered_at,
         n,
+        exc_info=True,
     )
 
 

@@ -16,8 +16,13 @@ session's version after the change) and ``state`` (the queue-UI state, docs/refe
 - ``entry_updated``: every state change, accept and dismissal included.
 
 Receivers run in the process that made the change (an API process or a worker),
-each one whatever the others do (``send_robust``). An exception in a plain
-receiver is logged and does not undo the change. An exception in a ``once=True``
+each one whatever the others do (``send_robust``). In a worker, the database
+connections they will use are first closed if the server dropped them or they are
+older than ``CONN_MAX_AGE``, as Django does at the start of a request. Every receiver
+that raises is logged at ERROR on the ``django_outbox`` logger with its dotted name and
+counted (``outbox_receiver_failures_total{signal,receiver}``, and in the worker's
+summary). An exception in a plain
+receiver does not undo the change. An exception in a ``once=True``
 receiver of ``entry_delivered`` rolls back its writes and its receipt, and the
 signal stays owed: the session's next claim (after ``LOCK_TTL``) fires it again —
 to every receiver; the plain ones run again (at least once), the opted-in ones that

@@ -27,6 +27,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,13 +54,40 @@ STARTUP_PATIENCE = 30.0  # seconds start-up retries while Valkey is unavailable
 
 @dataclass
 class WorkerStats:
-    """Counters of one worker run (also exported as metrics by the management command)."""
+    """Counters of one worker run (also exported as metrics by the management command).
+
+    ``errors`` are the loop's own (a failed scan, wake wait or step); ``receiver_failures``
+    are calls of the outbox's event receivers that raised while the run delivered (a Django
+    outbox counts them, docs/reference/signals.md, through :data:`running_stats`).
+    """
 
     steps: int = 0
     idle_claims: int = 0
     wakes: int = 0
     scans: int = 0
     errors: int = 0
+    receiver_failures: int = 0
+
+    def summary(self) -> str:
+        """The run in one line: ``"N steps, M errors"``, where M counts the loop's errors
+        and the failed receiver calls, and says how many of them were receivers (each was
+        logged with the receiver's name): ``"4 steps, 1 error (1 receiver call failed,
+        logged with its name)"``."""
+        errors = self.errors + self.receiver_failures
+        line = f"{self.steps} steps, {errors} {'error' if errors == 1 else 'errors'}"
+        if self.receiver_failures:
+            calls = self.receiver_failures
+            line += (
+                f" ({calls} receiver {'call' if calls == 1 else 'calls'} failed, "
+                "logged with the receiver's name)"
+            )
+        return line
+
+
+#: The :class:`WorkerStats` of the worker run the current task belongs to (``None`` outside
+#: one). The outbox's event hooks run in the run's tasks: through this they know they run
+#: in a worker (no request cycle around them) and tell the run about failed receivers.
+running_stats: ContextVar[WorkerStats | None] = ContextVar("outbox_worker_stats", default=None)
 
 
 class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, Protocol):
@@ -379,6 +407,14 @@ class Worker:
         """Claim the key space, recover, then deliver until stopped; every task is joined
         before returning. Raises :class:`~django_outbox.core.errors.KeySpaceClaimed` at
         once when another project holds the key space (docs/howto/valkey.md)."""
+        # Every task made below copies the context, and with it the run's stats.
+        running = running_stats.set(self.stats)
+        try:
+            return await self._run()
+        finally:
+            running_stats.reset(running)
+
+    async def _run(self) -> WorkerStats:
         outbox = self.outbox
         recovered = await self._patiently(self._start)
         if recovered:

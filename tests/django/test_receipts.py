@@ -168,7 +168,7 @@ def test_a_failed_run_rolls_back_its_write_and_its_receipt(caplog):
         [(_, response)] = fire(entry)
     assert isinstance(response, RuntimeError)
     assert effects(entry.id) == 0 and DeliveryReceipt.objects.count() == 0
-    assert receipts.FAILURES["tests.django.test_receipts.meter"] == 1
+    assert receipts.FAILURES["entry_delivered", "tests.django.test_receipts.meter"] == 1
     assert "stays owed" in caplog.text
     fire(entry)
     assert effects(entry.id) == 1 and DeliveryReceipt.objects.count() == 1
@@ -250,7 +250,7 @@ async def test_a_failing_once_receiver_is_retried_by_the_next_claim_then_recorde
     assert await aeffects(m1.id) == 1
     # the plain receiver fired twice, with the same key: at-least-once
     assert plain_calls == [(m1.id, delivered_at)] * 2
-    assert receipts.FAILURES[name] == 1
+    assert receipts.FAILURES["entry_delivered", name] == 1
 
     assert await outbox.adeliver_once(WS, SES)  # the session moves on: m2
     assert await aeffects(m2.id) == 1 and await outbox.alist(WS, SES) == []
@@ -273,12 +273,18 @@ async def test_a_permanently_failing_receiver_holds_its_session_visibly(amake_ou
     with caplog.at_level(logging.ERROR, "django_outbox"):
         run = asyncio.create_task(outbox.arun(tick=0.05, stop=stop, heartbeat=False))
         try:
-            await wait_for(lambda: receipts.FAILURES["tests.django.test_receipts.meter"] >= 3, 10)
+            await wait_for(
+                lambda: (
+                    receipts.FAILURES["entry_delivered", "tests.django.test_receipts.meter"] >= 3
+                ),
+                10,
+            )
             assert await aeffects(other.id) == 1  # the other session was not held
             assert [e.id for e in await outbox.alist(WS, "stuck")] == [waiting.id]
             assert await aeffects(stuck.id) == 0
             value = metrics.registry.get_sample_value(
-                "outbox_receiver_failures_total", {"receiver": "tests.django.test_receipts.meter"}
+                "outbox_receiver_failures_total",
+                {"signal": "entry_delivered", "receiver": "tests.django.test_receipts.meter"},
             )
             assert value >= 3
             failing_sessions.clear()  # the fix is deployed

@@ -104,7 +104,7 @@ class Command(BaseCommand):
             stats = asyncio.run(self._run(outbox, options))
         except KeySpaceClaimed as exc:  # raised by the start, before anything is delivered
             raise _refused(exc) from None
-        self.stdout.write(f"outbox_worker stopped: {stats.steps} steps, {stats.errors} errors")
+        self.stdout.write(f"outbox_worker stopped: {stats.summary()}")
 
     async def _run(self, outbox, options):
         stop = asyncio.Event()
