@@ -28,6 +28,9 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``E006`` the key space (``KEY_PREFIX`` in that Valkey database) is claimed by another
   project (another ``SECRET_KEY``): its worker would deliver this one's prompts; the
   check only reads the claim, it never writes one
+- ``E007`` the server cannot do what the outbox or its settings need: older than Redis
+  7.0, or ``WAIT_AOF`` on a server without WAITAOF (Redis before 7.2); the worker will
+  not start there either
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -47,8 +50,14 @@ from django.core.exceptions import ImproperlyConfigured
 from .conf import CALLABLE_KEYS, DEFAULT_ACCESS_POLICY, outbox_settings
 from .core.errors import OutboxUnavailable
 from .core.owner import read_claim
-from .core.reads import ServerSettings, read_server_settings, redis_py_version
+from .core.reads import (
+    ServerSettings,
+    read_capabilities,
+    read_server_settings,
+    redis_py_version,
+)
 from .core.redaction import redact
+from .core.server import unmet
 from .core.transport import is_async_callable
 from .outbox import key_space_owner
 from .policy import CHECKS_SESSION
@@ -217,6 +226,24 @@ def check_valkey(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                 )
             )
     return errors
+
+
+@checks.register("outbox")
+def check_server_version(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E007 (docs/howto/valkey.md#supported-servers): the server's version and commands
+    against what the outbox and its settings need; nothing when Valkey is unreachable
+    (``W005`` says so)."""
+    conf = _settings_or_error([])
+    if conf is None:
+        return []
+    try:
+        servers = read_capabilities(conf.valkey_url, cluster=conf.cluster, timeout=CONNECT_TIMEOUT)
+    except OutboxUnavailable:
+        return []
+    return [
+        checks.Error(redact(u.message), hint=u.hint, id="django_outbox.E007")
+        for u in unmet(servers, wait_aof=conf.config.wait_aof)
+    ]
 
 
 @checks.register("outbox")

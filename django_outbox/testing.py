@@ -95,13 +95,21 @@ class ValkeyServer:
     ``port`` defaults to a free one; ``config`` are extra server options with
     ``_`` for ``-`` (``appendonly="yes"``, ``maxmemory="10mb"``). Persistence is
     off unless asked for, and ``maxmemory-policy`` is ``noeviction`` (what the
-    outbox requires). Use it as a context manager, or call :meth:`start` and
-    :meth:`stop`; :meth:`kill` (SIGKILL) and :meth:`restart` are for fault tests.
+    outbox requires). ``binary`` runs another server program with the same options
+    (e.g. Debian's ``redis-server``, to test on Redis); None: :func:`server_binary`.
+    Use it as a context manager, or call :meth:`start` and :meth:`stop`; :meth:`kill`
+    (SIGKILL) and :meth:`restart` are for fault tests.
     """
 
     def __init__(
-        self, workdir: str | Path | None = None, *, port: int | None = None, **config: str
+        self,
+        workdir: str | Path | None = None,
+        *,
+        port: int | None = None,
+        binary: str | None = None,
+        **config: str,
     ) -> None:
+        self.binary = binary
         self._tmp = None if workdir is not None else tempfile.TemporaryDirectory()
         self.workdir = Path(self._tmp.name if self._tmp is not None else workdir)  # type: ignore[arg-type]
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -121,7 +129,7 @@ class ValkeyServer:
         ``AssertionError`` if it does not answer within ``timeout`` seconds.
         """
         args = [
-            server_binary(),
+            self.binary or server_binary(),
             "--port",
             str(self.port),
             "--bind",

@@ -8,6 +8,8 @@ underlying error as ``err``.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OutboxError(Exception):
     """Base class of every error the outbox service raises."""
@@ -120,6 +122,16 @@ class KeySpaceClaimed(OutboxError):
         )
         self.prefix = prefix
         self.claimed_by = claimed_by
+
+
+class ServerUnsupported(OutboxError):
+    """The server cannot do what the outbox or its settings need (too old, or without a
+    command such as WAITAOF for ``WAIT_AOF``): the worker does not start
+    (docs/howto/valkey.md#supported-servers). ``unmet`` lists each reason, with its fix."""
+
+    def __init__(self, unmet: list[Any]) -> None:
+        super().__init__(" ".join(f"{u.message} {u.hint}" for u in unmet))
+        self.unmet = unmet
 
 
 class SignalOwed(Exception):

@@ -57,6 +57,7 @@ from .plans import Eval, Pipe, iter_once
 from .redaction import redact
 from .rules import check_identifier
 from .scripts import due_argv
+from .server import ServerCapabilities, aread_node, read_node
 
 #: An entry-ID search inside a workspace reads at most this many of its sessions.
 SEARCH_MAX_SESSIONS = 1000
@@ -259,6 +260,34 @@ def read_server_settings(
             client = redis.Redis.from_url(url, **options)
         try:
             return _settings_of(client, url, cluster)
+        finally:
+            _close(client, cluster)
+    except _UNREACHABLE as exc:
+        raise OutboxUnavailable(redact(str(exc))) from exc
+
+
+def _capabilities_of(client: Any, url: str, cluster: bool) -> list[ServerCapabilities]:
+    if cluster:
+        return [read_node(n.name, n.redis_connection) for n in client.get_primaries()]
+    return [read_node(redact(url), client)]
+
+
+def read_capabilities(
+    url: str, *, cluster: bool = False, timeout: float = PROBE_TIMEOUT
+) -> list[ServerCapabilities]:
+    """:meth:`QueueReads.server_capabilities` of the server at ``url`` through a client of
+    its own, like :func:`read_server_settings` (for the system checks). Raises
+    :class:`OutboxUnavailable` when it cannot be read."""
+    options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+    try:
+        if cluster:
+            from redis.cluster import RedisCluster
+
+            client: Any = RedisCluster.from_url(url, **options)
+        else:
+            client = redis.Redis.from_url(url, **options)
+        try:
+            return _capabilities_of(client, url, cluster)
         finally:
             _close(client, cluster)
     except _UNREACHABLE as exc:
@@ -605,6 +634,38 @@ class QueueReads(OutboxBase, Heartbeats):
             return _settings_of(self.client, self.url, self.cluster)
         except _UNREACHABLE as exc:
             raise OutboxUnavailable(redact(str(exc))) from exc
+
+    #: What :meth:`server_capabilities` read (the version and commands of a server do not
+    #: change while it runs; a restart into another version needs a worker restart too).
+    _capabilities: list[ServerCapabilities] | None = None
+
+    def server_capabilities(self) -> list[ServerCapabilities]:
+        """The version and probed commands of the server, or of every primary of a
+        cluster (:mod:`~django_outbox.core.server`), read on the first call only.
+        Raises :class:`OutboxUnavailable` when it cannot be read."""
+        if self._capabilities is None:
+            try:
+                self._capabilities = _capabilities_of(self.client, self.url, self.cluster)
+            except _UNREACHABLE as exc:
+                raise OutboxUnavailable(redact(str(exc))) from exc
+        return self._capabilities
+
+    async def aserver_capabilities(self) -> list[ServerCapabilities]:
+        """:meth:`server_capabilities`, read through the asyncio client."""
+        if self._capabilities is None:
+            client = await self._aclient_ready()
+            try:
+                if self.cluster:
+                    found = [
+                        await aread_node(n.name, client, target_nodes=n)
+                        for n in client.get_primaries()
+                    ]
+                else:
+                    found = [await aread_node(redact(self.url), client)]
+            except _UNREACHABLE as exc:
+                raise OutboxUnavailable(redact(str(exc))) from exc
+            self._capabilities = found
+        return self._capabilities
 
 
 def _asking(calls: list[tuple[Any, ...]]) -> ReadPlan:

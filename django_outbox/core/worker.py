@@ -31,13 +31,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import server
 from .config import Config
 from .duties import Duty
 from .duties.heartbeat import HeartbeatOutbox, heartbeat
 from .duties.history import HistoryOutbox, history
 from .duties.parked_sweep import SweepOutbox, parked_sweep
 from .duties.repair import index_repair
-from .errors import OutboxUnavailable
+from .errors import OutboxUnavailable, ServerUnsupported
 from .finding import IndexTransport, due_sessions, wait_wake
 from .heartbeats import HEARTBEAT_TTL, WorkerHeartbeat
 from .step import Claimed
@@ -117,6 +118,7 @@ class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, 
     async def aload_scripts(self) -> None: ...
     async def arecover(self) -> int: ...
     async def aclaim_key_space(self, *, force: bool = False) -> Any: ...
+    async def aserver_capabilities(self) -> list[server.ServerCapabilities]: ...
 
 
 class Worker:
@@ -406,7 +408,9 @@ class Worker:
     async def run(self) -> WorkerStats:
         """Claim the key space, recover, then deliver until stopped; every task is joined
         before returning. Raises :class:`~django_outbox.core.errors.KeySpaceClaimed` at
-        once when another project holds the key space (docs/howto/valkey.md)."""
+        once when another project holds the key space, and
+        :class:`~django_outbox.core.errors.ServerUnsupported` when the server cannot do
+        what the settings ask (docs/howto/valkey.md)."""
         # Every task made below copies the context, and with it the run's stats.
         running = running_stats.set(self.stats)
         try:
@@ -450,8 +454,14 @@ class Worker:
         return self.stats
 
     async def _start(self) -> int:
-        # Nothing is recovered or delivered in a key space another project claimed
-        # (KeySpaceClaimed propagates: it is not an outage to wait out).
+        # Nothing is recovered or delivered on a server that cannot do what the settings
+        # ask, nor in a key space another project claimed (ServerUnsupported and
+        # KeySpaceClaimed propagate: neither is an outage to wait out).
+        unmet = server.unmet(
+            await self.outbox.aserver_capabilities(), wait_aof=self.outbox.config.wait_aof
+        )
+        if unmet:
+            raise ServerUnsupported(unmet)
         await self.outbox.aclaim_key_space()
         await self.outbox.aload_scripts()
         return await self.outbox.arecover()
