@@ -14,6 +14,9 @@ from tests.support.valkey import ValkeyProcess, free_port, wait_until
 #: ``OUTBOX_TEST_CLUSTER=1`` (``make test-cluster``) runs the suites that use these fixtures
 #: on a three-master Valkey Cluster, every Outbox in cluster mode.
 ON_CLUSTER = os.environ.get("OUTBOX_TEST_CLUSTER") == "1"
+#: ``OUTBOX_TEST_SERVER=redis-server`` (``make test-redis7``) runs them on Debian's
+#: ``redis-server`` (Redis 7.0, the oldest supported server) instead of Valkey.
+ON_REDIS = os.environ.get("OUTBOX_TEST_SERVER") == "redis-server"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,8 +38,9 @@ def _plain_client(url: str, **kwargs):
 
 @pytest.fixture(scope="session")
 def valkey(tmp_path_factory):
-    """The session's Valkey: ``OUTBOX_TEST_VALKEY_URL`` if set, else a fresh server (or a
-    fresh three-master cluster with ``OUTBOX_TEST_CLUSTER=1``)."""
+    """The session's Valkey: ``OUTBOX_TEST_VALKEY_URL`` if set, else a fresh server (a
+    fresh three-master cluster with ``OUTBOX_TEST_CLUSTER=1``, Debian's redis-server with
+    ``OUTBOX_TEST_SERVER=redis-server``)."""
     url = os.environ.get("OUTBOX_TEST_VALKEY_URL")
     if url:
         _refuse_a_database_in_use(url)
@@ -48,7 +52,12 @@ def valkey(tmp_path_factory):
         with ValkeyCluster(tmp_path_factory.mktemp("cluster")) as cluster:
             yield cluster.startup_url
         return
-    server = ValkeyProcess(tmp_path_factory.mktemp("valkey")).start()
+    if ON_REDIS:
+        from tests.support.redis_server import redis_server
+
+        server = redis_server(tmp_path_factory.mktemp("redis")).start()
+    else:
+        server = ValkeyProcess(tmp_path_factory.mktemp("valkey")).start()
     yield server.url
     server.stop()
 

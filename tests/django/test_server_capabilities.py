@@ -175,6 +175,10 @@ def test_a_server_older_than_redis_7_0_is_refused_whatever_the_settings():
     assert len(found) == 1
     assert "runs Redis 6.2.14" in found[0].message
     assert "Redis 7.0 or later, or Valkey 7.2 or later" in found[0].hint
+    # a "compatible" server that answers to every probed command but reports 6.2 is
+    # refused on its version (the scripts' '#!lua flags=' line is not probed)
+    compatible = ServerCapabilities("n", "Redis", "6.2.0", (6, 2), frozenset({"BLMPOP", "WAITAOF"}))
+    assert len(unmet([compatible], wait_aof=True)) == 1
     # one without BLMPOP (renamed away) is refused the same way
     renamed = ServerCapabilities("n", "Redis", "7.0.15", (7, 0), frozenset({"WAITAOF"}))
     assert len(unmet([renamed], wait_aof=False)) == 1

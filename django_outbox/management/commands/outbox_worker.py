@@ -16,7 +16,6 @@ from django.core.management.base import BaseCommand, CommandError
 from django_outbox.conf import outbox_settings
 from django_outbox.core.errors import ServerUnsupported
 from django_outbox.core.redaction import RedactingFilter, redact
-from django_outbox.core.server import unmet
 from django_outbox.errors import KeySpaceClaimed, OutboxUnavailable
 from django_outbox.outbox import get_outbox
 from django_outbox.signals import entry_delivered
@@ -106,7 +105,7 @@ class Command(BaseCommand):
             stats = asyncio.run(self._run(outbox, options))
         except KeySpaceClaimed as exc:  # raised by the start, before anything is delivered
             raise _refused(exc) from None
-        except ServerUnsupported as exc:  # the preflight says so first; the start too
+        except ServerUnsupported as exc:  # the same: the server cannot do what is asked
             raise _unsupported(exc) from None
         self.stdout.write(f"outbox_worker stopped: {stats.summary()}")
 
@@ -144,15 +143,14 @@ class Command(BaseCommand):
 
     def _preflight(self, outbox, allow_eviction: bool) -> None:
         """Refuse to start against an unreachable or evicting Valkey (on a cluster, any
-        evicting primary), or one that cannot do what the settings ask (too old, or
-        ``WAIT_AOF`` without WAITAOF: docs/howto/valkey.md#supported-servers). The
-        worker's start then claims the key space, or refuses one another project claimed
+        evicting primary). The worker's start then refuses a server that cannot do what
+        the settings ask (docs/howto/valkey.md#supported-servers), and claims the key
+        space, or refuses one another project claimed
         (docs/howto/valkey.md#one-project-per-key-space)."""
         delay = 0.2
         for attempt in range(1, CONNECT_ATTEMPTS + 1):
             try:
                 servers = outbox.server_settings()
-                capabilities = outbox.server_capabilities()
                 break
             except Exception as exc:
                 if attempt == CONNECT_ATTEMPTS:
@@ -165,9 +163,6 @@ class Command(BaseCommand):
                 )
                 time.sleep(delay)
                 delay *= 2
-        refused = unmet(capabilities, wait_aof=outbox.config.wait_aof)
-        if refused:
-            raise _unsupported(ServerUnsupported(refused))
         policies = [server.maxmemory_policy or "unknown" for server in servers]
         policy = next((p for p in policies if p != "noeviction"), None)
         if policy is not None:
