@@ -18,6 +18,7 @@ from .core.errors import (
     OutboxUnavailable,
     PriorAttemptPendingError,
     RateLimited,
+    ServerUnsupported,
     TransientDeliveryError,
 )
 
@@ -34,5 +35,6 @@ __all__ = [
     "OutboxUnavailable",
     "PriorAttemptPendingError",
     "RateLimited",
+    "ServerUnsupported",
     "TransientDeliveryError",
 ]

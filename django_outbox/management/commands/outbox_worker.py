@@ -14,9 +14,8 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.conf import outbox_settings
-from django_outbox.core.errors import ServerUnsupported
 from django_outbox.core.redaction import RedactingFilter, redact
-from django_outbox.errors import KeySpaceClaimed, OutboxUnavailable
+from django_outbox.errors import KeySpaceClaimed, OutboxUnavailable, ServerUnsupported
 from django_outbox.outbox import get_outbox
 from django_outbox.signals import entry_delivered
 
