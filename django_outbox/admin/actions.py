@@ -11,7 +11,6 @@ changed and returns None (back to the page) or a confirmation page.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -23,8 +22,8 @@ from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
 from ..core.entry import DismissResult, RetryResult
-from ..core.errors import InvalidIdentifier
-from ..core.rules import check_identifier
+from ..core.errors import InvalidContent, InvalidIdentifier
+from ..core.rules import check_identifier, check_printable_reason
 from ..models import OutboxEntry
 from ..outbox import Outbox, get_outbox
 from .changelist import visible
@@ -47,8 +46,12 @@ class ActionAdmin(Protocol):
 
 
 def _printable(value: str) -> None:
-    if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in value):
-        raise forms.ValidationError("The reason must not contain control or format characters.")
+    try:
+        check_printable_reason(value)  # the rule the REST API and the Python API apply
+    except InvalidContent:
+        raise forms.ValidationError(
+            "The reason must not contain control or format characters."
+        ) from None
 
 
 class ParkForm(forms.Form):

@@ -15,7 +15,8 @@ from django.test import override_settings
 
 from django_outbox import conf, get_outbox
 from django_outbox.conf import CALLABLE_KEYS, OWN_SETTINGS, OpencodeSettings, outbox_settings
-from django_outbox.core.config import Config, declared, kinds
+from django_outbox.core.config import MAX_HISTORY_WINDOW, Config, declared, kinds
+from django_outbox.core.rules import min_snapshot_frame_bytes
 from tests.support.paths import ROOT
 
 
@@ -67,6 +68,46 @@ def test_durations_take_timedelta_and_settings_are_reread():
 def test_wrong_values_name_the_key_and_the_rule(outbox, message):
     with (
         override_settings(OUTBOX=outbox),
+        pytest.raises(ImproperlyConfigured, match=message.replace("[", r"\[")),
+    ):
+        outbox_settings()
+
+
+#: A floor or ceiling taken exactly (accepted) and one step past it (refused with its rule).
+FRAME_FLOOR = min_snapshot_frame_bytes(1000)
+BOUNDS = {
+    "frame-floor": (
+        {"MAX_TEXT_BYTES": 1000, "WS_MAX_FRAME_BYTES": FRAME_FLOOR},
+        {"MAX_TEXT_BYTES": 1000, "WS_MAX_FRAME_BYTES": FRAME_FLOOR - 1},
+        f"'WS_MAX_FRAME_BYTES'] must be at least {FRAME_FLOOR} bytes",
+    ),
+    "cap-floor": ({"CAP": 1}, {"CAP": 0}, "'CAP'] must be an integer >= 1"),
+    "count-floor": ({"WAIT_REPLICAS": 0}, {"WAIT_REPLICAS": -1}, "must be an integer >= 0"),
+    "backoff-floor": (
+        {"RETRY_BACKOFF": 2.5, "MAX_BACKOFF": 2.5},
+        {"RETRY_BACKOFF": 2.5, "MAX_BACKOFF": 2.499},
+        "'MAX_BACKOFF'] must be at least RETRY_BACKOFF",
+    ),
+    "verify-backoff-floor": (
+        {"VERIFY_BACKOFF": 2.5, "MAX_VERIFY_BACKOFF": 2.5},
+        {"VERIFY_BACKOFF": 2.5, "MAX_VERIFY_BACKOFF": 2.499},
+        "'MAX_VERIFY_BACKOFF'] must be at least VERIFY_BACKOFF",
+    ),
+    "history-ceiling": (
+        {"HISTORY_WINDOW": MAX_HISTORY_WINDOW},
+        {"HISTORY_WINDOW": MAX_HISTORY_WINDOW + 1},
+        "'HISTORY_WINDOW'] must be at most 31 days",
+    ),
+}
+
+
+@pytest.mark.parametrize(("at", "past", "message"), BOUNDS.values(), ids=BOUNDS.keys())
+def test_a_bound_is_accepted_exactly_and_refused_one_step_past(at, past, message):
+    with override_settings(OUTBOX=at):
+        config = outbox_settings().config
+    assert all(getattr(config, name.lower()) == value for name, value in at.items())
+    with (
+        override_settings(OUTBOX=past),
         pytest.raises(ImproperlyConfigured, match=message.replace("[", r"\[")),
     ):
         outbox_settings()
