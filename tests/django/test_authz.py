@@ -525,3 +525,15 @@ def test_an_inactive_user_set_by_a_token_middleware_is_refused_on_the_websocket(
     with override_settings(OUTBOX={"ACCESS_POLICY": allow_everyone}, CHANNEL_LAYERS=LAYERS):
         assert ws_connect_with_token("gone") == 4403
         assert ws_connect_with_token("active") == "queue.snapshot"
+
+
+def test_a_session_action_without_a_session_or_a_workspace_action_with_one_is_refused(people):
+    """The shape of a question is checked before any policy is asked: ``view`` needs a
+    session, ``park`` must not name one; even a policy that allows everything refuses."""
+    root = people["superuser"]
+    with override_settings(OUTBOX={"ACCESS_POLICY": allow_everyone}):
+        assert policy.is_allowed(root, WS, SES, "view") is True
+        assert policy.is_allowed(root, WS, None, "park") is True
+        assert policy.is_allowed(root, WS, None, "view") is False
+        assert policy.is_allowed(root, WS, SES, "park") is False
+        assert policy.is_allowed(root, WS, SES, "cleanup") is False
