@@ -386,7 +386,9 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
         outcome is recorded when the delivery ends (a confirmed delivery still
         completes it). Parking again replaces the reason. Returns the number parked
         now (entries held later are not counted). Raises :class:`InvalidIdentifier`,
-        :class:`InvalidContent` (a bad reason) or :class:`OutboxUnavailable`.
+        :class:`InvalidContent` (a reason that is blank, over 200 characters or holds a
+        control or format character: :func:`~.rules.check_printable_reason`) or
+        :class:`OutboxUnavailable`.
         """
         return self._run(self._park_plan(workspace_id, reason))
 

@@ -144,6 +144,29 @@ def test_connection_alias_borrows_a_cache_location():
         assert get_outbox().url == "redis://127.0.0.1:1/3"
 
 
+def test_the_setting_wins_over_the_environment(valkey, monkeypatch):
+    """OUTBOX_VALKEY_URL is the fallback: a project's own VALKEY_URL is used when set."""
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", valkey)
+    with override_settings(OUTBOX={"VALKEY_URL": "redis://127.0.0.1:1/5"}):
+        assert get_outbox().url == "redis://127.0.0.1:1/5"
+
+
+def test_a_borrowed_cache_password_is_redacted():
+    from django_outbox.core.redaction import redact
+
+    pw = "cache-pw-" + os.urandom(6).hex()
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "valkey": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://default:{pw}@127.0.0.1:1/3",
+        },
+    }
+    with override_settings(CACHES=caches, OUTBOX={"CONNECTION_ALIAS": "valkey"}):
+        outbox_settings()
+    assert redact(f"echoed {pw} back") == "echoed *** back"
+
+
 def test_get_outbox_is_shared_and_uses_the_env_url(valkey):
     assert get_outbox() is get_outbox()
     assert get_outbox().url == valkey
