@@ -22,8 +22,8 @@ from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
 from ..core.entry import DismissResult, RetryResult
-from ..core.errors import InvalidContent, InvalidIdentifier
-from ..core.rules import check_identifier, check_printable_reason
+from ..core.errors import InvalidIdentifier
+from ..core.rules import check_identifier, has_unprintable
 from ..models import OutboxEntry
 from ..outbox import Outbox, get_outbox
 from .changelist import visible
@@ -46,12 +46,10 @@ class ActionAdmin(Protocol):
 
 
 def _printable(value: str) -> None:
-    try:
-        check_printable_reason(value)  # the rule the REST API and the Python API apply
-    except InvalidContent:
-        raise forms.ValidationError(
-            "The reason must not contain control or format characters."
-        ) from None
+    # The character rule of check_printable_reason, which the REST API and the Python
+    # API apply too (the form checks length and blankness itself).
+    if has_unprintable(value):
+        raise forms.ValidationError("The reason must not contain control or format characters.")
 
 
 class ParkForm(forms.Form):

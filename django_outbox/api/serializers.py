@@ -30,7 +30,7 @@ from ..core.rules import (
     UNPRINTABLE_REASON,
     ErrorKind,
     check_model,
-    check_printable_reason,
+    has_unprintable,
     json_depth,
 )
 from ..errors import ContentTooLarge, InvalidContent
@@ -109,14 +109,12 @@ NOT_BLANK_VALIDATOR = RegexValidator(r"\S", message="This field may not be blank
 
 
 def printable_reason(value: str) -> None:
-    """A new park reason holds no control or format character (the core's
-    :func:`~django_outbox.core.rules.check_printable_reason`, which the admin asks too)."""
-    try:
-        check_printable_reason(value)
-    except InvalidContent:
+    """A new park reason holds no control or format character (the character rule of the
+    core's :func:`~django_outbox.core.rules.check_printable_reason`; the admin's too)."""
+    if has_unprintable(value):
         raise serializers.ValidationError(
             UNPRINTABLE_REASON[0].upper() + UNPRINTABLE_REASON[1:] + ".", code="invalid"
-        ) from None
+        )
 
 
 class AcceptRequestSerializer(serializers.Serializer):

@@ -80,13 +80,18 @@ UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 UNPRINTABLE_REASON = "reason must not contain control or format characters"
 
 
+def has_unprintable(text: str) -> bool:
+    """Whether ``text`` holds a character of :data:`UNPRINTABLE_CATEGORIES`."""
+    return any(unicodedata.category(ch) in UNPRINTABLE_CATEGORIES for ch in text)
+
+
 def check_printable_reason(reason: object) -> str:
     """Return a new park reason: :func:`check_reason`, and no character of
     :data:`UNPRINTABLE_CATEGORIES`. The REST API, the admin and the Python API share this
     rule; an unpark filter is checked by :func:`check_reason` alone, so a reason stored
     before the rule can still be matched. Raises :class:`InvalidContent`."""
     reason = check_reason(reason)
-    if any(unicodedata.category(ch) in UNPRINTABLE_CATEGORIES for ch in reason):
+    if has_unprintable(reason):
         raise InvalidContent(UNPRINTABLE_REASON)
     return reason
 
