@@ -11,7 +11,6 @@ changed and returns None (back to the page) or a confirmation page.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -24,7 +23,7 @@ from django.utils.translation import ngettext
 
 from ..core.entry import DismissResult, RetryResult
 from ..core.errors import InvalidIdentifier
-from ..core.rules import check_identifier
+from ..core.rules import check_identifier, has_unprintable
 from ..models import OutboxEntry
 from ..outbox import Outbox, get_outbox
 from .changelist import visible
@@ -47,7 +46,9 @@ class ActionAdmin(Protocol):
 
 
 def _printable(value: str) -> None:
-    if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in value):
+    # The character rule of check_printable_reason, which the REST API and the Python
+    # API apply too (the form checks length and blankness itself).
+    if has_unprintable(value):
         raise forms.ValidationError("The reason must not contain control or format characters.")
 
 

@@ -27,8 +27,10 @@ from ..core.rules import (
     MAX_MODEL_BYTES,
     MAX_MODEL_DEPTH,
     MAX_REASON_CHARS,
+    UNPRINTABLE_REASON,
     ErrorKind,
     check_model,
+    has_unprintable,
     json_depth,
 )
 from ..errors import ContentTooLarge, InvalidContent
@@ -106,6 +108,15 @@ CLIENT_MESSAGE_ID_VALIDATOR = RegexValidator(
 NOT_BLANK_VALIDATOR = RegexValidator(r"\S", message="This field may not be blank.", code="blank")
 
 
+def printable_reason(value: str) -> None:
+    """A new park reason holds no control or format character (the character rule of the
+    core's :func:`~django_outbox.core.rules.check_printable_reason`; the admin's too)."""
+    if has_unprintable(value):
+        raise serializers.ValidationError(
+            UNPRINTABLE_REASON[0].upper() + UNPRINTABLE_REASON[1:] + ".", code="invalid"
+        )
+
+
 class AcceptRequestSerializer(serializers.Serializer):
     """POST body of the messages endpoint: ``{clientMessageID, text, model?}``.
 
@@ -138,9 +149,10 @@ class ParkRequestSerializer(serializers.Serializer):
 
     reason = StrictStringField(
         max_length=MAX_REASON_CHARS,
-        validators=[NOT_BLANK_VALIDATOR],
+        validators=[NOT_BLANK_VALIDATOR, printable_reason],
         help_text=f"Why the workspace is parked (non-blank, at most {MAX_REASON_CHARS} "
-        "characters); stored on each parked entry as its reason.",
+        "characters, no control or format characters); stored on each parked entry as its "
+        "reason.",
     )
 
 

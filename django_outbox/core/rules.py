@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,30 @@ def check_reason(reason: object) -> str:
         raise InvalidContent(
             f"reason must be a non-empty string of at most {MAX_REASON_CHARS} characters"
         )
+    return reason
+
+
+#: Unicode categories a park reason may not contain: controls (NUL, escapes), format
+#: characters (a right-to-left override, a zero-width space) and line/paragraph
+#: separators, which would make a reason read differently from what it stores.
+UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+#: The message every adapter shows when a reason breaks :func:`check_printable_reason`.
+UNPRINTABLE_REASON = "reason must not contain control or format characters"
+
+
+def has_unprintable(text: str) -> bool:
+    """Whether ``text`` holds a character of :data:`UNPRINTABLE_CATEGORIES`."""
+    return any(unicodedata.category(ch) in UNPRINTABLE_CATEGORIES for ch in text)
+
+
+def check_printable_reason(reason: object) -> str:
+    """Return a new park reason: :func:`check_reason`, and no character of
+    :data:`UNPRINTABLE_CATEGORIES`. The REST API, the admin and the Python API share this
+    rule; an unpark filter is checked by :func:`check_reason` alone, so a reason stored
+    before the rule can still be matched. Raises :class:`InvalidContent`."""
+    reason = check_reason(reason)
+    if has_unprintable(reason):
+        raise InvalidContent(UNPRINTABLE_REASON)
     return reason
 
 

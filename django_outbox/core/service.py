@@ -45,7 +45,13 @@ from .owner import OwnedKeySpace
 from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .reads import QueueReads
 from .replies import AcceptReply, CleanupReply, OperatorReply, SeedReply
-from .rules import check_identifier, check_reason, check_user_id, validate_content
+from .rules import (
+    check_identifier,
+    check_printable_reason,
+    check_reason,
+    check_user_id,
+    validate_content,
+)
 from .scripts import (
     accept_argv,
     dismiss_argv,
@@ -329,7 +335,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
 
     def _park_plan(self, workspace_id: str, reason: str) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
-        reason = check_reason(reason)
+        reason = check_printable_reason(reason)
         # Pause first: from here on every accept into the workspace is held, so none
         # can overtake what the loop below parks.
         pause = self.keys.pause(workspace_id)
@@ -380,7 +386,9 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
         outcome is recorded when the delivery ends (a confirmed delivery still
         completes it). Parking again replaces the reason. Returns the number parked
         now (entries held later are not counted). Raises :class:`InvalidIdentifier`,
-        :class:`InvalidContent` (a bad reason) or :class:`OutboxUnavailable`.
+        :class:`InvalidContent` (a reason that is blank, over 200 characters or holds a
+        control or format character: :func:`~.rules.check_printable_reason`) or
+        :class:`OutboxUnavailable`.
         """
         return self._run(self._park_plan(workspace_id, reason))
 

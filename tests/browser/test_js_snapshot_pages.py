@@ -63,3 +63,47 @@ def test_outbox_js_collects_snapshot_pages_and_reconnects_after_4429(tmp_path):
     assert r["broken"]["sent"] == [{"type": "resync"}]
     assert r["unpaged"] == {"ids": ["e1"], "version": 12}
     assert r["after4429"] == {"sockets": 2, "error": None}
+
+
+MIXED_AND_WAITS = r"""
+{
+  FakeWS.all = [];
+  const views = [];
+  const ob = make([], []);
+  const sub = ob.subscribe("w", "s", (v) => views.push(v));
+  const ws = FakeWS.all[0];
+  const e = (n) => ({ id: "e" + n, status: "pending", text: "t" + n, clientMessageID: "c" + n,
+    acceptedAt: `2026-01-01T00:00:0${n}Z` });
+  ws.frame({ type: "queue.snapshot", version: 20, page: 1, pages: 2, entries: [e(1)] });
+  ws.frame({ type: "queue.snapshot", version: 21, page: 2, pages: 2, entries: [e(2)] });
+  results.mixed = { views: views.length, sent: ws.sent };
+  sub.close();
+  ob.close();
+}
+// How long after a close the socket is reopened, with the given reconnect backoff.
+async function reopenAfter(code, reconnect) {
+  FakeWS.all = [];
+  const ob = make([], [], { reconnect });
+  const sub = ob.subscribe("w", "s", () => {});
+  const started = Date.now();
+  FakeWS.all[0].drop(code);
+  await until(() => FakeWS.all.length === 2, 10000);
+  const waited = Date.now() - started;
+  sub.close();
+  ob.close();
+  return waited;
+}
+results.after4429 = await reopenAfter(4429, { initial: 100, max: 10000 });
+results.capped = await reopenAfter(4429, { initial: 1000, max: 60 });
+console.log(JSON.stringify(results));
+"""
+
+
+def test_outbox_js_drops_pages_of_two_versions_and_waits_longer_after_4429(tmp_path):
+    r = run_node(tmp_path, MIXED_AND_WAITS)
+    # page 2 of another version does not complete page 1: nothing shown, a resync asked
+    assert r["mixed"] == {"views": 0, "sent": [{"type": "resync"}]}
+    # 4429: the first reconnect starts at backoff step 3 (100 ms * 4, jittered 50-100 %)
+    assert r["after4429"] >= 190
+    # and never waits past the backoff's max (60 ms here, not 4 s)
+    assert r["capped"] < 1000

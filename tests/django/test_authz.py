@@ -407,3 +407,133 @@ def test_session_scoped_refuses_async_parts():
 
     with pytest.raises(TypeError):
         session_scoped(in_workspace)
+
+
+# --- the less-travelled rules ---------------------------------------------------------------
+
+ACTION_PERMISSIONS = (
+    "add_outboxentry",
+    "retry_outboxentry",
+    "dismiss_outboxentry",
+    "park_workspace",
+    "cleanup_workspace",
+)
+
+
+def test_every_action_permission_without_view_gives_nothing(people, django_user_model):
+    """``view_outboxentry`` is needed besides each action's own permission, as in the
+    admin: a staff user holding every action permission but not view gets nothing."""
+    actor = django_user_model.objects.create_user("actor", password=None, is_staff=True)
+    grant(actor, *ACTION_PERMISSIONS)
+    assert not any(policy.has_outbox_permission(actor, a) for a in policy.ACTIONS)
+    entry = seed()
+    client = api_client(actor)
+    for method, url, data, _action, _success in ENDPOINTS.values():
+        response = getattr(client, method)(url(entry.id), data, format="json")
+        assert response.status_code == 403, (method, url(entry.id))
+    assert stored() == [(entry.id, "pending")]
+    with override_settings(CHANNEL_LAYERS=LAYERS):
+        assert ws_session(actor) == (4403, None)
+    grant(actor, "view_outboxentry")  # the same user with view: everything its permissions say
+    actor = django_user_model.objects.get(pk=actor.pk)
+    assert all(policy.has_outbox_permission(actor, a) for a in policy.ACTIONS)
+
+
+def allow_everyone(user, workspace_id, session_id, action):
+    """A custom policy that lets every authenticated user through: the outbox itself
+    must still keep inactive users out."""
+    return True
+
+
+ALLOW_ALL_BACKEND = "django.contrib.auth.backends.AllowAllUsersModelBackend"
+
+
+def test_an_inactive_user_kept_by_the_authentication_is_refused_over_rest(
+    people, django_user_model
+):
+    """``AllowAllUsersModelBackend`` keeps an inactive user logged in: a custom policy
+    that never looks at ``is_active`` must not let it in."""
+    gone = django_user_model.objects.create_user("gone", password=None, is_active=False)
+    entry = seed()
+    with override_settings(
+        AUTHENTICATION_BACKENDS=[ALLOW_ALL_BACKEND],
+        OUTBOX={"ACCESS_POLICY": allow_everyone},
+    ):
+        client = APIClient()
+        client.force_login(gone)
+        for method, url, data, _action, _success in ENDPOINTS.values():
+            response = getattr(client, method)(url(entry.id), data, format="json")
+            assert response.status_code == 403, (method, url(entry.id))
+        active = django_user_model.objects.create_user("active", password=None)
+        client = APIClient()
+        client.force_login(active)  # the same policy lets an active user in
+        assert client.get(MESSAGES).status_code == 200
+    assert stored() == [(entry.id, "pending")]
+
+
+class TokenAuthMiddleware:
+    """docs/howto/clients.md "Tokens on the WebSocket": ``scope["user"]`` from an
+    ``Authorization: Token <username>`` header, with no look at ``is_active``."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def __call__(self, scope, receive, send):
+        from channels.db import database_sync_to_async
+        from django.contrib.auth import get_user_model
+
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        if header.startswith("Token "):
+            name = header[6:].strip()
+            user = await database_sync_to_async(
+                lambda: get_user_model().objects.filter(username=name).first()
+            )()
+            if user is not None:
+                scope = {**scope, "user": user}
+        return await self.inner(scope, receive, send)
+
+
+def ws_connect_with_token(username: str) -> object:
+    """Connect through the token middleware; answer ``"snapshot"`` or the close code."""
+
+    async def run():
+        app = TokenAuthMiddleware(URLRouter(websocket_urlpatterns))
+        comm = WebsocketCommunicator(
+            app,
+            f"/ws/outbox/workspaces/{WS}/sessions/{SES}/",
+            headers=[(b"authorization", f"Token {username}".encode())],
+        )
+        try:
+            connected, _ = await comm.connect()
+            assert connected
+            output = await comm.receive_output(5)
+            if output["type"] == "websocket.close":
+                return output["code"]
+            return json.loads(output["text"])["type"]
+        finally:
+            await comm.disconnect()
+            await get_outbox().aclose()
+
+    return async_to_sync(run)()
+
+
+def test_an_inactive_user_set_by_a_token_middleware_is_refused_on_the_websocket(
+    people, django_user_model
+):
+    django_user_model.objects.create_user("gone", password=None, is_active=False)
+    django_user_model.objects.create_user("active", password=None)
+    with override_settings(OUTBOX={"ACCESS_POLICY": allow_everyone}, CHANNEL_LAYERS=LAYERS):
+        assert ws_connect_with_token("gone") == 4403
+        assert ws_connect_with_token("active") == "queue.snapshot"
+
+
+def test_a_session_action_without_a_session_or_a_workspace_action_with_one_is_refused(people):
+    """The shape of a question is checked before any policy is asked: ``view`` needs a
+    session, ``park`` must not name one; even a policy that allows everything refuses."""
+    root = people["superuser"]
+    with override_settings(OUTBOX={"ACCESS_POLICY": allow_everyone}):
+        assert policy.is_allowed(root, WS, SES, "view") is True
+        assert policy.is_allowed(root, WS, None, "park") is True
+        assert policy.is_allowed(root, WS, None, "view") is False
+        assert policy.is_allowed(root, WS, SES, "park") is False
+        assert policy.is_allowed(root, WS, SES, "cleanup") is False

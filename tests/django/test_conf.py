@@ -15,7 +15,8 @@ from django.test import override_settings
 
 from django_outbox import conf, get_outbox
 from django_outbox.conf import CALLABLE_KEYS, OWN_SETTINGS, OpencodeSettings, outbox_settings
-from django_outbox.core.config import Config, declared, kinds
+from django_outbox.core.config import MAX_HISTORY_WINDOW, Config, declared, kinds
+from django_outbox.core.rules import min_snapshot_frame_bytes
 from tests.support.paths import ROOT
 
 
@@ -72,6 +73,46 @@ def test_wrong_values_name_the_key_and_the_rule(outbox, message):
         outbox_settings()
 
 
+#: A floor or ceiling taken exactly (accepted) and one step past it (refused with its rule).
+FRAME_FLOOR = min_snapshot_frame_bytes(1000)
+BOUNDS = {
+    "frame-floor": (
+        {"MAX_TEXT_BYTES": 1000, "WS_MAX_FRAME_BYTES": FRAME_FLOOR},
+        {"MAX_TEXT_BYTES": 1000, "WS_MAX_FRAME_BYTES": FRAME_FLOOR - 1},
+        f"'WS_MAX_FRAME_BYTES'] must be at least {FRAME_FLOOR} bytes",
+    ),
+    "cap-floor": ({"CAP": 1}, {"CAP": 0}, "'CAP'] must be an integer >= 1"),
+    "count-floor": ({"WAIT_REPLICAS": 0}, {"WAIT_REPLICAS": -1}, "must be an integer >= 0"),
+    "backoff-floor": (
+        {"RETRY_BACKOFF": 2.5, "MAX_BACKOFF": 2.5},
+        {"RETRY_BACKOFF": 2.5, "MAX_BACKOFF": 2.499},
+        "'MAX_BACKOFF'] must be at least RETRY_BACKOFF",
+    ),
+    "verify-backoff-floor": (
+        {"VERIFY_BACKOFF": 2.5, "MAX_VERIFY_BACKOFF": 2.5},
+        {"VERIFY_BACKOFF": 2.5, "MAX_VERIFY_BACKOFF": 2.499},
+        "'MAX_VERIFY_BACKOFF'] must be at least VERIFY_BACKOFF",
+    ),
+    "history-ceiling": (
+        {"HISTORY_WINDOW": MAX_HISTORY_WINDOW},
+        {"HISTORY_WINDOW": MAX_HISTORY_WINDOW + 1},
+        "'HISTORY_WINDOW'] must be at most 31 days",
+    ),
+}
+
+
+@pytest.mark.parametrize(("at", "past", "message"), BOUNDS.values(), ids=BOUNDS.keys())
+def test_a_bound_is_accepted_exactly_and_refused_one_step_past(at, past, message):
+    with override_settings(OUTBOX=at):
+        config = outbox_settings().config
+    assert all(getattr(config, name.lower()) == value for name, value in at.items())
+    with (
+        override_settings(OUTBOX=past),
+        pytest.raises(ImproperlyConfigured, match=message.replace("[", r"\[")),
+    ):
+        outbox_settings()
+
+
 def test_cluster_settings_reach_the_outbox():
     with override_settings(OUTBOX={"CLUSTER": True, "CLUSTER_SHARDS": 4}):
         outbox = get_outbox()
@@ -101,6 +142,29 @@ def test_connection_alias_borrows_a_cache_location():
     }
     with override_settings(CACHES=caches, OUTBOX={"CONNECTION_ALIAS": "valkey"}):
         assert get_outbox().url == "redis://127.0.0.1:1/3"
+
+
+def test_the_setting_wins_over_the_environment(valkey, monkeypatch):
+    """OUTBOX_VALKEY_URL is the fallback: a project's own VALKEY_URL is used when set."""
+    monkeypatch.setenv("OUTBOX_VALKEY_URL", valkey)
+    with override_settings(OUTBOX={"VALKEY_URL": "redis://127.0.0.1:1/5"}):
+        assert get_outbox().url == "redis://127.0.0.1:1/5"
+
+
+def test_a_borrowed_cache_password_is_redacted():
+    from django_outbox.core.redaction import redact
+
+    pw = "cache-pw-" + os.urandom(6).hex()
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "valkey": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://default:{pw}@127.0.0.1:1/3",
+        },
+    }
+    with override_settings(CACHES=caches, OUTBOX={"CONNECTION_ALIAS": "valkey"}):
+        outbox_settings()
+    assert redact(f"echoed {pw} back") == "echoed *** back"
 
 
 def test_get_outbox_is_shared_and_uses_the_env_url(valkey):

@@ -18,6 +18,7 @@ import re
 import secrets
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import quote
@@ -812,3 +813,51 @@ def test_clean_text_redacts_before_cutting():
     text = "x" * (MAX_ERROR_CHARS - 30) + "redis://user:Sekr1tSekr1tSekr1t@host:1/0"
     cleaned = clean_text(text, MAX_ERROR_CHARS)
     assert "Sekr1" not in cleaned and len(cleaned) <= MAX_ERROR_CHARS
+
+
+def test_a_configured_opencode_password_is_removed_percent_encoded_anywhere():
+    """``OPENCODE["PASSWORD"]`` is configured as it is (not inside a URL); an agent or a
+    proxy may echo it percent-encoded in a path or a query under an innocent name."""
+    from django_outbox.conf import outbox_settings
+    from django_outbox.core.redaction import redact
+
+    raw = f"P@ss /W{secrets.token_hex(5)}"  # a space and a slash: %20 and %2F together
+    block = {"BASE_URL": "http://127.0.0.1:4096", "PASSWORD": raw}
+    with override_settings(OUTBOX={"OPENCODE": block}):
+        assert outbox_settings().opencode is not None
+    lower_escapes = re.sub("%[0-9A-F]{2}", lambda m: m[0].lower(), quote(raw, safe=""))
+    for spelled in (quote(raw, safe=""), lower_escapes, quote(raw)):
+        text = f"GET /echo/{spelled}?q={spelled} failed"
+        assert redact(text) == "GET /echo/***?q=*** failed", spelled
+
+
+class ExcInfoHandler(logging.Handler):
+    """A handler that formats ``record.exc_info`` itself, as JSON formatters and error
+    trackers do, instead of reading the formatted ``exc_text``."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def emit(self, record):
+        if record.exc_info and record.exc_info[0] is not None:
+            self.seen.append("".join(traceback.format_exception(*record.exc_info)))
+        self.seen.append(record.exc_text or "")
+        self.seen.append(record.getMessage())
+
+
+def test_a_handler_formatting_the_exception_itself_sees_no_secret():
+    pw = fresh()
+    handler = ExcInfoHandler()
+    logger = logging.getLogger("django_outbox")
+    logger.addHandler(handler)
+    try:
+        try:
+            raise ConnectionError(f"Error connecting to rediss://worker:{pw}@valkey.internal:6380")
+        except ConnectionError:
+            logger.exception("the step failed")
+    finally:
+        logger.removeHandler(handler)
+    text = "\n".join(handler.seen)
+    assert "ConnectionError" in text and "valkey.internal" in text  # still useful
+    assert_hidden(text, pw)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from django_outbox import Status
 from django_outbox.core.scripts import reason_argv
+from django_outbox.errors import InvalidContent
 from tests.support.helpers import BlockingDeliverer, aaccept, accept, wait_for
 
 WS = "ws1"
@@ -130,3 +133,15 @@ async def test_a_worker_leaves_a_paused_workspace_alone_and_resumes_after_unpark
         stop.set()
         await worker
         await outbox.aclose()
+
+
+@pytest.mark.parametrize("reason", ["maint\u202enuf", "maint\x00", "main\u200bt", "a\u2028b"])
+def test_a_park_reason_with_control_or_format_characters_is_refused(outbox, reason):
+    """Operators read the reason as stored: one that would read as something else (a
+    right-to-left override, a NUL, a zero-width space, a line separator) parks nothing."""
+    accept(outbox, "a", ws=WS, ses="s1")
+    with pytest.raises(InvalidContent, match="control or format characters"):
+        outbox.park_workspace(WS, reason)
+    assert outbox.list(WS, "s1")[0].status is Status.PENDING
+    assert outbox.park_workspace(WS, "Wartung für 🎉") == 1  # letters of any script are fine
+    assert outbox.list(WS, "s1")[0].reason == "Wartung für 🎉"

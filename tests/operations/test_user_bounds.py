@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -413,6 +415,24 @@ def test_accepts_per_minute_is_a_bucket_refilled_over_the_minute(make_outbox, r)
         accept(outbox, "later3")
 
 
+def test_a_wait_that_is_not_whole_seconds_is_rounded_up(make_outbox, r):
+    """7 accepts a minute give one back every 60/7 = 8.57 s: the caller is told 9, since
+    one who waits 8 s is refused again."""
+    now, clock = frozen()
+    outbox = make_outbox(user_max_queued=0, user_accepts_per_minute=7, clock=clock)
+    for i in range(7):
+        accept(outbox, f"k{i}", ses=f"s{i}")
+    with pytest.raises(RateLimited) as info:
+        accept(outbox, "k7")
+    assert (info.value.retry_after, info.value.limit) == (9, 7)
+    now[0] = T0 + 8  # waiting the rounded-down time is not enough
+    with pytest.raises(RateLimited) as info:
+        accept(outbox, "k7")
+    assert info.value.retry_after == 1
+    now[0] = T0 + info.value.retry_after + 8
+    accept(outbox, "k7")
+
+
 def test_refused_accepts_do_not_use_up_the_rate(make_outbox, r):
     now, clock = frozen()
     outbox = make_outbox(user_max_queued=0, user_accepts_per_minute=2, clock=clock)
@@ -612,6 +632,25 @@ def test_api_rate_limited_429_with_the_seconds_to_wait(staff_client, r):
         assert response.json()["code"] == "rate_limited"
         assert "2 messages to this workspace within a minute" in response.json()["detail"]
         assert snapshot(r) == before
+
+
+@pytest.mark.standalone  # the test settings' outbox is a standalone one
+@pytest.mark.django_db
+def test_api_retry_after_rounds_a_fractional_wait_up(staff_client):
+    """At 7 a minute the wait is 8.57 s: ``Retry-After`` says 9 (8 would be refused)."""
+    with override_settings(OUTBOX={"USER_ACCEPTS_PER_MINUTE": 7, "USER_MAX_QUEUED": 0}):
+        started = time.monotonic()
+        for i in range(7):
+            assert post(staff_client, f"k{i}", f"s{i}").status_code == 202
+        response = post(staff_client, "k7")
+        elapsed = time.monotonic() - started
+        assert response.status_code == 429
+        assert response.json()["code"] == "rate_limited"
+        # 60/7 s less the time the burst took, rounded up: 9 on any machine that sent
+        # the burst within half a second
+        assert math.ceil(60 / 7 - elapsed) <= int(response["Retry-After"]) <= 9
+        if elapsed < 0.5:
+            assert response["Retry-After"] == "9"
 
 
 @pytest.mark.standalone  # the test settings' outbox is a standalone one

@@ -330,6 +330,21 @@ def test_each_action_needs_its_permission(django_user_model, outbox, action):
     assert allowed.post(CHANGELIST, {"action": action, **data}).status_code in (200, 302)
 
 
+@pytest.mark.parametrize("reason", ["maint\u202enuf", "maint\x00x", "main\u200bt"])
+def test_a_park_reason_with_control_or_format_characters_is_refused_by_the_form(
+    operator, outbox, reason
+):
+    """The form says why, and nothing is parked (the rule the REST API and the core share)."""
+    e1 = accept(outbox, "ws", "s1", "one")
+    form = {"action": "park_workspaces", "_selected_action": [f"ws/s1/{e1.id}"], "post": "yes"}
+    response = operator.post(CHANGELIST, {**form, "reason": reason})
+    assert response.status_code == 200
+    assert response.templates[0].name == "django_outbox/admin/park_workspace.html"
+    assert "must not contain control or format characters" in response.content.decode()
+    assert outbox.list("ws", "s1")[0].status is Status.PENDING
+    assert not LogEntry.objects.exists()
+
+
 def test_park_asks_for_a_reason_then_parks(operator, outbox):
     e1 = accept(outbox, "ws", "s1", "one")
     accept(outbox, "ws", "s2", "two")

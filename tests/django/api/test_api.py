@@ -456,6 +456,35 @@ def test_park_needs_a_reason_400(staff, payload):
     assert str(entries()[0].status) == "pending"
 
 
+UNPRINTABLE_REASONS = {
+    "right-to-left-override": "maint\u202enuf",
+    "nul": "maint\x00",
+    "zero-width-space": "main\u200bt",
+    "newline": "maint\nmore",
+}
+
+
+@pytest.mark.parametrize("reason", UNPRINTABLE_REASONS.values(), ids=UNPRINTABLE_REASONS.keys())
+def test_a_park_reason_with_control_or_format_characters_is_refused_400(staff, reason):
+    """The reason is shown to operators as is: a right-to-left override would make it read
+    as something else, so the REST API refuses it as the admin form does."""
+    post_json(staff, messages_url(), body())
+    data = assert_error(
+        post_json(staff, workspace_url(op="park"), {"reason": reason}), 400, "invalid"
+    )
+    assert data["fieldErrors"] == {
+        "reason": ["Reason must not contain control or format characters."]
+    }
+    assert str(entries()[0].status) == "pending"
+
+
+def test_a_park_reason_with_non_ascii_letters_is_kept(staff):
+    post_json(staff, messages_url(), body())
+    response = post_json(staff, workspace_url(op="park"), {"reason": "Wartung für 🎉"})
+    assert (response.status_code, response.json()) == (200, {"parked": 1})
+    assert entries()[0].reason == "Wartung für 🎉"
+
+
 def test_unpark_reason_shape_400(staff):
     data = assert_error(post_json(staff, workspace_url(op="unpark"), {"reason": 1}), 400, "invalid")
     assert list(data["fieldErrors"]) == ["reason"]

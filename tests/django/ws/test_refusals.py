@@ -18,6 +18,7 @@ from django.test import override_settings
 
 from django_outbox.outbox import get_outbox, reset_outbox
 from django_outbox.ws.consumer import socket_ttl, socket_user_id
+from django_outbox.ws.origin import OriginValidator
 from django_outbox.ws.routing import websocket_urlpatterns
 from tests.support.valkey import ValkeyProcess
 
@@ -300,3 +301,35 @@ async def test_a_failing_layer_receive_is_retried_not_a_crash(valkey):
         assert update["type"] == "queue.update" and update["state"] == "queued"
         await comm.disconnect()
         await get_outbox().aclose()
+
+
+LONG_PASSWORD = "pw" * 150  # longer than what of an Origin reaches the log
+
+
+@pytest.mark.parametrize(
+    ("origin", "password"),
+    [
+        ("https://u:pw@evil.example", "pw"),
+        ("https://u:pw@evil.example:8443/path?x=1", "pw"),
+        (f"https://u:{LONG_PASSWORD}@evil.example", "pwpw"),  # redacted before it is cut
+    ],
+)
+async def test_a_refused_origin_carrying_credentials_is_logged_redacted(origin, password, caplog):
+    """A foreign ``Origin`` with a password in it is closed 4403 and logged with the
+    password replaced: the log shows where the socket came from, not its secret. A
+    password too long to be logged whole is redacted all the same (not cut first, which
+    would leave a fragment no pattern recognises)."""
+
+    async def app(scope, receive, send):  # never reached
+        raise AssertionError("a foreign origin got through")
+
+    validator = OriginValidator(app, ["https://example.com"])
+    comm = WebsocketCommunicator(validator, "/ws/x/", headers=[(b"origin", origin.encode())])
+    with caplog.at_level(logging.WARNING, "django_outbox.consumers"):
+        connected, _ = await comm.connect()
+        assert connected
+        assert await comm.receive_output(5) == {"type": "websocket.close", "code": 4403}
+    await comm.disconnect()
+    (line,) = [r.getMessage() for r in caplog.records if "refused (4403)" in r.getMessage()]
+    assert "u:***@evil.example" in line and "is not allowed" in line
+    assert password not in line

@@ -243,3 +243,37 @@ async def test_no_frame_follows_a_decided_close(fast_layers):
     )
     assert await comm.receive_nothing(0.5)
     await finish(comm)
+
+
+async def test_snapshot_pages_of_non_ascii_prompts_stay_within_the_frame_bound_in_bytes(
+    fast_layers,
+):
+    """The bound is in UTF-8 bytes, not characters: prompts of three-byte characters
+    (``€``) are paged so that no frame the socket sends is larger."""
+    bound = min_snapshot_frame_bytes(1000)
+    settings = {
+        **fast_layers_outbox(),
+        "MAX_TEXT_BYTES": 1000,
+        "WS_MAX_FRAME_BYTES": bound,
+        "CAP": 60,
+    }
+    with override_settings(OUTBOX=settings):
+        texts = [f"{i:03d}" + "€" * 332 for i in range(60)]  # 999 bytes, 335 characters
+        for i, text in enumerate(texts):
+            await aaccept(get_outbox(), f"k{i}", text, ws="alice", user=f"u{i}")
+        comm = communicator(alice())
+        await comm.connect()
+        frames = [await comm.receive_from(5)]
+        while json.loads(frames[-1])["page"] < json.loads(frames[-1])["pages"]:
+            frames.append(await comm.receive_from(5))
+        assert len(frames) > 1
+        assert all(len(f.encode()) <= bound for f in frames), [len(f.encode()) for f in frames]
+        assert [e["text"] for f in frames for e in json.loads(f)["entries"]] == texts
+        await finish(comm)
+
+
+def fast_layers_outbox() -> dict:
+    """The ``OUTBOX`` the ``fast_layers`` fixture sets."""
+    from django.conf import settings
+
+    return dict(settings.OUTBOX)
