@@ -115,9 +115,10 @@ class OutboxBase(Transport):
         session_id: str,
         extra_args: Iterable[Any] = (),
         extra_keys: Iterable[str] = (),
+        now_us: int | None = None,
     ) -> Eval:
         keys = self.keys.session(workspace_id, session_id)
-        script_keys, args = self._session_args(keys, workspace_id, session_id)
+        script_keys, args = self._session_args(keys, workspace_id, session_id, now_us)
         return Eval(name, script_keys + list(extra_keys), args + list(extra_args))
 
     def run_script(
@@ -139,9 +140,7 @@ class OutboxBase(Transport):
         :mod:`~django_outbox.core.replies` parses it. For tests and tools that exercise
         one transition: it bypasses every check the public methods make. Raises
         :class:`OutboxUnavailable` or the script's error."""
-        keys = self.keys.session(workspace_id, session_id)
-        script_keys, args = self._session_args(keys, workspace_id, session_id, now_us)
-        call = Eval(name, script_keys + list(extra_keys), args + list(argv))
+        call = self._session_eval(name, workspace_id, session_id, argv, extra_keys, now_us)
         return self._run(iter_once(call))
 
     # -- durability -------------------------------------------------------------------------

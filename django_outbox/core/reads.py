@@ -22,9 +22,9 @@ A page also shows the workers. Their heartbeats are written and read in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -250,6 +250,16 @@ def read_server_settings(
 
     Raises :class:`OutboxUnavailable` (its message is the client's) when it cannot be read.
     """
+    return _probe(url, cluster, timeout, _settings_of)
+
+
+T = TypeVar("T")
+
+
+def _probe(url: str, cluster: bool, timeout: float, read: Callable[[Any, str, bool], T]) -> T:
+    """``read(client, url, cluster)`` through a client of its own on ``url`` that waits at
+    most ``timeout`` seconds and is closed afterwards; :class:`OutboxUnavailable` (the
+    client's message, redacted) when the server cannot be reached."""
     options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
     try:
         if cluster:
@@ -259,7 +269,7 @@ def read_server_settings(
         else:
             client = redis.Redis.from_url(url, **options)
         try:
-            return _settings_of(client, url, cluster)
+            return read(client, url, cluster)
         finally:
             _close(client, cluster)
     except _UNREACHABLE as exc:
@@ -278,20 +288,7 @@ def read_capabilities(
     """:meth:`QueueReads.server_capabilities` of the server at ``url`` through a client of
     its own, like :func:`read_server_settings` (for the system checks). Raises
     :class:`OutboxUnavailable` when it cannot be read."""
-    options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
-    try:
-        if cluster:
-            from redis.cluster import RedisCluster
-
-            client: Any = RedisCluster.from_url(url, **options)
-        else:
-            client = redis.Redis.from_url(url, **options)
-        try:
-            return _capabilities_of(client, url, cluster)
-        finally:
-            _close(client, cluster)
-    except _UNREACHABLE as exc:
-        raise OutboxUnavailable(redact(str(exc))) from exc
+    return _probe(url, cluster, timeout, _capabilities_of)
 
 
 def _close(client: Any, cluster: bool) -> None:
