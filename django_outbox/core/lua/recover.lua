@@ -7,7 +7,7 @@
 --@include lease staging operator hinted
 
 return hinted(function()
-  if lock_parts() then return {'ok', current_version(), 0, 0} end
+  if lock_parts() then return unchanged_reply('ok') end
   local had = redis.call('LLEN', D)
   local changed = recover_staged()
   if had > 0 and #changed == 0 then reindex_and_wake() end

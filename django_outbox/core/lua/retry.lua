@@ -6,21 +6,16 @@
 -- a live lease, the entry the lease is held for, or a parked entry is busy.
 -- ARGV[6] entry ID  ARGV[7] '1': a verifier exists  ARGV[8] HISTORY_WINDOW (ms; 0: not counted)
 -- Returns {'updated' | 'not_found' | 'busy', version, count, watched, changed entries...}.
---@include entry lease staging operator hinted
+--@include entry staging operator hinted
 local id, has_verifier, history_ttl = ARGV[6], ARGV[7], tonumber(ARGV[8])
 
 return hinted(function()
-  local owner, _, lock_entry = lock_parts()
-  local _, staged = find(D, id)
-  if staged and is_done((split(staged))) then return unchanged_reply('not_found') end
-  if staged then
-    if owner then return unchanged_reply('busy') end
-    -- Staged by a holder that is gone: its outcome is unknown.
+  local where, raw, idx = locate(id)
+  if where == nil then return raw end  -- the reply: not_found or busy
+  if where == 'staged' then
+    -- Staged by a holder that is gone: recovered as verifying, its outcome unknown.
     return operator_reply('updated', 1, recover_staged(), history_ttl)
   end
-  local idx, raw = find(Q, id)
-  if not raw then return unchanged_reply('not_found') end
-  if owner and lock_entry == id then return unchanged_reply('busy') end
   local st, content = split(raw)
   if st.status == 'parked' then return unchanged_reply('busy') end
   if st.status == 'error' then

@@ -1,7 +1,7 @@
 -- operator: the common reply of the operator transitions (retry.lua, dismiss.lua,
 -- park.lua, unpark.lua, unpause.lua, rearm_unverifiable.lua, ledger_complete.lua,
 -- ledger_rearm.lua) and of recover.lua.
---@include layout entry lease indices history
+--@include layout entry lease indices staging history
 
 -- {result, version, count, watched, changed entries...}. Reindexes, wakes a worker and
 -- bumps the version only if an entry changed.
@@ -50,4 +50,23 @@ local function edit_entries(edit)
     end
   end
   return changed
+end
+
+-- Where the entry an operator names stands, for retry and dismiss: 'staged' and its raw
+-- JSON (left in staging by a holder that is gone: its outcome is unknown), or 'queued',
+-- its raw JSON and its index in the queue; else nil and the reply: not_found (absent,
+-- or delivered with only its signal owed) or busy (staged under a live lease, or the
+-- entry the lease is held for).
+local function locate(id)
+  local owner, _, lock_entry = lock_parts()
+  local _, staged = find(D, id)
+  if staged and is_done((split(staged))) then return nil, unchanged_reply('not_found') end
+  if staged then
+    if owner then return nil, unchanged_reply('busy') end
+    return 'staged', staged
+  end
+  local idx, raw = find(Q, id)
+  if not raw then return nil, unchanged_reply('not_found') end
+  if owner and lock_entry == id then return nil, unchanged_reply('busy') end
+  return 'queued', raw, idx
 end
