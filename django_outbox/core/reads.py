@@ -31,12 +31,7 @@ from redis.exceptions import RedisClusterException
 
 from .base import OutboxBase
 from .errors import OutboxUnavailable
-
-# The heartbeat names are still importable from here (core.worker imports them so).
-from .heartbeats import HEARTBEAT_INTERVAL as HEARTBEAT_INTERVAL
-from .heartbeats import HEARTBEAT_TTL as HEARTBEAT_TTL
-from .heartbeats import Heartbeats, workers_plan
-from .heartbeats import WorkerHeartbeat as WorkerHeartbeat
+from .heartbeats import Heartbeats, WorkerHeartbeat, workers_plan
 from .paging import (
     CopyPage,
     IndexPosition,

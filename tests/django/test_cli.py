@@ -188,7 +188,7 @@ def test_status_json_names_workers_in_camel_case(outbox):
     import asyncio
     import time
 
-    from django_outbox.core.reads import WorkerHeartbeat
+    from django_outbox.core.heartbeats import WorkerHeartbeat
 
     beat = WorkerHeartbeat("w-1", time.time(), host="h", pid=7, in_flight=2, concurrency=8)
 

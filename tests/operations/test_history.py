@@ -11,6 +11,7 @@ import redis
 
 from django_outbox import LEDGER_STATE_TURN_ENDED, Verdict
 from django_outbox.core.errors import Duplicate, OutboxFull, OutboxUnavailable
+from django_outbox.core.heartbeats import WorkerHeartbeat
 from django_outbox.core.history import (
     LATENCY_BUCKETS,
     MAX_PENDING_MINUTES,
@@ -18,7 +19,6 @@ from django_outbox.core.history import (
     latency_bucket,
 )
 from django_outbox.core.keys import KeySpace
-from django_outbox.core.reads import WorkerHeartbeat
 from django_outbox.core.worker import Worker
 from tests.conftest import ON_CLUSTER
 from tests.support.helpers import NO_USER_BOUNDS, SES, WS, accept

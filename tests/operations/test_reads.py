@@ -17,6 +17,7 @@ import time
 import pytest
 
 from django_outbox.core.errors import InvalidIdentifier, OutboxUnavailable
+from django_outbox.core.heartbeats import HEARTBEAT_TTL, WorkerHeartbeat
 from django_outbox.core.paging import (
     SEEK_ROUNDS,
     CopyPage,
@@ -25,10 +26,8 @@ from django_outbox.core.paging import (
     merge_copies,
 )
 from django_outbox.core.reads import (
-    HEARTBEAT_TTL,
     IndexTotals,
     ServerSettings,
-    WorkerHeartbeat,
     read_server_settings,
 )
 from django_outbox.core.worker import Worker
