@@ -1,7 +1,7 @@
 """What each viewer reads of a failed delivery (docs/explanation/security.md).
 
-An agent that answers HTTP 500 with a body echoing its request headers and environment
-(case 31): members read a classification (``errorKind``), the status (``errorStatus``)
+An agent that answers HTTP 500 with a body echoing its request headers and environment:
+members read a classification (``errorKind``), the status (``errorStatus``)
 and a short text holding nothing the agent wrote, over REST and the WebSocket; staff
 (the admin's view permission) read the stored excerpt there and in the admin, and the
 worker's log has it too, every secret of it removed. Each kind is pinned to the text a
@@ -44,7 +44,7 @@ WS, SES = "w1", "ses_leaky1"  # opencode session IDs start with "ses"
 ALLOW_MEMBERS = "tests.django.test_error_summary.members_may_view"
 OPENCODE_DELIVER = "django_outbox.delivery.opencode.deliver"
 
-# What the agent echoes (case 31), and what of it must reach nobody.
+# What the agent echoes in its error body, and what of it must reach nobody.
 SK_ANT = "sk-ant-api03-Zq8Xw7Vu6Ts5Rq4Po3Nm2Lk1"
 SK_PROJ = "sk-proj-Ab1Cd2Ef3Gh4Ij5Kl6Mn7Op8Qr"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYLEAKYKEY"
@@ -319,7 +319,7 @@ def test_only_who_may_view_entries_in_the_admin_reads_excerpts(django_user_model
     }
 
 
-# --- case 31 through REST, the WebSocket, the admin and the worker's log -----------------
+# --- a leaky agent through REST, the WebSocket, the admin and the worker's log ------------
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""One project per key space (case 25): the claim on ``KEY_PREFIX`` in a Valkey database,
+"""One project per key space: the claim on ``KEY_PREFIX`` in a Valkey database,
 the check that reports another project's claim, the worker and the cleanups that refuse to
 work there, taking over and releasing, and two projects side by side on one server
 (docs/howto/valkey.md#one-project-per-key-space).
@@ -101,11 +101,11 @@ def project_settings(tmp_path: Path, name: str, secret: str, outbox: dict | None
     return name
 
 
-# --- case 25 -----------------------------------------------------------------------------
+# --- a staging project pointed at production's key space --------------------------------
 
 
 @pytest.mark.slow
-def test_case_25_a_second_project_is_told_and_refuses_to_deliver_or_clean_up(valkey, tmp_path, r):
+def test_a_second_project_is_told_and_refuses_to_deliver_or_clean_up(valkey, tmp_path, r):
     """Production accepts three prompts; staging (a copied settings file: the same URL and
     prefix, its own SECRET_KEY) runs the only worker, then cleans up w1."""
     with override_settings(SECRET_KEY=PRODUCTION):

@@ -148,7 +148,8 @@ def test_outside_a_transaction_the_prompt_moves_at_once(outbox):
 
 
 def test_plain_accept_stays_immediate_even_in_a_transaction_that_rolls_back(outbox):
-    """What case 24 saw, and what ``accept`` still does: use accept_on_commit instead."""
+    """A prompt accepted with ``accept`` inside a transaction that rolls back is still sent
+    (``accept`` is immediate): what accept_on_commit is for."""
     with pytest.raises(Rollback), transaction.atomic():
         accept(outbox, "k1", "work on order 1")
         raise Rollback

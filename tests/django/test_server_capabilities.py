@@ -1,4 +1,4 @@
-"""What the server can do (case 27): its version and commands are read once, and a setting
+"""What the server can do: its version and commands are read once, and a setting
 it cannot honour (``WAIT_AOF`` on Redis 7.0, which has no WAITAOF) is a ``check`` error
 (``E007``) and a worker that will not start (docs/howto/valkey.md#supported-servers).
 
@@ -101,12 +101,10 @@ def serious() -> list[str]:
     return sorted(m.id for m in checks.run_checks(tags=["outbox"]) if m.is_serious())
 
 
-# --- case 27 -----------------------------------------------------------------------------
+# --- WAIT_AOF on a server without WAITAOF ------------------------------------------------
 
 
-def test_case_27_wait_aof_on_redis_7_0_is_a_check_error_and_the_worker_refuses(
-    redis70, on, tmp_path
-):
+def test_wait_aof_on_redis_7_0_is_a_check_error_and_the_worker_refuses(redis70, on, tmp_path):
     on(redis70)
     r = redis.Redis.from_url(redis70.url, decode_responses=True)
 
