@@ -19,6 +19,7 @@ from .core.errors import (
     PriorAttemptPendingError,
     RateLimited,
     ServerUnsupported,
+    SessionBusy,
     TransientDeliveryError,
 )
 
@@ -36,5 +37,6 @@ __all__ = [
     "PriorAttemptPendingError",
     "RateLimited",
     "ServerUnsupported",
+    "SessionBusy",
     "TransientDeliveryError",
 ]

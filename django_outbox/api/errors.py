@@ -13,6 +13,7 @@ accepted (answered by the view)                     202     the entry
 ``IdempotencyConflict``                             422     ``idempotency_conflict``
 ``OutboxFull`` (session ``CAP`` / user bound)       429     ``outbox_full`` + ``scope``
 ``RateLimited`` (``USER_ACCEPTS_PER_MINUTE``)       429     ``rate_limited``
+``SessionBusy`` (``ifBusy`` reject)                 409     ``session_busy``
 ``ContentTooLarge`` (text over ``MAX_TEXT_BYTES``)  413     ``too_large``
 body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``           413     ``too_large``
 ``InvalidIdentifier`` (ID in the path)              400     ``invalid_identifier``
@@ -55,6 +56,7 @@ from ..errors import (
     OutboxFull,
     OutboxUnavailable,
     RateLimited,
+    SessionBusy,
 )
 
 logger = logging.getLogger("django_outbox")
@@ -161,6 +163,14 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             f"You sent {exc.limit} messages to this workspace within a minute; nothing was "
             f"stored. Retry in {exc.retry_after} s with the same clientMessageID.",
             headers={"Retry-After": str(exc.retry_after)},
+        )
+    if isinstance(exc, SessionBusy):
+        return error_response(
+            status.HTTP_409_CONFLICT,
+            "session_busy",
+            "The session is busy (a prompt is pending, in flight or being verified) and "
+            "ifBusy is reject; nothing was stored. Send again later, with the same "
+            "clientMessageID if you like.",
         )
     if isinstance(exc, KeySpaceClaimed):
         # The deployment is misconfigured: the operators learn who holds the space from

@@ -21,9 +21,11 @@ from rest_framework import serializers
 
 from ..core.entry import Status
 from ..core.rules import (
+    ACCEPT_IF_BUSY,
     CLIENT_MESSAGE_ID_RE,
     ERROR_TEXTS,
     IDENTIFIER_RE,
+    MAX_EXPIRES_AFTER,
     MAX_MODEL_BYTES,
     MAX_MODEL_DEPTH,
     MAX_REASON_CHARS,
@@ -117,6 +119,37 @@ def printable_reason(value: str) -> None:
         )
 
 
+@extend_schema_field(
+    {
+        "type": "number",
+        "minimum": 0,
+        "exclusiveMinimum": True,
+        "maximum": MAX_EXPIRES_AFTER,
+        "nullable": True,
+    }
+)
+class SecondsField(serializers.Field):
+    """A JSON number of seconds, above 0 and at most ``MAX_EXPIRES_AFTER`` (30 days).
+
+    Strict like :class:`StrictStringField`: ``"10"`` or ``true`` is a client bug (400),
+    not 10 seconds or 1."""
+
+    default_error_messages = {
+        "invalid": "Must be a number of seconds.",
+        "range": f"Must be above 0 and at most {MAX_EXPIRES_AFTER} seconds (30 days).",
+    }
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        if not 0 < data <= MAX_EXPIRES_AFTER:  # (NaN fails too)
+            self.fail("range")
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 class AcceptRequestSerializer(serializers.Serializer):
     """POST body of the messages endpoint: ``{clientMessageID, text, model?}``.
 
@@ -141,6 +174,21 @@ class AcceptRequestSerializer(serializers.Serializer):
         allow_null=True,
         help_text="Optional per-prompt model selector, a JSON object of at most 16 KiB "
         f"nested at most {MAX_MODEL_DEPTH} levels deep, passed to the agent untouched.",
+    )
+    ifBusy = serializers.ChoiceField(
+        choices=list(ACCEPT_IF_BUSY),
+        required=False,
+        default="queue",
+        help_text="What to do while the session is busy (something pending, in flight or "
+        "being verified): queue (default) behind it; reject: answer 409 session_busy and "
+        "store nothing; merge: join the next delivery with the merge prompts queued behind "
+        "the running turn (docs/howto/steering.md).",
+    )
+    expiresAfter = SecondsField(
+        required=False,
+        allow_null=True,
+        help_text="Seconds (server clock): a prompt not handed to the agent by then is never "
+        "sent and ends expired (retry or dismiss it).",
     )
 
 
@@ -220,6 +268,15 @@ class EntrySerializer(serializers.Serializer):
         help_text="With lastError, when the agent answered: its HTTP status.",
     )
     deliveredAt = serializers.CharField(required=False)
+    expiresAt = serializers.CharField(
+        required=False,
+        help_text="When the prompt expires unsent (RFC 3339, server clock); absent: never.",
+    )
+    mode = serializers.ChoiceField(
+        choices=["reject", "interrupt", "merge"],
+        required=False,
+        help_text="The accept's ifBusy when not queue (absent: queue).",
+    )
     clientMessageID = serializers.CharField()
     userID = serializers.CharField(help_text="The accepting user's primary key.")
     text = serializers.CharField()
@@ -272,6 +329,7 @@ class ErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
     code = serializers.CharField(
         help_text="Stable machine code: invalid, invalid_identifier, not_found, busy, "
+        "session_busy, version_mismatch, "
         "idempotency_conflict, outbox_full (with scope: session or user), rate_limited, "
         "too_large, unavailable, not_authenticated, "
         "authentication_failed, permission_denied, parse_error, unsupported_media_type, "

@@ -113,6 +113,10 @@ class MessagesView(OutboxAPIView):
                 429: OpenApiResponse(
                     ErrorSerializer, "The session holds CAP messages (outbox_full), Retry-After."
                 ),
+                409: OpenApiResponse(
+                    ErrorSerializer,
+                    "ifBusy reject and the session is busy (session_busy); nothing stored.",
+                ),
             }
         ),
         tags=["outbox"],
@@ -129,6 +133,8 @@ class MessagesView(OutboxAPIView):
                 client_message_id=data["clientMessageID"],
                 text=data["text"],
                 model=data.get("model"),
+                if_busy=data["ifBusy"],
+                expires_after=data.get("expiresAfter"),
             )
         except Duplicate as dup:
             return Response({"id": dup.accepted_id, "duplicate": True}, status=status.HTTP_200_OK)

@@ -34,6 +34,9 @@ class Status(enum.StrEnum):
     VERIFYING = "verifying"
     ERROR = "error"
     PARKED = "parked"
+    #: Not handed to the agent before its ``expiresAt`` (server clock): never sent; visible
+    #: like an error until retried or dismissed (docs/howto/steering.md#expiry).
+    EXPIRED = "expired"
 
 
 class Verdict(enum.Enum):
@@ -58,6 +61,37 @@ class DismissResult(enum.Enum):
     REMOVED = "removed"
     NOT_FOUND = "not_found"
     BUSY = "busy"
+
+
+class EditResult(enum.Enum):
+    """Result of :meth:`Outbox.edit` (docs/howto/steering.md#edit): ``UPDATED``;
+    ``NOT_FOUND``; ``BUSY`` once it is being delivered or verified (409);
+    ``VERSION_MISMATCH`` when ``if_version`` is not the session's version (412)."""
+
+    UPDATED = "updated"
+    NOT_FOUND = "not_found"
+    BUSY = "busy"
+    VERSION_MISMATCH = "version_mismatch"
+
+
+class MoveResult(enum.Enum):
+    """Result of :meth:`Outbox.move` (docs/howto/steering.md#reorder): ``MOVED`` (also
+    when it already stood there); ``NOT_FOUND`` (the entry, or the one to go before);
+    ``BUSY`` when it, or the place asked for, is the prompt in flight or being verified."""
+
+    MOVED = "moved"
+    NOT_FOUND = "not_found"
+    BUSY = "busy"
+
+
+class CancelResult(enum.Enum):
+    """Result of :meth:`Outbox.cancel` (docs/howto/steering.md#cancel): ``REMOVED`` (a
+    queued prompt, removed as by dismiss); ``NOT_FOUND``; ``IN_FLIGHT`` when it is being
+    delivered or verified: cancelling it means cutting the running turn."""
+
+    REMOVED = "removed"
+    NOT_FOUND = "not_found"
+    IN_FLIGHT = "in_flight"
 
 
 # Ledger states reported by a ledger probe (the seed's frozen ABI enum names).
@@ -172,6 +206,8 @@ _STATE_FIELDS = (
     ("nextAttemptAt", "next_attempt_at"),
     ("lastError", "last_error"),
     ("deliveredAt", "delivered_at"),
+    ("expiresAt", "expires_at"),
+    ("mode", "mode"),
 )
 _CONTENT_FIELDS = (
     ("clientMessageID", "client_message_id"),
@@ -181,12 +217,20 @@ _CONTENT_FIELDS = (
     ("traceparent", "traceparent"),
 )
 _ZERO_OMITTED = {"verifyAttempts", "transientFails", "seq"}
+#: State members left out while they hold their default (``mode`` "queue": every entry
+#: accepted before accept options existed reads as one).
+_DEFAULT_OMITTED = {"mode": "queue"}
+_NO_DEFAULT = object()
+#: The ``mode`` an entry may carry: what its accept asked for while the session was busy
+#: (docs/howto/steering.md#busy-sessions).
+MODES = ("queue", "reject", "interrupt", "merge")
 _STRING_FIELDS = {
     "reason": "reason",
     "lastError": "last_error",
     "userID": "user_id",
     "text": "text",
     "traceparent": "traceparent",
+    "mode": "mode",
 }
 _PARKED_FROM = {"pending", "verifying", "delivering"}
 #: State members the scripts keep that an Entry does not carry: ``userDigest``, the
@@ -270,6 +314,14 @@ class Entry:
     traceparent: str | None = None
     #: Place in the session's accept order (the session's version at accept).
     seq: int = 0
+    #: When the prompt expires unsent (``expiresAt``, server clock; set by accept's
+    #: ``expires_after``): a claim that reaches it later marks it ``expired`` instead of
+    #: sending it. None: it never expires.
+    expires_at: str | None = None
+    #: What its accept asked for while the session was busy (``mode``): ``queue`` (the
+    #: default, omitted from the JSON), ``reject`` or ``merge``
+    #: (docs/howto/steering.md#busy-sessions).
+    mode: str = "queue"
     #: Set by ``list`` / snapshots only, never stored (``blockedByInFlight``): a pending
     #: entry waiting behind a delivery in flight in its session.
     blocked_by_in_flight: bool = False
@@ -286,6 +338,8 @@ class Entry:
             value = getattr(self, attr)
             if value is None or (name in _ZERO_OMITTED and value == 0):
                 continue
+            if _DEFAULT_OMITTED.get(name, _NO_DEFAULT) == value:
+                continue
             out[name] = str(value) if name == "status" else value
         if self.blocked_by_in_flight:
             out["blockedByInFlight"] = True
@@ -299,6 +353,8 @@ class Entry:
         for name, attr in _STATE_FIELDS:
             value = getattr(self, attr)
             if value is not None and not (name in _ZERO_OMITTED and value == 0):
+                if _DEFAULT_OMITTED.get(name, _NO_DEFAULT) == value:
+                    continue
                 state[name] = str(value) if name == "status" else value
         content = {}
         for name, attr in _CONTENT_FIELDS:
@@ -335,9 +391,17 @@ class Entry:
             raise ValueError("model must be a JSON object")
         if kwargs.get("parked_from") not in (None, *_PARKED_FROM):
             raise ValueError(f"parkedFrom must be one of {sorted(_PARKED_FROM)}")
+        if kwargs.get("mode", "queue") not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}")
         try:
             kwargs["status"] = Status(kwargs.get("status", Status.PENDING))
-            for attr in ("accepted_at", "last_attempt_at", "next_attempt_at", "delivered_at"):
+            for attr in (
+                "accepted_at",
+                "last_attempt_at",
+                "next_attempt_at",
+                "delivered_at",
+                "expires_at",
+            ):
                 if attr in kwargs:
                     if not isinstance(kwargs[attr], str):
                         raise ValueError(f"{attr} must be an RFC 3339 string")

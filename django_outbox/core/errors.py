@@ -68,6 +68,16 @@ class RateLimited(OutboxError):
         self.limit = limit
 
 
+class SessionBusy(OutboxError):
+    """An accept with ``if_busy="reject"`` found the session busy: something pending, in
+    flight or being verified (HTTP 409 ``session_busy``). Nothing was stored and no dedupe
+    marker written, so the same key may be sent again later
+    (docs/howto/steering.md#busy-sessions)."""
+
+    def __init__(self) -> None:
+        super().__init__("the session is busy: a prompt is pending, in flight or being verified")
+
+
 class InvalidIdentifier(OutboxError, ValueError):
     """A workspace, session or entry ID breaks ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``."""
 

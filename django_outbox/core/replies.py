@@ -18,6 +18,12 @@ from typing import Any
 RawEntry = bytes | str
 
 
+_CONTENT = ',"clientMessageID":'
+_CONTENT_B = _CONTENT.encode()
+_EXPIRED = '"status":"expired"'
+_EXPIRED_B = _EXPIRED.encode()
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -82,7 +88,8 @@ class ClaimReply:
     ``kind``: ``busy`` (another holder: ``pttl`` ms left), ``idle``, ``deliver``
     (``entry`` staged as delivering), ``verify`` (``entry`` awaits verification) or
     ``owed`` (``owed``: delivered entries whose ``entry_delivered`` is owed).
-    ``recovered``: entries a dead holder left staged, now verifying."""
+    ``recovered``: entries a dead holder left staged, now verifying; ``expired``: entries
+    the claim found past their ``expiresAt``, now expired (docs/howto/steering.md#expiry)."""
 
     kind: str
     entry: RawEntry | None = None
@@ -91,6 +98,7 @@ class ClaimReply:
     recovered: tuple[RawEntry, ...] = ()
     owed: tuple[RawEntry, ...] = ()
     pttl: int = 0
+    expired: tuple[RawEntry, ...] = ()
 
     @classmethod
     def parse(cls, answer: Sequence[Any]) -> ClaimReply:
@@ -100,7 +108,20 @@ class ClaimReply:
         version, watched = int(answer[2]), bool(answer[3])
         if kind == "owed":
             return cls(kind, None, version, watched, owed=_entries(answer[4:]))
-        return cls(kind, answer[1] or None, version, watched, _entries(answer[4:]))
+        recovered: list[RawEntry] = []
+        expired: list[RawEntry] = []
+        for raw in answer[4:]:
+            state = raw[: raw.find(_CONTENT_B if isinstance(raw, bytes) else _CONTENT)]
+            is_expired = (_EXPIRED_B if isinstance(raw, bytes) else _EXPIRED) in state
+            (expired if is_expired else recovered).append(raw)
+        return cls(
+            kind,
+            answer[1] or None,
+            version,
+            watched,
+            tuple(recovered),
+            expired=tuple(expired),
+        )
 
 
 @dataclass(frozen=True, slots=True)

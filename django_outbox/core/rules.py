@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -373,3 +374,31 @@ def min_snapshot_frame_bytes(max_text_bytes: int) -> int:
     """The smallest ``WS_MAX_FRAME_BYTES`` that always fits one entry (int bytes): with
     the default ``MAX_TEXT_BYTES`` (102,400) it is 650,890; the default is 786,432."""
     return max_entry_json_bytes(max_text_bytes) + SNAPSHOT_ENVELOPE_BYTES
+
+
+#: What ``accept`` may be asked to do while the session is busy (``if_busy``); qccut's
+#: ``interrupt`` joins when the cut exists (docs/howto/steering.md#busy-sessions).
+ACCEPT_IF_BUSY = ("queue", "reject", "merge")
+#: The longest ``expires_after`` accept takes, seconds (30 days).
+MAX_EXPIRES_AFTER = 30 * 24 * 3600
+
+
+def check_accept_options(if_busy: object, expires_after: object) -> tuple[str, int]:
+    """Check accept's ``if_busy`` (one of :data:`ACCEPT_IF_BUSY`) and ``expires_after``
+    (None, or seconds as a positive int or float up to :data:`MAX_EXPIRES_AFTER`);
+    return ``(mode, expires_after in microseconds, 0 for never)``. Raises
+    :class:`InvalidContent` (HTTP 400) naming the rule (docs/howto/steering.md)."""
+    if not isinstance(if_busy, str) or if_busy not in ACCEPT_IF_BUSY:
+        raise InvalidContent(f"ifBusy must be one of {', '.join(ACCEPT_IF_BUSY)}")
+    if expires_after is None:
+        return if_busy, 0
+    if (
+        isinstance(expires_after, bool)
+        or not isinstance(expires_after, int | float)
+        or not math.isfinite(expires_after)
+        or not 0 < expires_after <= MAX_EXPIRES_AFTER
+    ):
+        raise InvalidContent(
+            f"expiresAfter must be a number of seconds above 0 and at most {MAX_EXPIRES_AFTER}"
+        )
+    return if_busy, max(1, int(expires_after * 1_000_000))

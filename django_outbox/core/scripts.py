@@ -165,14 +165,18 @@ def accept_argv(
     user_max_queued: int = 0,
     user_accepts_per_minute: int = 0,
     history_ttl_ms: int = 0,
+    expires_after_us: int = 0,
+    mode: str = "queue",
 ) -> list[Any]:
-    """ARGV[6..15] of ``accept.lua``: the entry's JSON and ID, the content fingerprint,
+    """ARGV[6..17] of ``accept.lua``: the entry's JSON and ID, the content fingerprint,
     ``CAP``, the dedupe TTL in milliseconds, the marker's name
     (:func:`~django_outbox.core.keys.dedupe_marker`: the key scoped to the accepting
     user), then the per-user bounds (docs/explanation/idempotency.md): the user's digest
     (:func:`~django_outbox.core.keys.user_digest`), ``USER_MAX_QUEUED`` and
     ``USER_ACCEPTS_PER_MINUTE`` (0: off), and how long the per-minute history keeps the
-    count, in milliseconds (``HISTORY_WINDOW``; 0: not counted; docs/howto/observe.md).
+    count, in milliseconds (``HISTORY_WINDOW``; 0: not counted; docs/howto/observe.md),
+    then the accept options (docs/howto/steering.md): how long until the prompt expires
+    unsent, in microseconds (0: never), and its mode (``queue``, ``reject``, ``merge``).
     KEYS: the session layout, then the dedupe marker key. Reply:
     :class:`~django_outbox.core.replies.AcceptReply`."""
     return [
@@ -186,6 +190,8 @@ def accept_argv(
         user_max_queued,
         user_accepts_per_minute,
         history_ttl_ms,
+        expires_after_us,
+        mode,
     ]
 
 

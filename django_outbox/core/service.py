@@ -37,8 +37,9 @@ from .entry import (
     format_time,
     fresh_entry_json,
     new_entry_id,
+    parse_time,
 )
-from .errors import Duplicate, IdempotencyConflict, OutboxFull, RateLimited
+from .errors import Duplicate, IdempotencyConflict, OutboxFull, RateLimited, SessionBusy
 from .history import HistoryReads
 from .keys import dedupe_marker, user_digest
 from .owner import OwnedKeySpace
@@ -46,6 +47,7 @@ from .plans import Call, Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .reads import QueueReads
 from .replies import AcceptReply, CleanupReply, OperatorReply, SeedReply
 from .rules import (
+    check_accept_options,
     check_identifier,
     check_printable_reason,
     check_reason,
@@ -106,9 +108,12 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
         client_message_id: Any,
         text: Any,
         model: Any,
+        if_busy: Any = "queue",
+        expires_after: Any = None,
     ) -> Plan[Entry]:
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
+        mode, expires_us = check_accept_options(if_busy, expires_after)
         user_id = check_user_id(user_id)
         if self.key_space_owner is not None and not self._key_space_confirmed:
             yield from self._key_space_plan()  # the process's first accept claims the space
@@ -137,21 +142,26 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
                     self.config.user_max_queued,
                     self.config.user_accepts_per_minute,
                     self._history_ttl_ms,
+                    expires_us,
+                    mode,
                 ),
             ],
         )
         answer, unacknowledged = yield from self._durably(call)
         reply = AcceptReply.parse(answer)
         if reply.status in ("ok", "own"):
+            stamped = reply.accepted_at or accepted_at
             entry = Entry(
                 id=entry_id,
                 client_message_id=client_message_id,
                 user_id=user_id,
                 text=text,
                 model=model,
-                accepted_at=reply.accepted_at or accepted_at,
+                accepted_at=stamped,
                 seq=reply.seq,
                 traceparent=traceparent,
+                expires_at=format_time(parse_time(stamped) + expires_us) if expires_us else None,
+                mode=mode,
             )
             if unacknowledged is not None:
                 raise unacknowledged
@@ -171,6 +181,8 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
             raise Duplicate(reply.existing_id)
         if reply.status == "conflict":
             raise IdempotencyConflict(reply.existing_id)
+        if reply.status == "session_busy":
+            raise SessionBusy()
         if reply.status == "full":
             raise OutboxFull(self.config.cap)
         if reply.status == "user_full":
@@ -188,8 +200,17 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
         client_message_id: str,
         text: str,
         model: dict[str, Any] | None = None,
+        if_busy: str = "queue",
+        expires_after: float | None = None,
     ) -> Entry:
         """Accept a prompt into the session's queue; return the stored entry (status pending).
+
+        Options (docs/howto/steering.md): ``if_busy`` ``"queue"`` (the default),
+        ``"reject"`` (raise :class:`SessionBusy`, storing nothing and writing no marker,
+        while the session has something pending, in flight or being verified; decided in
+        the accept script, atomically) or ``"merge"``; ``expires_after`` seconds (None:
+        never): a prompt not handed to the agent by then, on Valkey's clock, is never sent
+        and ends ``expired`` (``expires_at`` on the entry).
 
         Immediate: the entry is stored when this returns, whatever database transaction the
         caller is in, and stays if that transaction rolls back. For a prompt that must enter
@@ -215,7 +236,16 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
         """
         with accept_span(workspace_id, session_id) as span:
             entry = self._run(
-                self._accept_plan(workspace_id, session_id, user_id, client_message_id, text, model)
+                self._accept_plan(
+                    workspace_id,
+                    session_id,
+                    user_id,
+                    client_message_id,
+                    text,
+                    model,
+                    if_busy,
+                    expires_after,
+                )
             )
             record(span, entry_id=entry.id)
             return entry
@@ -229,11 +259,22 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
         client_message_id: str,
         text: str,
         model: dict[str, Any] | None = None,
+        if_busy: str = "queue",
+        expires_after: float | None = None,
     ) -> Entry:
         """Async :meth:`accept`. The write is one script, so a cancelled caller cannot split it."""
         with accept_span(workspace_id, session_id) as span:
             entry = await self._arun(
-                self._accept_plan(workspace_id, session_id, user_id, client_message_id, text, model)
+                self._accept_plan(
+                    workspace_id,
+                    session_id,
+                    user_id,
+                    client_message_id,
+                    text,
+                    model,
+                    if_busy,
+                    expires_after,
+                )
             )
             record(span, entry_id=entry.id)
             return entry

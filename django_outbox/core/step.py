@@ -347,7 +347,9 @@ class DeliveryStep(OutboxBase):
             return ("owed", [Entry.from_json(raw) for raw in reply.owed], 0)
         version, watched = reply.version, reply.watched
         recovered = reply.recovered
-        events = self._events("updated", recovered, ws, ses, version, None, watched)
+        events = self._events(
+            "updated", [*recovered, *reply.expired], ws, ses, version, None, watched
+        )
         entry = Entry.from_json(reply.entry) if reply.entry else None
         if kind == "unreplicated":
             return (kind, entry, len(recovered))

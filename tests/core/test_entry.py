@@ -164,7 +164,14 @@ def test_fingerprint_ignores_model_key_order_only():
 
 
 def test_status_values():
-    assert [s.value for s in Status] == ["pending", "delivering", "verifying", "error", "parked"]
+    assert [s.value for s in Status] == [
+        "pending",
+        "delivering",
+        "verifying",
+        "error",
+        "parked",
+        "expired",
+    ]
 
 
 def test_size_rules_raise_content_too_large():

@@ -8,9 +8,12 @@
 -- ARGV[12] the accepting user's digest (keys.user_digest)
 -- ARGV[13] USER_MAX_QUEUED  ARGV[14] USER_ACCEPTS_PER_MINUTE (0: that bound is off)
 -- ARGV[15] HISTORY_WINDOW (ms; 0: no history is counted)
+-- ARGV[16] expires after (us from now on the server's clock; 0: never)
+-- ARGV[17] mode: 'queue', 'reject' or 'merge' (docs/howto/steering.md#busy-sessions)
 -- Returns {'ok', version, watched, acceptedAt} | {'own', version, watched, seq, acceptedAt}
 -- (this very entry was already written: a replay after a lost reply) | {'duplicate', id}
--- | {'conflict', id} | {'full'} | {'user_full'} (the user's queued entries in the
+-- | {'conflict', id} | {'session_busy'} (mode 'reject' and the session has something
+-- pending, in flight or being verified) | {'full'} | {'user_full'} (the user's queued entries in the
 -- workspace reached USER_MAX_QUEUED) | {'rate_limited', seconds until an accept can
 -- succeed}. Nothing is written unless the answer is 'ok'. The stored entry gets 'seq' =
 -- the returned version and 'acceptedAt' = now on the server's clock, and 'userDigest',
@@ -22,6 +25,7 @@ local ttl, marker_name = tonumber(ARGV[10]), ARGV[11]
 local user = ARGV[12]
 local max_queued, per_minute = tonumber(ARGV[13]), tonumber(ARGV[14])
 local history_ttl = tonumber(ARGV[15])
+local expires_after, mode = tonumber(ARGV[16] or '0'), ARGV[17] or 'queue'
 local MINUTE = 60000000  -- us
 local PRUNE_EVERY = 16  -- versions between prunes of the markers ZSET
 
@@ -31,6 +35,21 @@ local function held_reason()
   local reason = redis.call('HGET', PAUSE, 'reason')
   if reason and redis.call('HEXISTS', PAUSE, 'released:' .. SES) == 0 then return reason end
   return nil
+end
+
+-- Does the session have something pending, in flight or being verified? (A lease or a
+-- staged entry, or a queued entry in one of those states; error, parked and expired
+-- entries wait for a person, not for the agent.)
+local function session_busy()
+  if redis.call('EXISTS', LOCK) == 1 or redis.call('LLEN', D) > 0 then return true end
+  for _, raw in ipairs(redis.call('LRANGE', Q, 0, -1)) do
+    local state = string.sub(raw, 1, string.find(raw, MARK, 1, true) or #raw)
+    if string.find(state, '"status":"pending"', 1, true)
+        or string.find(state, '"status":"verifying"', 1, true) then
+      return true
+    end
+  end
+  return false
 end
 
 return hinted(function()
@@ -50,6 +69,8 @@ return hinted(function()
     if mfp == fp then return {'duplicate', mid} end
     return {'conflict', mid or marker}
   end
+  -- Decided here, before anything is written: a refused prompt leaves no marker.
+  if mode == 'reject' and session_busy() then return {'session_busy'} end
   local held_entries = redis.call('LLEN', Q) + redis.call('LLEN', D)
   if held_entries >= cap then return {'full'} end
   -- Per-user bounds (docs/explanation/idempotency.md, "Per-user bounds"), read before
@@ -72,6 +93,8 @@ return hinted(function()
   local version = bump()
   st.seq = version
   st.acceptedAt = iso(NOW)
+  if expires_after > 0 then st.expiresAt = iso(NOW + expires_after) end
+  if mode ~= 'queue' then st.mode = mode end
   -- A parked workspace holds everything accepted into it (any session, old or new)
   -- until unpark releases the session (docs/explanation/lifecycle.md, "Parking a
   -- workspace").

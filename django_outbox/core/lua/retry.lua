@@ -1,6 +1,7 @@
 #!lua
 -- retry: re-arm one entry now (docs/explanation/lifecycle.md, "What retry does"):
--- error -> pending (unverifiable -> verifying when a verifier exists), counters of
+-- error -> pending (unverifiable -> verifying when a verifier exists), expired ->
+-- pending without its expiry (the operator asked for it now), counters of
 -- transient failures and verification passes restarted; pending/verifying -> due now.
 -- A staged entry whose holder is gone is recovered as verifying. An entry staged under
 -- a live lease, the entry the lease is held for, or a parked entry is busy.
@@ -18,7 +19,9 @@ return hinted(function()
   end
   local st, content = split(raw)
   if st.status == 'parked' then return unchanged_reply('busy') end
-  if st.status == 'error' then
+  if st.status == 'expired' then
+    st.status, st.expiresAt = 'pending', nil
+  elseif st.status == 'error' then
     if st.reason == 'unverifiable' and has_verifier == '1' then
       st.status = 'verifying'
     else

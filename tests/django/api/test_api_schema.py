@@ -30,6 +30,7 @@ OPERATIONS = {
     ("post", "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/"): {
         200,
         202,
+        409,
         413,
         415,
         422,

@@ -2,6 +2,14 @@
 -- (docs/explanation/lifecycle.md, "What happens to a message").
 --@include layout entry time lease indices staging reclaim
 
+-- Has a pending entry passed its expiresAt (server clock)? Then it is never sent
+-- (docs/howto/steering.md#expiry). Entries being verified may already be with the agent:
+-- they never expire.
+local function expired_now(st)
+  local at = st.expiresAt
+  return st.status == 'pending' and at ~= nil and at ~= cjson.null and parse_iso(at) <= NOW
+end
+
 -- Claim under lease `token` for `ttl` ms, first acknowledging `acknowledge` (a list of
 -- IDs of delivered entries whose entry_delivered the caller fired under this same
 -- lease; see release.lua). carried: nil, or what a settle in the same script has just
@@ -15,7 +23,8 @@
 --                                 was never acknowledged (their holder died):
 --                                 fire it, then acknowledge with release.lua
 -- deliver/verify/idle answers are followed by the JSON of entries recovered
--- from a dead holder's staging (now verifying).
+-- from a dead holder's staging (now verifying) and of the entries this claim found
+-- past their expiresAt (now expired).
 -- Replay-safe: a holder that calls again gets its staged entry back.
 local function claim(token, ttl, acknowledge, carried)
   local owner = carried and carried.owner or lock_parts()
@@ -76,6 +85,16 @@ local function claim(token, ttl, acknowledge, carried)
   -- all the same (rare); otherwise it is given what this script knows.
   local staged_now = #recovered == 0 and 0 or nil
   local idx, raw, st, content = find_head(items)
+  -- A head past its expiry ends expired here, in the script that would have handed it
+  -- over, so no claim in the same millisecond can send it; the next one is looked at.
+  while idx ~= nil and expired_now(st) do
+    st.status, st.nextAttemptAt = 'expired', nil
+    local new = join(st, content)
+    redis.call('LSET', Q, idx, new)
+    items[idx + 1] = new
+    recovered[#recovered + 1] = new
+    idx, raw, st, content = find_head(items)
+  end
   if idx == nil then
     if owner == token then redis.call('DEL', LOCK) end
     local empty_at = nil

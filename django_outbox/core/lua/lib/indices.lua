@@ -55,7 +55,8 @@ local function wake()
   end
 end
 
-local ATTENTION_STATES = {'"status":"error"', '"status":"parked"', '"status":"verifying"'}
+local ATTENTION_STATES = {'"status":"error"', '"status":"parked"', '"status":"verifying"',
+                          '"status":"expired"'}
 
 -- Does the session need an operator's eye? (Looks only at the state members.)
 local function needs_attention(items, locked, staged)
