@@ -79,6 +79,14 @@ ACCESS_TABLE: tuple[AccessRow, ...] = (
         rest=(f"DELETE {_ENTRY}",),
         admin_actions=("dismiss_entries",),
     ),
+    # Steering the queue (docs/howto/steering.md) asks for the permissions that already
+    # say as much: editing a prompt is writing one (add), reordering is scheduling its
+    # delivery (retry), cancelling a prompt or cutting a turn is taking work away
+    # (dismiss). No new permission rows, so no migration.
+    AccessRow("edit", "add_outboxentry", rest=(f"PATCH {_ENTRY}",)),
+    AccessRow("move", "retry_outboxentry", rest=(f"POST {_ENTRY}move/",)),
+    AccessRow("cancel", "dismiss_outboxentry", rest=(f"POST {_ENTRY}cancel/",)),
+    AccessRow("interrupt", "dismiss_outboxentry"),
     AccessRow(
         "park",
         "park_workspace",

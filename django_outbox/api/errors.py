@@ -21,6 +21,7 @@ body shape / content rule (serializer)              400     ``invalid`` + ``fiel
 ``InvalidContent`` (a content rule of the core)     400     ``invalid``
 ``RetryResult``/``DismissResult.NOT_FOUND``         404     ``not_found``
 ``RetryResult``/``DismissResult.BUSY``              409     ``busy``
+``EditResult.VERSION_MISMATCH`` (stale ``If-Match``)  412     ``version_mismatch``
 ``OutboxUnavailable``                               503     ``unavailable`` + ``accepted``
 ``KeySpaceClaimed`` (another project's key space)   503     ``unavailable`` + ``accepted``
 ==================================================  ======  ==============================
@@ -95,6 +96,19 @@ def busy_response() -> Response:
         "busy",
         "The message is being delivered or verified right now, or is parked (only unpark "
         "moves parked messages). Try again when it has settled.",
+    )
+
+
+def version_mismatch_response(version: int) -> Response:
+    """412 ``version_mismatch``: ``If-Match`` named another session version than the current
+    one (``version``, also sent as the ``ETag``); nothing was changed
+    (docs/howto/steering.md#edit)."""
+    return error_response(
+        status.HTTP_412_PRECONDITION_FAILED,
+        "version_mismatch",
+        "The session changed since you read it (If-Match names an old version); nothing "
+        "was changed. Read the queue again and retry.",
+        headers={"ETag": f'"{version}"'},
     )
 
 

@@ -137,3 +137,14 @@ class OutboxSchemaView(SpectacularAPIView):
         "VERSION": "1",
         "PREPROCESSING_HOOKS": ["django_outbox.api.schema.only_outbox_endpoints"],
     }
+
+
+IF_MATCH_HEADER = OpenApiParameter(
+    "If-Match",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    description='The session version the client last read, quoted ("42"): the list\'s '
+    "`ETag` or `version`, or an event's. Another version answers 412 version_mismatch. "
+    "Without it the edit applies to whatever the message holds now.",
+)

@@ -192,6 +192,41 @@ class AcceptRequestSerializer(serializers.Serializer):
     )
 
 
+class EditRequestSerializer(serializers.Serializer):
+    """PATCH body of a message: ``{text?, model?}``, at least one (docs/howto/steering.md#edit).
+    The rules are accept's: ``text`` 1 byte to ``MAX_TEXT_BYTES`` (413 above), ``model`` a
+    JSON object (a model is replaced, never removed)."""
+
+    text = StrictStringField(min_length=1, required=False, help_text="The new prompt text.")
+    model = ModelField(required=False, help_text="The new model selector (replaces the old).")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("text") is None and attrs.get("model") is None:
+            raise serializers.ValidationError("Give text, model or both.", code="invalid")
+        return attrs
+
+
+class MoveRequestSerializer(serializers.Serializer):
+    """POST body of ``move/``: ``{"before": "<id>"}`` or ``{"to": "next" | "last"}``
+    (docs/howto/steering.md#reorder)."""
+
+    before = StrictStringField(
+        required=False,
+        validators=[RegexValidator(rf"\A{IDENTIFIER_RE.pattern}\Z", "Must be an entry ID.")],
+        help_text="Put the message right before this queued message.",
+    )
+    to = serializers.ChoiceField(
+        choices=["next", "last"],
+        required=False,
+        help_text="next: first after the message in flight or being verified; last: the end.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("before" in attrs) == ("to" in attrs):
+            raise serializers.ValidationError("Give exactly one of before or to.", code="invalid")
+        return attrs
+
+
 class ParkRequestSerializer(serializers.Serializer):
     """POST body of ``park/``: ``{reason}``, a machine code such as ``mode_transition``."""
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from django.urls import path
 
 from .views import (
+    MessageCancelView,
+    MessageMoveView,
     MessageRetryView,
     MessagesView,
     MessageView,
@@ -26,6 +28,16 @@ urlpatterns = [
         f"{_SESSION}messages/<str:entry_id>/retry/",
         MessageRetryView.as_view(),
         name="api-message-retry",
+    ),
+    path(
+        f"{_SESSION}messages/<str:entry_id>/move/",
+        MessageMoveView.as_view(),
+        name="api-message-move",
+    ),
+    path(
+        f"{_SESSION}messages/<str:entry_id>/cancel/",
+        MessageCancelView.as_view(),
+        name="api-message-cancel",
     ),
     path("workspaces/<str:workspace_id>/", WorkspaceView.as_view(), name="api-workspace"),
     path(

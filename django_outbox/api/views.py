@@ -19,17 +19,31 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ..core.entry import DismissResult, Entry, RetryResult
+from ..core.entry import (
+    CancelResult,
+    DismissResult,
+    EditResult,
+    Entry,
+    MoveResult,
+    RetryResult,
+    Snapshot,
+)
 from ..core.rules import entry_for_viewer
-from ..errors import Duplicate
+from ..errors import Duplicate, InvalidContent
 from ..outbox import get_outbox
 from ..policy import reads_error_excerpts
 from .base import OutboxAPIView
-from .errors import busy_response, error_response, not_found_response
+from .errors import (
+    busy_response,
+    error_response,
+    not_found_response,
+    version_mismatch_response,
+)
 from .schema import (
     BODY_ERRORS,
     ENTRY_PARAM,
     FULL_RETRY_AFTER_HEADER,
+    IF_MATCH_HEADER,
     SESSION_PARAM,
     UNAVAILABLE_RETRY_AFTER_HEADER,
     WORKSPACE_PARAM,
@@ -39,8 +53,10 @@ from .schema import (
 from .serializers import (
     AcceptRequestSerializer,
     DuplicateSerializer,
+    EditRequestSerializer,
     EntrySerializer,
     ErrorSerializer,
+    MoveRequestSerializer,
     ParkedSerializer,
     ParkRequestSerializer,
     RemovedSerializer,
@@ -75,7 +91,8 @@ class MessagesView(OutboxAPIView):
     def get(self, request: Request, workspace_id: str, session_id: str) -> Response:
         snapshot = get_outbox().snapshot(workspace_id, session_id)
         return Response(
-            {"version": snapshot.version, "entries": entries_for(request, *snapshot.entries)}
+            {"version": snapshot.version, "entries": entries_for(request, *snapshot.entries)},
+            headers={"ETag": f'"{snapshot.version}"'},
         )
 
     @documented(
@@ -142,9 +159,9 @@ class MessagesView(OutboxAPIView):
 
 
 class MessageView(OutboxAPIView):
-    """``api/workspaces/<ws>/sessions/<ses>/messages/<id>/``: dismiss a message."""
+    """``api/workspaces/<ws>/sessions/<ses>/messages/<id>/``: dismiss or edit a message."""
 
-    actions = {"DELETE": "dismiss"}
+    actions = {"DELETE": "dismiss", "PATCH": "edit"}
 
     @documented(
         operation_id="outbox_message_dismiss",
@@ -170,6 +187,174 @@ class MessageView(OutboxAPIView):
             return not_found_response()
         if result is DismissResult.BUSY:
             return busy_response()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @documented(
+        operation_id="outbox_message_edit",
+        summary="Edit a waiting message",
+        description="Replace the text and/or model of a message that is pending, parked, "
+        "expired or in error; it keeps its ID, place and state. Send `If-Match` with the "
+        "session version you read (the list's `ETag`): another version answers 412 and "
+        "changes nothing. A resend of the original accept (same key, original text) still "
+        "answers 200 duplicate with this ID. Needs `edit`.",
+        parameters=[
+            WORKSPACE_PARAM,
+            SESSION_PARAM,
+            ENTRY_PARAM,
+            IF_MATCH_HEADER,
+            UNAVAILABLE_RETRY_AFTER_HEADER,
+        ],
+        request=EditRequestSerializer,
+        responses=with_common_errors(
+            {
+                200: OpenApiResponse(EntrySerializer, "Edited; the message as it is now."),
+                404: OpenApiResponse(ErrorSerializer, "No such message (not_found)."),
+                409: OpenApiResponse(ErrorSerializer, "Being delivered or verified (busy)."),
+                412: OpenApiResponse(
+                    ErrorSerializer, "If-Match names an old version (version_mismatch)."
+                ),
+                **BODY_ERRORS,
+                413: OpenApiResponse(
+                    ErrorSerializer, "text larger than MAX_TEXT_BYTES, or body too large."
+                ),
+            }
+        ),
+        tags=["outbox"],
+    )
+    def patch(
+        self, request: Request, workspace_id: str, session_id: str, entry_id: str
+    ) -> Response:
+        if_version = if_match_version(request)
+        serializer = EditRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        outbox = get_outbox()
+        result = outbox.edit(
+            workspace_id,
+            session_id,
+            entry_id,
+            text=data.get("text"),
+            model=data.get("model"),
+            if_version=if_version,
+        )
+        if result is EditResult.NOT_FOUND:
+            return not_found_response()
+        if result is EditResult.BUSY:
+            return busy_response()
+        snapshot = outbox.snapshot(workspace_id, session_id)
+        if result is EditResult.VERSION_MISMATCH:
+            return version_mismatch_response(snapshot.version)
+        return entry_response(request, snapshot, entry_id)
+
+
+def if_match_version(request: Request) -> int | None:
+    """The session version an ``If-Match`` header names (``"42"``, ``W/"42"`` or ``42``),
+    or None without one (``*`` too). Raises ``InvalidContent`` (400) for anything else."""
+    header = request.headers.get("If-Match")
+    if header is None or header.strip() == "*":
+        return None
+    value = header.strip().removeprefix("W/").strip('"')
+    if not value.isascii() or not value.isdigit():
+        raise InvalidContent('If-Match must be a session version, e.g. "42"')
+    return int(value)
+
+
+def entry_response(request: Request, snapshot: Snapshot, entry_id: str) -> Response:
+    """200 with the entry as the snapshot holds it and the session version as ``ETag``;
+    404 when it is no longer queued (delivered or removed meanwhile)."""
+    for entry in snapshot.entries:
+        if entry.id == entry_id:
+            return Response(
+                entries_for(request, entry)[0], headers={"ETag": f'"{snapshot.version}"'}
+            )
+    return error_response(
+        status.HTTP_404_NOT_FOUND,
+        "not_found",
+        "The message was changed but is no longer queued (delivered or removed since).",
+    )
+
+
+class MessageMoveView(OutboxAPIView):
+    """``api/workspaces/<ws>/sessions/<ses>/messages/<id>/move/``: reorder a queued message."""
+
+    actions = {"POST": "move"}
+
+    @documented(
+        operation_id="outbox_message_move",
+        summary="Move a queued message",
+        description='Reorder: `{"before": "<id>"}` puts it right before another queued '
+        'message, `{"to": "next"}` first after the message in flight or being verified, '
+        '`{"to": "last"}` at the end. The message in flight or being verified never moves '
+        "and nothing moves ahead of it (409 busy). Moving it where it already stands "
+        "changes nothing. Needs `move`.",
+        parameters=[WORKSPACE_PARAM, SESSION_PARAM, ENTRY_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
+        request=MoveRequestSerializer,
+        responses=with_common_errors(
+            {
+                200: OpenApiResponse(EntrySerializer, "Moved; the message as it is now."),
+                404: OpenApiResponse(
+                    ErrorSerializer, "No such message, or no such message to go before."
+                ),
+                409: OpenApiResponse(
+                    ErrorSerializer, "It, or the place asked for, is in flight (busy)."
+                ),
+                **BODY_ERRORS,
+            }
+        ),
+        tags=["outbox"],
+    )
+    def post(self, request: Request, workspace_id: str, session_id: str, entry_id: str) -> Response:
+        serializer = MoveRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        outbox = get_outbox()
+        result = outbox.move(
+            workspace_id, session_id, entry_id, before=data.get("before"), to=data.get("to")
+        )
+        if result is MoveResult.NOT_FOUND:
+            return not_found_response()
+        if result is MoveResult.BUSY:
+            return busy_response()
+        return entry_response(request, outbox.snapshot(workspace_id, session_id), entry_id)
+
+
+def cancel_in_flight_response(
+    request: Request, workspace_id: str, session_id: str, entry_id: str
+) -> Response:
+    """What ``cancel/`` answers for the message in flight or being verified: for now 409
+    ``busy`` (nothing changed). Cancelling it means cutting the agent's turn; this is the
+    one place that will do it (docs/howto/steering.md#cancel)."""
+    return busy_response()
+
+
+class MessageCancelView(OutboxAPIView):
+    """``api/workspaces/<ws>/sessions/<ses>/messages/<id>/cancel/``: cancel a message."""
+
+    actions = {"POST": "cancel"}
+
+    @documented(
+        operation_id="outbox_message_cancel",
+        summary="Cancel a message",
+        description="A queued message (pending, parked, expired or in error) is removed as "
+        "by DELETE; watchers see it `cancelled`, and its key stays used for DEDUPE_TTL. The "
+        "message in flight or being verified answers 409 busy. Needs `cancel`.",
+        parameters=[WORKSPACE_PARAM, SESSION_PARAM, ENTRY_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
+        request=None,
+        responses=with_common_errors(
+            {
+                204: OpenApiResponse(None, "Cancelled (removed)."),
+                404: OpenApiResponse(ErrorSerializer, "No such message (not_found)."),
+                409: OpenApiResponse(ErrorSerializer, "In flight or being verified (busy)."),
+            }
+        ),
+        tags=["outbox"],
+    )
+    def post(self, request: Request, workspace_id: str, session_id: str, entry_id: str) -> Response:
+        result = get_outbox().cancel(workspace_id, session_id, entry_id)
+        if result is CancelResult.NOT_FOUND:
+            return not_found_response()
+        if result is CancelResult.IN_FLIGHT:
+            return cancel_in_flight_response(request, workspace_id, session_id, entry_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

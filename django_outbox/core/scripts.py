@@ -331,3 +331,26 @@ def due_argv(now_us: int, limit: int, *, with_scores: bool = False) -> list[Any]
     members to return (-1: all), and whether to return their scores. KEYS: one
     due-time ZSET."""
     return [now_us, limit, "1" if with_scores else "0"]
+
+
+def edit_argv(
+    entry_id: str, if_version: int | None, seen: str, content: str, history_ttl_ms: int
+) -> list[Any]:
+    """ARGV[6..10] of ``edit.lua``: the entry ID, the session version the caller saw (``""``:
+    any), the entry's content as read (from ``,"clientMessageID":`` to the end), the new
+    content, the history's TTL (ms; 0: not counted). Reply:
+    :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [entry_id, "" if if_version is None else if_version, seen, content, history_ttl_ms]
+
+
+def move_argv(entry_id: str, where: str, before: str, history_ttl_ms: int) -> list[Any]:
+    """ARGV[6..9] of ``move.lua``: the entry ID, ``next``/``last``/``before``, the entry to
+    go before (``""`` unless ``before``), the history's TTL (ms; 0: not counted). Reply:
+    :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [entry_id, where, before, history_ttl_ms]
+
+
+def cancel_argv(entry_id: str, history_ttl_ms: int) -> list[Any]:
+    """ARGV[6..7] of ``cancel.lua``: the entry ID and the history's TTL (ms; 0: not
+    counted). Reply: :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [entry_id, history_ttl_ms]

@@ -64,6 +64,7 @@ from .scripts import (
     seed_argv,
     unpause_argv,
 )
+from .steering import QueueSteering
 from .step import DeliveryStep
 from .tracing import accept_span, current_traceparent, record
 from .transport import as_text
@@ -79,7 +80,7 @@ UNPAUSE_PASSES = 10
 WATCH_TTL = 24 * 3600
 
 
-class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
+class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep, QueueSteering):
     """The outbox service: one per process, safe for concurrent use.
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from django_outbox import RetryResult, Status
-from django_outbox.errors import Duplicate, InvalidContent, SessionBusy
+from django_outbox import CancelResult, EditResult, MoveResult, RetryResult, Status
+from django_outbox.errors import Duplicate, IdempotencyConflict, InvalidContent, SessionBusy
 from tests.support.helpers import BlockingDeliverer, accept
 
 WS, SES = "w1", "s1"
@@ -166,3 +166,188 @@ def test_a_resend_of_a_rejected_mode_prompt_is_still_a_duplicate(outbox):
 def test_if_busy_names_a_known_choice(outbox, bad):
     with pytest.raises(InvalidContent, match="ifBusy"):
         accept(outbox, if_busy=bad)
+
+
+# --- edit ---------------------------------------------------------------------------
+
+
+def test_edit_replaces_text_and_model_in_place(outbox, signals_log):
+    first = accept(outbox, "a", model={"big": 12345678901234567, "empty": []})
+    accept(outbox, "b")
+    version = outbox.snapshot(WS, SES).version
+    result = outbox.edit(WS, SES, first.id, text="a, edited", if_version=version)
+    assert result is EditResult.UPDATED
+    edited = outbox.list(WS, SES)[0]
+    assert (edited.id, edited.text, edited.seq, edited.client_message_id) == (
+        first.id,
+        "a, edited",
+        first.seq,
+        "a",
+    )
+    assert edited.model == {"big": 12345678901234567, "empty": []}  # kept byte for byte
+    assert outbox.edit(WS, SES, first.id, model={"id": "m2"}) is EditResult.UPDATED
+    assert outbox.list(WS, SES)[0].model == {"id": "m2"}
+    assert outbox.snapshot(WS, SES).version == version + 2
+    assert [kw["state"] for _, kw in signals_log.calls["updated"][-2:]] == ["edited", "edited"]
+    sent = Sent()
+    step(outbox, sent)
+    assert sent.texts == ["a, edited"]
+
+
+def test_a_resend_of_the_original_after_an_edit_is_a_duplicate(outbox):
+    entry = accept(outbox, "k1", "original")
+    assert outbox.edit(WS, SES, entry.id, text="changed") is EditResult.UPDATED
+    with pytest.raises(Duplicate) as caught:
+        accept(outbox, "k1", "original")
+    assert caught.value.accepted_id == entry.id
+    with pytest.raises(IdempotencyConflict):  # the key is bound to what was first sent
+        accept(outbox, "k1", "changed")
+    assert [e.text for e in outbox.list(WS, SES)] == ["changed"]
+
+
+def test_edit_with_a_stale_version_changes_nothing(outbox):
+    entry = accept(outbox, "a")
+    stale = outbox.snapshot(WS, SES).version
+    accept(outbox, "b")
+    assert outbox.edit(WS, SES, entry.id, text="x", if_version=stale) is (
+        EditResult.VERSION_MISMATCH
+    )
+    assert outbox.list(WS, SES)[0].text == "a"
+
+
+def test_edit_of_a_prompt_being_delivered_or_verified_is_busy(outbox):
+    entry = accept(outbox, "a")
+    blocking = BlockingDeliverer()
+
+    async def main():
+        try:
+            task = asyncio.create_task(outbox.adeliver_once(WS, SES, deliverer=blocking))
+            await blocking.started.wait()
+            assert await outbox.aedit(WS, SES, entry.id, text="x") is EditResult.BUSY
+            assert await outbox.amove(WS, SES, entry.id, to="last") is MoveResult.BUSY
+            assert await outbox.acancel(WS, SES, entry.id) is CancelResult.IN_FLIGHT
+            blocking.release()
+            await task
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(main())
+    assert blocking.calls == ["a"] and outbox.list(WS, SES) == []
+
+
+def test_edit_and_cancel_of_an_entry_being_verified_are_refused(make_outbox):
+    from django_outbox import Verdict
+    from django_outbox.errors import AmbiguousError
+
+    async def verify(entry, **kwargs):
+        return Verdict.INCONCLUSIVE
+
+    outbox = make_outbox(verifier=verify, verify_delay=60)
+    entry = accept(outbox, "a")
+
+    async def cut(e, **kwargs):
+        raise AmbiguousError("cut")
+
+    step(outbox, cut)
+    assert outbox.list(WS, SES)[0].status is Status.VERIFYING
+    assert outbox.edit(WS, SES, entry.id, text="x") is EditResult.BUSY
+    assert outbox.cancel(WS, SES, entry.id) is CancelResult.IN_FLIGHT
+    assert outbox.move(WS, SES, entry.id, to="last") is MoveResult.BUSY
+    b = accept(outbox, "b")
+    assert outbox.move(WS, SES, b.id, to="next") is MoveResult.MOVED
+    assert outbox.move(WS, SES, b.id, before=entry.id) is MoveResult.BUSY
+    assert queued(outbox) == ["a", "b"]
+
+
+def test_edit_of_an_expired_prompt_then_retry_sends_the_new_text(make_outbox):
+    clock = Clock()
+    outbox = make_outbox(clock=clock)
+    entry = accept(outbox, "a", expires_after=1)
+    clock.now = T0 + 2
+    step(outbox, Sent())
+    assert outbox.edit(WS, SES, entry.id, text="fresh") is EditResult.UPDATED
+    assert outbox.list(WS, SES)[0].status is Status.EXPIRED
+    outbox.retry(WS, SES, entry.id)
+    sent = Sent()
+    step(outbox, sent)
+    assert sent.texts == ["fresh"]
+
+
+def test_edit_refuses_bad_input_and_missing_entries(outbox):
+    entry = accept(outbox, "a")
+    with pytest.raises(InvalidContent, match="nothing to edit"):
+        outbox.edit(WS, SES, entry.id)
+    with pytest.raises(InvalidContent):
+        outbox.edit(WS, SES, entry.id, text="")
+    with pytest.raises(InvalidContent):
+        outbox.edit(WS, SES, entry.id, text="x", if_version="7")
+    assert outbox.edit(WS, SES, "nope", text="x") is EditResult.NOT_FOUND
+    assert outbox.list(WS, SES)[0].text == "a"
+
+
+# --- move ---------------------------------------------------------------------------
+
+
+def queued(outbox):
+    return [e.text for e in outbox.list(WS, SES)]
+
+
+def test_move_reorders_queued_prompts(outbox, signals_log):
+    _a, b, c = (accept(outbox, k) for k in "abc")
+    assert outbox.move(WS, SES, c.id, to="next") is MoveResult.MOVED
+    assert queued(outbox) == ["c", "a", "b"]
+    assert signals_log.calls["updated"][-1][1]["state"] == "moved"
+    assert outbox.move(WS, SES, c.id, to="last") is MoveResult.MOVED
+    assert queued(outbox) == ["a", "b", "c"]
+    assert outbox.move(WS, SES, c.id, before=b.id) is MoveResult.MOVED
+    assert queued(outbox) == ["a", "c", "b"]
+    version = outbox.snapshot(WS, SES).version
+    assert outbox.move(WS, SES, c.id, before=b.id) is MoveResult.MOVED  # already there
+    assert outbox.snapshot(WS, SES).version == version
+    sent = Sent()
+    for _ in range(3):
+        step(outbox, sent)
+    assert sent.texts == ["a", "c", "b"]
+
+
+def test_nothing_moves_ahead_of_the_prompt_in_flight(outbox):
+    a, b, c = (accept(outbox, k) for k in "abc")
+    blocking = BlockingDeliverer()
+
+    async def main():
+        try:
+            task = asyncio.create_task(outbox.adeliver_once(WS, SES, deliverer=blocking))
+            await blocking.started.wait()
+            assert await outbox.amove(WS, SES, c.id, to="next") is MoveResult.MOVED
+            assert await outbox.amove(WS, SES, b.id, before=a.id) is MoveResult.BUSY
+            blocking.release()
+            await task
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(main())
+    assert queued(outbox) == ["c", "b"]
+
+
+def test_move_refuses_bad_input(outbox):
+    a, b = accept(outbox, "a"), accept(outbox, "b")
+    for kwargs in ({}, {"to": "first"}, {"to": "next", "before": a.id}, {"before": b.id}):
+        with pytest.raises(InvalidContent):
+            outbox.move(WS, SES, b.id, **kwargs)
+    assert outbox.move(WS, SES, b.id, before="gone") is MoveResult.NOT_FOUND
+    assert outbox.move(WS, SES, "gone", to="next") is MoveResult.NOT_FOUND
+    assert queued(outbox) == ["a", "b"]
+
+
+# --- cancel -------------------------------------------------------------------------
+
+
+def test_cancel_removes_a_queued_prompt(outbox, signals_log):
+    accept(outbox, "a")
+    b = accept(outbox, "b")
+    assert outbox.cancel(WS, SES, b.id) is CancelResult.REMOVED
+    assert signals_log.calls["updated"][-1][1]["state"] == "cancelled"
+    assert outbox.cancel(WS, SES, b.id) is CancelResult.NOT_FOUND
+    assert queued(outbox) == ["a"]
+    with pytest.raises(Duplicate):  # its key stays used, as after dismiss
+        accept(outbox, "b")

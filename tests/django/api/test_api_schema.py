@@ -44,6 +44,18 @@ OPERATIONS = {
         "delete",
         "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/{entry_id}/",
     ): {204, 404, 409},
+    (
+        "patch",
+        "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/{entry_id}/",
+    ): {200, 404, 409, 412, 413, 415},
+    (
+        "post",
+        "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/{entry_id}/move/",
+    ): {200, 404, 409, 413, 415},
+    (
+        "post",
+        "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/{entry_id}/cancel/",
+    ): {204, 404, 409},
     ("post", "/outbox/api/workspaces/{workspace_id}/park/"): {200, 413, 415},
     ("post", "/outbox/api/workspaces/{workspace_id}/unpark/"): {200, 413, 415},
     ("delete", "/outbox/api/workspaces/{workspace_id}/"): {200},

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -84,3 +86,106 @@ def test_bad_accept_options_are_400(staff, extra):
     data = assert_error(accept(staff, "c1", **extra), 400, "invalid")
     assert set(data["fieldErrors"]) == set(extra)
     assert texts() == []
+
+
+# --- edit ---------------------------------------------------------------------------
+
+
+def patch_json(client, url: str, data, **headers):
+    return client.patch(url, json.dumps(data), content_type="application/json", **headers)
+
+
+def test_edit_with_the_lists_etag_then_a_stale_one(staff):
+    entry_id = accept(staff, "c1", "original").json()["id"]
+    listed = staff.get(MESSAGES)
+    etag = listed["ETag"]
+    assert etag == f'"{listed.json()["version"]}"'
+    response = patch_json(staff, message_url(entry_id), {"text": "edited"}, HTTP_IF_MATCH=etag)
+    assert response.status_code == 200, response.content
+    assert response.json()["text"] == "edited" and response["ETag"] != etag
+    data = assert_error(
+        patch_json(staff, message_url(entry_id), {"text": "again"}, HTTP_IF_MATCH=etag),
+        412,
+        "version_mismatch",
+    )
+    assert data and texts() == ["edited"]
+    # Without If-Match the edit applies to what the message holds now.
+    assert patch_json(staff, message_url(entry_id), {"model": {"id": "m"}}).status_code == 200
+    # The original request, resent: still a duplicate of the same entry, never a second one.
+    resent = accept(staff, "c1", "original")
+    assert resent.status_code == 200 and resent.json() == {"id": entry_id, "duplicate": True}
+    assert texts() == ["edited"]
+
+
+@pytest.mark.parametrize(
+    ("data", "headers"),
+    [
+        ({}, {}),
+        ({"text": ""}, {}),
+        ({"text": 5}, {}),
+        ({"model": []}, {}),
+        ({"text": "x"}, {"HTTP_IF_MATCH": '"abc"'}),
+    ],
+)
+def test_bad_edits_are_400(staff, data, headers):
+    entry_id = accept(staff, "c1").json()["id"]
+    assert_error(patch_json(staff, message_url(entry_id), data, **headers), 400, "invalid")
+    assert texts() == ["c1"]
+
+
+def test_edit_of_a_missing_message_is_404(staff):
+    assert_error(patch_json(staff, message_url("nope"), {"text": "x"}), 404, "not_found")
+
+
+def test_edit_move_and_cancel_of_the_message_in_flight_are_409(staff):
+    entry_id = accept(staff, "c1").json()["id"]
+    other = accept(staff, "c2").json()["id"]
+    outbox = get_outbox()
+    started, release = threading.Event(), threading.Event()
+
+    async def deliver(entry, **kwargs):  # a slow agent, in a worker thread of its own
+        started.set()
+        await asyncio.to_thread(release.wait, 30)
+
+    async def one_step():
+        try:
+            await outbox.adeliver_once(WS, SES, deliverer=deliver)
+        finally:
+            await outbox.aclose()
+
+    worker = threading.Thread(target=asyncio.run, args=(one_step(),))
+    worker.start()
+    try:
+        assert started.wait(30)
+        answers = {
+            "edit": patch_json(staff, message_url(entry_id), {"text": "x"}),
+            "move": post_json(staff, message_url(entry_id, "move"), {"to": "last"}),
+            "before": post_json(staff, message_url(other, "move"), {"before": entry_id}),
+            "cancel": post_json(staff, message_url(entry_id, "cancel")),
+        }
+    finally:
+        release.set()
+        worker.join(30)
+    for name in ("edit", "move", "before", "cancel"):
+        assert_error(answers[name], 409, "busy")
+    assert texts() == ["c2"]
+
+
+# --- move and cancel ------------------------------------------------------------------
+
+
+def test_move_and_cancel(staff):
+    a, b, c = (accept(staff, k).json()["id"] for k in ("a", "b", "c"))
+    response = post_json(staff, message_url(c, "move"), {"to": "next"})
+    assert response.status_code == 200 and response.json()["id"] == c
+    assert texts() == ["c", "a", "b"]
+    assert post_json(staff, message_url(c, "move"), {"before": b}).status_code == 200
+    assert texts() == ["a", "c", "b"]
+    assert post_json(staff, message_url(a, "move"), {"to": "last"}).status_code == 200
+    assert texts() == ["c", "b", "a"]
+    assert_error(post_json(staff, message_url(a, "move"), {"before": "gone"}), 404, "not_found")
+    for bad in ({}, {"to": "first"}, {"to": "next", "before": b}, {"before": "a b"}):
+        assert_error(post_json(staff, message_url(a, "move"), bad), 400, "invalid")
+    assert post_json(staff, message_url(b, "cancel")).status_code == 204
+    assert_error(post_json(staff, message_url(b, "cancel")), 404, "not_found")
+    assert texts() == ["c", "a"]

@@ -1,0 +1,23 @@
+#!lua flags=allow-oom
+-- cancel: remove one queued prompt, as dismiss does (docs/howto/steering.md#cancel); its
+-- dedupe marker stays. A prompt in flight or being verified is not removed: cancelling
+-- it means cutting the agent's turn, and its outcome must be verified first.
+-- ARGV[6] entry ID  ARGV[7] HISTORY_WINDOW (ms; 0: not counted)
+-- Returns {'removed' | 'not_found' | 'in_flight', version, count, watched, removed entry}.
+--@include entry users operator steering hinted
+local id, history_ttl = ARGV[6], tonumber(ARGV[7])
+
+return hinted(function()
+  local where, raw = locate(id)
+  if where == nil then
+    if raw[1] == 'busy' then return unchanged_reply('in_flight') end
+    return raw  -- not_found
+  end
+  if where == 'staged' then return unchanged_reply('in_flight') end
+  local _, _, lock_entry = lock_parts()
+  local st = split(raw)
+  if pinned(st, lock_entry) then return unchanged_reply('in_flight') end
+  redis.call('LREM', Q, 1, raw)
+  uncount(st)
+  return operator_reply('removed', 1, {raw}, history_ttl)
+end)
