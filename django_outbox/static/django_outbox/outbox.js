@@ -7,6 +7,10 @@
  *     outbox.send("ws1", "ses_1", "Fix the flaky test");          // survives reloads
  *     const sub = outbox.subscribe("ws1", "ses_1", (view) => render(view));
  *     sub.retry(entryID); sub.dismiss(entryID); sub.close();
+ *     // steering (docs/howto/steering.md): options of a send, and acting on queued prompts
+ *     outbox.send("ws1", "ses_1", "Only if idle", { ifBusy: "reject", expiresAfter: 60 });
+ *     sub.edit(entryID, { text: "better words" }); sub.move(entryID, { to: "next" });
+ *     sub.cancel(entryID);
  *   </script>
  *
  * send() is the client's half of "a disconnect never loses a message": it gives the
@@ -472,6 +476,9 @@ export function createOutbox(options = {}) {
     };
     if (user) item.user = user;
     if (sendOptions.model !== undefined) item.model = sendOptions.model;
+    // Accept options (docs/howto/steering.md); an unknown one is the server's 400, final.
+    if (sendOptions.ifBusy !== undefined) item.ifBusy = sendOptions.ifBusy;
+    if (sendOptions.expiresAfter !== undefined) item.expiresAfter = sendOptions.expiresAfter;
     const known = waiters.get(item.clientMessageID);
     if (known) return known.promise;
     let waiter;
@@ -546,6 +553,8 @@ export function createOutbox(options = {}) {
     const state = progressOf(item.clientMessageID);
     const body = { clientMessageID: item.clientMessageID, text: item.text };
     if (item.model !== undefined) body.model = item.model;
+    if (item.ifBusy !== undefined) body.ifBusy = item.ifBusy;
+    if (item.expiresAfter !== undefined) body.expiresAfter = item.expiresAfter;
     const controller = new AbortController();
     const abort = setTimeout(() => controller.abort(), opts.requestTimeout);
     let status = 0;
@@ -638,8 +647,13 @@ export function createOutbox(options = {}) {
       });
   }
 
-  /** Stop resending a prompt that was never acknowledged (a POST on the wire may still land). */
-  function cancel(clientMessageID) {
+  /**
+   * Stop resending a prompt that was never acknowledged (a POST on the wire may still
+   * land): cancel(clientMessageID). With three arguments, cancel(workspace, session, id)
+   * cancels a queued prompt on the server instead (see cancelMessage).
+   */
+  function cancel(clientMessageID, session, id) {
+    if (id !== undefined) return cancelMessage(clientMessageID, session, id);
     const item = find(clientMessageID) ||
       waiters.get(clientMessageID)?.item || { clientMessageID };
     // The session's next prompt gets its own try (the refusal was this one's).
@@ -651,16 +665,21 @@ export function createOutbox(options = {}) {
 
   // -- retry / dismiss -------------------------------------------------------------------
 
-  async function call(method, url) {
+  async function call(method, url, body, headers = {}) {
     if (loginChanged() && loginHold?.code !== "other_user") holdLogin("login_changed");
     if (loginHold?.code === "login_changed" || loginHold?.code === "other_user") {
       throw new OutboxError(0, loginHold.code, loginHold.detail);
     }
-    const response = await doFetch(url, {
+    const init = {
       method,
       credentials: "same-origin",
-      headers: { Accept: "application/json", [opts.csrfHeader]: csrf() },
-    });
+      headers: { Accept: "application/json", [opts.csrfHeader]: csrf(), ...headers },
+    };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await doFetch(url, init);
     const data = response.status === 204 ? null : await response.json().catch(() => null);
     if (response.redirected) {
       const detail = "the server redirected the request (to a login page?)";
@@ -680,6 +699,32 @@ export function createOutbox(options = {}) {
     return call("DELETE", `${messagesURL(workspace, session)}${encodeURIComponent(id)}/`);
   }
 
+  // -- steering (docs/howto/steering.md) ----------------------------------------------
+
+  function entryURL(workspace, session, id) {
+    return `${messagesURL(workspace, session)}${encodeURIComponent(id)}/`;
+  }
+
+  /**
+   * Edit a waiting prompt: change = {text?, model?}. `version` (the session version you
+   * last saw) is sent as If-Match: 412 version_mismatch if the queue changed since. 409
+   * busy once it is being delivered or verified, 404 gone: all throw OutboxError.
+   */
+  function edit(workspace, session, id, change, { version } = {}) {
+    const headers = version === undefined || version === null ? {} : { "If-Match": `"${version}"` };
+    return call("PATCH", entryURL(workspace, session, id), change, headers);
+  }
+
+  /** Reorder a queued prompt: place = {before: id} or {to: "next" | "last"}. */
+  function move(workspace, session, id, place) {
+    return call("POST", `${entryURL(workspace, session, id)}move/`, place);
+  }
+
+  /** Cancel a queued prompt on the server (removed, as dismiss). 409 while in flight. */
+  function cancelMessage(workspace, session, id) {
+    return call("POST", `${entryURL(workspace, session, id)}cancel/`);
+  }
+
   // -- watching ------------------------------------------------------------------------
 
   function subscribe(workspace, session, onChange) {
@@ -689,6 +734,9 @@ export function createOutbox(options = {}) {
       hold: () => holdOf(workspace, session),
       retry: (id) => retry(workspace, session, id),
       dismiss: (id) => dismiss(workspace, session, id),
+      edit: (id, change, options) => edit(workspace, session, id, change, options),
+      move: (id, place) => move(workspace, session, id, place),
+      cancel: (id) => cancelMessage(workspace, session, id),
       forget: () => subscriptions.delete(sub),
     });
     subscriptions.add(sub);
@@ -779,6 +827,8 @@ export function createOutbox(options = {}) {
     subscribe,
     retry,
     dismiss,
+    edit,
+    move,
     pending,
     cancel,
     close,
@@ -838,6 +888,21 @@ class Subscription {
 
   dismiss(id) {
     return this.ctx.dismiss(id);
+  }
+
+  /** Edit a waiting prompt ({text?, model?}), If-Match this view's version by default. */
+  edit(id, change, { version = this.version } = {}) {
+    return this.ctx.edit(id, change, { version });
+  }
+
+  /** Reorder a queued prompt: {before: id} or {to: "next" | "last"}. */
+  move(id, place) {
+    return this.ctx.move(id, place);
+  }
+
+  /** Cancel a queued prompt on the server. */
+  cancel(id) {
+    return this.ctx.cancel(id);
   }
 
   /** Ask the server for a fresh snapshot (also done automatically on a version gap). */
@@ -1086,7 +1151,9 @@ class Subscription {
   }
 
   _apply(state, entry) {
-    if (state === "sent" || state === "dismissed") {
+    // A change that leaves the prompt where it was (an edit, a move) shows its status.
+    if (state === "edited" || state === "moved") state = stateOf(entry);
+    if (state === "sent" || state === "dismissed" || state === "cancelled") {
       this._finish(this._row(state, entry));
     } else if (!this.finished.has(entry.id)) {
       this.entries.set(entry.id, this._row(state, entry));
