@@ -351,3 +351,38 @@ def test_cancel_removes_a_queued_prompt(outbox, signals_log):
     assert queued(outbox) == ["a"]
     with pytest.raises(Duplicate):  # its key stays used, as after dismiss
         accept(outbox, "b")
+
+
+def test_concurrent_edits_never_lose_one(outbox):
+    from django_outbox.core.plans import Cmd
+
+    entry = accept(outbox, "a", model={"id": "m1"})
+
+    def racing(plan):
+        """Drive ``plan``, letting another edit land right after its first read."""
+        effect, raced = plan.send(None), False
+        while True:
+            answer = yield effect
+            if not raced and isinstance(effect, Cmd):
+                raced = True
+                assert outbox.edit(WS, SES, entry.id, model={"id": "m2"}) is EditResult.UPDATED
+            try:
+                effect = plan.send(answer)
+            except StopIteration as stop:
+                return stop.value
+
+    result = outbox._run(racing(outbox._edit_plan(WS, SES, entry.id, "mine", None, None)))
+    assert result is EditResult.UPDATED
+    [edited] = outbox.list(WS, SES)
+    assert (edited.text, edited.model) == ("mine", {"id": "m2"})
+
+
+def test_cancel_of_a_prompt_a_dead_worker_left_staged_is_in_flight(outbox):
+    from tests.support.helpers import make_entry
+
+    staged = make_entry("left behind", status=Status.DELIVERING, attempts=0)
+    outbox.seed_entry_for_test(WS, SES, staged.to_json())
+    assert outbox.cancel(WS, SES, staged.id) is CancelResult.IN_FLIGHT
+    assert outbox.edit(WS, SES, staged.id, text="x") is EditResult.BUSY
+    assert outbox.move(WS, SES, staged.id, to="last") is MoveResult.BUSY
+    assert [(e.id, e.text) for e in outbox.list(WS, SES)] == [(staged.id, "left behind")]
