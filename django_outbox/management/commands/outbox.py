@@ -7,6 +7,9 @@ Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the
 - ``inspect <workspace> [<session>] [--json]``: a workspace's sessions, or one session's
   entries and lease.
 - ``retry <workspace> <session> <entry>``, ``dismiss <workspace> <session> <entry>``.
+- ``edit <workspace> <session> <entry> [--text T] [--model JSON] [--if-version N]``,
+  ``move <workspace> <session> <entry> (--before ID | --to next|last)``,
+  ``cancel <workspace> <session> <entry>`` (docs/howto/steering.md).
 - ``park <workspace> --reason CODE``, ``unpark <workspace> [--reason CODE]``.
 - ``cleanup <workspace> [--yes]``: asks for confirmation unless ``--yes``.
 - ``claim [--force]``, ``release``: this project's claim on the key space
@@ -28,7 +31,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_outbox.core.entry import DismissResult, RetryResult
+from django_outbox.core.entry import (
+    CancelResult,
+    DismissResult,
+    EditResult,
+    MoveResult,
+    RetryResult,
+)
 from django_outbox.core.history import summary
 from django_outbox.core.owner import ClaimResult
 from django_outbox.core.redaction import redact
@@ -94,7 +103,8 @@ def _seconds(bound: float | str) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Look at the outbox and act on it: status, inspect, retry, dismiss, park, unpark, "
+        "Look at the outbox and act on it: status, inspect, retry, dismiss, edit, move, cancel, "
+        "park, unpark, "
         "cleanup, claim, release. Exit codes: 0 done, 1 not found, 2 refused (busy, bad input, not "
         "confirmed), 3 Valkey unavailable."
     )
@@ -125,6 +135,22 @@ class Command(BaseCommand):
             one.add_argument("workspace")
             one.add_argument("session")
             one.add_argument("entry")
+
+        edit = sub.add_parser("edit", help="change the text or model of a waiting prompt")
+        move = sub.add_parser("move", help="reorder a queued prompt")
+        cancel = sub.add_parser("cancel", help="remove a queued prompt (not the one in flight)")
+        for one in (edit, move, cancel):
+            one.add_argument("workspace")
+            one.add_argument("session")
+            one.add_argument("entry")
+        edit.add_argument("--text", help="the new prompt text")
+        edit.add_argument("--model", help="the new model selector, a JSON object")
+        edit.add_argument(
+            "--if-version", type=int, help="refuse unless the session is at this version"
+        )
+        where = move.add_mutually_exclusive_group(required=True)
+        where.add_argument("--before", help="put it right before this queued entry")
+        where.add_argument("--to", choices=["next", "last"])
 
         park = sub.add_parser("park", help="pause a workspace (parks what is queued)")
         park.add_argument("workspace")
@@ -324,6 +350,57 @@ class Command(BaseCommand):
                 REFUSED,
             )
         self.stdout.write(f"Dismissed {ref}: it will never be delivered.")
+
+    def _edit(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ref = self._ref(options)
+        model = None
+        if options["model"] is not None:
+            try:
+                model = json.loads(options["model"])
+            except ValueError as exc:
+                raise _exit(f"--model is not JSON: {exc}", REFUSED) from exc
+        result = outbox.edit(
+            options["workspace"],
+            options["session"],
+            options["entry"],
+            text=options["text"],
+            model=model,
+            if_version=options["if_version"],
+        )
+        if result is EditResult.NOT_FOUND:
+            raise _exit(f"Not found: {ref} (delivered, dismissed or cleaned up).", NOT_FOUND)
+        if result is EditResult.BUSY:
+            raise _exit(f"Busy, not edited: {ref} is being delivered or verified.", REFUSED)
+        if result is EditResult.VERSION_MISMATCH:
+            raise _exit("Not edited: the session is no longer at the version given.", REFUSED)
+        self.stdout.write(f"Edited {ref}.")
+
+    def _move(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ref = self._ref(options)
+        result = outbox.move(
+            options["workspace"],
+            options["session"],
+            options["entry"],
+            before=options["before"],
+            to=options["to"],
+        )
+        if result is MoveResult.NOT_FOUND:
+            raise _exit(f"Not found: {ref}, or the entry to go before, is not queued.", NOT_FOUND)
+        if result is MoveResult.BUSY:
+            raise _exit(
+                f"Busy, not moved: {ref} or the place asked for is in flight or being verified.",
+                REFUSED,
+            )
+        self.stdout.write(f"Moved {ref}.")
+
+    def _cancel(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ref = self._ref(options)
+        result = outbox.cancel(options["workspace"], options["session"], options["entry"])
+        if result is CancelResult.NOT_FOUND:
+            raise _exit(f"Not found: {ref} (delivered, dismissed or cleaned up).", NOT_FOUND)
+        if result is CancelResult.IN_FLIGHT:
+            raise _exit(f"In flight, not cancelled: {ref} is being delivered or verified.", REFUSED)
+        self.stdout.write(f"Cancelled {ref}: it will never be delivered.")
 
     def _park(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws = options["workspace"]
