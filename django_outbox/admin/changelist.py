@@ -42,6 +42,7 @@ STATUS_FILTERS: list[tuple[str, str]] = [
     (ATTENTION, "Needs attention"),
     ("error", "Error"),
     ("parked", "Parked"),
+    ("expired", "Expired"),
     ("verifying", "Verifying"),
     ("blocked", "Blocked behind a lease"),
     ("pending", "Pending"),
@@ -49,7 +50,7 @@ STATUS_FILTERS: list[tuple[str, str]] = [
     ("all", "All"),
 ]
 #: Filters answered from the attention index (their entries only live in those sessions).
-ATTENTION_FILTERS = {ATTENTION, "error", "parked", "verifying", "blocked"}
+ATTENTION_FILTERS = {ATTENTION, "error", "parked", "expired", "verifying", "blocked"}
 STATUS_VAR, SEARCH_VAR, AFTER_VAR, BEFORE_VAR = "status", "q", "after", "before"
 #: The note shown when a page link's position cannot be read.
 BAD_POSITION = "This page link is not valid any more; showing the first page."
@@ -192,7 +193,7 @@ def matches(status_filter: str, state: str, session_blocked: bool) -> bool:
         return True
     if status_filter == ATTENTION:
         # The blocker (the entry in flight) is shown beside the entries it blocks.
-        return state in ("error", "parked", "verifying", "blocked", "orphaned") or (
+        return state in ("error", "parked", "expired", "verifying", "blocked", "orphaned") or (
             state == "delivering" and session_blocked
         )
     if status_filter == "pending":
