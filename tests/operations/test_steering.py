@@ -386,3 +386,14 @@ def test_cancel_of_a_prompt_a_dead_worker_left_staged_is_in_flight(outbox):
     assert outbox.edit(WS, SES, staged.id, text="x") is EditResult.BUSY
     assert outbox.move(WS, SES, staged.id, to="last") is MoveResult.BUSY
     assert [(e.id, e.text) for e in outbox.list(WS, SES)] == [(staged.id, "left behind")]
+
+
+def test_merge_prompts_are_stored_with_their_mode_and_delivered_in_order(outbox):
+    accept(outbox, "a")
+    accept(outbox, "b", if_busy="merge")
+    accept(outbox, "c", if_busy="merge")
+    assert [e.mode for e in outbox.list(WS, SES)] == ["queue", "merge", "merge"]
+    sent = Sent()
+    for _ in range(3):
+        step(outbox, sent)
+    assert sent.texts == ["a", "b", "c"]
