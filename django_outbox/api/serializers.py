@@ -312,6 +312,11 @@ class EntrySerializer(serializers.Serializer):
         required=False,
         help_text="The accept's ifBusy when not queue (absent: queue).",
     )
+    mergedInto = serializers.CharField(
+        required=False,
+        help_text="For a merge prompt delivered in one message with others: the ID of that "
+        "message's first entry (while its outcome is being verified).",
+    )
     clientMessageID = serializers.CharField()
     userID = serializers.CharField(help_text="The accepting user's primary key.")
     text = serializers.CharField()

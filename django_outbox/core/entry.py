@@ -208,6 +208,7 @@ _STATE_FIELDS = (
     ("deliveredAt", "delivered_at"),
     ("expiresAt", "expires_at"),
     ("mode", "mode"),
+    ("mergedInto", "merged_into"),
 )
 _CONTENT_FIELDS = (
     ("clientMessageID", "client_message_id"),
@@ -231,6 +232,7 @@ _STRING_FIELDS = {
     "text": "text",
     "traceparent": "traceparent",
     "mode": "mode",
+    "mergedInto": "merged_into",
 }
 _PARKED_FROM = {"pending", "verifying", "delivering"}
 #: State members the scripts keep that an Entry does not carry: ``userDigest``, the
@@ -322,6 +324,15 @@ class Entry:
     #: default, omitted from the JSON), ``reject`` or ``merge``
     #: (docs/howto/steering.md#busy-sessions).
     mode: str = "queue"
+    #: For a ``merge`` prompt delivered in one agent message with others: the ID of that
+    #: message's first entry (``mergedInto``; the agent knows the message by that entry's
+    #: message ID). Kept while the group's outcome is unknown, so it is verified once, for
+    #: the group (docs/howto/steering.md#merging). None otherwise.
+    merged_into: str | None = None
+    #: Set by the claim only, never stored: the texts of a merged delivery in accept order
+    #: (this entry's first), which the deliverer sends as one message's parts; () for a
+    #: prompt delivered alone (send ``text``).
+    parts: tuple[str, ...] = ()
     #: Set by ``list`` / snapshots only, never stored (``blockedByInFlight``): a pending
     #: entry waiting behind a delivery in flight in its session.
     blocked_by_in_flight: bool = False

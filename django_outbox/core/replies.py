@@ -22,6 +22,8 @@ _CONTENT = ',"clientMessageID":'
 _CONTENT_B = _CONTENT.encode()
 _EXPIRED = '"status":"expired"'
 _EXPIRED_B = _EXPIRED.encode()
+_DELIVERING = '"status":"delivering"'
+_DELIVERING_B = _DELIVERING.encode()
 
 
 def _text(value: Any) -> str:
@@ -89,7 +91,9 @@ class ClaimReply:
     (``entry`` staged as delivering), ``verify`` (``entry`` awaits verification) or
     ``owed`` (``owed``: delivered entries whose ``entry_delivered`` is owed).
     ``recovered``: entries a dead holder left staged, now verifying; ``expired``: entries
-    the claim found past their ``expiresAt``, now expired (docs/howto/steering.md#expiry)."""
+    the claim found past their ``expiresAt``, now expired (docs/howto/steering.md#expiry);
+    ``members``: for a merged delivery, the entries staged with ``entry`` in one agent
+    message, in order (docs/howto/steering.md#merging)."""
 
     kind: str
     entry: RawEntry | None = None
@@ -99,6 +103,7 @@ class ClaimReply:
     owed: tuple[RawEntry, ...] = ()
     pttl: int = 0
     expired: tuple[RawEntry, ...] = ()
+    members: tuple[RawEntry, ...] = ()
 
     @classmethod
     def parse(cls, answer: Sequence[Any]) -> ClaimReply:
@@ -110,10 +115,16 @@ class ClaimReply:
             return cls(kind, None, version, watched, owed=_entries(answer[4:]))
         recovered: list[RawEntry] = []
         expired: list[RawEntry] = []
+        members: list[RawEntry] = []
         for raw in answer[4:]:
-            state = raw[: raw.find(_CONTENT_B if isinstance(raw, bytes) else _CONTENT)]
-            is_expired = (_EXPIRED_B if isinstance(raw, bytes) else _EXPIRED) in state
-            (expired if is_expired else recovered).append(raw)
+            binary = isinstance(raw, bytes)
+            state = raw[: raw.find(_CONTENT_B if binary else _CONTENT)]
+            if (_EXPIRED_B if binary else _EXPIRED) in state:
+                expired.append(raw)
+            elif (_DELIVERING_B if binary else _DELIVERING) in state:
+                members.append(raw)
+            else:
+                recovered.append(raw)
         return cls(
             kind,
             answer[1] or None,
@@ -121,6 +132,7 @@ class ClaimReply:
             watched,
             tuple(recovered),
             expired=tuple(expired),
+            members=tuple(members),
         )
 
 
@@ -132,13 +144,15 @@ class SettleReply:
     (``entry`` as it is now), ``replayed`` (this settle ran before and its reply was
     lost: ``replayed`` says ``removed`` or ``updated``), ``lost`` (the lease is not the
     holder's) or ``gone``. ``delivered`` is True when the delivery is recorded (now or
-    by the replayed call)."""
+    by the replayed call). ``members``: for ``updated``, the entries of a merged message
+    that took the same outcome, as they are now (docs/howto/steering.md#merging)."""
 
     kind: str
     entry: RawEntry | None = None
     version: int = 0
     watched: bool = False
     replayed: str = ""
+    members: tuple[RawEntry, ...] = ()
 
     @property
     def delivered(self) -> bool:
@@ -148,7 +162,9 @@ class SettleReply:
     def parse(cls, answer: Sequence[Any]) -> SettleReply:
         kind = _text(answer[0])
         if kind in ("removed", "updated"):
-            return cls(kind, answer[1], int(answer[2]), bool(answer[3]))
+            return cls(
+                kind, answer[1], int(answer[2]), bool(answer[3]), members=_entries(answer[4:])
+            )
         if kind == "replayed":
             return cls(kind, replayed=_text(answer[1]))
         return cls(kind)

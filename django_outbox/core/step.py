@@ -351,14 +351,19 @@ class DeliveryStep(OutboxBase):
             "updated", [*recovered, *reply.expired], ws, ses, version, None, watched
         )
         entry = Entry.from_json(reply.entry) if reply.entry else None
+        members = [Entry.from_json(raw) for raw in reply.members]
+        if entry is not None and members:
+            # One agent message for the merged run (docs/howto/steering.md#merging).
+            entry = entry.evolve(parts=(entry.text, *(m.text for m in members)))
         if kind == "unreplicated":
             return (kind, entry, len(recovered))
         if kind == "deliver" and entry is not None:
             for event_kind in ("staged", "updated"):
                 if self.listening(event_kind, watched):
-                    events.append(
-                        OutboxEvent(event_kind, "delivering", entry, ws, ses, version, watched)
-                    )
+                    for staged in (entry, *members):
+                        events.append(
+                            OutboxEvent(event_kind, "delivering", staged, ws, ses, version, watched)
+                        )
         if events:
             yield Emit(events)
         return (kind, entry, len(recovered))
@@ -535,8 +540,9 @@ class DeliveryStep(OutboxBase):
                         return "owed"  # a receiver asked for it again: not acknowledged
             kind = "removed"  # the caller acknowledges (release, or the next claim)
         elif kind == "updated" and reply.entry is not None:
+            changed = [reply.entry, *reply.members]
             yield Emit(
-                self._events("updated", [reply.entry], ws, ses, reply.version, None, reply.watched)
+                self._events("updated", changed, ws, ses, reply.version, None, reply.watched)
             )
         elif kind == "lost":
             logger.warning(

@@ -313,7 +313,8 @@ class OpencodeClient:
         """Send ``entry`` as a user prompt: ``POST {base}/session/{session_id}/message``.
 
         Body: ``{"parts": [{"type": "text", "text": entry.text}], "messageID":
-        message_id_for(entry)}``, plus ``"model": entry.model`` when the entry has
+        message_id_for(entry)}`` (one text part per prompt of ``entry.parts`` for a merged
+        delivery), plus ``"model": entry.model`` when the entry has
         one. Returns when opencode answers 2xx (the turn has ended; the message is
         in the transcript). ``workspace_id`` and ``attempt`` are not sent.
 
@@ -354,7 +355,9 @@ class OpencodeClient:
         """
         path = f"/session/{_check_session_id(session_id)}/message"
         body: dict[str, Any] = {
-            "parts": [{"type": "text", "text": entry.text}],
+            # A merged delivery is one message with each prompt's text as a part, in
+            # accept order (docs/howto/steering.md#merging).
+            "parts": [{"type": "text", "text": text} for text in (entry.parts or (entry.text,))],
             "messageID": message_id_for(entry),
         }
         if entry.model is not None:

@@ -388,12 +388,156 @@ def test_cancel_of_a_prompt_a_dead_worker_left_staged_is_in_flight(outbox):
     assert [(e.id, e.text) for e in outbox.list(WS, SES)] == [(staged.id, "left behind")]
 
 
-def test_merge_prompts_are_stored_with_their_mode_and_delivered_in_order(outbox):
+# --- merge --------------------------------------------------------------------------
+
+
+class Parts:
+    """A deliverer that records the parts of each message it was handed, and fails the
+    way it is told (None: delivered)."""
+
+    def __init__(self, *raises):
+        self.messages = []
+        self.raises = list(raises)
+
+    async def __call__(self, entry, **kwargs):
+        self.messages.append(list(entry.parts or (entry.text,)))
+        error = self.raises.pop(0) if self.raises else None
+        if error is not None:
+            raise error
+
+
+def drain(outbox, deliverer, steps=10):
+    """Step the session until nothing is due (owed signals fired included)."""
+    for _ in range(steps):
+        if not step(outbox, deliverer):
+            return
+    raise AssertionError("the session never went idle")
+
+
+def test_merge_prompts_behind_a_turn_go_as_one_message(outbox, signals_log):
+    a = accept(outbox, "a")
+    blocking = BlockingDeliverer()
+    ids = {}
+
+    async def main():
+        try:
+            task = asyncio.create_task(outbox.adeliver_once(WS, SES, deliverer=blocking))
+            await blocking.started.wait()
+            for key in ("b", "c", "d"):
+                e = await outbox.aaccept(
+                    WS, SES, user_id="u", client_message_id=key, text=key, if_busy="merge"
+                )
+                ids[key] = e.id
+            e = await outbox.aaccept(WS, SES, user_id="u", client_message_id="e", text="e")
+            ids["e"] = e.id
+            blocking.release()
+            await task
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(main())
+    parts = Parts()
+    drain(outbox, parts)
+    assert parts.messages == [["b", "c", "d"], ["e"]]
+    assert outbox.list(WS, SES) == []
+    assert sorted(signals_log.ids("delivered")) == sorted([a.id, *ids.values()])
+
+
+def test_a_queue_prompt_is_never_merged_and_order_holds(outbox):
     accept(outbox, "a")
     accept(outbox, "b", if_busy="merge")
     accept(outbox, "c", if_busy="merge")
-    assert [e.mode for e in outbox.list(WS, SES)] == ["queue", "merge", "merge"]
-    sent = Sent()
-    for _ in range(3):
-        step(outbox, sent)
-    assert sent.texts == ["a", "b", "c"]
+    accept(outbox, "d")
+    accept(outbox, "e", if_busy="merge")
+    parts = Parts()
+    drain(outbox, parts)
+    assert parts.messages == [["a"], ["b", "c"], ["d"], ["e"]]
+
+
+def test_a_merged_message_with_an_unknown_outcome_is_verified_once_for_all(
+    make_outbox, signals_log
+):
+    from django_outbox import Verdict
+    from django_outbox.errors import AmbiguousError
+
+    verified = []
+
+    async def verify(entry, **kwargs):
+        verified.append(entry.text)
+        return Verdict.DELIVERED
+
+    outbox = make_outbox(verifier=verify, verify_delay=0)
+    b = accept(outbox, "b", if_busy="merge")
+    c = accept(outbox, "c", if_busy="merge")
+    parts = Parts(AmbiguousError("cut"))
+    step(outbox, parts)
+    assert [(e.status, e.merged_into) for e in outbox.list(WS, SES)] == [
+        (Status.VERIFYING, b.id),
+        (Status.VERIFYING, b.id),
+    ]
+    drain(outbox, parts)
+    assert parts.messages == [["b", "c"]]  # never sent again
+    assert verified == ["b"]
+    assert set(signals_log.ids("delivered")) == {b.id, c.id}
+    assert outbox.list(WS, SES) == []
+
+
+def test_a_merged_message_proven_absent_is_sent_again_for_all(make_outbox):
+    from django_outbox import Verdict
+    from django_outbox.errors import AmbiguousError
+
+    async def verify(entry, **kwargs):
+        return Verdict.ABSENT
+
+    outbox = make_outbox(verifier=verify, verify_delay=0, retry_backoff=0.001, max_backoff=0.001)
+    accept(outbox, "b", if_busy="merge")
+    accept(outbox, "c", if_busy="merge")
+    parts = Parts(AmbiguousError("cut"))
+    step(outbox, parts)
+    step(outbox, parts)  # the verification: absent for both
+    after = outbox.list(WS, SES)
+    assert [(e.status, e.attempts, e.merged_into) for e in after] == [
+        (Status.PENDING, 1, None),
+        (Status.PENDING, 1, None),
+    ]
+    outbox.retry(WS, SES, after[0].id)
+    outbox.retry(WS, SES, after[1].id)
+    drain(outbox, parts)
+    assert parts.messages == [["b", "c"], ["b", "c"]]
+    assert outbox.list(WS, SES) == []
+
+
+def test_a_failed_merged_message_counts_an_attempt_for_each(make_outbox):
+    outbox = make_outbox(max_attempts=1)
+    accept(outbox, "b", if_busy="merge")
+    accept(outbox, "c", if_busy="merge")
+    step(outbox, Parts(RuntimeError("refused")))
+    assert [(e.text, e.status, e.reason) for e in outbox.list(WS, SES)] == [
+        ("b", Status.ERROR, "max_attempts"),
+        ("c", Status.ERROR, "max_attempts"),
+    ]
+
+
+def test_a_merged_delivery_a_dead_worker_left_is_verified_for_all(make_outbox, signals_log):
+    import redis
+
+    from django_outbox import Verdict
+
+    verified = []
+
+    async def verify(entry, **kwargs):
+        verified.append(entry.text)
+        return Verdict.DELIVERED
+
+    outbox = make_outbox(verifier=verify, verify_delay=0)
+    b = accept(outbox, "b", if_busy="merge")
+    c = accept(outbox, "c", if_busy="merge")
+    kind, claimed, _ = outbox._run(outbox._claim_plan(WS, SES, "dead-worker", []))
+    assert kind == "deliver" and claimed.parts == ("b", "c")
+    client = redis.Redis.from_url(outbox.url)
+    client.delete(outbox.keys.session(WS, SES).lock)  # the worker died; its lease is gone
+    client.close()
+    parts = Parts()
+    drain(outbox, parts)
+    assert parts.messages == [] and verified == ["b"]
+    assert set(signals_log.ids("delivered")) == {b.id, c.id}

@@ -10,6 +10,21 @@ local function expired_now(st)
   return st.status == 'pending' and at ~= nil and at ~= cjson.null and parse_iso(at) <= NOW
 end
 
+-- The run of merge prompts directly behind a merge head at idx (0-based) of items: pending,
+-- mode 'merge', due and not expired, up to the first entry that is not
+-- (docs/howto/steering.md#merging). Returns their indices (0-based), in queue order.
+local function merge_run(items, idx)
+  local run = {}
+  for i = idx + 2, #items do
+    local st = split(items[i])
+    if st.status ~= 'pending' or st.mode ~= 'merge' or expired_now(st) then break end
+    local due = gate(st)
+    if due == nil or due > NOW then break end
+    run[#run + 1] = i - 1
+  end
+  return run
+end
+
 -- Claim under lease `token` for `ttl` ms, first acknowledging `acknowledge` (a list of
 -- IDs of delivered entries whose entry_delivered the caller fired under this same
 -- lease; see release.lua). carried: nil, or what a settle in the same script has just
@@ -67,7 +82,10 @@ local function claim(token, ttl, acknowledge, carried)
     local staged = staged_items[1]
     if staged then
       redis.call('PEXPIRE', LOCK, ttl)
-      return {'deliver', staged, current_version(), watched()}
+      -- A merged delivery staged its members behind the head: they come back too.
+      local out = {'deliver', staged, current_version(), watched()}
+      for i = 2, #staged_items do out[#out + 1] = staged_items[i] end
+      return out
     end
   else
     recovered = recover_staged(staged_items)
@@ -118,18 +136,36 @@ local function claim(token, ttl, acknowledge, carried)
     return answer('verify', raw, version)
   end
 
+  -- A merge head takes the merge prompts directly behind it into the same delivery: each
+  -- is staged after it, marked with its ID (docs/howto/steering.md#merging).
+  local members = {}
+  if st.mode == 'merge' then
+    for _, j in ipairs(merge_run(items, idx)) do
+      local mst, mcontent = split(items[j + 1])
+      mst.status, mst.lastAttemptAt, mst.nextAttemptAt = 'delivering', iso(NOW), nil
+      mst.mergedInto = st.id
+      members[#members + 1] = {items[j + 1], join(mst, mcontent)}
+    end
+    if #members > 0 then st.mergedInto = st.id end
+  end
   st.status = 'delivering'
   st.lastAttemptAt = iso(NOW)
   st.nextAttemptAt = nil
   local staged = join(st, content)
   redis.call('LREM', Q, 1, raw)
-  table.remove(items, idx + 1)  -- the queue as it is now (entry IDs are unique)
   redis.call('RPUSH', D, staged)
+  for _, m in ipairs(members) do
+    redis.call('LREM', Q, 1, m[1])
+    redis.call('RPUSH', D, m[2])
+  end
+  for k = #members, 0, -1 do table.remove(items, idx + 1 + k) end  -- the queue as it is now
   redis.call('SET', LOCK, token .. ' ' .. NOW_MS .. ' ' .. st.id, 'PX', ttl)
   -- The staging list held nothing before (a staged or owed entry answers above, and a
-  -- recovery empties it): it holds this one entry now, under a lease of ttl ms.
-  reindex(items, 1, ttl)
-  return answer('deliver', staged, bump())
+  -- recovery empties it): it holds this delivery's entries now, under a lease of ttl ms.
+  reindex(items, 1 + #members, ttl)
+  local out = answer('deliver', staged, bump())
+  for _, m in ipairs(members) do out[#out + 1] = m[2] end
+  return out
 end
 
 -- ARGV[from..] as a list (the IDs to acknowledge).

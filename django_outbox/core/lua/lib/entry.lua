@@ -5,7 +5,7 @@
 local MARK = ',"clientMessageID":'
 local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
                'transientFails', 'acceptedAt', 'seq', 'lastAttemptAt', 'nextAttemptAt', 'lastError',
-               'deliveredAt', 'expiresAt', 'mode', 'userDigest'}
+               'deliveredAt', 'expiresAt', 'mode', 'mergedInto', 'userDigest'}
 local ZERO_OMITTED = {verifyAttempts = true, transientFails = true}
 
 local function split(raw)

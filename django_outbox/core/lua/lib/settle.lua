@@ -22,81 +22,9 @@ local function settle_policy(i)
   }
 end
 
--- Record `outcome` (delivered | failed | absent | transient | prior_pending | ambiguous |
--- inconclusive | unverifiable) of the delivery of entry `id` under the lease `token`;
--- `err` is the error text ('' keeps lastError), `policy` what settle_policy returns.
--- acknowledged: the caller acknowledges a delivered entry's signal in the same script
--- (settle_next.lua), so it leaves staging at once.
--- Returns the reply, and (only when a delivery was recorded with `acknowledged`) what
--- the claim that follows may start from: {owner = token, staging = the staging list
--- as it is now}. Replies:
--- {'removed', entry, version, watched} (delivered: the entry leaves the queue but stays
--- in staging marked deliveredAt, the lease still held, until the caller has fired
--- entry_delivered and acknowledged it with release.lua; if the caller dies first, the
--- next claim fires the owed signal), {'updated', entry, version, watched},
--- {'replayed', 'removed'|'updated'} (this settle already ran and its reply was lost),
--- {'lost'} (the lease is not ours: touch nothing, the outcome is left to verification)
--- or {'gone'}.
-local function settle(token, id, outcome, err, policy, acknowledged)
-  local receipt = token .. ' ' .. id
-  local owner = lock_parts()
-  if owner ~= token then
-    local r = redis.call('GET', RECEIPT)
-    if r and string.sub(r, 1, #receipt + 1) == receipt .. ' ' then
-      HINT[8] = 1  -- report the indices again (see lib/layout.lua)
-      return {'replayed', string.sub(r, #receipt + 2)}
-    end
-    return {'lost'}
-  end
-
-  local where = D
-  local idx, raw, _, staging = find(D, id)
-  if raw and is_done((split(raw))) then
-    HINT[8] = 1
-    return {'replayed', 'removed'}  -- already settled as delivered; its signal is owed
-  end
-  if not raw then
-    where = Q
-    idx, raw = find(Q, id)
-  end
-  if not raw then
-    -- Recorded by this very holder and acknowledged since (settle_next.lua does both in
-    -- one script): a replay after a lost reply, which must not touch the lease.
-    local r = redis.call('GET', RECEIPT)
-    if r and string.sub(r, 1, #receipt + 1) == receipt .. ' ' then
-      HINT[8] = 1
-      return {'replayed', string.sub(r, #receipt + 2)}
-    end
-    redis.call('DEL', LOCK)
-    reindex()
-    return {'gone'}
-  end
-  local st, content = split(raw)
-
-  if outcome == 'delivered' then
-    st.deliveredAt = iso(NOW)
-    uncount(st)  -- delivered: no longer queued for its user, though its signal may be owed
-    local done = join(st, content)
-    local carried = nil
-    if where == D and acknowledged then  -- settle_next.lua: acknowledged in this script
-      redis.call('LREM', D, 1, raw)
-      table.remove(staging, idx + 1)
-      carried = {owner = token, staging = staging}
-    elseif where == D then
-      redis.call('LSET', D, idx, done)
-    else
-      redis.call('LREM', Q, 1, raw)
-      redis.call('RPUSH', D, done)
-    end
-    redis.call('SET', RECEIPT, receipt .. ' removed', 'PX', policy.receipt_ttl)
-    -- An LSET in staging changes nothing the indices look at (the queue, the staging
-    -- list's length, the lease, still held): they are exact as the claim left them.
-    -- (Acknowledged, the staging list shrinks; settle_next.lua's claim reindexes before
-    -- the script ends.)
-    if where == Q then reindex() end
-    return {'removed', done, bump(), watched()}, carried
-  end
-
+-- The state `st` (a table, changed in place) takes after `outcome` (not 'delivered'):
+-- counters, status, reason, gate and lastError (`err`, '' keeps it).
+local function apply_outcome(st, outcome, err, policy)
   local next_status, reason, next_at = nil, nil, nil
   if outcome == 'failed' or outcome == 'absent' then
     st.attempts = (st.attempts or 0) + 1
@@ -139,6 +67,125 @@ local function settle(token, id, outcome, err, policy, acknowledged)
     st.status, st.reason = next_status, nil
     st.nextAttemptAt = next_at and iso(next_at) or nil
   end
+  -- Proven not delivered: a merged group is over (its members may merge again). Unknown:
+  -- the group is verified as one, through its first entry's message.
+  if outcome ~= 'ambiguous' and outcome ~= 'inconclusive' and outcome ~= 'unverifiable' then
+    st.mergedInto = nil
+  end
+end
+
+-- The members delivered with entry `id` in one merged message, found in `items` (the
+-- list the head is in, as read: D while staged, Q while verified) and not delivered:
+-- {index (0-based), raw, state, content} each, in list order
+-- (docs/howto/steering.md#merging).
+local function members_of(id, items)
+  local out = {}
+  for i, raw in ipairs(items) do
+    local st, content = split(raw)
+    if st.mergedInto == id and st.id ~= id and not is_done(st) then
+      out[#out + 1] = {i - 1, raw, st, content}
+    end
+  end
+  return out
+end
+
+-- Record `outcome` (delivered | failed | absent | transient | prior_pending | ambiguous |
+-- inconclusive | unverifiable) of the delivery of entry `id` under the lease `token`;
+-- `err` is the error text ('' keeps lastError), `policy` what settle_policy returns.
+-- acknowledged: the caller acknowledges a delivered entry's signal in the same script
+-- (settle_next.lua), so it leaves staging at once.
+-- Returns the reply, and (only when a delivery was recorded with `acknowledged`) what
+-- the claim that follows may start from: {owner = token, staging = the staging list
+-- as it is now}. Replies:
+-- {'removed', entry, version, watched} (delivered: the entry leaves the queue but stays
+-- in staging marked deliveredAt, the lease still held, until the caller has fired
+-- entry_delivered and acknowledged it with release.lua; if the caller dies first, the
+-- next claim fires the owed signal), {'updated', entry, version, watched},
+-- {'replayed', 'removed'|'updated'} (this settle already ran and its reply was lost),
+-- {'lost'} (the lease is not ours: touch nothing, the outcome is left to verification)
+-- or {'gone'}.
+local function settle(token, id, outcome, err, policy, acknowledged)
+  local receipt = token .. ' ' .. id
+  local owner = lock_parts()
+  if owner ~= token then
+    local r = redis.call('GET', RECEIPT)
+    if r and string.sub(r, 1, #receipt + 1) == receipt .. ' ' then
+      HINT[8] = 1  -- report the indices again (see lib/layout.lua)
+      return {'replayed', string.sub(r, #receipt + 2)}
+    end
+    return {'lost'}
+  end
+
+  local where = D
+  local idx, raw, _, staging = find(D, id)
+  if raw and is_done((split(raw))) then
+    HINT[8] = 1
+    return {'replayed', 'removed'}  -- already settled as delivered; its signal is owed
+  end
+  local queued = nil
+  if not raw then
+    where = Q
+    idx, raw, _, queued = find(Q, id)
+  end
+  if not raw then
+    -- Recorded by this very holder and acknowledged since (settle_next.lua does both in
+    -- one script): a replay after a lost reply, which must not touch the lease.
+    local r = redis.call('GET', RECEIPT)
+    if r and string.sub(r, 1, #receipt + 1) == receipt .. ' ' then
+      HINT[8] = 1
+      return {'replayed', string.sub(r, #receipt + 2)}
+    end
+    redis.call('DEL', LOCK)
+    reindex()
+    return {'gone'}
+  end
+  local st, content = split(raw)
+
+  -- Only the head of a merged message marks itself (lib/claim.lua): others read nothing more.
+  local members = {}
+  if st.mergedInto == id then members = members_of(id, where == D and staging or queued) end
+  if outcome == 'delivered' then
+    st.deliveredAt = iso(NOW)
+    uncount(st)  -- delivered: no longer queued for its user, though its signal may be owed
+    local done = join(st, content)
+    local carried = nil
+    -- A merged message's members are delivered with it: each stays staged marked
+    -- delivered, its entry_delivered owed (fired by the next claim, lib/claim.lua).
+    for _, m in ipairs(members) do
+      m[3].deliveredAt = iso(NOW)
+      uncount(m[3])
+      local mdone = join(m[3], m[4])
+      if where == D then
+        redis.call('LSET', D, m[1], mdone)
+      else
+        redis.call('LREM', Q, 1, m[2])
+        redis.call('RPUSH', D, mdone)
+      end
+    end
+    if where == D and acknowledged then  -- settle_next.lua: acknowledged in this script
+      redis.call('LREM', D, 1, raw)
+      if #members > 0 then
+        staging = redis.call('LRANGE', D, 0, -1)
+      else
+        table.remove(staging, idx + 1)
+      end
+      carried = {owner = token, staging = staging}
+    elseif where == D then
+      redis.call('LSET', D, idx, done)
+    else
+      redis.call('LREM', Q, 1, raw)
+      redis.call('RPUSH', D, done)
+    end
+    redis.call('SET', RECEIPT, receipt .. ' removed', 'PX', policy.receipt_ttl)
+    -- An LSET in staging changes nothing the indices look at (the queue, the staging
+    -- list's length, the lease, still held): they are exact as the claim left them.
+    -- (Acknowledged, the staging list shrinks; settle_next.lua's claim reindexes before
+    -- the script ends.)
+    if where == Q then reindex() end
+    return {'removed', done, bump(), watched()}, carried
+  end
+
+  apply_outcome(st, outcome, err, policy)
 
   local new = join(st, content)
   if where == D then
@@ -148,8 +195,25 @@ local function settle(token, id, outcome, err, policy, acknowledged)
   else
     redis.call('LSET', Q, idx, new)
   end
+  -- A merged message's members take the same outcome, each with its own counters, and
+  -- go back in accept order behind it.
+  local changed = {}
+  for _, m in ipairs(members) do
+    apply_outcome(m[3], outcome, err, policy)
+    local mnew = join(m[3], m[4])
+    if where == D then
+      local mpivot = pivot_for(m[3])
+      redis.call('LREM', D, 1, m[2])
+      insert_before(mpivot, mnew)
+    else
+      redis.call('LSET', Q, m[1], mnew)
+    end
+    changed[#changed + 1] = mnew
+  end
   redis.call('DEL', LOCK)
   redis.call('SET', RECEIPT, receipt .. ' updated', 'PX', policy.receipt_ttl)
   reindex()
-  return {'updated', new, bump(), watched()}
+  local out = {'updated', new, bump(), watched()}
+  for _, c in ipairs(changed) do out[#out + 1] = c end
+  return out
 end
