@@ -324,3 +324,40 @@ async def test_basic_auth(auth_server):
     finally:
         await good.aclose()
         await bad.aclose()
+
+
+async def test_merged_prompts_are_one_message_and_verified_delivered_for_all(
+    server, make_outbox, signals_log
+):
+    """Two merge prompts go as one user message with two text parts (docs/howto/steering.md
+    #merging); the turn never ends (no provider), so the outcome is unknown and is
+    verified once, through the first prompt's messageID: both entries are delivered."""
+    sid = await server.new_session()
+    client = OpencodeClient(server.base_url)
+    ob = make_outbox(
+        deliverer=client.deliver,
+        verifier=client.verify,
+        delivery_timeout=3,
+        verify_delay=0,
+        verify_backoff=0.1,
+        max_verify_backoff=0.5,
+    )
+    try:
+        first = await ob.aaccept(
+            "w1", sid, user_id="u", client_message_id="m1", text="first part", if_busy="merge"
+        )
+        second = await ob.aaccept(
+            "w1", sid, user_id="u", client_message_id="m2", text="second part", if_busy="merge"
+        )
+        assert await ob.adeliver_once("w1", sid)
+        assert [e.status for e in await ob.alist("w1", sid)] == [Status.VERIFYING] * 2
+        while await ob.adeliver_once("w1", sid):
+            pass
+        assert await ob.alist("w1", sid) == []
+        assert sorted(signals_log.ids("delivered")) == sorted([first.id, second.id])
+        assert await server.user_messages(sid) == [
+            (message_id_for(first), ["first part", "second part"])
+        ]
+    finally:
+        await ob.aclose()
+        await client.aclose()
