@@ -519,9 +519,8 @@ def test_a_failed_merged_message_counts_an_attempt_for_each(make_outbox):
 
 
 def test_a_merged_delivery_a_dead_worker_left_is_verified_for_all(make_outbox, signals_log):
-    import redis
-
     from django_outbox import Verdict
+    from django_outbox.core.plans import Cmd, iter_once
 
     verified = []
 
@@ -534,9 +533,8 @@ def test_a_merged_delivery_a_dead_worker_left_is_verified_for_all(make_outbox, s
     c = accept(outbox, "c", if_busy="merge")
     kind, claimed, _ = outbox._run(outbox._claim_plan(WS, SES, "dead-worker", []))
     assert kind == "deliver" and claimed.parts == ("b", "c")
-    client = redis.Redis.from_url(outbox.url)
-    client.delete(outbox.keys.session(WS, SES).lock)  # the worker died; its lease is gone
-    client.close()
+    # The worker died; its lease is gone.
+    outbox._run(iter_once(Cmd(("DEL", outbox.keys.session(WS, SES).lock))))
     parts = Parts()
     drain(outbox, parts)
     assert parts.messages == [] and verified == ["b"]
