@@ -40,6 +40,30 @@ STEERING = r"""
   results.err = err;
   ob.close();
 }
+// A subscription shows the queue's order: a move asks for a snapshot, which carries it.
+{
+  const views = [];
+  const ob = createOutbox({ ...fast, storage: newStorage(), fetch: async () => ({}) });
+  ob.subscribe("w", "s", (v) => views.push(v));
+  const ws = FakeWS.all.at(-1);
+  const e = (id, extra = {}) => ({
+    id, status: "pending", text: id, clientMessageID: "c" + id,
+    acceptedAt: `2026-01-01T00:00:0${id.slice(1)}Z`, ...extra,
+  });
+  const order = () => views.at(-1).entries.map((r) => r.id);
+  ws.frame({ type: "queue.snapshot", version: 5, entries: [e("e1"), e("e2"), e("e3")] });
+  results.before = order();
+  ws.frame({ type: "queue.update", version: 6, state: "moved", entry: e("e3") });
+  results.asked = ws.sent;
+  results.meanwhile = order();
+  ws.frame({ type: "queue.snapshot", version: 6, entries: [e("e3"), e("e1"), e("e2")] });
+  results.after = order();
+  ws.frame({ type: "queue.update", version: 7, state: "edited", entry: e("e1", { text: "x" }) });
+  ws.frame({ type: "queue.update", version: 8, state: "queued", entry: e("e4") });
+  ws.frame({ type: "queue.update", version: 9, state: "cancelled", entry: e("e2") });
+  results.later = views.at(-1).entries.map((r) => [r.id, r.state, r.text]);
+  ob.close();
+}
 console.log(JSON.stringify(results));
 process.exit(0);
 """
@@ -55,3 +79,17 @@ def test_outbox_js_sends_options_and_steers_queued_prompts(tmp_path):
     assert move == ["POST", f"{base}e1/move/", {"to": "next"}, None]
     assert cancel == ["POST", f"{base}e1/cancel/", None, None]
     assert stale[3] == '"1"' and r["err"] == [412, "version_mismatch"]
+
+
+def test_a_subscription_follows_moves_edits_and_cancels(tmp_path):
+    r = run_node(tmp_path, STEERING)
+    assert r["before"] == ["e1", "e2", "e3"]
+    assert r["asked"] == [{"type": "resync"}] and r["meanwhile"] == ["e1", "e2", "e3"]
+    assert r["after"] == ["e3", "e1", "e2"]
+    # An edit keeps the row's place and shows its status; a cancelled row has ended.
+    assert r["later"] == [
+        ["e2", "cancelled", "e2"],
+        ["e3", "queued", "e3"],
+        ["e1", "queued", "x"],
+        ["e4", "queued", "e4"],
+    ]

@@ -1104,7 +1104,8 @@ class Subscription {
     const next = new Map();
     let inFlightFor = null;
     for (const entry of message.entries) {
-      next.set(entry.id, this._row(stateOf(entry), entry));
+      // The snapshot lists the queue in its order (moves included): rows keep that place.
+      next.set(entry.id, { ...this._row(stateOf(entry), entry), pos: next.size });
       if (entry.blockedByInFlight && entry.inFlightFor != null) {
         inFlightFor = Math.max(inFlightFor ?? 0, entry.inFlightFor);
       }
@@ -1151,12 +1152,14 @@ class Subscription {
   }
 
   _apply(state, entry) {
+    // A move changes the queue's order, which an update does not carry: ask for a snapshot.
+    if (state === "moved") this.resync();
     // A change that leaves the prompt where it was (an edit, a move) shows its status.
     if (state === "edited" || state === "moved") state = stateOf(entry);
     if (state === "sent" || state === "dismissed" || state === "cancelled") {
       this._finish(this._row(state, entry));
     } else if (!this.finished.has(entry.id)) {
-      this.entries.set(entry.id, this._row(state, entry));
+      this.entries.set(entry.id, { ...this._row(state, entry), pos: this._placeOf(entry.id) });
     }
     if (state === "delivering") this.leaseSince = Date.now();
     else if (![...this.entries.values()].some((r) => r.state === "delivering")) {
@@ -1164,10 +1167,19 @@ class Subscription {
     }
   }
 
+  /** A row's place in the queue: where it stood, or after every other row (a new one). */
+  _placeOf(id) {
+    const known = this.entries.get(id);
+    if (known && known.pos !== undefined) return known.pos;
+    let last = -1;
+    for (const row of this.entries.values()) last = Math.max(last, row.pos ?? -1);
+    return last + 1;
+  }
+
   /** A 202's entry, in case its queue.update has not arrived yet. */
   _adopt(entry) {
     if (this.entries.has(entry.id) || this.finished.has(entry.id)) return;
-    this.entries.set(entry.id, this._row("queued", entry));
+    this.entries.set(entry.id, { ...this._row("queued", entry), pos: this._placeOf(entry.id) });
     this._render();
   }
 
@@ -1179,7 +1191,8 @@ class Subscription {
     if (this.closed) return;
     const byTime = (a, b) =>
       a.acceptedAt < b.acceptedAt ? -1 : a.acceptedAt > b.acceptedAt ? 1 : 0;
-    const live = [...this.entries.values()].sort(byTime).map((row) => {
+    const inQueueOrder = (a, b) => (a.pos ?? 0) - (b.pos ?? 0) || byTime(a, b);
+    const live = [...this.entries.values()].sort(inQueueOrder).map((row) => {
       const waiting = row.state === "queued" || row.state === "pending";
       const blocked = waiting && this.leaseSince !== null;
       return { ...row, blockedByInFlight: blocked, inFlightSince: blocked ? this.leaseSince : null };
