@@ -22,7 +22,7 @@ from django_outbox.policy import has_outbox_permission, session_scoped
 from .models import AgentSession, Membership
 
 #: What membership of a workspace allows (an allow-list: actions added later are refused).
-MEMBER_ACTIONS = frozenset({"view", "accept", "retry", "dismiss"})
+MEMBER_ACTIONS = frozenset({"view", "accept", "retry", "dismiss", "edit", "move", "cancel"})
 
 
 def session_in_workspace(workspace_id: str, session_id: str) -> bool:
@@ -40,7 +40,8 @@ def is_member(user: Any, workspace_id: str) -> bool:
 @session_scoped(session_in_workspace)
 def workspace_members(user: Any, workspace_id: str, session_id: str | None, action: str) -> bool:
     """Staff: what their outbox permissions allow. Members of ``workspace_id``: view,
-    accept, retry and dismiss in the workspace's own agent sessions. Nobody else:
+    accept, retry, dismiss, and edit, move and cancel a waiting prompt
+    (docs/howto/steering.md) in the workspace's own agent sessions. Nobody else:
     nothing. ``park`` and ``cleanup`` are for staff holding those permissions."""
     if has_outbox_permission(user, action):
         return True

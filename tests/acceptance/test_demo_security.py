@@ -298,3 +298,16 @@ def test_staff_with_control_agent_see_and_change_everything(demo, agent):
     assert post(staff, {"latency": 0.5}).status_code == 200
     assert agent.latency == 0.5
     assert client(demo["root"]).get(AGENT_API).status_code == 200
+
+
+def test_members_steer_their_own_sessions_only(db, django_user_model):
+    """Members may edit, move and cancel waiting prompts in their workspace's sessions
+    (docs/howto/steering.md), and nowhere else."""
+    from example_project.demo.models import AgentSession, Membership
+
+    alice = django_user_model.objects.create_user("alice-steer", password=None)
+    Membership.objects.create(user=alice, workspace_id="wsteer")
+    AgentSession.objects.create(workspace_id="wsteer", session_id="ses_s")
+    for action in ("edit", "move", "cancel"):
+        assert workspace_members(alice, "wsteer", "ses_s", action)
+        assert not workspace_members(alice, "other", "ses_s", action)
