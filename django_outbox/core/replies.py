@@ -144,8 +144,9 @@ class SettleReply:
     (``entry`` as it is now), ``replayed`` (this settle ran before and its reply was
     lost: ``replayed`` says ``removed`` or ``updated``), ``lost`` (the lease is not the
     holder's) or ``gone``. ``delivered`` is True when the delivery is recorded (now or
-    by the replayed call). ``members``: for ``updated``, the entries of a merged message
-    that took the same outcome, as they are now (docs/howto/steering.md#merging)."""
+    by the replayed call). ``members``: for ``removed`` and ``updated``, the other entries
+    of a merged message, which took the same outcome, as they are now
+    (docs/howto/steering.md#merging)."""
 
     kind: str
     entry: RawEntry | None = None

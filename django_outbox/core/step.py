@@ -520,6 +520,7 @@ class DeliveryStep(OutboxBase):
         reply = SettleReply.parse(answer)
         kind = reply.kind
         self.history_counter.settled(ws, entry, outcome, kind, reply.entry)
+        self._count_members(ws, outcome, reply)
         if reply.delivered:
             # Delivered. The lease is still ours and the entry stays staged as
             # delivered until its receivers ran: acknowledge it afterwards, so a
@@ -554,6 +555,13 @@ class DeliveryStep(OutboxBase):
             )
         return kind
 
+    def _count_members(self, ws: str, outcome: str, reply: SettleReply) -> None:
+        """Count the other entries of a merged message in the history, each as it was
+        settled (docs/howto/steering.md#merging)."""
+        for raw in reply.members:
+            # As stored now: staged (delivering) or verifying, as the head was claimed.
+            self.history_counter.settled(ws, Entry.from_json(raw), outcome, reply.kind, raw)
+
     def _settles_with_next(self) -> bool:
         """Whether a delivery may be settled together with the next claim: nobody
         listens to ``entry_delivered`` (so no signal has to fire, and be acknowledged,
@@ -585,6 +593,7 @@ class DeliveryStep(OutboxBase):
         )
         settled, claim = reply.settled, reply.claim
         self.history_counter.settled(ws, entry, "delivered", settled.kind, settled.entry)
+        self._count_members(ws, "delivered", settled)
         if claim is None:
             kind = settled.kind
             if kind == "lost":

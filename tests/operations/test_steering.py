@@ -539,3 +539,36 @@ def test_a_merged_delivery_a_dead_worker_left_is_verified_for_all(make_outbox, s
     drain(outbox, parts)
     assert parts.messages == [] and verified == ["b"]
     assert set(signals_log.ids("delivered")) == {b.id, c.id}
+
+
+def test_each_prompt_of_a_merged_message_counts_in_the_history(make_outbox):
+    from django_outbox.core.worker import Worker
+
+    outbox = make_outbox(user_accepts_per_minute=0)
+    for key in ("a", "b", "c"):
+        accept(outbox, key, if_busy="merge")
+
+    async def run():
+        worker = Worker(outbox, Parts(), concurrency=1, tick=0.05, stop=asyncio.Event(),
+                        once=True)  # fmt: skip
+        await worker.run()
+        await outbox.aclose()
+
+    asyncio.run(run())
+    assert outbox.list(WS, SES) == []
+    history = outbox.history(minutes=2, workspace_id=WS)
+    assert history.total("d") == 3 and sum(history.latency_counts()) == 3
+    # One step at a time (a settle of its own, then the owed signals): counted the same.
+    for key in ("d", "e"):
+        accept(outbox, key, if_busy="merge")
+
+    async def steps():
+        try:
+            while await outbox.adeliver_once(WS, SES, deliverer=Parts()):
+                pass
+            await outbox.aflush_history(outbox.history_counter)
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(steps())
+    assert outbox.history(minutes=2, workspace_id=WS).total("d") == 5

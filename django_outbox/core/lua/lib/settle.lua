@@ -97,7 +97,8 @@ end
 -- Returns the reply, and (only when a delivery was recorded with `acknowledged`) what
 -- the claim that follows may start from: {owner = token, staging = the staging list
 -- as it is now}. Replies:
--- {'removed', entry, version, watched} (delivered: the entry leaves the queue but stays
+-- {'removed', entry, version, watched, members...} (members: the other entries of a
+-- merged message, delivered with it) (delivered: the entry leaves the queue but stays
 -- in staging marked deliveredAt, the lease still held, until the caller has fired
 -- entry_delivered and acknowledged it with release.lua; if the caller dies first, the
 -- next claim fires the owed signal), {'updated', entry, version, watched},
@@ -151,10 +152,12 @@ local function settle(token, id, outcome, err, policy, acknowledged)
     local carried = nil
     -- A merged message's members are delivered with it: each stays staged marked
     -- delivered, its entry_delivered owed (fired by the next claim, lib/claim.lua).
+    local delivered_members = {}
     for _, m in ipairs(members) do
       m[3].deliveredAt = iso(NOW)
       uncount(m[3])
       local mdone = join(m[3], m[4])
+      delivered_members[#delivered_members + 1] = mdone
       if where == D then
         redis.call('LSET', D, m[1], mdone)
       else
@@ -182,7 +185,9 @@ local function settle(token, id, outcome, err, policy, acknowledged)
     -- (Acknowledged, the staging list shrinks; settle_next.lua's claim reindexes before
     -- the script ends.)
     if where == Q then reindex() end
-    return {'removed', done, bump(), watched()}, carried
+    local out = {'removed', done, bump(), watched()}
+    for _, m in ipairs(delivered_members) do out[#out + 1] = m end
+    return out, carried
   end
 
   apply_outcome(st, outcome, err, policy)
