@@ -34,6 +34,7 @@ async def test_a_hold_keeps_the_entry_pending_until_then_without_an_attempt(make
     await outbox.aaccept(WS, "s", user_id="u", client_message_id="k2", text="second")
     assert await outbox.adeliver_once(WS, "s")
     first, second = await outbox.alist(WS, "s")
+    assert second.status is Status.PENDING and second.holds == 0
     assert first.status is Status.PENDING and first.attempts == 0
     assert first.transient_fails == 0 and first.holds == 1
     assert "held for 30s" in first.last_error and "HTTP 429" in first.last_error
