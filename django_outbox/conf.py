@@ -139,8 +139,8 @@ class OutboxSettings:
 
     def resolve_agents(self) -> dict[str, Agent]:
         """The ``AGENTS`` entries as :class:`~django_outbox.core.agents.Agent` objects, their
-        callables imported (docs/howto/agents.md). A deliverer that carries
-        ``validate_agent_options(name, options)`` (the HTTP agent's does) checks the
+        callables imported (docs/howto/agents.md). A callable that carries
+        ``validate_agent_options(name, options)`` (the HTTP agent's do) checks the
         entry's own settings. Raises ``ImproperlyConfigured`` naming the entry and key:
         a path that does not import, an object that is not callable, settings its
         deliverer refuses."""
@@ -199,9 +199,10 @@ class AgentSettings:
         deliverer = _import_callable(self.key("DELIVERER"), self.deliverer)
         verifier = _import_callable(self.key("VERIFIER"), self.verifier)
         aborter = _import_callable(self.key("ABORTER"), self.aborter)
-        validate = getattr(deliverer, "validate_agent_options", None)
-        if callable(validate):
-            validate(self.name, self.options)
+        for fn in (deliverer, verifier, aborter):
+            validate = getattr(fn, "validate_agent_options", None)
+            if callable(validate):
+                validate(self.name, self.options)
         return Agent(self.name, deliverer, verifier, aborter, MappingProxyType(dict(self.options)))
 
 

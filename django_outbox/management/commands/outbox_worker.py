@@ -139,6 +139,9 @@ class Command(BaseCommand):
             opencode = sys.modules.get("django_outbox.delivery.opencode")
             if opencode is not None:
                 await opencode.aclose()
+            http = sys.modules.get("django_outbox.delivery.http")
+            if http is not None:
+                await http.aclose()
 
     def _preflight(self, outbox, allow_eviction: bool) -> None:
         """Refuse to start against an unreachable or evicting Valkey (on a cluster, any

@@ -1,0 +1,165 @@
+"""A small real HTTP agent for the HTTP agent's tests, on a loopback port in a thread.
+
+``POST /w/<ws>/s/<ses>/prompts`` takes a prompt: by default it stores it under its
+``Idempotency-Key`` (a second request with the same key is answered 200 and stored once,
+as an agent that honours the key would) and answers 201. ``GET /prompts/<key>`` answers
+200 when that key is stored, else 404. ``POST /w/<ws>/s/<ses>/abort`` records the abort
+and answers 202. Each POST to ``prompts`` first takes the next behaviour from ``plan``
+(``verify_plan`` for the GETs); see :meth:`AgentServer._behave` for their names.
+Every request is recorded in ``requests`` as ``(method, path, headers, body bytes)``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+#: How long a "slow" or "drip" behaviour goes on at most (the test ends it sooner).
+LONGEST = 30.0
+
+
+class AgentServer:
+    """Start with :meth:`start`, stop with :meth:`stop` (ends every sleeping handler)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.stored: dict[str, Any] = {}  # Idempotency-Key -> the JSON body
+        self.runs: list[str] = []  # keys in the order their prompt "ran" (once each)
+        self.plan: list[Any] = []
+        self.verify_plan: list[Any] = []
+        self.written = 0  # bytes a "huge" answer managed to write
+        self.released = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                server._handle(self, "POST")
+
+            def do_GET(self) -> None:
+                server._handle(self, "GET")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    def start(self) -> AgentServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.released.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+    def prompts(self) -> list[tuple[str, dict[str, str], Any]]:
+        """``(path, headers, JSON body)`` of every POST to a prompts URL, in order."""
+        with self.lock:
+            return [
+                (path, headers, json.loads(body))
+                for method, path, headers, body in self.requests
+                if method == "POST" and path.endswith("/prompts")
+            ]
+
+    # -- the handler -------------------------------------------------------------------
+
+    def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in h.headers.items()}
+        with self.lock:
+            self.requests.append((method, h.path, headers, body))
+            if method == "GET":
+                behaviour = self.verify_plan.pop(0) if self.verify_plan else "lookup"
+            elif h.path.endswith("/prompts"):
+                behaviour = self.plan.pop(0) if self.plan else "ok"
+            else:
+                behaviour = ("status", 202, {}, b"")
+        self._behave(h, behaviour, headers.get("idempotency-key", ""), body)
+
+    def _store(self, key: str, body: bytes) -> bool:
+        with self.lock:
+            if key in self.stored:
+                return False
+            self.stored[key] = json.loads(body)
+            self.runs.append(key)
+            return True
+
+    def _behave(self, h: BaseHTTPRequestHandler, behaviour: Any, key: str, body: bytes) -> None:
+        """``"ok"``: store and answer 201 (200 for a key stored before); ``"lookup"``
+        (GETs): 200 if the key in the path is stored, else 404; ``"drop_after"``: store,
+        then close the connection without a word; ``"slow"``: store, then answer nothing
+        until the test ends; ``"drip"``: answer 500 and drip its body a byte every 0.2 s;
+        ``"huge"``: answer 400 with an endless body; ``("status", code, headers, body)``:
+        that answer, nothing stored; ``("redirect", code, location)``."""
+        if behaviour == "ok":
+            fresh = self._store(key, body)
+            self._answer(h, 201 if fresh else 200, {}, b'{"ok": true}')
+        elif behaviour == "lookup":
+            wanted = h.path.rsplit("/", 1)[1]
+            with self.lock:
+                known = wanted in self.stored
+            self._answer(h, 200 if known else 404, {}, b"{}")
+        elif behaviour == "drop_after":
+            self._store(key, body)
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+        elif behaviour == "slow":
+            self._store(key, body)
+            self.released.wait(LONGEST)
+            h.close_connection = True
+        elif behaviour == "drip":
+            h.send_response(500)
+            h.send_header("Content-Length", "100000")
+            h.end_headers()
+            deadline = time.monotonic() + LONGEST
+            try:
+                while time.monotonic() < deadline and not self.released.wait(0.2):
+                    h.wfile.write(b"x")
+                    h.wfile.flush()
+            except OSError:
+                pass
+        elif behaviour == "huge":
+            h.send_response(400)
+            h.end_headers()
+            chunk = b"y" * 65536
+            try:
+                for _ in range(1000):  # 64 MiB, if anyone read it
+                    h.wfile.write(chunk)
+                    with self.lock:
+                        self.written += len(chunk)
+            except OSError:
+                pass
+            h.close_connection = True
+        elif behaviour[0] == "status":
+            _, code, extra, payload = behaviour
+            self._answer(h, code, extra, payload)
+        elif behaviour[0] == "redirect":
+            _, code, location = behaviour
+            self._answer(h, code, {"Location": location}, b"")
+        else:  # pragma: no cover - a test's typo
+            raise ValueError(f"unknown behaviour {behaviour!r}")
+
+    @staticmethod
+    def _answer(
+        h: BaseHTTPRequestHandler, code: int, extra: dict[str, str], payload: bytes
+    ) -> None:
+        h.send_response(code)
+        for name, value in extra.items():
+            h.send_header(name, value)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(payload)))
+        h.end_headers()
+        h.wfile.write(payload)
