@@ -105,6 +105,7 @@ def test_the_grafana_dashboard_names_only_metrics_a_worker_exposes(make_outbox):
     named = {name for expr in exprs for name in re.findall(r"\boutbox_[a-z_]+", expr)}
     metrics = WorkerMetrics(make_outbox())
     metrics.on_step("deliver", "failed", "updated", 0.1)  # labelled series appear once used
+    metrics.on_agent_step("default", "deliver", "delivered", "removed", 0.1)
     exposed = set(
         re.findall(r"^(outbox_[a-z_]+)", generate_latest(metrics.registry).decode(), re.M)
     )
