@@ -91,3 +91,17 @@ def test_a_router_must_import_and_must_not_be_async(valkey):
     agents = {"alpha": AGENT, "beta": AGENT}
     assert ids(AGENTS=agents, ROUTER="tests.nope.route") == ["django_outbox.E002"]
     assert ids(AGENTS=agents, ROUTER=f"{__name__}.async_router") == ["django_outbox.E008"]
+
+
+def test_the_http_agents_settings_are_checked_at_start_up(valkey):
+    entry = {
+        "DELIVERER": "django_outbox.delivery.http.deliver",
+        "VERIFIER": "django_outbox.delivery.http.verify",
+        "SEND_URL": "http://127.0.0.1:9/{session_id}",
+    }
+    assert ids(AGENTS={"web": {**entry, "VERIFY_URL": "http://127.0.0.1:9/{entry_id}"}}) == []
+    assert ids(AGENTS={"web": entry}) == ["django_outbox.E008"]  # verify needs VERIFY_URL
+    typo = {**entry, "VERIFY_URL": "http://127.0.0.1:9/{entry}"}
+    with override_settings(OUTBOX={"AGENTS": {"web": typo}}):
+        with pytest.raises(ImproperlyConfigured, match=r"\['VERIFY_URL'\] uses unknown"):
+            get_outbox()
