@@ -163,3 +163,8 @@ class AgentServer:
         h.send_header("Content-Length", str(len(payload)))
         h.end_headers()
         h.wfile.write(payload)
+
+
+def route(workspace_id: str, session_id: str) -> str:
+    """The router of ``tests.support.settings.http_agents``: ``n...`` north, else south."""
+    return "north" if session_id.startswith("n") else "south"
