@@ -498,7 +498,7 @@ class HttpAgent:
             return
         excerpt = _excerpt(raw)
         error = HttpAgentError(
-            f"the agent answered HTTP {status} for {url}" + (f": {excerpt}" if excerpt else ""),
+            f"agent answered HTTP {status} for {url}" + (f": {excerpt}" if excerpt else ""),
             status=status,
             url=url,
             body=excerpt,
@@ -549,7 +549,7 @@ class HttpAgent:
         if not 200 <= status < 300:
             excerpt = _excerpt(raw)
             raise HttpAgentError(
-                f"the agent answered HTTP {status} to the abort at {url}"
+                f"agent answered HTTP {status} to the abort at {url}"
                 + (f": {excerpt}" if excerpt else ""),
                 status=status,
                 url=url,

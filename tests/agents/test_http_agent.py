@@ -428,3 +428,26 @@ def test_retry_after_is_read_as_seconds_or_a_date():
     date = email.utils.formatdate(now + 30, usegmt=True)
     assert http.parse_retry_after(date, now=now) == 30
     assert http.parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0
+
+
+async def test_members_read_the_http_agents_status_and_kind(server, outbox_with):
+    from django_outbox.core.rules import ErrorKind, summarize_error
+
+    server.plan = [
+        ("status", 422, {}, b"nope"),
+        ("status", 429, {"Retry-After": "0"}, b""),
+        ("status", 502, {}, b""),
+    ]
+    outbox = outbox_with(options(server), max_attempts=10)
+    await accept(outbox)
+    kinds = []
+    for _ in range(3):
+        assert await outbox.adeliver_once(WS, "s1")
+        summary = summarize_error((await only(outbox)).last_error)
+        kinds.append((summary.kind, summary.status))
+        await asyncio.sleep(0.1)
+    assert kinds == [
+        (ErrorKind.REJECTED, 422),
+        (ErrorKind.HELD, None),
+        (ErrorKind.AGENT_ERROR, 502),
+    ]
