@@ -86,7 +86,21 @@ class AgentRouting:
             if len(self.agents) == 1:
                 return next(iter(self.agents.values()))
             return self.agents.get(DEFAULT_AGENT)
-        return Agent(DEFAULT_AGENT, self.deliverer, self.verifier, self.aborter)
+        return self._single_agent()
+
+    def _single_agent(self) -> Agent:
+        """The agent of ``deliverer`` / ``verifier`` / ``aborter``, made again only when
+        one of them was replaced (the worker asks at every step)."""
+        made = self.__dict__.get("_single")
+        deliverer, verifier, aborter = self.deliverer, self.verifier, self.aborter
+        if (
+            made is None
+            or made.deliverer is not deliverer
+            or made.verifier is not verifier
+            or made.aborter is not aborter
+        ):
+            made = self.__dict__["_single"] = Agent(DEFAULT_AGENT, deliverer, verifier, aborter)
+        return made
 
     def agent_names(self) -> tuple[str, ...]:
         """Every name the router may answer, sorted (the default agent's included)."""
@@ -132,7 +146,7 @@ class AgentRouting:
             )
         agent = self.agents.get(name)
         if agent is None and name == DEFAULT_AGENT and self.deliverer is not None:
-            agent = Agent(DEFAULT_AGENT, self.deliverer, self.verifier, self.aborter)
+            agent = self._single_agent()
         if agent is None:
             known = self.agent_names()
             raise UnknownAgent(
