@@ -210,3 +210,40 @@ async def outbox_factory(make_outbox):
     yield make
     for outbox in made:
         await outbox.aclose()
+
+
+async def test_an_operators_retry_of_an_unverifiable_entry_asks_its_agents_verifier(
+    outbox_factory,
+):
+    unsure = Recorder("unsure")
+    unsure.ambiguous_once.add("t")
+
+    def undecided(entry, **kwargs):
+        return Verdict.INCONCLUSIVE
+
+    agent = Agent("unsure", unsure.deliver, undecided)
+    outbox = outbox_factory(agents={"unsure": agent}, max_verify_attempts=1)
+    entry = await outbox.aaccept(WS, "s", user_id="u", client_message_id="k", text="t")
+    assert await outbox.adeliver_once(WS, "s")  # ambiguous
+    assert await outbox.adeliver_once(WS, "s")  # inconclusive, the last pass
+    [stuck] = await outbox.alist(WS, "s")
+    assert stuck.status is Status.ERROR and stuck.reason == "unverifiable"
+    # Only the agent has a verifier (no single VERIFIER): a retry still verifies first.
+    await outbox.aretry(WS, "s", entry.id)
+    [retried] = await outbox.alist(WS, "s")
+    assert retried.status is Status.VERIFYING
+    assert await outbox.adeliver_once(WS, "s")  # a verification, not a send
+    assert unsure.delivered == [("s", "t")]
+
+
+async def test_the_unverifiable_sweep_runs_when_only_an_agent_has_a_verifier(outbox_factory):
+    unsure = Recorder("unsure")
+    unsure.ambiguous_once.add("t")
+    agent = Agent("unsure", unsure.deliver, lambda entry, **kw: Verdict.INCONCLUSIVE)
+    outbox = outbox_factory(agents={"unsure": agent}, max_verify_attempts=1)
+    await outbox.aaccept(WS, "s", user_id="u", client_message_id="k", text="t")
+    assert await outbox.adeliver_once(WS, "s")
+    assert await outbox.adeliver_once(WS, "s")
+    assert await outbox.asweep_workspace_unverifiable(WS) == 1
+    [entry] = await outbox.alist(WS, "s")
+    assert entry.status is Status.VERIFYING
