@@ -33,6 +33,16 @@ class AgentServer:
         self.plan: list[Any] = []
         self.verify_plan: list[Any] = []
         self.written = 0  # bytes a "huge" answer managed to write
+        #: Every time a prompt was processed (run by the agent), as ``(key, JSON body)``:
+        #: a key twice is a prompt the agent ran twice (``"ok"`` of a stored key answers
+        #: 200 as an agent honouring the key would, but counts here).
+        self.processed: list[tuple[str, Any]] = []
+        #: Sends being handled per session now, and the most at once.
+        self.in_flight: dict[str, int] = {}
+        self.max_in_flight = 0
+        #: With a ``random.Random``: each POST without a planned behaviour draws one
+        #: (:meth:`_chaos`), each GET an answer 500 one time in ten.
+        self.chaos: Any = None
         self.released = threading.Event()
         server = self
 
@@ -84,13 +94,43 @@ class AgentServer:
             if method == "GET":
                 behaviour = self.verify_plan.pop(0) if self.verify_plan else "lookup"
             elif h.path.endswith("/prompts"):
-                behaviour = self.plan.pop(0) if self.plan else "ok"
+                behaviour = self.plan.pop(0) if self.plan else self._chaos()
             else:
                 behaviour = ("status", 202, {}, b"")
-        self._behave(h, behaviour, headers.get("idempotency-key", ""), body)
+            if method == "GET" and not self.verify_plan and self.chaos is not None:
+                if self.chaos.random() < 0.1:
+                    behaviour = ("status", 500, {}, b"")
+            session = h.path if method == "POST" else ""
+            if session:
+                self.in_flight[session] = self.in_flight.get(session, 0) + 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight[session])
+        try:
+            self._behave(h, behaviour, headers.get("idempotency-key", ""), body)
+        finally:
+            if session:
+                with self.lock:
+                    self.in_flight[session] -= 1
+
+    def _chaos(self) -> Any:
+        """``"ok"``, or with :attr:`chaos` set, one of: ``"ok"`` (70 %), ``"drop_after"``,
+        ``"drop_before"`` (closed before storing), 502, 429 with ``Retry-After: 0``, 400."""
+        if self.chaos is None:
+            return "ok"
+        return self.chaos.choices(
+            [
+                "ok",
+                "drop_after",
+                "drop_before",
+                ("status", 502, {}, b"bad gateway"),
+                ("status", 429, {"Retry-After": "0"}, b"busy"),
+                ("status", 400, {}, b"refused"),
+            ],
+            [70, 8, 6, 6, 6, 4],
+        )[0]
 
     def _store(self, key: str, body: bytes) -> bool:
         with self.lock:
+            self.processed.append((key, json.loads(body)))
             if key in self.stored:
                 return False
             self.stored[key] = json.loads(body)
@@ -114,6 +154,9 @@ class AgentServer:
             self._answer(h, 200 if known else 404, {}, b"{}")
         elif behaviour == "drop_after":
             self._store(key, body)
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+        elif behaviour == "drop_before":
             h.close_connection = True
             h.connection.shutdown(socket.SHUT_RDWR)
         elif behaviour == "slow":
@@ -166,5 +209,9 @@ class AgentServer:
 
 
 def route(workspace_id: str, session_id: str) -> str:
-    """The router of ``tests.support.settings.http_agents``: ``n...`` north, else south."""
-    return "north" if session_id.startswith("n") else "south"
+    """The router of ``tests.support.settings.http_agents``: ``n...`` north, ``s...``
+    south, anything else the default agent (the recording agent of
+    ``tests/support/agents.py``)."""
+    if session_id.startswith("n"):
+        return "north"
+    return "south" if session_id.startswith("s") else "default"

@@ -1,11 +1,14 @@
-"""Settings for worker processes that deliver to two HTTP agents (docs/howto/agents.md): the
-servers' URLs come from ``OUTBOX_TEST_NORTH`` and ``OUTBOX_TEST_SOUTH``; sessions whose ID
-starts with ``n`` go north, the others south (``tests.support.http_agent.route``)."""
+"""Settings for worker processes that deliver to two HTTP agents and the recording agent
+(docs/howto/agents.md): the servers' URLs come from ``OUTBOX_TEST_NORTH`` and
+``OUTBOX_TEST_SOUTH``; sessions whose ID starts with ``n`` go north, ``s`` south, others to
+the default agent, ``tests/support/agents.py`` (``tests.support.http_agent.route``).
+``entry_delivered`` is recorded in Valkey (``tests.support.recorder``)."""
 
 import os
 
 from tests.support.settings.base import *  # noqa: F403
 
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.support.recorder"]  # noqa: F405
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 
 
@@ -20,6 +23,8 @@ def _agent(url: str) -> dict:
 
 
 OUTBOX = {
+    "DELIVERER": "tests.support.agents.deliver",
+    "VERIFIER": "tests.support.agents.verify",
     "AGENTS": {
         "north": _agent(os.environ.get("OUTBOX_TEST_NORTH", "http://127.0.0.1:9")),
         "south": _agent(os.environ.get("OUTBOX_TEST_SOUTH", "http://127.0.0.1:9")),
@@ -31,4 +36,6 @@ OUTBOX = {
     "VERIFY_DELAY": 0,
     "VERIFY_BACKOFF": 0.05,
     "MAX_VERIFY_BACKOFF": 0.2,
+    "MAX_ATTEMPTS": 50,
+    "MAX_TRANSIENT_FAILURES": 50,
 }
