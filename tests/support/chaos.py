@@ -1520,6 +1520,9 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
             row.faults += sum(1 for m, *_ in agent.requests if m == "POST") - len(agent.runs)
         signals = [x.split()[0] for x in r.lrange("test:delivered", 0, -1)]
         _judge(row, ids, log, signals)
+        twice = sorted(k for k, c in Counter(log).items() if c > 1)
+        if twice:
+            row.notes.append(f"sent twice: {twice[:5]}")
         violations = r.llen("test:violations")
         row.max_in_flight = max(north.max_in_flight, south.max_in_flight, 2 if violations else 1)
         stuck = [e for ses in ids for e in outbox.list("w1", ses)]
