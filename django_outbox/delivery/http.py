@@ -374,7 +374,6 @@ class HttpAgent:
                     timeout=httpx.Timeout(s.timeout, connect=s.connect_timeout),
                     transport=self._transport,
                     follow_redirects=False,
-                    trust_env=False,
                     # identity: what is read is what is counted (no decompression bomb)
                     headers={
                         "Accept": "application/json",

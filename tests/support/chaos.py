@@ -1494,7 +1494,7 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
             OUTBOX_TEST_NORTH=north.url,
             OUTBOX_TEST_SOUTH=south.url,
             OUTBOX_TEST_TURN="0.01",
-            OUTBOX_TEST_LOCK_TTL="1",
+            OUTBOX_TEST_LOCK_TTL="3",  # 1 s: a loaded machine stalls a worker past it
             OUTBOX_TEST_FAULTS="fail=0.05,ambiguous=0.05,transient=0.05",
         )
         for _ in range(3):
@@ -1523,6 +1523,9 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
         twice = sorted(k for k, c in Counter(log).items() if c > 1)
         if twice:
             row.notes.append(f"sent twice: {twice[:5]}")
+        lost_leases = w.logs().count("lost before the delivery ended")
+        if lost_leases:  # a worker stalled past LOCK_TTL while its delivery ran
+            row.notes.append(f"leases lost mid-delivery: {lost_leases}")
         violations = r.llen("test:violations")
         row.max_in_flight = max(north.max_in_flight, south.max_in_flight, 2 if violations else 1)
         stuck = [e for ses in ids for e in outbox.list("w1", ses)]
