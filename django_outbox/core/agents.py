@@ -162,14 +162,15 @@ class AgentRouting:
         cannot cut a turn. Raises :class:`UnknownAgent` as :meth:`agent_for` does."""
         return self.agent_for(workspace_id, session_id).aborter
 
-    def verifier_for(self, workspace_id: str, session_id: str) -> Callable[..., Any] | None:
-        """The verifier of the session's agent; None when it has none or when the
-        session's agent cannot be resolved (an operator's retry then treats the entry
-        as an outbox without a verifier would)."""
+    def verifies(self, workspace_id: str, session_id: str) -> bool:
+        """Whether an unknown outcome in this session is verified before anything is sent
+        again: its agent has a verifier, or its agent cannot be resolved now (a
+        verification of such a session stays inconclusive and never resends, so an
+        operator's retry of an ``unverifiable`` entry is safe either way)."""
         try:
-            return self.agent_for(workspace_id, session_id).verifier
+            return self.agent_for(workspace_id, session_id).verifier is not None
         except UnknownAgent:
-            return None
+            return True
 
     def any_verifier(self) -> bool:
         """Whether any agent (the default one included) has a verifier."""

@@ -271,8 +271,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
 
     def _retry_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan[RetryResult]:
         check_identifier("entry ID", entry_id)
-        has_verifier = self.verifier_for(workspace_id, session_id) is not None
-        argv = retry_argv(entry_id, has_verifier, self._history_ttl_ms)
+        argv = retry_argv(entry_id, self.verifies(workspace_id, session_id), self._history_ttl_ms)
         reply = yield from self._transition_plan("retry", workspace_id, session_id, argv)
         return {"updated": RetryResult.UPDATED, "busy": RetryResult.BUSY}.get(
             reply.result, RetryResult.NOT_FOUND

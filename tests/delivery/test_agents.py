@@ -247,3 +247,22 @@ async def test_the_unverifiable_sweep_runs_when_only_an_agent_has_a_verifier(out
     assert await outbox.asweep_workspace_unverifiable(WS) == 1
     [entry] = await outbox.alist(WS, "s")
     assert entry.status is Status.VERIFYING
+
+
+async def test_a_retry_while_the_sessions_agent_cannot_be_found_still_verifies_first(
+    outbox_factory,
+):
+    unsure = Recorder("unsure")
+    unsure.ambiguous_once.add("t")
+    agent = Agent("unsure", unsure.deliver, lambda entry, **kw: Verdict.INCONCLUSIVE)
+    route = {"name": "unsure"}
+    outbox = outbox_factory(
+        agents={"unsure": agent}, router=lambda ws, ses: route["name"], max_verify_attempts=1
+    )
+    entry = await outbox.aaccept(WS, "s", user_id="u", client_message_id="k", text="t")
+    assert await outbox.adeliver_once(WS, "s")
+    assert await outbox.adeliver_once(WS, "s")
+    route["name"] = "renamed"  # a settings change in flight
+    await outbox.aretry(WS, "s", entry.id)
+    [retried] = await outbox.alist(WS, "s")
+    assert retried.status is Status.VERIFYING  # never resent on a guess
