@@ -15,7 +15,7 @@ Fields (all counts, except the samples):
 ``v``           confirmed delivered by the verifier
 ``vl``          confirmed delivered by the ledger probe (``ledger_complete.lua``)
 ``o:<outcome>`` settles of any other outcome: ``failed``, ``absent``, ``transient``,
-                ``prior_pending``, ``ambiguous``, ``inconclusive``, ``unverifiable``
+                ``prior_pending``, ``held``, ``ambiguous``, ``inconclusive``, ``unverifiable``
 ``e``           entries a settle moved to error (attempts or verification exhausted)
 ``x``           entries an operator changed (retry, dismiss, unpark, ...: the operator scripts)
                 and workspace cleanups
@@ -89,12 +89,13 @@ OUTCOMES = (
     "absent",
     "transient",
     "prior_pending",
+    "held",
     "ambiguous",
     "inconclusive",
     "unverifiable",
 )
 #: Outcomes that say the attempt did not deliver (retried, or moved to error).
-FAILED_OUTCOMES = ("failed", "absent", "transient", "prior_pending", "unverifiable")
+FAILED_OUTCOMES = ("failed", "absent", "transient", "prior_pending", "held", "unverifiable")
 #: Outcomes that say nobody knows yet (the entry is verified).
 UNKNOWN_OUTCOMES = ("ambiguous", "inconclusive")
 #: Seconds between two writes of a worker's counts.
@@ -209,13 +210,24 @@ class HistoryCounter:
         for key in [k for k in self._counts if k[0] < oldest]:
             del self._counts[key]
 
-    def settled(self, workspace_id: str, entry: Entry, outcome: str, kind: str, raw: Any) -> None:
+    def settled(
+        self,
+        workspace_id: str,
+        entry: Entry,
+        outcome: str,
+        kind: str,
+        raw: Any,
+        members: Iterable[Any] = (),
+    ) -> None:
         """Count one settle: ``entry`` as claimed (a ``verifying`` one was a verification),
         the ``outcome`` recorded, the settle's answer ``kind`` (``removed``, ``updated``,
         ``replayed``, ``lost``, ``gone``) and the stored entry it answered with (``raw``,
-        None for a replay). A lost or gone settle recorded nothing: not counted."""
+        None for a replay). A lost or gone settle recorded nothing: not counted.
+        ``members``: the other entries of a merged message, counted alike
+        (:meth:`settled_members`)."""
         if not self.enabled or kind not in ("removed", "updated", "replayed"):
             return
+        self.settled_members(workspace_id, outcome, kind, members)
         if outcome != "delivered":
             self.add(workspace_id, f"o:{outcome}")
             if raw is not None and _ERROR_STATE in _state_part(raw):
@@ -230,6 +242,15 @@ class HistoryCounter:
         except ValueError:
             return
         self.add(workspace_id, _LATENCY_FIELDS[latency_bucket(max(0.0, seconds))], at_us=at)
+
+    def settled_members(
+        self, workspace_id: str, outcome: str, kind: str, members: Iterable[Any]
+    ) -> None:
+        """Count the other entries of a merged message (a settle's ``members``, as stored
+        now: staged, or verifying as the head was claimed) as :meth:`settled` counts the
+        head (docs/howto/steering.md#merging)."""
+        for raw in members:
+            self.settled(workspace_id, Entry.from_json(raw), outcome, kind, raw)
 
     def take(self) -> dict[tuple[int, str], Counter[str]]:
         """Everything counted since the last take (the counter starts empty again)."""

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .entry import Entry
+
 #: One stored entry, as the script answered it (JSON).
 RawEntry = bytes | str
 
@@ -105,6 +107,21 @@ class ClaimReply:
     expired: tuple[RawEntry, ...] = ()
     members: tuple[RawEntry, ...] = ()
 
+    @property
+    def changed(self) -> tuple[RawEntry, ...]:
+        """The entries the claim changed besides the one it hands over: recovered, expired."""
+        return (*self.recovered, *self.expired)
+
+    def delivery(self) -> tuple[Entry | None, list[Entry]]:
+        """The entry handed over and the other entries of its merged message, parsed: the
+        entry carries their texts as ``parts``, its own first, in accept order (one agent
+        message; docs/howto/steering.md#merging). No members: the entry as stored."""
+        entry = Entry.from_json(self.entry) if self.entry else None
+        members = [Entry.from_json(raw) for raw in self.members]
+        if entry is not None and members:
+            entry = entry.evolve(parts=(entry.text, *(m.text for m in members)))
+        return entry, members
+
     @classmethod
     def parse(cls, answer: Sequence[Any]) -> ClaimReply:
         kind = _text(answer[0])
@@ -154,6 +171,11 @@ class SettleReply:
     watched: bool = False
     replayed: str = ""
     members: tuple[RawEntry, ...] = ()
+
+    @property
+    def changed(self) -> tuple[RawEntry, ...]:
+        """The entry as settled, then the members of its merged message."""
+        return (*((self.entry,) if self.entry is not None else ()), *self.members)
 
     @property
     def delivered(self) -> bool:
