@@ -95,6 +95,10 @@ CLOSE_TOO_MANY_RESYNCS = CLOSE_TOO_MANY
 #: The client did not read what was sent (a slow or stopped reader,
 #: docs/explanation/security.md#slow-readers): it may reconnect for a fresh snapshot.
 CLOSE_BEHIND = 4408
+#: Seconds the socket's clean-up on disconnect (group, watcher and socket counts) may
+#: take before it is given up: an unreachable Valkey must not hold a server's shutdown
+#: (the counts expire on their own).
+RELEASE_DEADLINE = 1.0
 
 
 class OutboxConsumer(AsyncWebsocketConsumer):
@@ -204,9 +208,19 @@ class OutboxConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         """Stop the periodic check, leave the group, uncount the watcher and the user's
-        socket (best effort: the counts expire on their own)."""
+        socket (best effort: the counts expire on their own), giving up after
+        :data:`RELEASE_DEADLINE` seconds so that a hung Valkey never holds a server's
+        shutdown (docs/howto/deploy.md#stopping-the-server)."""
         self._live.cancel()
-        await self._release()
+        try:
+            await asyncio.wait_for(self._release(), RELEASE_DEADLINE)
+        except TimeoutError:
+            logger.warning(
+                "outbox: leaving %s took over %.0f s (Valkey unreachable?); its counts "
+                "expire on their own",
+                self.scope.get("path"),
+                RELEASE_DEADLINE,
+            )
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch, made to survive what a handler raises: a frame that fails
