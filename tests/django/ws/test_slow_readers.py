@@ -75,6 +75,7 @@ def test_only_the_last_page_carries_the_token_and_pages_stay_under_the_bound():
         (5, 6, False, 6, False),  # an update went out since: the client may have a gap
         (5, 5, False, 6, False),  # Valkey moved on
         (5, 5, False, 4, False),  # Valkey lost data
+        (5, 6, False, 5, False),  # Valkey lost the update the socket was sent since
         (5, 5, True, None, True),  # the session is gone and the socket shows it empty
         (5, 5, False, None, False),  # the session is gone, the socket shows entries
         (None, None, False, None, False),  # no snapshot yet
