@@ -424,6 +424,11 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             self._server_wants = True
         already = live.snapshot_wanted
         live.snapshot_wanted = True
+        if server and live.held_since is not None:
+            # The client's request waits for an acknowledgement (nothing runs for it):
+            # this snapshot answers it too.
+            live.held_since = None
+            already = False
         if not already:
             live.spawn(self._snapshot_when_due())
 
@@ -683,7 +688,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_BEHIND)
             return False
         reads = self._reads
-        if live.snapshots and reads.sent > reads.token_end:
+        # Not while a snapshot or an update is being sent (uvicorn's send waits for a
+        # reader that does not read): the next check asks.
+        if live.snapshots and reads.sent > reads.token_end and not live.lock.locked():
             async with live.lock:
                 if not live.closing and await self._fits(64):
                     await self._send_current()

@@ -233,3 +233,22 @@ async def test_a_reading_client_acknowledges_updates_when_the_check_asks(layers,
     answer = json.loads(await comm.receive_from(5))
     assert answer["type"] in ("queue.current", "queue.snapshot")
     await finish(comm)
+
+
+async def test_a_held_resync_does_not_hold_back_the_checks_snapshot(layers, r, monkeypatch):
+    """While a requested snapshot waits for an acknowledgement, the periodic check still
+    sends the snapshot it finds needed (Valkey ahead of the socket). The clock is frozen,
+    so the waiting request never grows old enough to close the socket."""
+    monkeypatch.setattr(OutboxConsumer, "clock", staticmethod(lambda: 1000.0))
+    for i in range(9):
+        await aaccept(get_outbox(), f"k{i}", "x" * FULL, ws="alice")
+    comm = communicator()
+    await comm.connect()
+    first = await snapshot(comm)  # read, never acknowledged
+    await comm.send_to(text_data='{"type": "resync"}')
+    assert await comm.receive_nothing(0.4)  # held
+    version = get_outbox().keys.session("alice", "s1").version
+    r.set(version, first[0]["version"] + 5)  # an event the channel layer lost
+    second = await snapshot(comm)
+    assert {p["version"] for p in second} == {first[0]["version"] + 5}
+    await finish(comm)
