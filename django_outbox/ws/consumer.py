@@ -10,7 +10,11 @@ scope has a Django login session, that session read afresh (a refusal, a logout
 or a password change closes with 4403). Frames the client may send:
 ``{"type": "resync"}`` → a fresh ``queue.snapshot`` (at most one per
 ``WS_RESYNC_INTERVAL``, resyncs in between coalesce; more than
-``WS_RESYNC_BUDGET`` in 60 s close with 4429). Anything else gets an error frame
+``WS_RESYNC_BUDGET`` in 60 s close with 4429; nothing changed since the last snapshot →
+``queue.current``); ``{"type": "ack", "ack": <token>}`` → the client read up to the frame
+that carried the token (docs/reference/websocket.md#acknowledgements: a requested snapshot
+waits while the last one is unacknowledged, and a socket that stays behind closes with
+4408, docs/explanation/security.md#slow-readers). Anything else gets an error frame
 and the socket stays open; binary frames (close 1003) and frames over
 ``MAX_FRAME_BYTES`` (close 1009) close that socket only.
 
@@ -25,7 +29,8 @@ Every refusal accepts the handshake and then closes with its code, so the code
 reaches the client through a real server (a close before accepting is an HTTP 403
 on the wire, seen as 1006): 4400 an invalid ID, 4403 refused by the access policy,
 4429 the user holds ``WS_MAX_SOCKETS_PER_USER`` sockets already (or a resync
-flood), 4503 Valkey or the channel layer unreachable (after one retry), 4500 no
+flood), 4408 a client that stopped reading, 4503 Valkey or the channel layer unreachable
+(after one retry), 4500 no
 channel layer configured or an unexpected error. No frame is sent before such a
 close. Whatever fails while a message is handled, the socket's registrations
 (watcher count, group, socket count) are undone when it closes.
