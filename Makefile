@@ -68,6 +68,7 @@ lint: $(STAMP)
 # agent, uvicorn and a worker under one parent; Ctrl-C stops it all. Data in var/demo/.
 #   make demo                  http://127.0.0.1:8000/, log in as demo / demo
 #   make demo AGENT=opencode   the real `opencode serve` instead of the fake agent
+#   make demo AGENT=langgraph  a LangGraph Agent Server (`langgraph dev`, a graph that echoes)
 #   make demo ARGS=--smoke     a scripted run that prints a table and exits 0/1
 # Plain `=`: only the command line overrides these, not a stray AGENT in the environment.
 AGENT = fake
