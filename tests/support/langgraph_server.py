@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from django_outbox.testing import free_port
 from tests.support.paths import ROOT
 
 LANGGRAPH = ROOT / ".venv-langgraph" / "bin" / "langgraph"
+#: Also looked for beside the running virtualenv: a copy of the tree (the mutation check's)
+#: runs on the checkout's .venv and uses the checkout's .venv-langgraph too.
+BESIDE_VENV = Path(sys.prefix).parent / ".venv-langgraph" / "bin" / "langgraph"
 APP = Path(__file__).resolve().parent / "langgraph_app"
 START_DEADLINE = 90.0  # seconds for `langgraph dev` to answer /ok
 ASSISTANT = "echo"  # the graph's name in langgraph.json
@@ -34,8 +38,9 @@ ASSISTANT = "echo"  # the graph's name in langgraph.json
 def ensure_installed() -> Path:
     """The ``langgraph`` CLI of ``.venv-langgraph``, built with ``make langgraph`` if
     missing; skips the test (with the output) when it cannot be built."""
-    if LANGGRAPH.exists():
-        return LANGGRAPH
+    for binary in (LANGGRAPH, BESIDE_VENV):
+        if binary.exists():
+            return binary
     proc = subprocess.run(
         ["make", "langgraph"], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
     )
