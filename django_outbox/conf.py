@@ -475,18 +475,21 @@ def _opencode(raw: Any, delivery_timeout: float) -> OpencodeSettings | None:
 DEFAULT_LANGGRAPH_NAMESPACE = "6f7c2d0e-4b1a-5c8e-9a3d-0d1b2c3e4f50"
 
 
-def _langgraph_name(key: str) -> str:
-    return f"OUTBOX['LANGGRAPH'][{key!r}]"
-
-
 def _langgraph_url(key: str, value: Any) -> str:
-    """An http(s) URL without credentials in it (the key goes in API_KEY)."""
-    url = _http_url(_langgraph_name(key), value)
-    if "@" in urlsplit(url).netloc:
-        raise ImproperlyConfigured(
-            f"{_langgraph_name(key)} must not carry credentials; set API_KEY instead"
-        )
-    return url
+    """An http(s) URL without a trailing slash and without credentials (the key goes in
+    API_KEY); a URL's credentials are remembered for redaction all the same."""
+    if isinstance(value, str):
+        remember_url(value)
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            parts = None
+        if parts is not None and parts.scheme in ("http", "https") and parts.netloc:
+            if "@" in parts.netloc:
+                raise ConfigError(key, "must not carry credentials; set API_KEY instead")
+            return value.rstrip("/")
+    shown = redact(value) if isinstance(value, str) else value
+    raise ConfigError(key, f"must be an http(s) URL such as http://127.0.0.1:2024, got {shown!r}")
 
 
 def _assistant_id(key: str, value: Any) -> str:
@@ -549,18 +552,27 @@ def _langgraph(raw: Any, delivery_timeout: float) -> LangGraphSettings | None:
     """Validate ``OUTBOX["LANGGRAPH"]``; None when it is absent."""
     if raw is None:
         return None
+    return langgraph_block(raw, delivery_timeout)
+
+
+def langgraph_block(
+    raw: Any, delivery_timeout: float, where: str = "OUTBOX['LANGGRAPH']"
+) -> LangGraphSettings:
+    """Validate one LangGraph block: ``OUTBOX["LANGGRAPH"]``, or the options of an
+    ``AGENTS`` entry (``where`` names it in the errors). Raises ``ImproperlyConfigured``
+    naming the key and its rule (docs/howto/langgraph.md#settings)."""
     if not isinstance(raw, Mapping):
-        raise ImproperlyConfigured("OUTBOX['LANGGRAPH'] must be a dict")
+        raise ImproperlyConfigured(f"{where} must be a dict")
     unknown = sorted(set(raw) - LANGGRAPH_KEYS)
     if unknown:
         raise ImproperlyConfigured(
-            f"OUTBOX['LANGGRAPH'] has unknown keys {unknown}; known: {sorted(LANGGRAPH_KEYS)}"
+            f"{where} has unknown keys {unknown}; known: {sorted(LANGGRAPH_KEYS)}"
         )
     # Remembered before anything is checked: a wrong later key never shows the key.
     remember_secret(raw.get("API_KEY"))
     for key in ("URL", "ASSISTANT_ID"):
         if raw.get(key) is None:
-            raise ImproperlyConfigured(f"{_langgraph_name(key)} is required")
+            raise ImproperlyConfigured(f"{where}[{key!r}] is required")
     defaults = {name: declaration.default for name, declaration in _LANGGRAPH.items()}
     defaults["timeout"] = delivery_timeout  # TIMEOUT's default is DELIVERY_TIMEOUT
     values: dict[str, Any] = {}
@@ -569,7 +581,7 @@ def _langgraph(raw: Any, delivery_timeout: float) -> LangGraphSettings | None:
             key = name.upper()
             values[name] = kind(key, raw.get(key, defaults[name]))
     except ConfigError as exc:
-        raise ImproperlyConfigured(f"{_langgraph_name(exc.key)} {exc.rule}") from exc
+        raise ImproperlyConfigured(f"{where}[{exc.key!r}] {exc.rule}") from exc
     return LangGraphSettings(**values)
 
 

@@ -62,8 +62,10 @@ from ..conf import (
     DEFAULT_LANGGRAPH_NAMESPACE,
     DEFAULT_MAX_RESPONSE_BYTES,
     LangGraphSettings,
+    langgraph_block,
     outbox_settings,
 )
+from ..core.agents import Agent, current_agent
 from ..core.entry import Entry, Verdict
 from ..core.redaction import redact, remember_secret
 from ..errors import AmbiguousError, TransientDeliveryError
@@ -452,41 +454,71 @@ class LangGraphClient:
 
 # --- settings-driven module functions ---------------------------------------------
 #
-# OUTBOX["LANGGRAPH"] is parsed and validated by django_outbox.conf (LangGraphSettings).
-# One client per settings object: when conf.py rebuilds its settings, the next
-# client_for() makes a new one and keeps the old for aclose().
+# The settings are OUTBOX["LANGGRAPH"] (parsed by django_outbox.conf, LangGraphSettings), or,
+# for an OUTBOX["AGENTS"] entry that carries its own keys (URL, ASSISTANT_ID, ...), that
+# entry's options, parsed by the same rules (docs/howto/agents.md). One client per settings
+# object: when they are rebuilt, the next client_for() makes a new one and keeps the old
+# for aclose().
 
 _state_lock = threading.Lock()
-_current: tuple[LangGraphSettings, LangGraphClient] | None = None
+#: id of the settings object (the block, or an agent's options) -> (that object, its client).
+_made: dict[int, tuple[object, LangGraphClient]] = {}
 _retired: list[LangGraphClient] = []
 
 
-def client_for() -> LangGraphClient:
-    """The cached :class:`LangGraphClient` of the current ``OUTBOX["LANGGRAPH"]``.
-    Raises ``ImproperlyConfigured`` when the block is absent or wrong."""
-    global _current
-    block = outbox_settings().langgraph
-    if block is None:
+def _entry(name: str) -> str:
+    return f"OUTBOX['AGENTS'][{name!r}]"
+
+
+def _settings_of(agent: Agent | None) -> tuple[object, LangGraphSettings]:
+    """``(the object the settings come from, the settings)`` for ``agent``: its options
+    when it has any, else ``OUTBOX["LANGGRAPH"]``. Raises ``ImproperlyConfigured``."""
+    conf = outbox_settings()
+    if agent is not None and agent.options:
+        where = _entry(agent.name)
+        return agent.options, langgraph_block(agent.options, conf.config.delivery_timeout, where)
+    if conf.langgraph is None:
         raise ImproperlyConfigured(
-            "OUTBOX['LANGGRAPH'] is required by django_outbox.delivery.langgraph "
-            "(a dict with at least URL and ASSISTANT_ID)"
+            "OUTBOX['LANGGRAPH'] (or the AGENTS entry's own URL and ASSISTANT_ID) is required "
+            "by django_outbox.delivery.langgraph: docs/howto/langgraph.md#settings"
         )
+    return conf.langgraph, conf.langgraph
+
+
+def client_for(agent: Agent | None = None) -> LangGraphClient:
+    """The cached :class:`LangGraphClient` of ``agent`` (default: the agent the worker
+    serves now, :data:`~django_outbox.core.agents.current_agent`): built from its
+    options when it has any, else from ``OUTBOX["LANGGRAPH"]``. Raises
+    ``ImproperlyConfigured`` when neither gives valid settings."""
+    source, block = _settings_of(agent or current_agent.get())
     with _state_lock:
-        if _current is None or _current[0] is not block:
-            if _current is not None and _current[1].has_clients:
-                _retired.append(_current[1])
-            client = LangGraphClient(
-                block.url,
-                block.assistant_id,
-                api_key=block.api_key,
-                connect_timeout=block.connect_timeout,
-                request_timeout=block.request_timeout,
-                timeout=block.timeout,
-                max_response_bytes=block.max_response_bytes,
-                thread_namespace=block.thread_namespace,
-            )
-            _current = (block, client)
-        return _current[1]
+        made = _made.get(id(source))
+        if made is not None and made[0] is source:
+            return made[1]
+        for key, (old_source, old) in list(_made.items()):
+            # A rebuilt OUTBOX["LANGGRAPH"] replaces the old block's client.
+            if isinstance(old_source, LangGraphSettings) and isinstance(source, LangGraphSettings):
+                del _made[key]
+                if old.has_clients:
+                    _retired.append(old)
+        client = LangGraphClient(
+            block.url,
+            block.assistant_id,
+            api_key=block.api_key,
+            connect_timeout=block.connect_timeout,
+            request_timeout=block.request_timeout,
+            timeout=block.timeout,
+            max_response_bytes=block.max_response_bytes,
+            thread_namespace=block.thread_namespace,
+        )
+        _made[id(source)] = (source, client)
+        return client
+
+
+def _validate(name: str, options: Any) -> None:
+    """``validate_agent_options`` of the callables below: an ``AGENTS`` entry naming them
+    is checked at start-up and by ``manage.py check`` (E008)."""
+    _settings_of(Agent(name, None, options=options))
 
 
 async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
@@ -507,11 +539,17 @@ async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> bool:
     return await client_for().abort(entry, workspace_id=workspace_id, session_id=session_id)
 
 
+# The checks (and the worker's start) validate an AGENTS entry that names these.
+deliver.validate_agent_options = _validate  # type: ignore[attr-defined]
+verify.validate_agent_options = _validate  # type: ignore[attr-defined]
+abort.validate_agent_options = _validate  # type: ignore[attr-defined]
+
+
 async def aclose() -> None:
     """Close the running loop's httpx clients of the current (and replaced) clients.
     Call it from each event loop that used this module before that loop ends."""
     with _state_lock:
-        clients = ([_current[1]] if _current is not None else []) + list(_retired)
+        clients = [client for _, client in _made.values()] + list(_retired)
     for client in clients:
         await client.aclose()
     with _state_lock:

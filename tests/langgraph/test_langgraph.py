@@ -281,6 +281,47 @@ def test_the_block_defaults_its_wait_to_the_delivery_timeout():
     assert thread_id_for("w", "s") == thread_id_for("w", "s") != thread_id_for("w", "s2")
 
 
+# --- as one of several agents (docs/howto/agents.md) -------------------------------------
+
+LANGGRAPH_ENTRY = {
+    "DELIVERER": "django_outbox.delivery.langgraph.deliver",
+    "VERIFIER": "django_outbox.delivery.langgraph.verify",
+    "ABORTER": "django_outbox.delivery.langgraph.abort",
+}
+
+
+async def test_an_agents_entry_carries_its_own_server_settings(server, make_outbox):
+    entry_settings = {**LANGGRAPH_ENTRY, "URL": server.url, "ASSISTANT_ID": ASSISTANT}
+    with override_settings(OUTBOX={"AGENTS": {"graphs": entry_settings}}):
+        agents = outbox_settings().resolve_agents()
+    outbox = make_outbox(agents=agents)
+    ses = "lg-as-an-agent"
+    sent = [accept(outbox, f"k{i}", f"routed {i}", ses=ses) for i in range(2)]
+    try:
+        while await outbox.alist(WS, ses):
+            assert await outbox.adeliver_once(WS, ses)
+        assert outbox.aborter_for(WS, ses) is not None
+    finally:
+        await outbox.aclose()
+    runs = server.runs(thread_id_for(WS, ses))
+    assert [r["metadata"][ENTRY_KEY] for r in runs] == [e.id for e in sent]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"URL": "ftp://x", "ASSISTANT_ID": "a"}, "OUTBOX['AGENTS']['graphs']['URL'] must be"),
+        ({"URL": "http://h:1"}, "OUTBOX['AGENTS']['graphs']['ASSISTANT_ID'] is required"),
+        ({"URL": "http://h:1", "ASSISTANT_ID": "a", "X": 1}, "unknown keys ['X']"),
+        ({}, "OUTBOX['LANGGRAPH'] (or the AGENTS entry's own URL and ASSISTANT_ID) is required"),
+    ],
+)
+def test_an_agents_entry_with_bad_settings_is_refused_at_start(options, message):
+    with override_settings(OUTBOX={"AGENTS": {"graphs": {**LANGGRAPH_ENTRY, **options}}}):
+        with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+            outbox_settings().resolve_agents()
+
+
 # --- a worker killed mid-run ----------------------------------------------------------------
 
 
