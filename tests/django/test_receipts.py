@@ -396,3 +396,50 @@ async def test_the_worker_prunes_while_a_once_receiver_is_connected(amake_outbox
     finally:
         stop.set()
         await run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--older-than", "nan"),
+        ("--older-than", "inf"),
+        ("--older-than=-inf",),
+        ("--older-than", "1e308"),
+        ("--older-than", "-1"),
+        ("--older-than", "3155760001"),
+        ("--batch", "99999999999999999999"),
+    ],
+)
+def test_the_prune_command_refuses_ages_that_are_no_age(args, valkey):
+    """A real ``manage.py`` process: a non-finite, negative or out-of-range value is a clear
+    CommandError on stderr, never a traceback (docs/reference/commands.md)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "outbox_prune_receipts", *args],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+            "OUTBOX_VALKEY_URL": valkey,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"CommandError: {args[0].split('=')[0]}: " in done.stderr and "must be" in done.stderr
+
+
+def test_prune_refuses_what_is_no_age():
+    for age in (float("nan"), float("inf"), 1e308, -1, True, "5"):
+        with pytest.raises(ValueError, match="older_than must be a finite number"):
+            receipts.prune(older_than=age)
+    with pytest.raises(ValueError, match="batch must be a whole number"):
+        receipts.prune(older_than=5, batch=receipts.MAX_PRUNE_BATCH + 1)
