@@ -157,3 +157,19 @@ def test_evicting_valkey_hint_says_how_to_migrate_meanwhile(valkey, r):
         r.config_set("maxmemory-policy", "noeviction")
     assert "migrate --skip-checks" in message.hint
     assert "SILENCED_SYSTEM_CHECKS" in message.hint and "--allow-eviction" in message.hint
+
+
+@pytest.mark.parametrize(
+    "value, rule",
+    [
+        ("anthropic/*", "must be None or a list or tuple"),
+        ([""], "non-blank printable strings"),
+        (["anthropic/*", 3], "non-blank printable strings"),
+        (["a\x1b[2J"], "non-blank printable strings"),
+    ],
+)
+def test_a_bad_model_allow_list_is_an_error(value, rule):
+    with override_settings(OUTBOX={"MODELS": value}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E001"]
+    assert "'MODELS']" in messages[0].msg and rule in messages[0].msg

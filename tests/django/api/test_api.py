@@ -828,3 +828,39 @@ def test_other_content_types_415(staff, r, content_type):
     response = staff.post(messages_url(), raw, content_type=content_type)
     assert_error(response, 415, "unsupported_media_type")
     assert r.dbsize() == 0
+
+
+# --- the model allow-list (docs/reference/settings.md#models) ----------------------------------
+
+ALLOWED_MODELS = ["anthropic/claude-sonnet-4", "openai/gpt-5*"]
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"providerID": "evil", "modelID": "expensive-model"},
+        {"providerID": "anthropic", "modelID": "claude-opus-4"},  # not the allowed one
+        {"providerID": "OpenAI", "modelID": "gpt-5"},  # case matters
+        {"id": "m"},  # names no provider and model
+        {"providerID": "anthropic", "modelID": ["claude-sonnet-4"]},
+    ],
+)
+def test_a_model_outside_the_allow_list_is_400_and_stores_nothing(staff, model):
+    with override_settings(OUTBOX={"MODELS": ALLOWED_MODELS}):
+        response = post_json(staff, messages_url(), body(model=model))
+        assert_error(response, 400, "model_not_allowed")
+        assert entries() == []
+
+
+def test_allowed_models_and_no_model_are_accepted(staff):
+    with override_settings(OUTBOX={"MODELS": ALLOWED_MODELS}):
+        for i, model in enumerate(
+            [
+                {"providerID": "anthropic", "modelID": "claude-sonnet-4"},
+                {"providerID": "openai", "modelID": "gpt-5-mini", "variant": "fast"},
+                None,
+            ]
+        ):
+            response = post_json(staff, messages_url(), body(cmid=f"c{i}", model=model))
+            assert response.status_code == 202, response.content
+    assert len(entries()) == 3
