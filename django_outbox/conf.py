@@ -35,6 +35,7 @@ from .core.config import (
     DURATION,
     DURATION_OR_ZERO,
     FLAG,
+    OPTIONAL_LIMIT,
     Config,
     ConfigError,
     Setting,
@@ -79,6 +80,11 @@ OWN_SETTINGS: dict[str, Setting] = {
         doc="the server's URL; when unset, the environment's OUTBOX_VALKEY_URL, then this",
     ),
     "OPENCODE": Setting(None, kind=None, doc="the built-in opencode deliverer's block"),
+    "USER_ACCEPTS_PER_MINUTE_ALL": Setting(
+        60,
+        kind=OPTIONAL_LIMIT,
+        doc="one user's REST accepts per minute over every workspace (a DRF throttle); 0/None: off",
+    ),
 }
 OWN_KEYS = frozenset(OWN_SETTINGS)
 #: The keys that name a callable (``OUTBOX[key]`` is resolved by :meth:`OutboxSettings.resolve`).
@@ -101,6 +107,8 @@ class OutboxSettings:
     config: Config
     #: ``OUTBOX["OPENCODE"]``, or None when the block is absent.
     opencode: OpencodeSettings | None = None
+    #: ``OUTBOX["USER_ACCEPTS_PER_MINUTE_ALL"]`` (0: off): django_outbox.api.throttling.
+    user_accepts_per_minute_all: int = 60
 
     def resolve(self, key: str) -> Callable[..., Any] | None:
         """Import and return the callable configured for ``key`` (e.g. ``"DELIVERER"``).
@@ -356,6 +364,7 @@ def _build() -> OutboxSettings:
         access_policy=own["ACCESS_POLICY"],
         config=config,
         opencode=_opencode(raw.get("OPENCODE"), config.delivery_timeout),
+        user_accepts_per_minute_all=own["USER_ACCEPTS_PER_MINUTE_ALL"],
     )
 
 

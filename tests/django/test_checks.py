@@ -173,3 +173,12 @@ def test_a_bad_model_allow_list_is_an_error(value, rule):
         messages = checks.run_checks(tags=["outbox"])
     assert [m.id for m in messages] == ["django_outbox.E001"]
     assert "'MODELS']" in messages[0].msg and rule in messages[0].msg
+
+
+def test_a_cache_that_counts_nothing_leaves_users_unbounded_over_workspaces():
+    dummy = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+    with override_settings(CACHES=dummy):
+        assert "django_outbox.W014" in ids()
+        with override_settings(OUTBOX={"USER_ACCEPTS_PER_MINUTE_ALL": 0}):
+            assert "django_outbox.W014" not in ids()
+    assert "django_outbox.W014" not in ids()  # the default LocMemCache counts per process
