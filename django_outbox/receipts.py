@@ -208,3 +208,32 @@ def pruner(wanted: Callable[[], Any], interval: float = PRUNE_INTERVAL) -> Duty:
             logger.info("outbox: pruned %d delivery receipts older than DEDUPE_TTL", deleted)
 
     return Duty("pruning delivery receipts", interval, run, burst=True)
+
+
+def skip_owed(entry_id: str, delivered_at: str, names: list[str]) -> list[str]:
+    """Record a receipt for each opted-in receiver of ``names`` that has none for the
+    delivery ``(entry_id, delivered_at)``, without running it: the next firing of the owed
+    ``entry_delivered`` skips them (as a replay does) and the session goes on. Returns the
+    names recorded now. What staff do for a receiver that keeps failing on one entry
+    (``manage.py outbox owed --skip``; docs/reference/signals.md#a-receiver-that-keeps-failing).
+    Raises what the database raises."""
+    from .models import DeliveryReceipt
+
+    using = router.db_for_write(DeliveryReceipt)
+    recorded = []
+    for name in names:
+        try:
+            with transaction.atomic(using=using):
+                DeliveryReceipt.objects.using(using).create(
+                    entry_id=entry_id, delivered_at=delivered_at, receiver=name
+                )
+        except IntegrityError:
+            continue  # it ran (or was skipped) already
+        recorded.append(name)
+        logger.warning(
+            "outbox: once receiver %s skipped by staff for entry %s delivered at %s",
+            name,
+            entry_id,
+            delivered_at,
+        )
+    return recorded

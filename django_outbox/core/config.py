@@ -291,6 +291,11 @@ class Config:
         kind=DURATION_OR_ZERO,
         doc="seconds of per-minute history for the dashboard; 0: none",
     )
+    max_receiver_attempts: int = setting(
+        5,
+        kind=POSITIVE_INT,
+        doc="failed firings of an owed entry_delivered before it waits for staff",
+    )
     models: tuple[str, ...] | None = setting(
         None,
         kind=_models,

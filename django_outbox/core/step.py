@@ -39,7 +39,7 @@ from .base import OutboxBase
 from .entry import Entry, OutboxEvent, Verdict
 from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
 from .keys import SessionKeys
-from .plans import Emit, Eval, Pipe, Plan, iter_once
+from .plans import Cmd, Emit, Eval, Pipe, Plan, iter_once
 from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply, SnapshotReply
 from .rules import MAX_ERROR_CHARS, clean_text, describe_error
 from .scripts import (
@@ -296,6 +296,7 @@ class DeliveryStep(OutboxBase):
             )
         self._tell_listeners(step, outcome, result, seconds)
         if result == "owed":
+            await self._acount_owed_failures(ws, ses, [entry.id])
             self._log_owed(ws, ses, [entry])
         if following is not None:
             return True, Claimed(token, following)
@@ -634,6 +635,24 @@ class DeliveryStep(OutboxBase):
         """Fire the entry_delivered a dead holder (or a failed receiver) owed, then
         acknowledge it. If a hook raises SignalOwed nothing is acknowledged and the lease
         is left to expire: the next claim after ``LOCK_TTL`` fires them again."""
+        ids = [e.id for e in owed]
+        failures = await self.aowed_failures(ws, ses)
+        held = [i for i in ids if failures.get(i, 0) >= self.config.max_receiver_attempts]
+        if held:
+            # Bounded: fired MAX_RECEIVER_ATTEMPTS times in vain, it waits for staff
+            # (manage.py outbox owed --retry/--skip); the lease is left to expire.
+            logger.warning(
+                "outbox: %s/%s: entry_delivered of %s failed %d times and waits for staff: "
+                "manage.py outbox owed %s %s <entry> --retry or --skip "
+                "(docs/reference/signals.md#a-receiver-that-keeps-failing)",
+                ws,
+                ses,
+                ", ".join(held),
+                self.config.max_receiver_attempts,
+                ws,
+                ses,
+            )
+            return
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
         try:
@@ -644,12 +663,60 @@ class DeliveryStep(OutboxBase):
                 )
             )
             if failed:
+                await self._acount_owed_failures(ws, ses, [event.entry.id for event in failed])
                 self._log_owed(ws, ses, owed)
                 return
-            await self._arun(self._release_plan(ws, ses, token, [e.id for e in owed]))
+            await self._arun(self._release_plan(ws, ses, token, ids))
+            if any(i in failures for i in ids):
+                await self._arun(iter_once(Cmd(("HDEL", self.keys.owed_failures(ws, ses), *ids))))
         finally:
             keeper.drop(token)
         logger.info("outbox: %s/%s fired %d owed entry_delivered", ws, ses, len(owed))
+
+    async def aowed_failures(self, workspace_id: str, session_id: str) -> dict[str, int]:
+        """``{entry ID: failed firings}`` of the session's owed ``entry_delivered`` signals
+        (an opted-in receiver raised); one at ``MAX_RECEIVER_ATTEMPTS`` or more is held
+        for staff (docs/reference/signals.md#a-receiver-that-keeps-failing). Raises
+        :class:`~django_outbox.core.errors.OutboxUnavailable`."""
+        key = self.keys.owed_failures(workspace_id, session_id)
+        raw = await self._arun(iter_once(Cmd(("HGETALL", key))))
+        return _counts(raw)
+
+    def owed_failures(self, workspace_id: str, session_id: str) -> dict[str, int]:
+        """Sync :meth:`aowed_failures`."""
+        key = self.keys.owed_failures(workspace_id, session_id)
+        return _counts(self._run(iter_once(Cmd(("HGETALL", key)))))
+
+    def owed_entry(self, workspace_id: str, session_id: str, entry_id: str) -> Entry | None:
+        """The delivered entry whose ``entry_delivered`` is still owed (staged, with its
+        ``delivered_at``: the receivers' idempotency key), or None. Raises
+        ``InvalidIdentifier``, :class:`~django_outbox.core.errors.OutboxUnavailable`."""
+        _, entry = self._run(self._staged_delivered_plan(workspace_id, session_id, entry_id))
+        return entry
+
+    def reset_owed_failures(self, workspace_id: str, session_id: str, entry_id: str) -> bool:
+        """Forget the failed firings of ``entry_id``'s owed signal, so the session's next
+        claim (within ``LOCK_TTL``) fires it again, up to ``MAX_RECEIVER_ATTEMPTS`` more
+        times. Returns whether there were any. Raises ``InvalidIdentifier``,
+        :class:`~django_outbox.core.errors.OutboxUnavailable`."""
+        key = self.keys.owed_failures(workspace_id, session_id)
+        return bool(self._run(iter_once(Cmd(("HDEL", key, entry_id)))))
+
+    async def _acount_owed_failures(self, ws: str, ses: str, ids: list[str]) -> None:
+        """Count one failed firing of each of ``ids``' owed signal (never raises: a count
+        lost to an unavailable Valkey only allows one more attempt)."""
+        if not ids:
+            return
+        key = self.keys.owed_failures(ws, ses)
+        ttl = self._dedupe_ttl_ms
+        try:
+            await self._arun(
+                iter_once(
+                    Pipe([*(Cmd(("HINCRBY", key, i, 1)) for i in ids), Cmd(("PEXPIRE", key, ttl))])
+                )
+            )
+        except Exception:
+            logger.exception("outbox: %s/%s: could not count a failed receiver", ws, ses)
 
     def _log_owed(self, ws: str, ses: str, owed: list[Entry]) -> None:
         logger.warning(
@@ -716,3 +783,13 @@ class DeliveryStep(OutboxBase):
     async def arecover(self) -> int:
         """Async :meth:`recover`."""
         return await self._arun(self._recover_plan())
+
+
+def _counts(raw: Any) -> dict[str, int]:
+    """An HGETALL answer (a dict, or a flat list) as ``{field: int}``."""
+    if isinstance(raw, dict):
+        pairs = list(raw.items())
+    else:
+        flat = list(raw or [])
+        pairs = list(zip(flat[::2], flat[1::2], strict=True))
+    return {as_text(k): int(v) for k, v in pairs}

@@ -9,6 +9,9 @@ Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the
 - ``retry <workspace> <session> <entry>``, ``dismiss <workspace> <session> <entry>``.
 - ``park <workspace> --reason CODE``, ``unpark <workspace> [--reason CODE]``.
 - ``cleanup <workspace> [--yes]``: asks for confirmation unless ``--yes``.
+- ``owed <workspace> <session> <entry> --retry|--skip``: an owed ``entry_delivered`` held
+  after ``MAX_RECEIVER_ATTEMPTS`` failed firings: fire it again, or record the opted-in
+  receivers as done without running them (docs/reference/signals.md#a-receiver-that-keeps-failing).
 - ``claim [--force]``, ``release``: this project's claim on the key space
   (docs/howto/valkey.md#one-project-per-key-space).
 
@@ -29,6 +32,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from django_outbox import receipts
 from django_outbox.core.entry import DismissResult, RetryResult
 from django_outbox.core.history import summary
 from django_outbox.core.owner import ClaimResult
@@ -41,6 +45,7 @@ from django_outbox.errors import (
     OutboxUnavailable,
 )
 from django_outbox.outbox import Outbox, get_outbox
+from django_outbox.signals import entry_delivered
 
 OK, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 1, 2, 3
 
@@ -115,7 +120,7 @@ def _seconds(bound: float | str) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Look at the outbox and act on it: status, inspect, retry, dismiss, park, unpark, "
+        "Look at the outbox and act on it: status, inspect, retry, dismiss, owed, park, unpark, "
         "cleanup, claim, release. Exit codes: 0 done, 1 not found, 2 refused (busy, bad input, not "
         "confirmed), 3 Valkey unavailable."
     )
@@ -146,6 +151,20 @@ class Command(BaseCommand):
             one.add_argument("workspace")
             one.add_argument("session")
             one.add_argument("entry")
+
+        owed = sub.add_parser(
+            "owed", help="an entry_delivered held after MAX_RECEIVER_ATTEMPTS failures"
+        )
+        owed.add_argument("workspace")
+        owed.add_argument("session")
+        owed.add_argument("entry")
+        choice = owed.add_mutually_exclusive_group(required=True)
+        choice.add_argument("--retry", action="store_true", help="fire it again")
+        choice.add_argument(
+            "--skip",
+            action="store_true",
+            help="record its opted-in receivers as done without running them",
+        )
 
         park = sub.add_parser("park", help="pause a workspace (parks what is queued)")
         park.add_argument("workspace")
@@ -303,6 +322,7 @@ class Command(BaseCommand):
                         "heldFor": round(snapshot.lease.held_for, 3),
                     },
                     "entries": [entry.to_dict() for entry in snapshot.entries],
+                    "owedFailures": outbox.owed_failures(ws, ses),
                 }
             )
             return
@@ -318,6 +338,7 @@ class Command(BaseCommand):
                 f"  {entry.id} {entry.status}{reason}, attempts {entry.attempts}, "
                 f"accepted {entry.accepted_at}{error}"
             )
+        self._say_owed(outbox, ws, ses)
 
     # -- acting -------------------------------------------------------------------------
 
@@ -345,6 +366,33 @@ class Command(BaseCommand):
                 REFUSED,
             )
         self._say(f"Dismissed {ref}: it will never be delivered.")
+
+    def _owed(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ws, ses, entry_id = options["workspace"], options["session"], options["entry"]
+        ref = self._ref(options)
+        owed = outbox.owed_entry(ws, ses, entry_id)
+        if owed is None:
+            raise _exit(f"Not found: {ref} has no entry_delivered owed.", NOT_FOUND)
+        if options["skip"]:
+            names = entry_delivered.once_receivers()
+            done = receipts.skip_owed(entry_id, owed.delivered_at or "", names)
+            skipped = ", ".join(done) or "none (each had run already)"
+            what = f"Skipped the opted-in receivers of {ref}: {skipped}; "
+        else:
+            what = f"Firing the entry_delivered of {ref} again; "
+        outbox.reset_owed_failures(ws, ses, entry_id)
+        self._say(f"{what}the session's next claim, within LOCK_TTL, fires it.")
+
+    def _say_owed(self, outbox: Outbox, ws: str, ses: str) -> None:
+        bound = outbox.config.max_receiver_attempts
+        for entry_id, n in sorted(outbox.owed_failures(ws, ses).items()):
+            held = (
+                f": held, the session waits — 'manage.py outbox owed {ws} {ses} {entry_id} "
+                "--retry' or '--skip'"
+                if n >= bound
+                else f" (held at {bound})"
+            )
+            self._say(f"  {entry_id}: entry_delivered failed {n} times{held}")
 
     def _park(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws = options["workspace"]
