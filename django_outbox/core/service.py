@@ -534,6 +534,8 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
             )
             if events:
                 yield Emit(events)
+            # Failed firings of signals owed there (docs/reference/signals.md).
+            removed += int((yield Cmd(("DEL", self.keys.owed_failures(workspace_id, session_id)))))
         removed += int((yield Cmd(("DEL", self.keys.pause(workspace_id)))))
         # Its per-minute history too (docs/howto/observe.md): every minute of the window,
         # one slot, so a few UNLINKs of many keys each.

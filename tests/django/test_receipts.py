@@ -517,3 +517,18 @@ def test_owed_of_an_entry_without_an_owed_signal_is_not_found(outbox):
     with pytest.raises(CommandError) as missing:
         _outbox_command("owed", WS, SES, entry.id, "--skip")
     assert missing.value.returncode == 1
+
+
+def test_cleanup_forgets_the_failed_firings(outbox, r):
+    entry = accept(outbox, "a")
+
+    async def fail_once():
+        await outbox._acount_owed_failures(WS, SES, [entry.id])
+        await outbox.aclose()
+
+    asyncio.run(fail_once())
+    assert outbox.owed_failures(WS, SES) == {entry.id: 1}
+    assert r.pttl(outbox.keys.owed_failures(WS, SES)) > 0  # kept DEDUPE_TTL at most
+    outbox.cleanup_workspace(WS)
+    assert outbox.owed_failures(WS, SES) == {}
+    assert r.keys("*owedfail*") == []
