@@ -242,3 +242,34 @@ def test_inspect_and_status_never_write_terminal_escapes(outbox, valkey):
     assert "(maint\\x1b[8m\\u200b)" in shell("inspect", WS, "s2").stdout
     (entry,) = json.loads(shell("inspect", WS, SES, "--json").stdout)["entries"]
     assert entry["lastError"] == hostile_error
+
+
+@pytest.mark.slow
+def test_a_held_owed_signal_is_shown_by_a_real_inspect(outbox, valkey, r):
+    """docs/reference/signals.md#a-receiver-that-keeps-failing: through a real process."""
+    entry = accept(outbox, "a")
+    r.hset(outbox.keys.owed_failures(WS, SES), mapping={"e-held": 5, "e-trying": 2})
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+        "OUTBOX_VALKEY_URL": valkey,
+    }
+
+    def shell(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "django", "outbox", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    shown = shell("inspect", WS, SES)
+    assert shown.returncode == 0, shown.stderr
+    assert "  e-held: entry_delivered failed 5 times: held, the session waits" in shown.stdout
+    assert "  e-trying: entry_delivered failed 2 times (held at 5)" in shown.stdout
+    data = json.loads(shell("inspect", WS, SES, "--json").stdout)
+    assert data["owedFailures"] == {"e-held": 5, "e-trying": 2}
+    missing = shell("owed", WS, SES, entry.id, "--retry")  # pending: nothing owed
+    assert missing.returncode == 1 and "no entry_delivered owed" in missing.stderr
