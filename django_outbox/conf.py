@@ -39,6 +39,7 @@ from .core.config import (
     DURATION,
     DURATION_OR_ZERO,
     FLAG,
+    OPTIONAL_LIMIT,
     Config,
     ConfigError,
     Setting,
@@ -90,6 +91,11 @@ OWN_SETTINGS: dict[str, Setting] = {
         None, kind=_callable_or_path, doc="(workspace_id, session_id) -> the agent's name"
     ),
     "LANGGRAPH": Setting(None, kind=None, doc="the built-in LangGraph backend's block"),
+    "USER_ACCEPTS_PER_MINUTE_ALL": Setting(
+        60,
+        kind=OPTIONAL_LIMIT,
+        doc="one user's REST accepts per minute over every workspace (a DRF throttle); 0/None: off",
+    ),
 }
 OWN_KEYS = frozenset(OWN_SETTINGS)
 #: The keys that name a callable (``OUTBOX[key]`` is resolved by :meth:`OutboxSettings.resolve`).
@@ -122,6 +128,8 @@ class OutboxSettings:
     router: Any = None
     #: ``OUTBOX["LANGGRAPH"]``, or None when the block is absent.
     langgraph: LangGraphSettings | None = None
+    #: ``OUTBOX["USER_ACCEPTS_PER_MINUTE_ALL"]`` (0: off): django_outbox.api.throttling.
+    user_accepts_per_minute_all: int = 60
 
     def resolve(self, key: str) -> Callable[..., Any] | None:
         """Import and return the callable configured for ``key`` (e.g. ``"DELIVERER"``).
@@ -614,6 +622,7 @@ def _build() -> OutboxSettings:
         agents=_agents(raw.get("AGENTS"), own["DELIVERER"] is not None, own["ROUTER"] is not None),
         router=own["ROUTER"],
         langgraph=_langgraph(raw.get("LANGGRAPH"), config.delivery_timeout),
+        user_accepts_per_minute_all=own["USER_ACCEPTS_PER_MINUTE_ALL"],
     )
 
 

@@ -47,6 +47,7 @@ from .reads import QueueReads
 from .replies import AcceptReply, CleanupReply, OperatorReply, SeedReply
 from .rules import (
     check_identifier,
+    check_model_allowed,
     check_printable_reason,
     check_reason,
     check_user_id,
@@ -109,6 +110,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
     ) -> Plan[Entry]:
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
+        check_model_allowed(model, self.config.models)
         user_id = check_user_id(user_id)
         if self.key_space_owner is not None and not self._key_space_confirmed:
             yield from self._key_space_plan()  # the process's first accept claims the space
@@ -532,6 +534,8 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
             )
             if events:
                 yield Emit(events)
+            # Failed firings of signals owed there (docs/reference/signals.md).
+            removed += int((yield Cmd(("DEL", self.keys.owed_failures(workspace_id, session_id)))))
         removed += int((yield Cmd(("DEL", self.keys.pause(workspace_id)))))
         # Its per-minute history too (docs/howto/observe.md): every minute of the window,
         # one slot, so a few UNLINKs of many keys each.
