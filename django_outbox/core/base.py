@@ -25,6 +25,7 @@ from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
 from .errors import OutboxUnavailable
 from .history import HistoryCounter
 from .keys import KeySpace, SessionKeys
+from .paging import valid_identifiers
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
 from .replies import SnapshotReply
 from .scripts import session_prefix
@@ -360,10 +361,10 @@ class OutboxBase(AgentRouting, Transport):
         """Every workspace with sessions, sorted (one SMEMBERS per shard on a cluster)."""
         answers = yield Pipe([Cmd(("SMEMBERS", k)) for k in self.keys.index_keys("workspaces")])
         members: set[str] = set()
-        for answer in answers:
+        for key, answer in zip(self.keys.index_keys("workspaces"), answers, strict=True):
             if isinstance(answer, Exception):
                 raise answer
-            members.update(as_text(m) for m in answer)
+            members.update(valid_identifiers(answer, key))  # a corrupt member is skipped
         return sorted(members)
 
     def workspaces(self) -> builtins.list[str]:

@@ -49,6 +49,7 @@ from .replies import AcceptReply, CleanupReply, OperatorReply, SeedReply
 from .rules import (
     check_accept_options,
     check_identifier,
+    check_model_allowed,
     check_printable_reason,
     check_reason,
     check_user_id,
@@ -114,6 +115,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep, QueueSteerin
     ) -> Plan[Entry]:
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
+        check_model_allowed(model, self.config.models)
         mode, expires_us = check_accept_options(if_busy, expires_after)
         user_id = check_user_id(user_id)
         if self.key_space_owner is not None and not self._key_space_confirmed:
@@ -574,6 +576,8 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep, QueueSteerin
             )
             if events:
                 yield Emit(events)
+            # Failed firings of signals owed there (docs/reference/signals.md).
+            removed += int((yield Cmd(("DEL", self.keys.owed_failures(workspace_id, session_id)))))
         removed += int((yield Cmd(("DEL", self.keys.pause(workspace_id)))))
         # Its per-minute history too (docs/howto/observe.md): every minute of the window,
         # one slot, so a few UNLINKs of many keys each.

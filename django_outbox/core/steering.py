@@ -15,7 +15,7 @@ from .entry import CONTENT_MARKER, CancelResult, EditResult, Entry, MoveResult
 from .errors import InvalidContent
 from .plans import Cmd, Emit, Plan
 from .replies import OperatorReply
-from .rules import check_identifier, validate_content
+from .rules import check_identifier, check_model_allowed, validate_content
 from .scripts import cancel_argv, edit_argv, move_argv
 
 #: Times edit reads the entry again when another edit changed it meanwhile.
@@ -67,6 +67,7 @@ class QueueSteering(OutboxBase):
             raise InvalidContent("if_version must be a session version (an integer >= 0)")
         # The rules of accept, checked before anything is read.
         validate_content("-" if text is None else text, model, "-", self.config.max_text_bytes)
+        check_model_allowed(model, self.config.models)  # an edit is held to accept's list
         queue = self.keys.session(workspace_id, session_id).queue
         prefix = f'{{"id":"{entry_id}",'.encode()
         for _ in range(EDIT_TRIES):

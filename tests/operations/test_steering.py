@@ -572,3 +572,14 @@ def test_each_prompt_of_a_merged_message_counts_in_the_history(make_outbox):
 
     asyncio.run(steps())
     assert outbox.history(minutes=2, workspace_id=WS).total("d") == 5
+
+
+def test_an_edit_is_held_to_the_model_allow_list(make_outbox):
+    from django_outbox.errors import ModelNotAllowed
+
+    outbox = make_outbox(models=("anthropic/*",))
+    entry = accept(outbox, "a", model={"providerID": "anthropic", "modelID": "claude"})
+    with pytest.raises(ModelNotAllowed):
+        outbox.edit(WS, SES, entry.id, model={"providerID": "openai", "modelID": "gpt-5"})
+    assert outbox.list(WS, SES)[0].model == {"providerID": "anthropic", "modelID": "claude"}
+    assert outbox.edit(WS, SES, entry.id, text="only the text") is EditResult.UPDATED
