@@ -67,6 +67,9 @@ OWN_SETTINGS: dict[str, Setting] = {
     "LEDGER_PROBE": Setting(
         None, kind=_callable_or_path, doc="asks the agent's ledger how far an error entry got"
     ),
+    "ABORTER": Setting(
+        None, kind=_callable_or_path, doc="ends the agent's running turn (cutting a turn)"
+    ),
     "ACCESS_POLICY": Setting(
         DEFAULT_ACCESS_POLICY, kind=_callable_or_path, doc="who may use which workspace"
     ),
@@ -101,6 +104,9 @@ class OutboxSettings:
     config: Config
     #: ``OUTBOX["OPENCODE"]``, or None when the block is absent.
     opencode: OpencodeSettings | None = None
+    #: ``OUTBOX["ABORTER"]``: ``abort(entry, *, workspace_id, session_id)`` or its dotted
+    #: path, or None (docs/howto/cutting.md).
+    aborter: Any = None
 
     def resolve(self, key: str) -> Callable[..., Any] | None:
         """Import and return the callable configured for ``key`` (e.g. ``"DELIVERER"``).
@@ -356,6 +362,7 @@ def _build() -> OutboxSettings:
         access_policy=own["ACCESS_POLICY"],
         config=config,
         opencode=_opencode(raw.get("OPENCODE"), config.delivery_timeout),
+        aborter=own["ABORTER"],
     )
 
 

@@ -285,6 +285,7 @@ def get_outbox() -> Outbox:
                 deliverer=s.resolve("DELIVERER"),
                 verifier=s.resolve("VERIFIER"),
                 ledger_probe=s.resolve("LEDGER_PROBE"),
+                aborter=s.resolve("ABORTER"),
                 config=s.config,
                 key_space_owner=key_space_owner(s),
             )

@@ -37,7 +37,7 @@ class OutboxBase(Transport):
     """The shared floor of :class:`~django_outbox.core.service.Outbox`.
 
     ``OutboxBase(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=...,
-    ledger_probe=..., **tunables)`` where tunables are the snake_case names of
+    ledger_probe=..., aborter=..., **tunables)`` where tunables are the snake_case names of
     :class:`~django_outbox.core.config.Config` (durations in seconds), or
     ``config=Config(...)``. ``clock`` is None (the default: every time decision is
     taken on Valkey's clock) or returns seconds since the epoch (tests).
@@ -53,6 +53,7 @@ class OutboxBase(Transport):
         deliverer: Callable[..., Any] | None = None,
         verifier: Callable[..., Any] | None = None,
         ledger_probe: Callable[..., Any] | None = None,
+        aborter: Callable[..., Any] | None = None,
         cluster: bool = False,
         clock: Callable[[], float] | None = None,
         client_options: dict[str, Any] | None = None,
@@ -72,6 +73,9 @@ class OutboxBase(Transport):
         self.deliverer = deliverer
         self.verifier = verifier
         self.ledger_probe = ledger_probe
+        #: ``abort(entry, *, workspace_id, session_id)`` (sync or async) ends the agent's
+        #: running turn, or None: turns cannot be cut (docs/howto/cutting.md).
+        self.aborter = aborter
         self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
         self._dedupe_ttl_ms = int(self.config.dedupe_ttl * 1000)
         # The per-minute history outlives the window by two minutes (the last one

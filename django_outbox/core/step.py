@@ -252,10 +252,7 @@ class DeliveryStep(OutboxBase):
         step = "deliver" if kind == "deliver" else "verify"
         with step_span(step, entry.traceparent, ws, ses, entry.id, entry.attempts + 1) as span:
             try:
-                if kind == "deliver":
-                    outcome, error = await self._deliver(deliverer, entry, ws, ses)
-                else:
-                    outcome, error = await self._verify(entry, ws, ses)
+                outcome, error = await self._attempt(kind, deliverer, entry, ws, ses, token)
             except asyncio.CancelledError:
                 keeper.drop(token)
                 if kind == "deliver":
@@ -311,6 +308,15 @@ class DeliveryStep(OutboxBase):
         by the next claimer (at-least-once, never lost)."""
         token, ack = (carry.token, []) if isinstance(carry, Claimed) else carry
         await self._arun(self._release_plan(workspace_id, session_id, token, ack))
+
+    async def _attempt(
+        self, kind: str, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str, token: str
+    ) -> tuple[str, str]:
+        """Deliver (``kind`` "deliver") or verify ``entry`` under the lease ``token``;
+        ``(outcome, error text)``. A subclass may watch the attempt (core/cutting.py)."""
+        if kind == "deliver":
+            return await self._deliver(deliverer, entry, ws, ses)
+        return await self._verify(entry, ws, ses)
 
     def _new_token(self, owner: str | None = None) -> str:
         return f"{owner or self.owner}.{secrets.token_hex(8)}"
@@ -535,6 +541,12 @@ class DeliveryStep(OutboxBase):
         elif kind == "updated" and reply.entry is not None:
             yield Emit(
                 self._events("updated", [reply.entry], ws, ses, reply.version, None, reply.watched)
+            )
+        elif kind == "cancelled" and reply.entry is not None:  # a cut, never sent
+            yield Emit(
+                self._events(
+                    "updated", [reply.entry], ws, ses, reply.version, "cancelled", reply.watched
+                )
             )
         elif kind == "lost":
             logger.warning(
