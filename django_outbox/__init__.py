@@ -20,6 +20,7 @@ from .core.entry import (
     Entry,
     InterruptResult,
     RetryResult,
+    SendNowResult,
     Status,
     Verdict,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "InterruptResult",
     "Outbox",
     "RetryResult",
+    "SendNowResult",
     "Status",
     "Verdict",
     "get_outbox",

@@ -23,11 +23,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .entry import Entry, InterruptResult
+from .entry import Entry, InterruptResult, OutboxEvent, SendNowResult
 from .plans import Cmd, Emit, Pipe, Plan, iter_once
 from .replies import OperatorReply
 from .rules import check_identifier, describe_error
-from .scripts import cut_argv
+from .scripts import cut_argv, send_now_argv
 from .step import DeliveryStep
 from .transport import as_text
 
@@ -160,6 +160,41 @@ class TurnCuts(DeliveryStep):
     async def acut(self, workspace_id: str, session_id: str, entry_id: str) -> InterruptResult:
         """Async :meth:`cut`."""
         return await self._arun(self._cut_plan(workspace_id, session_id, entry_id))
+
+    def _send_now_plan(self, ws: str, ses: str, entry_id: str) -> Plan[SendNowResult]:
+        check_identifier("workspace ID", ws)
+        check_identifier("session ID", ses)
+        check_identifier("entry ID", entry_id)
+        if self.aborter_for(ws, ses) is None:
+            return SendNowResult.NOT_SUPPORTED
+        argv = send_now_argv(entry_id, self._lock_ttl_ms)
+        call = self._session_eval(
+            "send_now", ws, ses, extra_args=argv, extra_keys=[self.keys.cut(ws, ses)]
+        )
+        reply = OperatorReply.parse((yield call))
+        if reply.changed and self.listening("updated", reply.watched):
+            moved, *cut = (Entry.from_json(raw) for raw in reply.changed)
+            version, watched = reply.version, reply.watched
+            events = [OutboxEvent("updated", "moved", moved, ws, ses, version, watched)]
+            events += [
+                OutboxEvent("updated", str(e.status), e, ws, ses, version, watched) for e in cut
+            ]
+            yield Emit(events)
+        return SendNowResult(reply.result)
+
+    def send_now(self, workspace_id: str, session_id: str, entry_id: str) -> SendNowResult:
+        """Make queued prompt ``entry_id`` the session's next and cut the running turn
+        (docs/howto/cutting.md). The prompt goes in front of every pending entry (entries
+        being verified stay ahead: a cut turn is verified before anything else is sent);
+        the turn in flight is cut as by :meth:`interrupt`. Only a ``pending`` prompt can
+        be sent now (else ``BUSY``). Without an aborter nothing moves (``NOT_SUPPORTED``).
+        Returns :class:`SendNowResult`; raises ``ValueError`` for a bad ID,
+        :class:`~django_outbox.core.errors.OutboxUnavailable`."""
+        return self._run(self._send_now_plan(workspace_id, session_id, entry_id))
+
+    async def asend_now(self, workspace_id: str, session_id: str, entry_id: str) -> SendNowResult:
+        """Async :meth:`send_now`."""
+        return await self._arun(self._send_now_plan(workspace_id, session_id, entry_id))
 
     # -- the holder: watch the attempt, abort, let the verifier decide -------------------
 

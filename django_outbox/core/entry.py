@@ -77,6 +77,23 @@ class InterruptResult(enum.Enum):
     NOT_SUPPORTED = "not_supported"
 
 
+class SendNowResult(enum.Enum):
+    """Result of :meth:`Outbox.send_now` (docs/howto/cutting.md).
+
+    ``CUT``: the prompt is the session's next and the turn in flight is cut; ``ALREADY``:
+    next, and that turn was cut before; ``MOVED``: next, nothing was in flight; ``BUSY``:
+    the entry is not a queued prompt (in flight, being verified, in error or parked; REST
+    409 ``busy``); ``NOT_FOUND``; ``NOT_SUPPORTED``: no aborter is configured (nothing
+    moved; REST 409 ``not_supported``)."""
+
+    CUT = "cut"
+    ALREADY = "already"
+    MOVED = "moved"
+    BUSY = "busy"
+    NOT_FOUND = "not_found"
+    NOT_SUPPORTED = "not_supported"
+
+
 # Ledger states reported by a ledger probe (the seed's frozen ABI enum names).
 LEDGER_STATE_LEDGERED = "LEDGER_STATE_LEDGERED"
 LEDGER_STATE_ADMITTED = "LEDGER_STATE_ADMITTED"

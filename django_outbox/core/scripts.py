@@ -333,3 +333,10 @@ def cut_argv(entry_id: str, signal_ttl_ms: int) -> list[Any]:
     (:meth:`~django_outbox.core.keys.KeySpace.cut`). Reply:
     :class:`~django_outbox.core.replies.OperatorReply` (docs/howto/cutting.md)."""
     return [entry_id, signal_ttl_ms]
+
+
+def send_now_argv(entry_id: str, signal_ttl_ms: int) -> list[Any]:
+    """ARGV[6..7] of ``send_now.lua``: the entry ID and the cut signal's TTL (ms); its
+    extra key is the session's cut signal. Reply:
+    :class:`~django_outbox.core.replies.OperatorReply` (docs/howto/cutting.md)."""
+    return [entry_id, signal_ttl_ms]

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from django_outbox import InterruptResult, Verdict
+from django_outbox import InterruptResult, SendNowResult, Verdict
 from tests.support.helpers import aaccept, wait_for
 
 WS, SES = "w1", "s1"
@@ -189,3 +189,47 @@ async def test_a_cut_mark_outlives_its_holder_recovery_aborts_then_verifies(
     assert len(delivered) == 1 and delivered[0].interrupted is True
     assert agent.transcript.count(entry.id) == 1
     await outbox.aclose()
+
+
+async def test_send_now_makes_a_prompt_next_and_cuts_the_running_turn(
+    cutting_outbox, agent, signals_log
+):
+    outbox = cutting_outbox(agent)
+    running = await aaccept(outbox, "k1", "running")
+    second = await aaccept(outbox, "k2", "second")
+    urgent = await aaccept(outbox, "k3", "urgent")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+
+    assert await outbox.asend_now(WS, SES, urgent.id) is SendNowResult.CUT
+    assert await outbox.asend_now(WS, SES, running.id) is SendNowResult.BUSY
+    assert await outbox.asend_now(WS, SES, "gone") is SendNowResult.NOT_FOUND
+    moved = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == urgent.id]
+    assert moved[-1] == "moved"
+    await asyncio.wait_for(step, 5)
+    # The cut turn is verified first, then the urgent prompt goes, then the rest.
+    assert [e.id for e in await outbox.alist(WS, SES)] == [running.id, urgent.id, second.id]
+    assert await outbox.adeliver_once(WS, SES)  # verifies the cut one: delivered
+    assert [e.id for e in await outbox.alist(WS, SES)] == [urgent.id, second.id]
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await wait_for(lambda: agent.transcript[-1:] == [urgent.id], timeout=5)
+    assert agent.transcript == [running.id, urgent.id]
+    agent.turn_over.set()
+    await asyncio.wait_for(step, 5)
+    assert signals_log.ids("delivered") == [running.id, urgent.id]
+    await outbox.aclose()
+
+
+async def test_send_now_with_nothing_running_only_moves_and_without_an_aborter_is_refused(
+    cutting_outbox, agent
+):
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    assert await outbox.asend_now(WS, SES, second.id) is SendNowResult.MOVED
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id, first.id]
+    plain = cutting_outbox(agent, aborter=None)
+    assert plain.send_now(WS, SES, first.id) is SendNowResult.NOT_SUPPORTED
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id, first.id]
+    await outbox.aclose()
+    await plain.aclose()
