@@ -8,6 +8,7 @@ over ``MAX_TEXT_BYTES`` or a model over 16 KiB (HTTP 413).
 from .core.errors import (
     AmbiguousError,
     ContentTooLarge,
+    CutNotSupported,
     Duplicate,
     IdempotencyConflict,
     InvalidContent,
@@ -25,6 +26,7 @@ from .core.errors import (
 __all__ = [
     "AmbiguousError",
     "ContentTooLarge",
+    "CutNotSupported",
     "Duplicate",
     "IdempotencyConflict",
     "InvalidContent",

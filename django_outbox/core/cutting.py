@@ -21,9 +21,10 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from .entry import Entry, InterruptResult, OutboxEvent, SendNowResult
+from .errors import CutNotSupported
 from .plans import Cmd, Emit, Pipe, Plan, iter_once
 from .replies import OperatorReply
 from .rules import check_identifier, describe_error
@@ -195,6 +196,30 @@ class TurnCuts(DeliveryStep):
     async def asend_now(self, workspace_id: str, session_id: str, entry_id: str) -> SendNowResult:
         """Async :meth:`send_now`."""
         return await self._arun(self._send_now_plan(workspace_id, session_id, entry_id))
+
+    def accept_interrupting(
+        self, workspace_id: str, session_id: str, **accept: Any
+    ) -> tuple[Entry, SendNowResult]:
+        """``ifBusy: "interrupt"``: accept a prompt (``accept``: the keyword arguments of
+        :meth:`Outbox.accept`), make it the session's next, ahead of queued prompts, and
+        cut the running turn (docs/howto/cutting.md). Returns the stored entry and what
+        :meth:`send_now` did with it (``BUSY``: a worker claimed it first, so it runs
+        already). Raises :class:`~django_outbox.core.errors.CutNotSupported` without an
+        aborter, before anything is stored (no idempotency marker either), and whatever
+        ``accept`` raises (a resend of the same key raises ``Duplicate`` and cuts nothing)."""
+        if self.aborter_for(workspace_id, session_id) is None:
+            raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
+        entry: Entry = cast(Any, self).accept(workspace_id, session_id, **accept)
+        return entry, self.send_now(workspace_id, session_id, entry.id)
+
+    async def aaccept_interrupting(
+        self, workspace_id: str, session_id: str, **accept: Any
+    ) -> tuple[Entry, SendNowResult]:
+        """Async :meth:`accept_interrupting`."""
+        if self.aborter_for(workspace_id, session_id) is None:
+            raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
+        entry: Entry = await cast(Any, self).aaccept(workspace_id, session_id, **accept)
+        return entry, await self.asend_now(workspace_id, session_id, entry.id)
 
     # -- the holder: watch the attempt, abort, let the verifier decide -------------------
 

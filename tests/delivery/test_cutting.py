@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from django_outbox import InterruptResult, SendNowResult, Verdict
+from django_outbox.errors import CutNotSupported, Duplicate
 from tests.support.helpers import aaccept, wait_for
 
 WS, SES = "w1", "s1"
@@ -231,5 +232,28 @@ async def test_send_now_with_nothing_running_only_moves_and_without_an_aborter_i
     plain = cutting_outbox(agent, aborter=None)
     assert plain.send_now(WS, SES, first.id) is SendNowResult.NOT_SUPPORTED
     assert [e.id for e in await outbox.alist(WS, SES)] == [second.id, first.id]
+    await outbox.aclose()
+    await plain.aclose()
+
+
+async def test_accept_interrupting_puts_the_prompt_next_and_cuts_the_turn(cutting_outbox, agent):
+    outbox = cutting_outbox(agent)
+    running = await aaccept(outbox, "k1", "running")
+    queued = await aaccept(outbox, "k2", "queued")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    entry, result = await outbox.aaccept_interrupting(
+        WS, SES, user_id="u", client_message_id="k3", text="now"
+    )
+    assert result is SendNowResult.CUT
+    await asyncio.wait_for(step, 5)
+    assert [e.id for e in await outbox.alist(WS, SES)] == [running.id, entry.id, queued.id]
+    with pytest.raises(Duplicate):  # a client's retry cuts nothing more
+        outbox.accept_interrupting(WS, SES, user_id="u", client_message_id="k3", text="now")
+    plain = cutting_outbox(agent, aborter=None)
+    with pytest.raises(CutNotSupported):
+        await plain.aaccept_interrupting(WS, SES, user_id="u", client_message_id="k4", text="x")
+    assert len(await outbox.alist(WS, SES)) == 3  # nothing stored
+    assert (await plain.aaccept(WS, SES, user_id="u", client_message_id="k4", text="x")).id
     await outbox.aclose()
     await plain.aclose()
