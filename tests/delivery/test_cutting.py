@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from django_outbox import InterruptResult, SendNowResult, Verdict
-from django_outbox.errors import CutNotSupported, Duplicate
+from django_outbox.core.cutting import CUT_POLL
+from django_outbox.errors import AmbiguousError, CutNotSupported, Duplicate
 from tests.support.helpers import aaccept, wait_for
 
 WS, SES = "w1", "s1"
@@ -215,6 +216,10 @@ async def test_send_now_makes_a_prompt_next_and_cuts_the_running_turn(
     step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
     await wait_for(lambda: agent.transcript[-1:] == [urgent.id], timeout=5)
     assert agent.transcript == [running.id, urgent.id]
+    # The cut signal still names the cut prompt: the next turn is not cut by it.
+    aborts = agent.aborts
+    await asyncio.sleep(CUT_POLL * 3)  # three looks of the holder's cut watch
+    assert (agent.aborts, step.done(), agent.running.is_set()) == (aborts, False, True)
     agent.turn_over.set()
     await asyncio.wait_for(step, 5)
     assert signals_log.ids("delivered") == [running.id, urgent.id]
@@ -257,3 +262,25 @@ async def test_accept_interrupting_puts_the_prompt_next_and_cuts_the_turn(cuttin
     assert (await plain.aaccept(WS, SES, user_id="u", client_message_id="k4", text="x")).id
     await outbox.aclose()
     await plain.aclose()
+
+
+async def test_send_now_stays_behind_a_prompt_whose_outcome_is_being_verified(
+    cutting_outbox, agent
+):
+    outbox = cutting_outbox(agent)
+    unsure = await aaccept(outbox, "k1", "unsure")
+    second = await aaccept(outbox, "k2", "second")
+    urgent = await aaccept(outbox, "k3", "urgent")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    await outbox.adeliver_once(WS, SES, cut_off)  # its turn may still run: verifying
+    assert await outbox.asend_now(WS, SES, urgent.id) is SendNowResult.CUT
+    listed = await outbox.alist(WS, SES)
+    assert [(e.id, str(e.status), e.interrupted) for e in listed] == [
+        (unsure.id, "verifying", True),
+        (urgent.id, "pending", False),
+        (second.id, "pending", False),
+    ]
+    await outbox.aclose()
