@@ -283,4 +283,5 @@ async def test_send_now_stays_behind_a_prompt_whose_outcome_is_being_verified(
         (urgent.id, "pending", False),
         (second.id, "pending", False),
     ]
+    assert listed[0].next_attempt_at is None  # due now: its turn is aborted at once
     await outbox.aclose()

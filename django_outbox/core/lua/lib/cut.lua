@@ -37,6 +37,8 @@ local function cut_turn(id, signal, signal_ttl)
   redis.call('SET', signal, st.id, 'PX', signal_ttl)
   if st.interrupted == true then return 'already', raw end
   st.interrupted = true
+  -- Being verified after a backoff: due now, so its turn is aborted without waiting.
+  if key == Q and st.status == 'verifying' then st.nextAttemptAt = nil end
   local new = join(st, content)
   redis.call('LSET', key, idx, new)
   return 'cut', new
