@@ -77,6 +77,14 @@ def test_interrupt_needs_the_interrupt_action_in_the_workspace(django_user_model
     assert bob.post(f"{BASE}messages/x/send-now/").status_code == 403
 
 
+def test_a_refused_interrupting_accept_is_409_not_supported_never_a_500():
+    from django_outbox.api.errors import outbox_exception_handler
+    from django_outbox.errors import CutNotSupported
+
+    response = outbox_exception_handler(CutNotSupported("no aborter"), {})
+    assert (response.status_code, response.data["code"]) == (409, "not_supported")
+
+
 @pytest.mark.slow
 @pytest.mark.standalone
 def test_stop_and_send_now_through_a_live_server_cut_the_worker_s_turn(valkey, tmp_path, r):
