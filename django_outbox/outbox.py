@@ -286,6 +286,8 @@ def get_outbox() -> Outbox:
                 verifier=s.resolve("VERIFIER"),
                 ledger_probe=s.resolve("LEDGER_PROBE"),
                 aborter=s.resolve("ABORTER"),
+                agents=s.resolve_agents(),
+                router=s.resolve_router(),
                 config=s.config,
                 key_space_owner=key_space_owner(s),
             )

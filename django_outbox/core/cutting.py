@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
+from .agents import Agent, UnknownAgent
 from .entry import Entry, InterruptResult, OutboxEvent, SendNowResult
 from .errors import CutNotSupported
 from .plans import Cmd, Emit, Pipe, Plan, iter_once
@@ -38,7 +39,7 @@ logger = logging.getLogger("django_outbox")
 CUT_POLL = 0.25
 #: Outcomes a delivery may still reach after its cut: the agent has it (delivered), or it
 #: provably does not (the settle then removes the cut entry as cancelled).
-ENDED_BEFORE_THE_CUT = frozenset({"delivered", "failed", "transient", "prior_pending"})
+ENDED_BEFORE_THE_CUT = frozenset({"delivered", "failed", "transient", "prior_pending", "held"})
 #: Seconds an aborter may take before the cut goes on without it (logged).
 ABORT_TIMEOUT = 10.0
 
@@ -55,13 +56,13 @@ class CutWatch:
     def __init__(self, outbox: TurnCuts, loop: asyncio.AbstractEventLoop) -> None:
         self.outbox = outbox
         self.loop = loop
-        #: lease token -> (signal key, entry ID, event set on a cut)
+        #: attempt -> (signal key, entry ID, event set on a cut)
         self.watched: dict[str, tuple[str, str, asyncio.Event]] = {}
         self.task: asyncio.Task[None] | None = None
 
     def watch(self, token: str, key: str, entry_id: str) -> asyncio.Event:
-        """Watch the attempt of ``entry_id`` under lease ``token``; its event is set once
-        the signal ``key`` names the entry."""
+        """Watch the attempt of ``entry_id`` named ``token`` (unique per attempt); its
+        event is set once the signal ``key`` names the entry."""
         event = asyncio.Event()
         self.watched[token] = (key, entry_id, event)
         if self.task is None or self.task.done():
@@ -107,11 +108,13 @@ class TurnCuts(DeliveryStep):
         )
         self._last_cut_watch: CutWatch | None = None
 
-    def aborter_for(self, workspace_id: str, session_id: str) -> Callable[..., Any] | None:
-        """The callable that ends the running turn of this session's agent:
-        ``abort(entry, *, workspace_id, session_id)``, sync or async (``OUTBOX["ABORTER"]``),
-        or None when turns cannot be cut (docs/howto/cutting.md)."""
-        return self.aborter
+    def _aborter(self, ws: str, ses: str) -> Callable[..., Any] | None:
+        """The session's aborter (:meth:`aborter_for`), or None when turns cannot be cut:
+        no aborter, or no agent the session's router names."""
+        try:
+            return self.aborter_for(ws, ses)
+        except UnknownAgent:
+            return None
 
     # -- the request: mark the cut ---------------------------------------------------------
 
@@ -120,7 +123,7 @@ class TurnCuts(DeliveryStep):
         check_identifier("session ID", ses)
         if entry_id:
             check_identifier("entry ID", entry_id)
-        if self.aborter_for(ws, ses) is None:
+        if self._aborter(ws, ses) is None:
             return InterruptResult.NOT_SUPPORTED
         argv = cut_argv(entry_id, self._lock_ttl_ms)
         call = self._session_eval(
@@ -166,7 +169,7 @@ class TurnCuts(DeliveryStep):
         check_identifier("workspace ID", ws)
         check_identifier("session ID", ses)
         check_identifier("entry ID", entry_id)
-        if self.aborter_for(ws, ses) is None:
+        if self._aborter(ws, ses) is None:
             return SendNowResult.NOT_SUPPORTED
         argv = send_now_argv(entry_id, self._lock_ttl_ms)
         call = self._session_eval(
@@ -207,7 +210,7 @@ class TurnCuts(DeliveryStep):
         already). Raises :class:`~django_outbox.core.errors.CutNotSupported` without an
         aborter, before anything is stored (no idempotency marker either), and whatever
         ``accept`` raises (a resend of the same key raises ``Duplicate`` and cuts nothing)."""
-        if self.aborter_for(workspace_id, session_id) is None:
+        if self._aborter(workspace_id, session_id) is None:
             raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
         entry: Entry = cast(Any, self).accept(workspace_id, session_id, **accept)
         return entry, self.send_now(workspace_id, session_id, entry.id)
@@ -216,7 +219,7 @@ class TurnCuts(DeliveryStep):
         self, workspace_id: str, session_id: str, **accept: Any
     ) -> tuple[Entry, SendNowResult]:
         """Async :meth:`accept_interrupting`."""
-        if self.aborter_for(workspace_id, session_id) is None:
+        if self._aborter(workspace_id, session_id) is None:
             raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
         entry: Entry = await cast(Any, self).aaccept(workspace_id, session_id, **accept)
         return entry, await self.asend_now(workspace_id, session_id, entry.id)
@@ -226,42 +229,60 @@ class TurnCuts(DeliveryStep):
     def _cut_watch(self) -> CutWatch:
         return self._loop_local("_last_cut_watch", self._cut_watches, lambda lp: CutWatch(self, lp))
 
-    async def _attempt(
-        self, kind: str, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str, token: str
+    async def _deliver(
+        self, agent: Agent, entry: Entry, ws: str, ses: str
+    ) -> tuple[str, str, float]:
+        if agent.aborter is None:
+            return await super()._deliver(agent, entry, ws, ses)
+        task = asyncio.ensure_future(super()._deliver(agent, entry, ws, ses))
+        if not await self._until_cut(task, ws, ses, entry):
+            return task.result()
+        logger.info("outbox: %s/%s %s: turn cut during its delivery", ws, ses, entry.id)
+        # Stop a send not yet made; one under way is settled by the verifier.
+        task.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is None:
+            outcome, error, hold = task.result()
+            if outcome in ENDED_BEFORE_THE_CUT:
+                return outcome, error, hold
+        await self._abort(agent.aborter, entry, ws, ses)
+        unknown = "ambiguous" if agent.verifier is not None else "unverifiable"
+        return unknown, "interrupted: the turn was cut; the verifier decides", 0.0
+
+    async def _verify(
+        self, entry: Entry, ws: str, ses: str, verifier: Callable[..., Any] | None
     ) -> tuple[str, str]:
-        aborter = self.aborter_for(ws, ses)
+        aborter = self._aborter(ws, ses)
         if aborter is None:
-            return await super()._attempt(kind, deliverer, entry, ws, ses, token)
-        if kind != "deliver" and entry.interrupted:
+            return await super()._verify(entry, ws, ses, verifier)
+        if entry.interrupted:
             # Cut before (a worker may have died mid-cut): the turn may still run.
             await self._abort(aborter, entry, ws, ses)
-        watch = self._cut_watch()
-        cut = watch.watch(token, self.keys.cut(ws, ses), entry.id)
-        task = asyncio.ensure_future(super()._attempt(kind, deliverer, entry, ws, ses, token))
-        waiter = asyncio.ensure_future(cut.wait())
+        task = asyncio.ensure_future(super()._verify(entry, ws, ses, verifier))
         try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                return task.result()
-            logger.info("outbox: %s/%s %s: turn cut during %s", ws, ses, entry.id, kind)
-            if kind == "deliver":
-                # Stop a send not yet made; one under way is settled by the verifier.
-                task.cancel()
-                await asyncio.wait({task})
-                if not task.cancelled() and task.exception() is None:
-                    outcome, error = task.result()
-                    if outcome in ENDED_BEFORE_THE_CUT:
-                        return outcome, error
-            await self._abort(aborter, entry, ws, ses)
-            if kind != "deliver":
-                return await task
-            unknown = "ambiguous" if self.verifier is not None else "unverifiable"
-            return unknown, "interrupted: the turn was cut; the verifier decides"
+            if await self._until_cut(task, ws, ses, entry):
+                logger.info("outbox: %s/%s %s: turn cut during its verification", ws, ses, entry.id)
+                await self._abort(aborter, entry, ws, ses)
+            return await task
         finally:
-            watch.unwatch(token)
-            waiter.cancel()
             if not task.done():
                 task.cancel()
+
+    async def _until_cut(self, task: asyncio.Future[Any], ws: str, ses: str, entry: Entry) -> bool:
+        """Wait until ``task`` ends or the session's cut signal names ``entry``; True when
+        the cut came first. A cancellation of the caller cancels ``task`` too."""
+        watch = self._cut_watch()
+        key = f"{ws} {ses} {entry.id} {id(task)}"
+        cut = asyncio.ensure_future(watch.watch(key, self.keys.cut(ws, ses), entry.id).wait())
+        try:
+            await asyncio.wait({task, cut}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            watch.unwatch(key)
+            cut.cancel()
+        return not task.done()
 
     async def _abort(self, aborter: Callable[..., Any], entry: Entry, ws: str, ses: str) -> bool:
         """Call the aborter (bounded by :data:`ABORT_TIMEOUT`); False (logged) if it

@@ -4,12 +4,12 @@
 -- (cjson would damage client JSON: empty arrays, large integers).
 local MARK = ',"clientMessageID":'
 local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
-               'transientFails', 'acceptedAt', 'seq', 'lastAttemptAt', 'nextAttemptAt', 'lastError',
-               'deliveredAt', 'userDigest'}
+               'transientFails', 'holds', 'acceptedAt', 'seq', 'lastAttemptAt', 'nextAttemptAt',
+               'lastError', 'deliveredAt', 'userDigest'}
 -- interrupted: the turn of this entry was cut (docs/howto/cutting.md); kept before
 -- userDigest, which stays last.
 table.insert(ORDER, #ORDER, 'interrupted')
-local ZERO_OMITTED = {verifyAttempts = true, transientFails = true}
+local ZERO_OMITTED = {verifyAttempts = true, transientFails = true, holds = true}
 
 local function split(raw)
   local i = string.find(raw, MARK, 1, true)
