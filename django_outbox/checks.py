@@ -3,7 +3,8 @@
 IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 
 - ``E001`` the ``OUTBOX`` settings are invalid
-- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY / ROUTER does not import or call
+- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ABORTER / ACCESS_POLICY / ROUTER does not import
+  or call
 - ``E003`` Valkey's ``maxmemory-policy`` is not ``noeviction`` (it would delete queued messages)
 - ``E004`` the outbox WebSocket consumer is routed (by ``ASGI_APPLICATION``, or by the
   project's ``asgi`` module next to the settings) but no channel layer is configured

@@ -72,6 +72,9 @@ OWN_SETTINGS: dict[str, Setting] = {
     "LEDGER_PROBE": Setting(
         None, kind=_callable_or_path, doc="asks the agent's ledger how far an error entry got"
     ),
+    "ABORTER": Setting(
+        None, kind=_callable_or_path, doc="ends the agent's running turn (cutting a turn)"
+    ),
     "ACCESS_POLICY": Setting(
         DEFAULT_ACCESS_POLICY, kind=_callable_or_path, doc="who may use which workspace"
     ),
@@ -130,6 +133,9 @@ class OutboxSettings:
     langgraph: LangGraphSettings | None = None
     #: ``OUTBOX["USER_ACCEPTS_PER_MINUTE_ALL"]`` (0: off): django_outbox.api.throttling.
     user_accepts_per_minute_all: int = 60
+    #: ``OUTBOX["ABORTER"]``: ``abort(entry, *, workspace_id, session_id)`` or its dotted
+    #: path, or None (docs/howto/cutting.md).
+    aborter: Any = None
 
     def resolve(self, key: str) -> Callable[..., Any] | None:
         """Import and return the callable configured for ``key`` (e.g. ``"DELIVERER"``).
@@ -623,6 +629,7 @@ def _build() -> OutboxSettings:
         router=own["ROUTER"],
         langgraph=_langgraph(raw.get("LANGGRAPH"), config.delivery_timeout),
         user_accepts_per_minute_all=own["USER_ACCEPTS_PER_MINUTE_ALL"],
+        aborter=own["ABORTER"],
     )
 
 

@@ -8,6 +8,7 @@ over ``MAX_TEXT_BYTES`` or a model over 16 KiB (HTTP 413).
 from .core.errors import (
     AmbiguousError,
     ContentTooLarge,
+    CutNotSupported,
     Duplicate,
     HoldDeliveryError,
     IdempotencyConflict,
@@ -28,6 +29,7 @@ from .core.errors import (
 __all__ = [
     "AmbiguousError",
     "ContentTooLarge",
+    "CutNotSupported",
     "Duplicate",
     "HoldDeliveryError",
     "IdempotencyConflict",

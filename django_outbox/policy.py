@@ -81,12 +81,11 @@ ACCESS_TABLE: tuple[AccessRow, ...] = (
     ),
     # Steering the queue (docs/howto/steering.md) asks for the permissions that already
     # say as much: editing a prompt is writing one (add), reordering is scheduling its
-    # delivery (retry), cancelling a prompt or cutting a turn is taking work away
-    # (dismiss). No new permission rows, so no migration.
+    # delivery (retry), cancelling a prompt is taking work away (dismiss). No new
+    # permission rows, so no migration.
     AccessRow("edit", "add_outboxentry", rest=(f"PATCH {_ENTRY}",)),
     AccessRow("move", "retry_outboxentry", rest=(f"POST {_ENTRY}move/",)),
     AccessRow("cancel", "dismiss_outboxentry", rest=(f"POST {_ENTRY}cancel/",)),
-    AccessRow("interrupt", "dismiss_outboxentry"),
     AccessRow(
         "park",
         "park_workspace",
@@ -98,6 +97,16 @@ ACCESS_TABLE: tuple[AccessRow, ...] = (
         "cleanup_workspace",
         rest=(f"DELETE {_WORKSPACE}",),
         admin_actions=("cleanup_workspaces",),
+    ),
+    # Cutting the running turn (docs/howto/cutting.md): whoever may send prompts into a
+    # session may stop its turn, so it is granted with the accept permission.
+    AccessRow(
+        "interrupt",
+        "add_outboxentry",
+        rest=(
+            "POST api/workspaces/<str:workspace_id>/sessions/<str:session_id>/interrupt/",
+            f"POST {_ENTRY}send-now/",
+        ),
     ),
 )
 

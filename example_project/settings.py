@@ -124,6 +124,7 @@ OUTBOX = {
     "VALKEY_URL": VALKEY_URL,
     "DELIVERER": "django_outbox.delivery.opencode.deliver",
     "VERIFIER": "django_outbox.delivery.opencode.verify",
+    "ABORTER": "django_outbox.delivery.opencode.abort",  # Stop / Send now cut the turn
     "ACCESS_POLICY": "example_project.demo.policy.workspace_members",
     "OPENCODE": {"BASE_URL": AGENT_URL, "PASSWORD": AGENT_PASSWORD},
     "DELIVERY_TIMEOUT": 120,

@@ -23,6 +23,7 @@ body shape / content rule (serializer)              400     ``invalid`` + ``fiel
 ``RetryResult``/``DismissResult.NOT_FOUND``         404     ``not_found``
 ``RetryResult``/``DismissResult.BUSY``              409     ``busy``
 ``EditResult.VERSION_MISMATCH`` (stale ``If-Match``)  412     ``version_mismatch``
+``CutNotSupported`` (no ``ABORTER``)                409     ``not_supported``
 ``OutboxUnavailable``                               503     ``unavailable`` + ``accepted``
 ``KeySpaceClaimed`` (another project's key space)   503     ``unavailable`` + ``accepted``
 ==================================================  ======  ==============================
@@ -51,6 +52,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..errors import (
     ContentTooLarge,
+    CutNotSupported,
     IdempotencyConflict,
     InvalidContent,
     InvalidIdentifier,
@@ -201,6 +203,13 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             "configuration; nothing was changed.",
             headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)},
             accepted=False,
+        )
+    if isinstance(exc, CutNotSupported):
+        return error_response(
+            status.HTTP_409_CONFLICT,
+            "not_supported",
+            "The agent's running turn cannot be cut here: no OUTBOX['ABORTER'] is configured; "
+            "nothing was stored or changed.",
         )
     if isinstance(exc, OutboxUnavailable):
         logger.warning("outbox API: %s", exc)

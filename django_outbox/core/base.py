@@ -39,7 +39,7 @@ class OutboxBase(AgentRouting, Transport):
     """The shared floor of :class:`~django_outbox.core.service.Outbox`.
 
     ``OutboxBase(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=...,
-    ledger_probe=..., **tunables)`` where tunables are the snake_case names of
+    ledger_probe=..., aborter=..., **tunables)`` where tunables are the snake_case names of
     :class:`~django_outbox.core.config.Config` (durations in seconds), or
     ``config=Config(...)``. ``clock`` is None (the default: every time decision is
     taken on Valkey's clock) or returns seconds since the epoch (tests).

@@ -159,6 +159,12 @@ class ServerUnsupported(OutboxError):
         self.unmet = unmet
 
 
+class CutNotSupported(OutboxError):
+    """A running turn cannot be cut: no aborter is configured for the session's agent
+    (``OUTBOX["ABORTER"]``). Raised by :meth:`Outbox.accept_interrupting` before anything
+    is stored (REST: 409 ``not_supported``; docs/howto/cutting.md)."""
+
+
 class SignalOwed(Exception):
     """Raised by an emit hook (``Outbox.emit`` / ``aemit``) for a ``delivered`` event
     whose receivers must run again: the entry is not acknowledged, its

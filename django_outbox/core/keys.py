@@ -148,6 +148,14 @@ class KeySpace:
         (docs/reference/websocket.md)."""
         return f"{self.prefix}sockets:{{u{user_digest(user_id)}}}"
 
+    def cut(self, workspace_id: str, session_id: str) -> str:
+        """STRING ``<prefix>cut:{ws}:ses``: the ID of the entry whose turn was just cut,
+        for the lease holder to notice (expires after ``LOCK_TTL``; the durable mark is
+        the entry's ``interrupted``, docs/howto/cutting.md)."""
+        ws = check_identifier("workspace ID", workspace_id)
+        ses = check_identifier("session ID", session_id)
+        return f"{self.prefix}cut:{{{ws}}}:{ses}"
+
     def due(self, workspace_id: str) -> str:
         ws = check_identifier("workspace ID", workspace_id)
         return f"{self.prefix}due:{{{ws}}}"

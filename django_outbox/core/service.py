@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .cutting import TurnCuts
 from .entry import (
     LEDGER_STATE_ADMITTED,
     LEDGER_STATE_FAILED,
@@ -66,7 +67,6 @@ from .scripts import (
     unpause_argv,
 )
 from .steering import QueueSteering
-from .step import DeliveryStep
 from .tracing import accept_span, current_traceparent, record
 from .transport import as_text
 from .worker import Worker, WorkerStats
@@ -81,7 +81,7 @@ UNPAUSE_PASSES = 10
 WATCH_TTL = 24 * 3600
 
 
-class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep, QueueSteering):
+class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
     """The outbox service: one per process, safe for concurrent use.
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,

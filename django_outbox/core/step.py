@@ -605,9 +605,10 @@ class DeliveryStep(OwedSignals):
                     if any(e.kind == "delivered" for e in (yield Emit(events))):
                         return "owed"  # a receiver asked for it again: not acknowledged
             kind = "removed"  # the caller acknowledges (release, or the next claim)
-        elif kind == "updated" and reply.entry is not None:
+        elif kind in ("updated", "cancelled") and reply.entry is not None:
+            state = "cancelled" if kind == "cancelled" else None  # cancelled: a cut, never sent
             yield Emit(
-                self._events("updated", reply.changed, ws, ses, reply.version, None, reply.watched)
+                self._events("updated", reply.changed, ws, ses, reply.version, state, reply.watched)
             )
         elif kind == "lost":
             logger.warning(

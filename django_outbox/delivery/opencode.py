@@ -429,6 +429,34 @@ class OpencodeClient:
             raise AmbiguousError(str(error), error) from error
         raise error
 
+    # -- abort -----------------------------------------------------------------------
+
+    async def abort(self, entry: Entry, *, workspace_id: str, session_id: str) -> None:
+        """End the session's running assistant turn: ``POST {base}/session/{sid}/abort``
+        (docs/howto/cutting.md). opencode answers 200 and sets the turn's
+        ``time.completed``; with no turn running it answers 200 too, so a repeated abort
+        is harmless. ``entry`` and ``workspace_id`` are not sent (opencode aborts the
+        session's turn, whichever prompt started it).
+
+        Each read is bounded by ``verify_timeout``. Raises :class:`OpencodeHTTPError` for
+        a non-2xx answer, :class:`OpencodeSessionIDError` for a session ID not starting
+        with ``ses``, ``httpx.HTTPError`` when opencode cannot be reached; the outbox
+        logs the failure and lets the verifier decide the entry's outcome anyway.
+        """
+        url = f"{self.base_url}/session/{_check_session_id(session_id)}/abort"
+        limits = httpx.Timeout(self.verify_timeout, connect=self.connect_timeout)
+        async with self._client().stream("POST", url, timeout=limits) as response:
+            if 200 <= response.status_code < 300:
+                return
+            raw = b""
+            async for chunk in response.aiter_raw():
+                raw += chunk
+                if len(raw) >= _ERROR_BODY_BYTES:
+                    raw = raw[:_ERROR_BODY_BYTES]
+                    break
+            excerpt = _excerpt(raw.decode("utf-8", "replace"))
+            raise OpencodeHTTPError(response.status_code, excerpt, url)
+
     # -- verify ----------------------------------------------------------------------
 
     async def verify(self, entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
@@ -639,6 +667,13 @@ async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict
     """
     client = await client_for(workspace_id)
     return await client.verify(entry, workspace_id=workspace_id, session_id=session_id)
+
+
+async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> None:
+    """``OUTBOX["ABORTER"]``: :meth:`OpencodeClient.abort` on the workspace's server
+    (ends the session's running turn; docs/howto/cutting.md)."""
+    client = await client_for(workspace_id)
+    await client.abort(entry, workspace_id=workspace_id, session_id=session_id)
 
 
 async def aclose() -> None:

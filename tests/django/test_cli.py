@@ -123,6 +123,32 @@ def test_retry_and_dismiss_codes(outbox):
     assert exit_code("retry", WS, SES, entry.id) == 1
 
 
+def test_interrupt_cuts_the_turn_in_flight_and_is_refused_without_an_aborter(make_outbox):
+    from django_outbox import Verdict
+    from django_outbox.errors import AmbiguousError
+
+    outbox = make_outbox(verifier=lambda entry, **kw: Verdict.INCONCLUSIVE, verify_delay=60)
+    entry = accept(outbox, "a")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    async def attempt():
+        await outbox.adeliver_once(WS, SES, cut_off)  # its turn may still run: verifying
+        await outbox.aclose()
+
+    asyncio.run(attempt())
+    assert exit_code("interrupt", WS, SES) == 2  # no ABORTER: not supported
+    assert not outbox.list(WS, SES)[0].interrupted
+    with override_settings(OUTBOX={"ABORTER": "tests.support.agents.abort"}):
+        assert "Cutting the running turn" in run("interrupt", WS, SES)
+        assert "cut before" in run("interrupt", WS, SES)
+        (listed,) = outbox.list(WS, SES)
+        assert (listed.id, listed.interrupted) == (entry.id, True)
+        outbox.dismiss(WS, SES, entry.id)
+        assert "Nothing to cut" in run("interrupt", WS, SES)
+
+
 def test_bad_identifier_is_refused(outbox):
     assert exit_code("retry", "bad id!", SES, "e1") == 2
     assert exit_code("park", WS, "--reason", " ") == 2  # an empty reason

@@ -17,6 +17,8 @@ Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the
   receivers as done without running them (docs/reference/signals.md#a-receiver-that-keeps-failing).
 - ``claim [--force]``, ``release``: this project's claim on the key space
   (docs/howto/valkey.md#one-project-per-key-space).
+- ``interrupt <workspace> <session>``: "Stop", cut the session's running turn
+  (docs/howto/cutting.md; refused, exit 2, without ``OUTBOX["ABORTER"]``).
 
 Exit codes scripts can rely on: 0 done, 1 not found (no such entry, session or
 workspace), 2 refused (busy under a live lease, bad input, a cleanup not confirmed, a
@@ -40,6 +42,7 @@ from django_outbox.core.entry import (
     CancelResult,
     DismissResult,
     EditResult,
+    InterruptResult,
     MoveResult,
     RetryResult,
 )
@@ -130,9 +133,8 @@ def _seconds(bound: float | str) -> str:
 class Command(BaseCommand):
     help = (
         "Look at the outbox and act on it: status, inspect, retry, dismiss, edit, move, cancel, "
-        "owed, park, unpark, "
-        "cleanup, claim, release. Exit codes: 0 done, 1 not found, 2 refused (busy, bad input, not "
-        "confirmed), 3 Valkey unavailable."
+        "owed, park, unpark, cleanup, claim, release, interrupt. Exit codes: 0 done, 1 not "
+        "found, 2 refused (busy, bad input, not confirmed, not supported), 3 Valkey unavailable."
     )
     # The outbox's own checks would refuse to run while Valkey is unreachable or evicting;
     # an operator needs this command exactly then.
@@ -212,6 +214,12 @@ class Command(BaseCommand):
             help="take it over from another project (stop that project's workers first)",
         )
         sub.add_parser("release", help="give up this project's claim on the key space")
+
+        interrupt = sub.add_parser(
+            "interrupt", help="Stop: cut a session's running turn (docs/howto/cutting.md)"
+        )
+        interrupt.add_argument("workspace")
+        interrupt.add_argument("session")
 
     def handle(self, *args: Any, **options: Any) -> None:
         outbox = get_outbox()
@@ -534,6 +542,24 @@ class Command(BaseCommand):
         self._say(
             f"Released {space}: the next accept, cleanup or worker start of a project "
             "claims it again."
+        )
+
+    def _interrupt(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ws, ses = options["workspace"], options["session"]
+        result = outbox.interrupt(ws, ses)
+        if result is InterruptResult.NOT_SUPPORTED:
+            raise _exit(
+                "Not supported: no OUTBOX['ABORTER'] is configured, so a running turn cannot "
+                "be cut.",
+                REFUSED,
+            )
+        if result is InterruptResult.IDLE:
+            self.stdout.write(f"Nothing to cut: {ws}/{ses} has no prompt in flight.")
+            return
+        again = " (it was cut before)" if result is InterruptResult.ALREADY else ""
+        self.stdout.write(
+            f"Cutting the running turn of {ws}/{ses}{again}: the worker aborts it; the prompt "
+            "ends sent (interrupted) or cancelled, as the verifier finds."
         )
 
     @staticmethod

@@ -11,6 +11,7 @@
  *     outbox.send("ws1", "ses_1", "Only if idle", { ifBusy: "reject", expiresAfter: 60 });
  *     sub.edit(entryID, { text: "better words" }); sub.move(entryID, { to: "next" });
  *     sub.cancel(entryID);
+ *     sub.stop(); sub.sendNow(entryID);   // cut the running turn (docs/howto/cutting.md)
  *   </script>
  *
  * send() is the client's half of "a disconnect never loses a message": it gives the
@@ -730,6 +731,26 @@ export function createOutbox(options = {}) {
     return call("POST", `${entryURL(workspace, session, id)}cancel/`);
   }
 
+  // -- cutting the running turn (docs/howto/cutting.md) ----------------------------------
+
+  /**
+   * "Stop": cut the session's running turn and send nothing new. Resolves to
+   * {result: "cut"|"already"|"idle"}; 409 not_supported (no aborter) throws OutboxError.
+   * The cut prompt ends verified: sent with `interrupted: true`, or cancelled.
+   */
+  function stop(workspace, session) {
+    return call("POST", messagesURL(workspace, session).replace(/messages\/$/, "interrupt/"));
+  }
+
+  /**
+   * Make a queued prompt the next one and cut the running turn. Resolves to
+   * {result: "cut"|"already"|"moved"}; 404, 409 busy (not a queued prompt) and 409
+   * not_supported throw OutboxError.
+   */
+  function sendNow(workspace, session, id) {
+    return call("POST", `${messagesURL(workspace, session)}${encodeURIComponent(id)}/send-now/`);
+  }
+
   // -- watching ------------------------------------------------------------------------
 
   function subscribe(workspace, session, onChange) {
@@ -742,6 +763,8 @@ export function createOutbox(options = {}) {
       edit: (id, change, options) => edit(workspace, session, id, change, options),
       move: (id, place) => move(workspace, session, id, place),
       cancel: (id) => cancelMessage(workspace, session, id),
+      stop: () => stop(workspace, session),
+      sendNow: (id) => sendNow(workspace, session, id),
       forget: () => subscriptions.delete(sub),
     });
     subscriptions.add(sub);
@@ -834,6 +857,8 @@ export function createOutbox(options = {}) {
     dismiss,
     edit,
     move,
+    stop,
+    sendNow,
     pending,
     cancel,
     close,
@@ -908,6 +933,16 @@ class Subscription {
   /** Cancel a queued prompt on the server. */
   cancel(id) {
     return this.ctx.cancel(id);
+  }
+
+  /** "Stop": cut this session's running turn (see the client's stop()). */
+  stop() {
+    return this.ctx.stop();
+  }
+
+  /** Make queued prompt `id` the next one and cut the running turn. */
+  sendNow(id) {
+    return this.ctx.sendNow(id);
   }
 
   /** Ask the server for a fresh snapshot (also done automatically on a version gap). */

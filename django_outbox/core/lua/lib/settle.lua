@@ -22,6 +22,11 @@ local function settle_policy(i)
   }
 end
 
+-- The outcomes that prove an entry never reached the agent: a cut entry (interrupted)
+-- that ends so is removed as cancelled instead of being sent again.
+local CANCELS_A_CUT = {failed = true, absent = true, transient = true, prior_pending = true,
+                       held = true}
+
 -- The state `st` (a table, changed in place) takes after `outcome` (not 'delivered'):
 -- counters, status, reason, gate and lastError (`err`, '' keeps it).
 local function apply_outcome(st, outcome, err, policy)
@@ -118,7 +123,9 @@ end
 -- in staging marked deliveredAt, the lease still held, until the caller has fired
 -- entry_delivered and acknowledged it with release.lua; if the caller dies first, the
 -- next claim fires the owed signal), {'updated', entry, version, watched},
--- {'replayed', 'removed'|'updated'} (this settle already ran and its reply was lost),
+-- {'cancelled', entry as it was, version, watched, members...} (a cut entry proven absent:
+-- removed, with the other entries of its merged message),
+-- {'replayed', 'removed'|'updated'|'cancelled'} (this settle already ran, reply lost),
 -- {'lost'} (the lease is not ours: touch nothing, the outcome is left to verification)
 -- or {'gone'}.
 local function settle(token, id, outcome, err, policy, acknowledged)
@@ -204,6 +211,25 @@ local function settle(token, id, outcome, err, policy, acknowledged)
     local out = {'removed', done, bump(), watched()}
     for _, m in ipairs(delivered_members) do out[#out + 1] = m end
     return out, carried
+  end
+
+  if st.interrupted == true and CANCELS_A_CUT[outcome] then
+    -- A cut entry that provably never reached the agent is never sent again: it
+    -- leaves as cancelled (docs/howto/cutting.md), and so do the other entries of its
+    -- merged message, which went with it (docs/howto/steering.md#merging).
+    redis.call('LREM', where, 1, raw)
+    uncount(st)
+    local out = {'cancelled', raw, 0, 0}
+    for _, m in ipairs(members) do
+      redis.call('LREM', where, 1, m[2])
+      uncount(m[3])
+      out[#out + 1] = m[2]
+    end
+    redis.call('DEL', LOCK)
+    redis.call('SET', RECEIPT, receipt .. ' cancelled', 'PX', policy.receipt_ttl)
+    reindex()
+    out[3], out[4] = bump(), watched()
+    return out
   end
 
   apply_outcome(st, outcome, err, policy)
