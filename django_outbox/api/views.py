@@ -24,6 +24,7 @@ from ..core.entry import (
     DismissResult,
     EditResult,
     Entry,
+    InterruptResult,
     MoveResult,
     RetryResult,
     Snapshot,
@@ -33,6 +34,7 @@ from ..errors import Duplicate, InvalidContent
 from ..outbox import get_outbox
 from ..policy import reads_error_excerpts
 from .base import OutboxAPIView
+from .cutting import CutSerializer, not_supported_response
 from .errors import (
     busy_response,
     error_response,
@@ -330,9 +332,22 @@ class MessageMoveView(OutboxAPIView):
 def cancel_in_flight_response(
     request: Request, workspace_id: str, session_id: str, entry_id: str
 ) -> Response:
-    """What ``cancel/`` answers for the message in flight or being verified: for now 409
-    ``busy`` (nothing changed). Cancelling it means cutting the agent's turn; this is the
-    one place that will do it (docs/howto/steering.md#cancel)."""
+    """What ``cancel/`` answers for the message in flight or being verified: its turn is
+    cut (``Outbox.cut``; docs/howto/cutting.md), and the cut's outcome is verified — 202
+    ``{"result": "cut" | "already"}``; 409 ``not_supported`` without an aborter (nothing
+    changed); 404 when it is gone meanwhile. Back in the queue meanwhile (its attempt
+    failed): cancelled as a queued prompt, 204; anything else: 409 ``busy``."""
+    outbox = get_outbox()
+    result = outbox.cut(workspace_id, session_id, entry_id)
+    if result is InterruptResult.NOT_SUPPORTED:
+        return not_supported_response()
+    if result is InterruptResult.NOT_FOUND:
+        return not_found_response()
+    if result in (InterruptResult.CUT, InterruptResult.ALREADY):
+        return Response({"result": result.value}, status=status.HTTP_202_ACCEPTED)
+    if result is InterruptResult.QUEUED:
+        if outbox.cancel(workspace_id, session_id, entry_id) is CancelResult.REMOVED:
+            return Response(status=status.HTTP_204_NO_CONTENT)
     return busy_response()
 
 
@@ -346,14 +361,19 @@ class MessageCancelView(OutboxAPIView):
         summary="Cancel a message",
         description="A queued message (pending, parked, expired or in error) is removed as "
         "by DELETE; watchers see it `cancelled`, and its key stays used for DEDUPE_TTL. The "
-        "message in flight or being verified answers 409 busy. Needs `cancel`.",
+        "message in flight or being verified has its turn cut (202; 409 not_supported "
+        "without an aborter) and ends verified: `delivered` with `interrupted: true`, or "
+        "`cancelled`. Needs `cancel`.",
         parameters=[WORKSPACE_PARAM, SESSION_PARAM, ENTRY_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
         request=None,
         responses=with_common_errors(
             {
+                202: OpenApiResponse(CutSerializer, "In flight: its turn is being cut."),
                 204: OpenApiResponse(None, "Cancelled (removed)."),
                 404: OpenApiResponse(ErrorSerializer, "No such message (not_found)."),
-                409: OpenApiResponse(ErrorSerializer, "In flight or being verified (busy)."),
+                409: OpenApiResponse(
+                    ErrorSerializer, "In flight and no aborter is configured (not_supported)."
+                ),
             }
         ),
         tags=["outbox"],

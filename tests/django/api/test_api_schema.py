@@ -55,7 +55,7 @@ OPERATIONS = {
     (
         "post",
         "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/{entry_id}/cancel/",
-    ): {204, 404, 409},
+    ): {202, 204, 404, 409},
     ("post", "/outbox/api/workspaces/{workspace_id}/park/"): {200, 413, 415},
     ("post", "/outbox/api/workspaces/{workspace_id}/unpark/"): {200, 413, 415},
     ("delete", "/outbox/api/workspaces/{workspace_id}/"): {200},

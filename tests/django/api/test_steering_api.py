@@ -166,8 +166,10 @@ def test_edit_move_and_cancel_of_the_message_in_flight_are_409(staff):
     finally:
         release.set()
         worker.join(30)
-    for name in ("edit", "move", "before", "cancel"):
+    for name in ("edit", "move", "before"):
         assert_error(answers[name], 409, "busy")
+    # Cancelling the prompt in flight means cutting its turn: no aborter here.
+    assert_error(answers["cancel"], 409, "not_supported")
     assert texts() == ["c2"]
 
 
@@ -189,3 +191,18 @@ def test_move_and_cancel(staff):
     assert post_json(staff, message_url(b, "cancel")).status_code == 204
     assert_error(post_json(staff, message_url(b, "cancel")), 404, "not_found")
     assert texts() == ["c", "a"]
+
+
+def test_cancel_of_the_prompt_in_flight_cuts_its_turn(staff, settings):
+    """With an aborter, cancel/ of the prompt in flight cuts its turn (202), idempotently;
+    its outcome is then verified (docs/howto/cutting.md)."""
+    settings.OUTBOX = {**settings.OUTBOX, "ABORTER": "tests.support.agents.abort"}
+    entry_id = accept(staff, "c1").json()["id"]
+    outbox = get_outbox()
+    kind, claimed, _ = outbox._run(outbox._claim_plan(WS, SES, "holder", []))
+    assert (kind, claimed.id) == ("deliver", entry_id)  # in flight under a live lease
+    response = post_json(staff, message_url(entry_id, "cancel"))
+    assert (response.status_code, response.json()) == (202, {"result": "cut"})
+    response = post_json(staff, message_url(entry_id, "cancel"))
+    assert (response.status_code, response.json()) == (202, {"result": "already"})
+    assert [e.interrupted for e in outbox.list(WS, SES)] == [True]
