@@ -7,7 +7,12 @@ sets ``scope["user"]``, e.g. a token middleware); the access policy decides
 (action ``view``, docs/howto/access-policy.md), on connect, on every resync and at
 every periodic check, with the user read afresh from the database and, when the
 scope has a Django login session, that session read afresh (a refusal, a logout
-or a password change closes with 4403). Frames the client may send:
+or a password change closes with 4403). Before the policy, every resync and periodic
+check asks the scope's ``outbox_revalidate`` (a sync or async callable taking the scope,
+set by the middleware that authenticated the socket, e.g. a token middleware) whether
+the credential still holds: False (or anything but a bool) closes with 4403, an
+exception with 4503 (docs/explanation/security.md#live-connections). Frames the client
+may send:
 ``{"type": "resync"}`` → a fresh ``queue.snapshot`` (at most one per
 ``WS_RESYNC_INTERVAL``, resyncs in between coalesce; more than
 ``WS_RESYNC_BUDGET`` in 60 s close with 4429). Anything else gets an error frame
@@ -34,6 +39,7 @@ close. Whatever fails while a message is handled, the socket's registrations
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -52,6 +58,7 @@ from django.db.models import Model
 from ..conf import outbox_settings
 from ..core.redaction import redact
 from ..core.rules import IDENTIFIER_RE, entry_for_viewer
+from ..core.transport import is_async_callable
 from ..errors import OutboxUnavailable
 from ..outbox import get_outbox
 from ..policy import is_allowed, reads_error_excerpts
@@ -85,6 +92,10 @@ ERROR_TEXT = {
 #: A client that sends more than ``WS_RESYNC_BUDGET`` resyncs a minute (same code as
 #: too many sockets: "slow down").
 CLOSE_TOO_MANY_RESYNCS = CLOSE_TOO_MANY
+#: The scope key of a project's re-validation hook (DESIGN 19.5): a sync or async
+#: callable taking the scope and returning a bool, set by the auth middleware that
+#: authenticated the socket (docs/howto/clients.md#tokens-on-the-websocket).
+REVALIDATE_KEY = "outbox_revalidate"
 
 
 class OutboxConsumer(AsyncWebsocketConsumer):
@@ -315,8 +326,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         live = self._live
         if live.closing:
             return
-        if not await self._still_allowed():
-            await self.close(code=CLOSE_FORBIDDEN)
+        refused = await self._reauthorise()
+        if refused is not None:
+            await self.close(code=refused)
             return
         if self.group is not None:
             try:
@@ -339,6 +351,57 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 held,
             )
             self._want_snapshot()
+
+    # -- re-validation (docs/explanation/security.md#live-connections) ------------
+
+    async def _reauthorise(self) -> int | None:
+        """Everything a live socket must still pass, as a close code (None: it passes).
+        First the credential (:meth:`_revalidate`: the scope's ``outbox_revalidate``),
+        then the login and the access policy (:meth:`_still_allowed`): 4403 refused,
+        4503 the re-validation raised (the client reconnects, and its handshake
+        authenticates afresh)."""
+        valid = await self._revalidate()
+        if valid is None:
+            return CLOSE_UNAVAILABLE
+        if not valid or not await self._still_allowed():
+            return CLOSE_FORBIDDEN
+        return None
+
+    async def _revalidate(self) -> bool | None:
+        """``scope["outbox_revalidate"](scope)``, the hook a project's auth middleware may
+        set (sync or async callable taking the scope, returning bool; a sync one runs in
+        a thread, so it may use the ORM): True when the hook is absent or says the
+        credential still holds, False when it does not (also for an answer that is not a
+        bool, or an awaitable from a sync callable: fail closed), None when it raised
+        (logged, redacted)."""
+        hook = self.scope.get(REVALIDATE_KEY)
+        if hook is None:
+            return True
+        try:
+            if is_async_callable(hook):
+                answer = await hook(self.scope)
+            else:
+                answer = await sync_to_async(hook)(self.scope)
+        except Exception as exc:
+            logger.warning(
+                "outbox: WebSocket to %s closed with 4503: its %s raised %s",
+                self.scope.get("path"),
+                REVALIDATE_KEY,
+                redact(f"{type(exc).__name__}: {exc}"),
+            )
+            return None
+        if answer is True:
+            return True
+        if answer is not False:
+            if inspect.iscoroutine(answer):
+                answer.close()
+            logger.error(
+                "outbox: %s returned %s, not a bool; the socket to %s is refused",
+                REVALIDATE_KEY,
+                type(answer).__name__,
+                self.scope.get("path"),
+            )
+        return False
 
     async def _still_allowed(self) -> bool:
         """The access policy's answer for the user as it is now: with a Django login
@@ -368,8 +431,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         if not self._budget.spend():
             await self.close(code=CLOSE_TOO_MANY_RESYNCS, reason="too many resyncs")
             return
-        if not await self._still_allowed():
-            await self.close(code=CLOSE_FORBIDDEN)
+        refused = await self._reauthorise()
+        if refused is not None:
+            await self.close(code=refused)
             return
         self._want_snapshot()
 

@@ -1,0 +1,243 @@
+"""Revoked credentials close live queue sockets, through real servers
+(docs/explanation/security.md#live-connections).
+
+Two server processes of one project — uvicorn and daphne — serve
+``tests.support.asgi.revoke`` (settings ``tests.support.settings.revoke``) on one sqlite
+file and one channel layer (channels-redis in its own database of the test Valkey), with
+``WS_CHECK_INTERVAL`` 30 s, its default: a socket closed within :data:`WINDOW` was closed
+by a pushed revocation or a resync, not by the periodic check. The access policy needs
+the permission ``django_outbox.view_outboxentry`` (held directly or through a group).
+Users change in a third process (``tests.support.children.revoker``), the way a view, the
+admin or a shell changes them. Clients are ``websockets`` clients with alice's session
+cookie or a DRF token (the documented token middleware, ``tests.support.ws_auth``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from channels.layers import get_channel_layer
+from django.test import override_settings
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from django_outbox.outbox import Outbox
+from tests.support.live_server import Server, layer_url, serve
+from tests.support.paths import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.standalone]
+
+APP = "tests.support.asgi.revoke:application"
+SETTINGS = "tests.support.settings.revoke"
+#: Seconds from a revocation to the close of every socket it concerns (DESIGN 19.5: about 2 s).
+WINDOW = 2.0
+#: Seconds any other wait may take on a loaded two-core machine.
+BOUND = 10.0
+
+
+def _env(check: float) -> dict[str, str]:
+    return {"DJANGO_SETTINGS_MODULE": SETTINGS, "OUTBOX_TEST_WS": f"{check},0.5,30"}
+
+
+@pytest.fixture(scope="module")
+def pair(valkey, tmp_path_factory) -> Iterator[tuple[Server, Server]]:
+    """uvicorn and daphne, one project: one database, one channel layer."""
+    tmp = tmp_path_factory.mktemp("revoke")
+    with serve("uvicorn", valkey, tmp / "uvicorn", app=APP, **_env(30)) as first:
+        with serve("daphne", valkey, tmp / "daphne", app=APP, db=first.db, **_env(30)) as second:
+            yield first, second
+
+
+class Revoker:
+    """The revoker child (tests/support/children/revoker.py), one command at a time."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+
+    def call(self, op: str, **args: str) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        assert answer["ok"], answer.get("error")
+        return answer
+
+    async def __call__(self, op: str, **args: str) -> dict:
+        """Run ``op`` in the child (off the event loop): ``{"at": <time.time() just before
+        the change>, "value": ...}``."""
+        return await asyncio.to_thread(self.call, op, **args)
+
+
+@contextmanager
+def revoker_process(valkey: str, db) -> Iterator[Revoker]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "TEST_DB": str(db),
+        "OUTBOX_VALKEY_URL": valkey,
+        "OUTBOX_TEST_LAYER_URL": layer_url(valkey),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.children.revoker"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["ready"]
+        yield Revoker(proc)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def revoker_child(pair, valkey) -> Iterator[Revoker]:
+    with revoker_process(valkey, pair[0].db) as child:
+        yield child
+
+
+@pytest.fixture
+async def revoker(revoker_child) -> Revoker:
+    """The revoker, with alice as every test starts: active, her password, the permission."""
+    await revoker_child("reset")
+    return revoker_child
+
+
+@pytest.fixture
+async def core(valkey):
+    """The test's outbox, publishing through the servers' channel layer."""
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [layer_url(valkey)]},
+        }
+    }
+    with override_settings(CHANNEL_LAYERS=config):
+        outbox = Outbox(url=valkey, user_max_queued=0, user_accepts_per_minute=0, cap=100)
+        yield outbox
+        await outbox.aclose()
+        outbox.close()
+        await get_channel_layer().close_pools()
+
+
+class Watcher:
+    """One open queue socket: its frames, and when (``time.time()``) and how it closed."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.frames: list[dict] = []
+        self.closed_at: float | None = None
+        self.code: int | None = None
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                self.frames.append(json.loads(raw))
+        except ConnectionClosed:
+            pass
+        self.closed_at = time.time()
+        self.code = self.ws.close_code
+
+    async def until(self, predicate, timeout: float = BOUND) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not within {timeout}s; frames {self.frames[-3:]}")
+            await asyncio.sleep(0.01)
+
+    async def closed(self, timeout: float = BOUND) -> int | None:
+        """Wait for the close; its code."""
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        return self.code
+
+    async def still_open(self) -> None:
+        """A resync is still answered with a snapshot: the socket was not closed."""
+        before = len(self.frames)
+        await self.ws.send('{"type": "resync"}')
+        await self.until(lambda w: any(f["type"] == "queue.snapshot" for f in w.frames[before:]))
+        assert self.closed_at is None
+
+    async def close(self) -> None:
+        await self.ws.close()
+        await self.closed()
+
+
+async def watch(server: Server, headers: dict[str, str], ses: str = "s1") -> Watcher:
+    """Open alice's queue socket on ``server`` and wait for its snapshot."""
+    ws = await connect(server.queue_url("alice", ses), additional_headers=headers)
+    watcher = Watcher(ws)
+    await watcher.until(lambda w: any(f["type"] == "queue.snapshot" for f in w.frames))
+    return watcher
+
+
+def cookie(key: str) -> dict[str, str]:
+    return {"Cookie": f"sessionid={key}"}
+
+
+def token(key: str) -> dict[str, str]:
+    return {"Authorization": f"Token {key}"}
+
+
+# -- the credential is re-validated: scope["outbox_revalidate"] ---------------------------
+
+
+@pytest.mark.parametrize("side", [0, 1], ids=["uvicorn", "daphne"])
+async def test_a_deleted_token_closes_at_the_next_resync_without_a_snapshot(
+    pair, revoker, core, side
+):
+    await core.aaccept("alice", "s1", user_id="u", client_message_id="k1", text="secret plan")
+    key = (await revoker("token"))["value"]
+    watcher = await watch(pair[side], token(key))
+    await revoker("delete_token", key=key)
+    before = len(watcher.frames)
+    await watcher.ws.send('{"type": "resync"}')
+    assert await watcher.closed() == 4403
+    assert watcher.frames[before:] == []  # no snapshot: the prompt's text never went out
+
+
+@pytest.fixture(scope="module", params=["uvicorn", "daphne"])
+def checking(request, pair, valkey, tmp_path_factory) -> Iterator[Server]:
+    """A server of the same project whose periodic check runs every 0.4 s."""
+    tmp = tmp_path_factory.mktemp(f"checking-{request.param}")
+    with serve(request.param, valkey, tmp, app=APP, db=pair[0].db, **_env(0.4)) as server:
+        yield server
+
+
+async def test_a_deleted_token_closes_at_the_next_periodic_check(checking, revoker, core):
+    key = (await revoker("token"))["value"]
+    watcher = await watch(checking, token(key))
+    await revoker("delete_token", key=key)
+    assert await watcher.closed() == 4403
+    await core.aaccept("alice", "s1", user_id="u", client_message_id="k1", text="secret plan")
+    assert [f for f in watcher.frames if f["type"] == "queue.update"] == []
+
+
+async def test_a_valid_token_stays_open_through_checks_and_resyncs(checking, revoker, core):
+    key = (await revoker("token"))["value"]
+    watcher = await watch(checking, token(key))
+    entry = await core.aaccept("alice", "s1", user_id="u", client_message_id="k1", text="x")
+    await watcher.until(lambda w: any(f.get("entry", {}).get("id") == entry.id for f in w.frames))
+    await asyncio.sleep(1.0)  # the scenario: two periodic checks pass
+    await watcher.still_open()
+    await watcher.close()
