@@ -11,8 +11,11 @@ or a password change closes with 4403). Before the policy, every resync and peri
 check asks the scope's ``outbox_revalidate`` (a sync or async callable taking the scope,
 set by the middleware that authenticated the socket, e.g. a token middleware) whether
 the credential still holds: False (or anything but a bool) closes with 4403, an
-exception with 4503 (docs/explanation/security.md#live-connections). Frames the client
-may send:
+exception with 4503 (docs/explanation/security.md#live-connections). Each socket of an
+authenticated user also joins that user's channel-layer group: a revocation Django knows
+(logout, password change, deactivation, permission or group change; see
+:mod:`django_outbox.ws.revoke`) makes it re-authorise at once, in every server process.
+Frames the client may send:
 ``{"type": "resync"}`` → a fresh ``queue.snapshot`` (at most one per
 ``WS_RESYNC_INTERVAL``, resyncs in between coalesce; more than
 ``WS_RESYNC_BUDGET`` in 60 s close with 4429). Anything else gets an error frame
@@ -186,6 +189,10 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             IDENTIFIER_RE.fullmatch(self.workspace_id) and IDENTIFIER_RE.fullmatch(self.session_id)
         ):
             return CLOSE_INVALID
+        try:  # before the policy is asked: a revocation from then on reaches this socket
+            await self._retry_once("join the user's group", self._join_user_group)
+        except Exception:
+            return CLOSE_UNAVAILABLE
         if not await self._allowed(fresh=False):
             return CLOSE_FORBIDDEN
         try:
@@ -335,6 +342,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 await self.channel_layer.group_add(self.group, self.channel_name)
             except Exception as exc:  # the version check below still converges
                 logger.warning("outbox: cannot re-join group %s: %s", self.group, exc)
+        await self._rejoin_user_group()
         await self.refresh_socket()
         before = live.version
         held = await get_outbox().asession_version(
@@ -353,6 +361,67 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             self._want_snapshot()
 
     # -- re-validation (docs/explanation/security.md#live-connections) ------------
+
+    #: The channel-layer group of this socket's user (None: anonymous, or not joined).
+    user_group: str | None = None
+    #: :func:`~django_outbox.ws.revoke.session_digest` of the login session this socket
+    #: connected with (None: no Django login session in the scope).
+    session_digest: str | None = None
+
+    async def outbox_revoke(self, message: dict[str, Any]) -> None:
+        """A revocation pushed to this user's sockets (:mod:`django_outbox.ws.revoke`): the
+        login session it names is this socket's → close 4403 at once; otherwise
+        re-authorise as the periodic check does (:meth:`_reauthorise`) and close with its
+        code when that fails. Nothing is relayed meanwhile (channels hands a consumer
+        one message at a time)."""
+        if self._live.closing:
+            return
+        ended = message.get("session")
+        if ended is not None and ended == self.session_digest:
+            refused: int | None = CLOSE_FORBIDDEN
+        else:
+            refused = await self._reauthorise()
+        if refused is not None:
+            logger.info(
+                "outbox: WebSocket to %s closed with %d: its user's access was revoked",
+                self.scope.get("path"),
+                refused,
+            )
+            await self.close(code=refused)
+
+    async def _join_user_group(self) -> None:
+        """Join the group revocations of this socket's user go to (an anonymous user, or
+        a user object without a primary key, joins none), and note its login session."""
+        from .revoke import session_digest, user_group
+
+        user_id = socket_user_id(self.scope.get("user"))
+        if user_id is None or self.user_group is not None:
+            return
+        group = user_group(user_id)
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.user_group = group
+        session = self.scope.get("session")
+        self.session_digest = session_digest(getattr(session, "session_key", None))
+
+    async def _rejoin_user_group(self) -> None:
+        """Join the user's group again (channels-redis forgets members after
+        ``group_expiry``); logs and returns on failure (the periodic check still runs)."""
+        if self.user_group is None:
+            return
+        try:
+            await self.channel_layer.group_add(self.user_group, self.channel_name)
+        except Exception as exc:
+            logger.warning("outbox: cannot re-join a user's group: %s", redact(str(exc)))
+
+    async def _leave_user_group(self) -> None:
+        """Leave the user's group (never raises: the layer's group expiry drops it)."""
+        if self.user_group is None:
+            return
+        group, self.user_group = self.user_group, None
+        try:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        except Exception as exc:
+            logger.warning("outbox: cannot leave a user's group: %s", redact(str(exc)))
 
     async def _reauthorise(self) -> int | None:
         """Everything a live socket must still pass, as a close code (None: it passes).
@@ -527,6 +596,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
 
     async def _release(self) -> None:
         """Undo what :meth:`_admit` registered, each step on its own (never raises)."""
+        await self._leave_user_group()
         if self.group is not None:
             group, self.group = self.group, None
             try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -241,3 +242,88 @@ async def test_a_valid_token_stays_open_through_checks_and_resyncs(checking, rev
     await asyncio.sleep(1.0)  # the scenario: two periodic checks pass
     await watcher.still_open()
     await watcher.close()
+
+
+# -- revocations Django knows reach every server process ---------------------------------
+
+#: What the revoker changes, and what it must do first (alice holds the permission through
+#: the group ``watchers`` for the group cases).
+REVOCATIONS = {
+    "password": None,
+    "deactivate": None,
+    "revoke_direct": None,
+    "leave_group": "via_group",
+    "clear_groups": "via_group",
+    "group_loses_permission": "via_group",
+}
+
+
+async def both_sides(pair, headers, ses="s1") -> list[Watcher]:
+    return [await watch(server, headers, ses) for server in pair]
+
+
+def window(watchers: list[Watcher], at: float) -> float:
+    """Seconds from the revocation to the last of ``watchers`` closing."""
+    assert all(w.closed_at is not None for w in watchers)
+    return max(w.closed_at for w in watchers) - at  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize("change", list(REVOCATIONS))
+async def test_a_revocation_closes_the_users_sockets_in_every_server(pair, revoker, change):
+    if REVOCATIONS[change]:
+        await revoker(REVOCATIONS[change])
+    key = (await revoker("login"))["value"]
+    watchers = await both_sides(pair, cookie(key))
+    at = (await revoker(change))["at"]
+    assert [await w.closed() for w in watchers] == [4403, 4403]
+    assert window(watchers, at) < WINDOW
+
+
+async def test_a_logout_closes_that_sessions_sockets_and_no_other(pair, revoker):
+    ended = (await revoker("login"))["value"]
+    other = (await revoker("login"))["value"]  # alice, logged in elsewhere too
+    ending = await both_sides(pair, cookie(ended))
+    staying = await both_sides(pair, cookie(other), ses="s2")
+    at = (await revoker("logout", session=ended))["at"]
+    assert [await w.closed() for w in ending] == [4403, 4403]
+    assert window(ending, at) < WINDOW
+    for watcher in staying:
+        await watcher.still_open()
+        await watcher.close()
+
+
+async def test_a_token_socket_closes_when_its_user_is_deactivated(pair, revoker):
+    key = (await revoker("token"))["value"]
+    watchers = await both_sides(pair, token(key))
+    at = (await revoker("deactivate"))["at"]
+    assert [await w.closed() for w in watchers] == [4403, 4403]
+    assert window(watchers, at) < WINDOW
+
+
+async def test_a_change_that_takes_no_right_away_closes_nothing(pair, revoker):
+    key = (await revoker("login"))["value"]
+    watchers = await both_sides(pair, cookie(key))
+    await revoker("touch_login")  # what every login does to the user row
+    await revoker("via_group")  # the permission moves to a group: still held
+    for watcher in watchers:
+        await watcher.still_open()
+        await watcher.close()
+
+
+async def test_the_revocation_window(pair, revoker):
+    """The figure docs/explanation/security.md states: logouts with a socket on each server,
+    revocation to the last close."""
+    windows = []
+    for _ in range(20):
+        key = (await revoker("login"))["value"]
+        watchers = await both_sides(pair, cookie(key))
+        at = (await revoker("logout", session=key))["at"]
+        for w in watchers:
+            assert await w.closed() == 4403
+        windows.append(window(watchers, at))
+    p50, worst = statistics.median(windows), max(windows)
+    print(
+        f"revocation to close, 20 logouts x 2 servers: p50 {p50 * 1000:.0f} ms, "
+        f"max {worst * 1000:.0f} ms"
+    )
+    assert worst < WINDOW
