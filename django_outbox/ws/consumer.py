@@ -284,12 +284,38 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
-        """Close the socket with ``code`` (once: a second close is ignored); every frame
-        after this is dropped."""
+        """Close the socket with ``code`` (once: a second close is ignored, and so is a
+        client that left first); every frame after this is dropped."""
         if self._live.closing:
             return
         self._live.closing = True
-        await super().close(code=code, reason=reason)
+        try:
+            await super().close(code=code, reason=reason)
+        except OSError:  # the client left first (uvicorn's ClientDisconnected): closed
+            logger.debug(
+                "outbox: WebSocket to %s was gone before its close", self.scope.get("path")
+            )
+
+    # -- the client leaving -----------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Channels' entry point, with the server's ``receive`` watched: once it hands
+        over ``websocket.disconnect``, the client is gone and nothing more is sent, not
+        even a close. A close decided meanwhile (a re-check that refuses as the client's
+        page unloads, e.g. on a logout) would otherwise reach a server that already
+        closed the socket: uvicorn raises (``ClientDisconnected``, or "Unexpected ASGI
+        message 'websocket.close'") into the handler, which logged it as a failure.
+        Channels hands a consumer its messages one at a time, so the disconnect itself
+        is handled only after the running handler; the mark is set as soon as the
+        server reports it."""
+
+        async def receive_noting_disconnect() -> Any:
+            message = await receive()
+            if message.get("type") == "websocket.disconnect":
+                self._live.closing = True
+            return message
+
+        await super().__call__(scope, receive_noting_disconnect, send)
 
     # -- staying true (docs/reference/websocket.md#staying-true) --------------------
 

@@ -327,3 +327,40 @@ async def test_the_revocation_window(pair, revoker):
         f"max {worst * 1000:.0f} ms"
     )
     assert worst < WINDOW
+
+
+# -- a close decided as the client leaves ------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["websockets", "websockets-sansio", "wsproto", "daphne"])
+def any_server(request, pair, valkey, tmp_path_factory) -> Iterator[Server]:
+    """uvicorn with each of its WebSocket implementations, and daphne."""
+    kind = "daphne" if request.param == "daphne" else "uvicorn"
+    tmp = tmp_path_factory.mktemp(f"leaving-{request.param}")
+    env = {**_env(30), "UVICORN_WS": request.param}
+    with serve(kind, valkey, tmp, app=APP, db=pair[0].db, **env) as server:
+        yield server
+
+
+@pytest.mark.parametrize("how", ["resync", "revocation"])
+async def test_a_refusal_decided_as_the_client_leaves_logs_no_error(
+    any_server, revoker, core, r, how
+):
+    key = (await revoker("login"))["value"]
+    watcher = await watch(any_server, cookie(key))
+    logged = any_server.log.stat().st_size
+    r.set("test:slow:alice", 0.5)  # the re-check takes a while, and refuses
+    if how == "resync":
+        r.set("test:revoked:alice", 1)
+        await watcher.ws.send('{"type": "resync"}')
+    else:  # a logout elsewhere, a permission removed: pushed
+        await revoker("revoke_direct")
+    await watcher.ws.close()  # the client leaves meanwhile (its page unloads)
+    watching = core.keys.session("alice", "s1").watch
+    deadline = time.monotonic() + BOUND
+    while r.get(watching) not in (None, "0"):  # the server handled the disconnect
+        assert time.monotonic() < deadline, "the socket was never released"
+        await asyncio.sleep(0.05)
+    text = any_server.log.read_bytes()[logged:].decode(errors="replace")
+    assert "Unexpected ASGI message" not in text
+    assert "Traceback" not in text and "ERROR" not in text and "failed" not in text, text
