@@ -42,7 +42,6 @@ close. Whatever fails while a message is handled, the socket's registrations
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import time
@@ -61,11 +60,11 @@ from django.db.models import Model
 from ..conf import outbox_settings
 from ..core.redaction import redact
 from ..core.rules import IDENTIFIER_RE, entry_for_viewer
-from ..core.transport import is_async_callable
 from ..errors import OutboxUnavailable
 from ..outbox import get_outbox
 from ..policy import is_allowed, reads_error_excerpts
 from .publish import group_name
+from .revoke import revalidate, session_digest, user_group
 from .truth import PUBLISH_GRACE, ResyncBudget, SocketState, is_behind, snapshot_frames
 
 # The logger keeps the name it had before the module moved into ws/ (logging configs use it).
@@ -95,10 +94,6 @@ ERROR_TEXT = {
 #: A client that sends more than ``WS_RESYNC_BUDGET`` resyncs a minute (same code as
 #: too many sockets: "slow down").
 CLOSE_TOO_MANY_RESYNCS = CLOSE_TOO_MANY
-#: The scope key of a project's re-validation hook (DESIGN 19.5): a sync or async
-#: callable taking the scope and returning a bool, set by the auth middleware that
-#: authenticated the socket (docs/howto/clients.md#tokens-on-the-websocket).
-REVALIDATE_KEY = "outbox_revalidate"
 
 
 class OutboxConsumer(AsyncWebsocketConsumer):
@@ -418,8 +413,6 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     async def _join_user_group(self) -> None:
         """Join the group revocations of this socket's user go to (an anonymous user, or
         a user object without a primary key, joins none), and note its login session."""
-        from .revoke import session_digest, user_group
-
         user_id = socket_user_id(self.scope.get("user"))
         if user_id is None or self.user_group is not None:
             return
@@ -451,52 +444,17 @@ class OutboxConsumer(AsyncWebsocketConsumer):
 
     async def _reauthorise(self) -> int | None:
         """Everything a live socket must still pass, as a close code (None: it passes).
-        First the credential (:meth:`_revalidate`: the scope's ``outbox_revalidate``),
+        First the credential (:func:`~django_outbox.ws.revoke.revalidate`: the scope's
+        ``outbox_revalidate``),
         then the login and the access policy (:meth:`_still_allowed`): 4403 refused,
         4503 the re-validation raised (the client reconnects, and its handshake
         authenticates afresh)."""
-        valid = await self._revalidate()
+        valid = await revalidate(self.scope)
         if valid is None:
             return CLOSE_UNAVAILABLE
         if not valid or not await self._still_allowed():
             return CLOSE_FORBIDDEN
         return None
-
-    async def _revalidate(self) -> bool | None:
-        """``scope["outbox_revalidate"](scope)``, the hook a project's auth middleware may
-        set (sync or async callable taking the scope, returning bool; a sync one runs in
-        a thread, so it may use the ORM): True when the hook is absent or says the
-        credential still holds, False when it does not (also for an answer that is not a
-        bool, or an awaitable from a sync callable: fail closed), None when it raised
-        (logged, redacted)."""
-        hook = self.scope.get(REVALIDATE_KEY)
-        if hook is None:
-            return True
-        try:
-            if is_async_callable(hook):
-                answer = await hook(self.scope)
-            else:
-                answer = await sync_to_async(hook)(self.scope)
-        except Exception as exc:
-            logger.warning(
-                "outbox: WebSocket to %s closed with 4503: its %s raised %s",
-                self.scope.get("path"),
-                REVALIDATE_KEY,
-                redact(f"{type(exc).__name__}: {exc}"),
-            )
-            return None
-        if answer is True:
-            return True
-        if answer is not False:
-            if inspect.iscoroutine(answer):
-                answer.close()
-            logger.error(
-                "outbox: %s returned %s, not a bool; the socket to %s is refused",
-                REVALIDATE_KEY,
-                type(answer).__name__,
-                self.scope.get("path"),
-            )
-        return False
 
     async def _still_allowed(self) -> bool:
         """The access policy's answer for the user as it is now: with a Django login

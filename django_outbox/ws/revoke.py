@@ -1,4 +1,9 @@
-"""Revocations pushed to a user's open queue sockets, in every server process.
+"""Re-validation of a live socket's credential, and revocations pushed to a user's open
+queue sockets in every server process.
+
+:func:`revalidate` calls the scope's ``outbox_revalidate`` (:data:`REVALIDATE_KEY`), the
+hook a project's auth middleware may set; the consumer asks it at every resync and
+periodic check, before the access policy.
 
 docs/explanation/security.md#live-connections states the bound. Each socket of an
 authenticated user joins that user's channel-layer group (:func:`user_group`, a keyed
@@ -34,17 +39,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import router, transaction
 
 from ..core.redaction import redact
+from ..core.transport import is_async_callable
 
 logger = logging.getLogger("django_outbox.ws")
+#: The consumer's logger: what it logs of a socket goes there.
+consumer_logger = logging.getLogger("django_outbox.consumers")
+
+#: The scope key of a project's re-validation hook (DESIGN 19.5): a sync or async
+#: callable taking the scope and returning a bool, set by the auth middleware that
+#: authenticated the socket (docs/howto/clients.md#tokens-on-the-websocket).
+REVALIDATE_KEY = "outbox_revalidate"
 
 #: The prefix of a user's group (the rest: 40 hex digits).
 USER_GROUP_PREFIX = "outbox.user."
@@ -57,6 +71,43 @@ SEND_TIMEOUT = 2.0
 HARMLESS_SAVES = frozenset({"last_login"})
 
 _pending: set[asyncio.Task[Any]] = set()
+
+
+async def revalidate(scope: dict[str, Any]) -> bool | None:
+    """``scope["outbox_revalidate"](scope)``, the hook a project's auth middleware may set
+    (sync or async callable taking the scope, returning bool; a sync one runs in a
+    thread, so it may use the ORM): True when the hook is absent or says the credential
+    still holds; False when it does not, and for an answer that is not a bool (an
+    awaitable from a sync callable included: fail closed; logged as an error); None when
+    it raised (logged as a warning, redacted). Never raises."""
+    hook = scope.get(REVALIDATE_KEY)
+    if hook is None:
+        return True
+    try:
+        if is_async_callable(hook):
+            answer = await hook(scope)
+        else:
+            answer = await sync_to_async(hook)(scope)
+    except Exception as exc:
+        consumer_logger.warning(
+            "outbox: WebSocket to %s closed with 4503: its %s raised %s",
+            scope.get("path"),
+            REVALIDATE_KEY,
+            redact(f"{type(exc).__name__}: {exc}"),
+        )
+        return None
+    if answer is True:
+        return True
+    if answer is not False:
+        if inspect.iscoroutine(answer):
+            answer.close()
+        consumer_logger.error(
+            "outbox: %s returned %s, not a bool; the socket to %s is refused",
+            REVALIDATE_KEY,
+            type(answer).__name__,
+            scope.get("path"),
+        )
+    return False
 
 
 def user_group(user_id: Any) -> str:
