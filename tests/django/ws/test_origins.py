@@ -49,6 +49,9 @@ def hosts_validator(*hosts, **settings):
         ("ws", "example.com:8000", "http://example.com:8000", "open"),
         ("ws", "example.com:8000", "http://example.com", "refused"),
         ("ws", "example.com:8000", "http://example.com:8001", "refused"),
+        ("ws", "example.com:8000", "https://example.com:8000", "refused"),  # same port
+        ("wss", "example.com:8443", "http://example.com:8443", "refused"),
+        ("wss", "example.com:8443", "https://example.com:8443", "open"),
         ("wss", "example.com", "https://example.com", "open"),
         ("wss", "example.com", "http://example.com", "refused"),
         ("wss", "example.com", "https://example.com:8443", "refused"),
