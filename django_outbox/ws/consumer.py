@@ -445,10 +445,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     async def _reauthorise(self) -> int | None:
         """Everything a live socket must still pass, as a close code (None: it passes).
         First the credential (:func:`~django_outbox.ws.revoke.revalidate`: the scope's
-        ``outbox_revalidate``),
-        then the login and the access policy (:meth:`_still_allowed`): 4403 refused,
-        4503 the re-validation raised (the client reconnects, and its handshake
-        authenticates afresh)."""
+        ``outbox_revalidate``), then the login and the access policy
+        (:meth:`_still_allowed`): 4403 refused, 4503 the re-validation raised (the client
+        reconnects, and its handshake authenticates afresh)."""
         valid = await revalidate(self.scope)
         if valid is None:
             return CLOSE_UNAVAILABLE

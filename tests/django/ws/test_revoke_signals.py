@@ -55,11 +55,16 @@ class Inbox:
         import asyncio
 
         got = []
-        while True:
-            try:
-                got.append(await asyncio.wait_for(self.layer.receive(channel), wait))
-            except TimeoutError:
-                return got
+        try:
+            while True:
+                try:
+                    got.append(await asyncio.wait_for(self.layer.receive(channel), wait))
+                except TimeoutError:
+                    return got
+        finally:
+            # A receive given up still blocks in the server (BZPOPMIN) on its connection,
+            # and would take the next message with it: close it.
+            await self.layer.close_pools()
 
     def received(self, user, wait=0.3) -> list[dict]:
         """What reached ``user``'s group since the last call (``wait``: seconds of silence
