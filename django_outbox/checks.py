@@ -3,7 +3,7 @@
 IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 
 - ``E001`` the ``OUTBOX`` settings are invalid
-- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY does not import or call
+- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY / ROUTER does not import or call
 - ``E003`` Valkey's ``maxmemory-policy`` is not ``noeviction`` (it would delete queued messages)
 - ``E004`` the outbox WebSocket consumer is routed (by ``ASGI_APPLICATION``, or by the
   project's ``asgi`` module next to the settings) but no channel layer is configured
@@ -31,6 +31,9 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``E007`` the server cannot do what the outbox or its settings need: older than Redis
   7.0, or ``WAIT_AOF`` on a server without WAITAOF (Redis before 7.2); the worker will
   not start there either
+- ``E008`` an ``AGENTS`` entry or the ``ROUTER`` is unusable: a callable that does not
+  import or call, an ``async def`` router, settings the agent's deliverer refuses
+  (docs/howto/agents.md)
 - ``W011`` the origin validator in front of the outbox WebSocket consumer admits every
   ``Origin`` (``"*"`` among its origins, e.g. ``ALLOWED_HOSTS = ["*"]`` under
   ``AllowedHostsOriginValidator``): cross-site WebSocket hijacking with the session cookie
@@ -100,6 +103,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 )
             )
     errors += _check_async_policy(conf)
+    errors += _check_agents(conf)
     if conf.access_policy == DEFAULT_ACCESS_POLICY:
         errors.append(
             checks.Warning(
@@ -123,7 +127,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_outbox.W007",
             )
         )
-    if conf.deliverer is None:
+    if conf.deliverer is None and not conf.agents:
         errors.append(
             checks.Warning(
                 "No OUTBOX['DELIVERER'] is configured: messages are accepted but "
@@ -135,6 +139,39 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     errors += _check_valkey_url_sources()
     errors += _check_channel_layer()
     errors += _check_origin_validation()
+    return errors
+
+
+def _check_agents(conf: Any) -> list[checks.CheckMessage]:
+    """E008: every ``AGENTS`` entry resolves (its callables import and call, its deliverer
+    accepts its settings) and the ``ROUTER`` is a plain callable (docs/howto/agents.md)."""
+    errors: list[checks.CheckMessage] = []
+    for agent in conf.agents.values():
+        try:
+            agent.resolve()
+        except ImproperlyConfigured as exc:
+            errors.append(
+                checks.Error(
+                    redact(str(exc)),
+                    hint=f"Fix OUTBOX['AGENTS'][{agent.name!r}] (docs/howto/agents.md).",
+                    id="django_outbox.E008",
+                )
+            )
+    try:
+        conf.resolve("ROUTER")
+    except ImproperlyConfigured:
+        return errors  # E002 says so
+    try:
+        conf.resolve_router()
+    except ImproperlyConfigured as exc:
+        errors.append(
+            checks.Error(
+                redact(str(exc)),
+                hint="Point OUTBOX['ROUTER'] at a plain function (workspace_id, session_id) -> "
+                "agent name (docs/howto/agents.md#routing).",
+                id="django_outbox.E008",
+            )
+        )
     return errors
 
 

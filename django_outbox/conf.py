@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,6 +33,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from .core.agents import DEFAULT_AGENT, Agent
 from .core.config import (
     DURATION,
     DURATION_OR_ZERO,
@@ -79,10 +82,19 @@ OWN_SETTINGS: dict[str, Setting] = {
         doc="the server's URL; when unset, the environment's OUTBOX_VALKEY_URL, then this",
     ),
     "OPENCODE": Setting(None, kind=None, doc="the built-in opencode deliverer's block"),
+    "AGENTS": Setting(
+        None, kind=None, doc="named agents: {name: {DELIVERER, VERIFIER, ABORTER, settings}}"
+    ),
+    "ROUTER": Setting(
+        None, kind=_callable_or_path, doc="(workspace_id, session_id) -> the agent's name"
+    ),
 }
 OWN_KEYS = frozenset(OWN_SETTINGS)
 #: The keys that name a callable (``OUTBOX[key]`` is resolved by :meth:`OutboxSettings.resolve`).
 CALLABLE_KEYS = tuple(k for k, s in OWN_SETTINGS.items() if s.kind is _callable_or_path)
+#: The keys of an ``OUTBOX["AGENTS"]`` entry that name its callables; its other keys are
+#: the agent's own settings (:attr:`AgentSettings.options`).
+AGENT_CALLABLE_KEYS = ("DELIVERER", "VERIFIER", "ABORTER")
 #: Default of ``OUTBOX["OPENCODE"]["MAX_RESPONSE_BYTES"]``: the most the verifier reads of
 #: one answer from the agent (16 MiB).
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -101,6 +113,11 @@ class OutboxSettings:
     config: Config
     #: ``OUTBOX["OPENCODE"]``, or None when the block is absent.
     opencode: OpencodeSettings | None = None
+    #: ``OUTBOX["AGENTS"]``, checked for shape (its callables are imported by
+    #: :meth:`resolve_agents`); empty when absent.
+    agents: Mapping[str, AgentSettings] = field(default_factory=dict)
+    #: ``OUTBOX["ROUTER"]``: a callable or its dotted path, or None.
+    router: Any = None
 
     def resolve(self, key: str) -> Callable[..., Any] | None:
         """Import and return the callable configured for ``key`` (e.g. ``"DELIVERER"``).
@@ -119,6 +136,123 @@ class OutboxSettings:
         if not callable(value):
             raise ImproperlyConfigured(f"OUTBOX[{key!r}] must be callable, got {value!r}")
         return value
+
+    def resolve_agents(self) -> dict[str, Agent]:
+        """The ``AGENTS`` entries as :class:`~django_outbox.core.agents.Agent` objects, their
+        callables imported (docs/howto/agents.md). A callable that carries
+        ``validate_agent_options(name, options)`` (the HTTP agent's do) checks the
+        entry's own settings. Raises ``ImproperlyConfigured`` naming the entry and key:
+        a path that does not import, an object that is not callable, settings its
+        deliverer refuses."""
+        return {name: agent.resolve() for name, agent in self.agents.items()}
+
+    def resolve_router(self) -> Callable[[str, str], Any] | None:
+        """The ``ROUTER`` callable, or None. Raises ``ImproperlyConfigured`` when it does not
+        import, is not callable or is an ``async def`` (the worker calls it without
+        awaiting, once per delivery step: docs/howto/agents.md#routing)."""
+        router = self.resolve("ROUTER")
+        if router is not None and (
+            inspect.iscoroutinefunction(router)
+            or inspect.iscoroutinefunction(getattr(router, "__call__", None))  # noqa: B004
+        ):
+            raise ImproperlyConfigured(
+                "OUTBOX['ROUTER'] is an async function; it must be a plain, quick function "
+                "(workspace_id, session_id) -> agent name"
+            )
+        return router
+
+
+def _import_callable(name: str, value: Any) -> Callable[..., Any] | None:
+    """``value`` imported if it is a dotted path; None stays None. Raises
+    ``ImproperlyConfigured`` naming ``name`` when it does not import or is not callable."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"{name} cannot be imported: {exc}") from exc
+    if not callable(value):
+        raise ImproperlyConfigured(f"{name} must be callable, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """One validated ``OUTBOX["AGENTS"]`` entry: ``name``, its ``deliverer`` (required),
+    ``verifier`` and ``aborter`` (callables or dotted paths, or None) and ``options``
+    (its other keys, as given). docs/howto/agents.md."""
+
+    name: str
+    deliverer: Any
+    verifier: Any = None
+    aborter: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def key(self, key: str) -> str:
+        """How a key of this entry is named in messages: ``OUTBOX['AGENTS']['x']['KEY']``."""
+        return f"OUTBOX['AGENTS'][{self.name!r}][{key!r}]"
+
+    def resolve(self) -> Agent:
+        """This entry as an :class:`~django_outbox.core.agents.Agent` (see
+        :meth:`OutboxSettings.resolve_agents`)."""
+        deliverer = _import_callable(self.key("DELIVERER"), self.deliverer)
+        verifier = _import_callable(self.key("VERIFIER"), self.verifier)
+        aborter = _import_callable(self.key("ABORTER"), self.aborter)
+        for fn in (deliverer, verifier, aborter):
+            validate = getattr(fn, "validate_agent_options", None)
+            if callable(validate):
+                validate(self.name, self.options)
+        return Agent(self.name, deliverer, verifier, aborter, MappingProxyType(dict(self.options)))
+
+
+#: An agent's name: it is a metrics label and a settings key.
+AGENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _agents(raw: Any, has_deliverer: bool, has_router: bool) -> dict[str, AgentSettings]:
+    """Validate the shape of ``OUTBOX["AGENTS"]`` (``{}`` when absent); its callables are
+    imported later (:meth:`OutboxSettings.resolve_agents`)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured("OUTBOX['AGENTS'] must be a dict {name: {...}}")
+    agents: dict[str, AgentSettings] = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not AGENT_NAME_RE.fullmatch(name):
+            raise ImproperlyConfigured(
+                f"OUTBOX['AGENTS'] key {name!r} is not an agent name: 1 to 64 letters, "
+                "digits, '_', '.' or '-', starting with a letter or digit"
+            )
+        if not isinstance(entry, Mapping):
+            raise ImproperlyConfigured(f"OUTBOX['AGENTS'][{name!r}] must be a dict")
+        for key in AGENT_CALLABLE_KEYS:
+            try:
+                _callable_or_path(key, entry.get(key))
+            except ConfigError as exc:
+                raise ImproperlyConfigured(
+                    f"OUTBOX['AGENTS'][{name!r}][{key!r}] {exc.rule}"
+                ) from exc
+        if entry.get("DELIVERER") is None:
+            raise ImproperlyConfigured(f"OUTBOX['AGENTS'][{name!r}]['DELIVERER'] is required")
+        if name == DEFAULT_AGENT and has_deliverer:
+            raise ImproperlyConfigured(
+                "OUTBOX['AGENTS']['default'] and OUTBOX['DELIVERER'] both define the default "
+                "agent: keep one"
+            )
+        agents[name] = AgentSettings(
+            name,
+            entry["DELIVERER"],
+            entry.get("VERIFIER"),
+            entry.get("ABORTER"),
+            {k: v for k, v in entry.items() if k not in AGENT_CALLABLE_KEYS},
+        )
+    if len(agents) > 1 and not has_deliverer and DEFAULT_AGENT not in agents and not has_router:
+        raise ImproperlyConfigured(
+            "OUTBOX['AGENTS'] has several agents and none is the default: set "
+            "OUTBOX['ROUTER'] (workspace_id, session_id) -> agent name, or name one 'default'"
+        )
+    return agents
 
 
 def _valkey_url(raw: dict[str, Any]) -> str:
@@ -356,6 +490,8 @@ def _build() -> OutboxSettings:
         access_policy=own["ACCESS_POLICY"],
         config=config,
         opencode=_opencode(raw.get("OPENCODE"), config.delivery_timeout),
+        agents=_agents(raw.get("AGENTS"), own["DELIVERER"] is not None, own["ROUTER"] is not None),
+        router=own["ROUTER"],
     )
 
 

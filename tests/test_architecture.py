@@ -321,6 +321,7 @@ TEST_FOLDERS = {
     "delivery",
     "django",
     "opencode",
+    "agents",
     "cluster",
     "faults",
     "browser",

@@ -18,6 +18,7 @@ import builtins
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .agents import Agent, AgentRouting
 from .config import Config
 from .duties import Duty
 from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
@@ -33,7 +34,7 @@ from .transport import Transport, as_text
 KEY_CACHE_SIZE = 4096
 
 
-class OutboxBase(Transport):
+class OutboxBase(AgentRouting, Transport):
     """The shared floor of :class:`~django_outbox.core.service.Outbox`.
 
     ``OutboxBase(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=...,
@@ -44,6 +45,12 @@ class OutboxBase(Transport):
     ``cluster=True`` uses Valkey Cluster clients. Raises
     :class:`~django_outbox.core.config.ConfigError` for invalid tunables and
     ``TypeError`` if both ``config`` and tunables are given.
+
+    ``agents`` (``{name: Agent}``) and ``router`` (``(workspace_id, session_id) ->
+    name``) deliver different sessions to different backends; ``aborter`` is the
+    default agent's (:class:`~django_outbox.core.agents.AgentRouting`,
+    docs/howto/agents.md). ``ValueError`` when ``agents`` is not a mapping of names
+    to :class:`~django_outbox.core.agents.Agent` or ``router`` is not callable.
     """
 
     def __init__(
@@ -57,6 +64,9 @@ class OutboxBase(Transport):
         clock: Callable[[], float] | None = None,
         client_options: dict[str, Any] | None = None,
         config: Config | None = None,
+        agents: dict[str, Agent] | None = None,
+        router: Callable[[str, str], Any] | None = None,
+        aborter: Callable[..., Any] | None = None,
         **tunables: Any,
     ) -> None:
         if config is not None and tunables:
@@ -72,6 +82,15 @@ class OutboxBase(Transport):
         self.deliverer = deliverer
         self.verifier = verifier
         self.ledger_probe = ledger_probe
+        self.aborter = aborter
+        agents = dict(agents or {})
+        for name, agent in agents.items():
+            if not isinstance(agent, Agent) or agent.name != name:
+                raise ValueError(f"agents[{name!r}] must be an Agent named {name!r}")
+        if router is not None and not callable(router):
+            raise ValueError("router must be a callable (workspace_id, session_id) -> name")
+        self.agents = agents
+        self.router = router
         self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
         self._dedupe_ttl_ms = int(self.config.dedupe_ttl * 1000)
         # The per-minute history outlives the window by two minutes (the last one

@@ -209,6 +209,16 @@ class Config:
         kind=POSITIVE_INT,
         doc="transient failures in an entry's life before error / transient_exhausted",
     )
+    hold_max: float = setting(
+        300.0,
+        kind=DURATION,
+        doc="the longest an agent's Retry-After holds a session (longer ones are cut)",
+    )
+    max_holds: int = setting(
+        100,
+        kind=POSITIVE_INT,
+        doc="holds in a row (agent busy, Retry-After) before error / hold_exhausted",
+    )
     parked_sweep_interval: float = setting(
         60.0, kind=DURATION, doc="how often a worker asks the LEDGER_PROBE about error entries"
     )

@@ -8,6 +8,7 @@ underlying error as ``err``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -175,6 +176,30 @@ class TransientDeliveryError(_DeliveryOutcome):
 
 class PriorAttemptPendingError(_DeliveryOutcome):
     """The previous attempt is still owned downstream; like transient, no attempt is minted."""
+
+
+class HoldDeliveryError(_DeliveryOutcome):
+    """The agent refused the prompt for now and said when to come back (HTTP 429 or 503
+    with ``Retry-After``): nothing was delivered and no attempt is used. The entry stays
+    pending, due again in ``retry_after`` seconds (at most ``HOLD_MAX``), and its session
+    waits behind it; ``holds`` counts such answers in a row, and past ``MAX_HOLDS`` the
+    entry ends in error ``hold_exhausted`` (docs/howto/agents.md#write-your-own-agent).
+    ``retry_after``: seconds, a finite number >= 0 (``ValueError`` otherwise)."""
+
+    def __init__(
+        self, message: object = "", err: BaseException | None = None, *, retry_after: float
+    ) -> None:
+        super().__init__(message, err)
+        if (
+            isinstance(retry_after, bool)
+            or not isinstance(retry_after, int | float)
+            or not math.isfinite(retry_after)
+            or retry_after < 0
+        ):
+            raise ValueError(
+                f"retry_after must be a finite number of seconds >= 0, got {retry_after!r}"
+            )
+        self.retry_after = float(retry_after)
 
 
 def _safe_str(value: object) -> str:

@@ -15,7 +15,7 @@ Fields (all counts, except the samples):
 ``v``           confirmed delivered by the verifier
 ``vl``          confirmed delivered by the ledger probe (``ledger_complete.lua``)
 ``o:<outcome>`` settles of any other outcome: ``failed``, ``absent``, ``transient``,
-                ``prior_pending``, ``ambiguous``, ``inconclusive``, ``unverifiable``
+                ``prior_pending``, ``held``, ``ambiguous``, ``inconclusive``, ``unverifiable``
 ``e``           entries a settle moved to error (attempts or verification exhausted)
 ``x``           entries an operator changed (retry, dismiss, unpark, ...: the operator scripts)
                 and workspace cleanups
@@ -89,12 +89,13 @@ OUTCOMES = (
     "absent",
     "transient",
     "prior_pending",
+    "held",
     "ambiguous",
     "inconclusive",
     "unverifiable",
 )
 #: Outcomes that say the attempt did not deliver (retried, or moved to error).
-FAILED_OUTCOMES = ("failed", "absent", "transient", "prior_pending", "unverifiable")
+FAILED_OUTCOMES = ("failed", "absent", "transient", "prior_pending", "held", "unverifiable")
 #: Outcomes that say nobody knows yet (the entry is verified).
 UNKNOWN_OUTCOMES = ("ambiguous", "inconclusive")
 #: Seconds between two writes of a worker's counts.

@@ -235,6 +235,7 @@ class ErrorKind(enum.StrEnum):
     UNCONFIRMED = "unconfirmed"  #: whether the agent has the message could not be told
     NOT_RECEIVED = "not_received"  #: the verifier found the agent does not have it
     AGENT_BUSY = "agent_busy"  #: the agent still handles an earlier attempt
+    HELD = "held"  #: the agent asked to be left alone until a time (docs/howto/agents.md)
     UNAVAILABLE = "unavailable"  #: the queue store did not confirm the step
     FAILED = "failed"  #: the deliverer failed in another way
 
@@ -250,6 +251,7 @@ ERROR_TEXTS = {
     ErrorKind.UNCONFIRMED: "it could not be confirmed that the agent has the message",
     ErrorKind.NOT_RECEIVED: "the agent does not have the message",
     ErrorKind.AGENT_BUSY: "the agent is still handling an earlier attempt",
+    ErrorKind.HELD: "the agent is busy and asked to wait",
     ErrorKind.UNAVAILABLE: "the queue store did not confirm the delivery step",
     ErrorKind.FAILED: "the delivery failed",
 }
@@ -261,6 +263,7 @@ _KIND_BY_OPENING = (
     ("timed out after ", ErrorKind.TIMEOUT),
     ("transient: replicas did not acknowledge", ErrorKind.UNAVAILABLE),
     ("prior attempt pending: ", ErrorKind.AGENT_BUSY),
+    ("held for ", ErrorKind.HELD),
     ("verifier: the agent does not have it", ErrorKind.NOT_RECEIVED),
     ("verifier", ErrorKind.UNCONFIRMED),
     ("outcome unknown", ErrorKind.UNCONFIRMED),

@@ -271,7 +271,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
 
     def _retry_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan[RetryResult]:
         check_identifier("entry ID", entry_id)
-        argv = retry_argv(entry_id, self.verifier is not None, self._history_ttl_ms)
+        argv = retry_argv(entry_id, self.verifies(workspace_id, session_id), self._history_ttl_ms)
         reply = yield from self._transition_plan("retry", workspace_id, session_id, argv)
         return {"updated": RetryResult.UPDATED, "busy": RetryResult.BUSY}.get(
             reply.result, RetryResult.NOT_FOUND
@@ -415,7 +415,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
 
     def _sweep_unverifiable_plan(self, workspace_id: str) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
-        if self.verifier is None:
+        if not self.any_verifier():
             return 0
         argv = rearm_unverifiable_argv(self._history_ttl_ms)
         return (yield from self._bulk_plan(workspace_id, "rearm_unverifiable", argv))

@@ -35,9 +35,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .agents import Agent, UnknownAgent, current_agent
 from .base import OutboxBase
 from .entry import Entry, OutboxEvent, Verdict
-from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
+from .errors import (
+    AmbiguousError,
+    HoldDeliveryError,
+    PriorAttemptPendingError,
+    TransientDeliveryError,
+)
 from .keys import SessionKeys
 from .plans import Emit, Eval, Pipe, Plan, iter_once
 from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply, SnapshotReply
@@ -45,6 +51,7 @@ from .rules import MAX_ERROR_CHARS, clean_text, describe_error
 from .scripts import (
     claim_argv,
     due_argv,
+    hold_argv,
     release_argv,
     renew_call,
     settle_argv,
@@ -167,6 +174,11 @@ class DeliveryStep(OutboxBase):
         #: script answered (removed, updated, lost, ...). A claim that recovered
         #: a dead holder's staging reports ("recover", "recovered", count, 0).
         self.step_listeners: list[Callable[[str, str, str, float], None]] = []
+        #: Callables ``(agent, step, outcome, result, seconds)``: the deliver and verify
+        #: steps of :attr:`step_listeners`, with the name of the agent that served them
+        #: (:meth:`~django_outbox.core.agents.AgentRouting.agent_for`; ``"?"`` when the
+        #: session's agent could not be resolved). The worker's per-agent metrics.
+        self.agent_step_listeners: list[Callable[[str, str, str, str, float], None]] = []
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -187,12 +199,13 @@ class DeliveryStep(OutboxBase):
         recorded and the entry is left to verification. Cancelling this coroutine
         mid-delivery records the attempt as ambiguous.
 
-        ``deliverer`` overrides the configured one; raises ``ValueError`` if
-        neither is set, :class:`OutboxUnavailable` if Valkey cannot be reached.
+        ``deliverer`` overrides the session's agent's
+        (:meth:`~django_outbox.core.agents.AgentRouting.agent_for`); raises
+        ``ValueError`` if neither is set, :class:`OutboxUnavailable` if Valkey cannot
+        be reached.
         """
-        deliverer = deliverer or self.deliverer
-        if deliverer is None:
-            raise ValueError("no deliverer: pass one or configure DELIVERER")
+        if deliverer is None and self.deliverer is None and not self.agents:
+            raise ValueError("no deliverer: pass one or configure DELIVERER or AGENTS")
         took, carry = await self.astep(workspace_id, session_id, deliverer)
         if carry is not None:
             await self.arelease(workspace_id, session_id, carry)
@@ -202,13 +215,21 @@ class DeliveryStep(OutboxBase):
         self,
         ws: str,
         ses: str,
-        deliverer: Callable[..., Any],
+        deliverer: Callable[..., Any] | None,
         carry: Carry | Claimed | None = None,
         *,
         more: Callable[[], bool] | None = None,
         owner: str | None = None,
     ) -> tuple[bool, Carry | Claimed | None]:
         """One step (see :meth:`adeliver_once`); returns ``(step taken, carry)``.
+
+        The entry's agent is resolved once, after the claim
+        (:meth:`~django_outbox.core.agents.AgentRouting.agent_for`): its deliverer
+        (``deliverer``, when not None, instead) or its verifier is called with
+        :data:`~django_outbox.core.agents.current_agent` set to it. A session whose
+        agent cannot be resolved is not sent anything: a delivery is recorded as
+        ``transient`` and a verification as ``inconclusive``, the router's complaint as
+        the entry's ``lastError`` (docs/howto/agents.md#routing).
 
         ``carry`` (a :data:`Carry` or a :class:`Claimed`) is what the previous step of
         the same session returned: the next claim acknowledges its entries and reuses
@@ -246,16 +267,25 @@ class DeliveryStep(OutboxBase):
         if kind not in ("deliver", "verify"):
             return False, None
         entry: Entry = claimed
+        agent, unrouted = self._route(ws, ses, deliverer)
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
         started = time.monotonic()
         step = "deliver" if kind == "deliver" else "verify"
+        hold = 0.0
         with step_span(step, entry.traceparent, ws, ses, entry.id, entry.attempts + 1) as span:
+            serving = current_agent.set(agent)
             try:
-                if kind == "deliver":
-                    outcome, error = await self._deliver(deliverer, entry, ws, ses)
+                if agent is None:
+                    outcome, error = (
+                        ("transient", f"transient: {unrouted}")
+                        if kind == "deliver"
+                        else ("inconclusive", f"verifier: {unrouted}")
+                    )
+                elif kind == "deliver":
+                    outcome, error, hold = await self._deliver(agent, entry, ws, ses)
                 else:
-                    outcome, error = await self._verify(entry, ws, ses)
+                    outcome, error = await self._verify(entry, ws, ses, agent.verifier)
             except asyncio.CancelledError:
                 keeper.drop(token)
                 if kind == "deliver":
@@ -267,13 +297,15 @@ class DeliveryStep(OutboxBase):
                 else:
                     await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
                 raise
+            finally:
+                current_agent.reset(serving)
             following: tuple[str, Any, int] | None = None
             try:
                 with settle_span(outcome):
                     if outcome == "delivered" and more and more() and self._settles_with_next():
                         result, following = await self._asettle_next(ws, ses, token, entry)
                     else:
-                        result = await self._asettle(ws, ses, token, entry, outcome, error)
+                        result = await self._asettle(ws, ses, token, entry, outcome, error, hold)
             finally:
                 if keeper.drop(token):
                     logger.warning(
@@ -295,6 +327,7 @@ class DeliveryStep(OutboxBase):
                 f" error={error!r}" if error else "",
             )
         self._tell_listeners(step, outcome, result, seconds)
+        self._tell_agent_listeners(agent.name if agent else "?", step, outcome, result, seconds)
         if result == "owed":
             self._log_owed(ws, ses, [entry])
         if following is not None:
@@ -361,10 +394,26 @@ class DeliveryStep(OutboxBase):
             yield Emit(events)
         return (kind, entry, len(recovered))
 
+    def _route(
+        self, ws: str, ses: str, deliverer: Callable[..., Any] | None
+    ) -> tuple[Agent | None, str]:
+        """``(the session's agent, "")``, its deliverer replaced by ``deliverer`` when one
+        is given, or ``(None, why not)`` when the router fails or names no agent."""
+        try:
+            agent = self.agent_for(ws, ses)
+        except UnknownAgent as exc:
+            logger.warning("outbox: %s/%s: %s", ws, ses, describe_error(exc, with_type=False))
+            return None, f"no agent: {describe_error(exc, with_type=False)}"
+        if deliverer is not None and deliverer is not agent.deliverer:
+            agent = Agent(agent.name, deliverer, agent.verifier, agent.aborter, agent.options)
+        return agent, ""
+
     async def _deliver(
-        self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
-    ) -> tuple[str, str]:
-        """Call the deliverer; classify its ending as ``(outcome, error text)``.
+        self, agent: Agent, entry: Entry, ws: str, ses: str
+    ) -> tuple[str, str, float]:
+        """Call the agent's deliverer; classify its ending as ``(outcome, error text,
+        hold seconds)`` (the hold only for ``held``: a
+        :class:`~django_outbox.core.errors.HoldDeliveryError`, the agent's ``Retry-After``).
 
         Once ``DELIVERY_TIMEOUT`` has passed, the call's outcome is unknown whatever
         the deliverer does next — returns, raises, or swallows the cancellation —
@@ -375,11 +424,14 @@ class DeliveryStep(OutboxBase):
         :func:`~django_outbox.core.rules.describe_error`, which no exception's
         ``__str__`` can break.
         """
+        deliverer = agent.deliverer
+        if deliverer is None:
+            return "transient", f"transient: agent {agent.name!r} has no deliverer", 0.0
         timeout = self.config.delivery_timeout
         task = asyncio.current_task()
         cancelling = task.cancelling() if task is not None else 0
         deadline = time.monotonic() + timeout
-        unknown = "ambiguous" if self.verifier is not None else "unverifiable"
+        unknown = "ambiguous" if agent.verifier is not None else "unverifiable"
         try:
             if is_async_callable(deliverer):
                 async with asyncio.timeout(timeout):
@@ -389,23 +441,26 @@ class DeliveryStep(OutboxBase):
             else:
                 await self._invoke_sync_deliverer(deliverer, entry, ws, ses)
         except AmbiguousError as exc:
-            return unknown, f"ambiguous: {describe_error(exc, with_type=False)}"
+            return unknown, f"ambiguous: {describe_error(exc, with_type=False)}", 0.0
         except TimeoutError as exc:
-            return unknown, self._timed_out(exc)
+            return unknown, self._timed_out(exc), 0.0
         except Exception as exc:
             if time.monotonic() >= deadline:
-                return unknown, self._timed_out(exc)
+                return unknown, self._timed_out(exc), 0.0
             if isinstance(exc, TransientDeliveryError):
-                return "transient", f"transient: {describe_error(exc, with_type=False)}"
+                return "transient", f"transient: {describe_error(exc, with_type=False)}", 0.0
             if isinstance(exc, PriorAttemptPendingError):
                 text = describe_error(exc, with_type=False)
-                return "prior_pending", f"prior attempt pending: {text}"
-            return "failed", describe_error(exc)
+                return "prior_pending", f"prior attempt pending: {text}", 0.0
+            if isinstance(exc, HoldDeliveryError):
+                text = describe_error(exc, with_type=False)
+                return "held", f"held for {exc.retry_after:g}s: {text}", exc.retry_after
+            return "failed", describe_error(exc), 0.0
         if task is not None and task.cancelling() > cancelling:
             raise asyncio.CancelledError("the deliverer swallowed a cancellation")
         if time.monotonic() >= deadline:
-            return unknown, self._timed_out(None)
-        return "delivered", ""
+            return unknown, self._timed_out(None), 0.0
+        return "delivered", "", 0.0
 
     def _timed_out(self, exc: BaseException | None) -> str:
         text = f"timed out after {self.config.delivery_timeout}s"
@@ -445,8 +500,9 @@ class DeliveryStep(OutboxBase):
             async with asyncio.timeout(self.config.delivery_timeout):
                 await result
 
-    async def _verify(self, entry: Entry, ws: str, ses: str) -> tuple[str, str]:
-        verifier = self.verifier
+    async def _verify(
+        self, entry: Entry, ws: str, ses: str, verifier: Callable[..., Any] | None
+    ) -> tuple[str, str]:
         if verifier is None:
             return "unverifiable", "outcome unknown and no verifier is configured"
         try:
@@ -471,7 +527,14 @@ class DeliveryStep(OutboxBase):
         return result
 
     async def _asettle(
-        self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
+        self,
+        ws: str,
+        ses: str,
+        token: str,
+        entry: Entry,
+        outcome: str,
+        error: str,
+        hold: float = 0.0,
     ) -> str:
         """Record an outcome, retrying while Valkey is briefly unavailable.
 
@@ -481,7 +544,7 @@ class DeliveryStep(OutboxBase):
         verifying once the lease expires — safe, only slower).
         """
         return await retry_unavailable(
-            lambda: self._arun(self._settle_plan(ws, ses, token, entry, outcome, error)),
+            lambda: self._arun(self._settle_plan(ws, ses, token, entry, outcome, error, hold)),
             patience=self.config.lock_ttl / 2,
             first_delay=0.05,
             max_delay=1.0,
@@ -489,7 +552,14 @@ class DeliveryStep(OutboxBase):
         )
 
     def _settle_plan(
-        self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
+        self,
+        ws: str,
+        ses: str,
+        token: str,
+        entry: Entry,
+        outcome: str,
+        error: str,
+        hold: float = 0.0,
     ) -> Plan[str]:
         # Durable before entry_delivered fires: a delivered-settle lost in a
         # failover would be verified again and fire the signal a second time.
@@ -505,7 +575,8 @@ class DeliveryStep(OutboxBase):
                     clean_text(error, MAX_ERROR_CHARS),
                     self.config,
                     RECEIPT_TTL_MS,
-                ),
+                )
+                + (hold_argv(hold, self.config) if outcome == "held" else []),
             )
         )
         if unacknowledged is not None:
@@ -667,6 +738,15 @@ class DeliveryStep(OutboxBase):
                 listener(step, outcome, result, seconds)
             except Exception:
                 logger.exception("outbox: step listener failed")
+
+    def _tell_agent_listeners(
+        self, agent: str, step: str, outcome: str, result: str, seconds: float
+    ) -> None:
+        for listener in self.agent_step_listeners:
+            try:
+                listener(agent, step, outcome, result, seconds)
+            except Exception:
+                logger.exception("outbox: agent step listener failed")
 
     # -- recovery ---------------------------------------------------------------------------
 

@@ -199,6 +199,45 @@ def _send_now(ids: list[Any], session_key: str | None) -> None:
         logger.warning("outbox: could not push a revocation: %s", redact(str(exc)))
 
 
+# -- a socket's membership ------------------------------------------------------------
+
+
+async def join_user_group(socket: Any, user_id: str | None) -> None:
+    """Put ``socket`` (an :class:`~django_outbox.ws.consumer.OutboxConsumer`) in the
+    group revocations of ``user_id`` go to (None: an anonymous user, no group), and note
+    its login session (``socket.user_group``, ``socket.session_digest``). Raises what
+    the channel layer raises."""
+    if user_id is None or socket.user_group is not None:
+        return
+    group = user_group(user_id)
+    await socket.channel_layer.group_add(group, socket.channel_name)
+    socket.user_group = group
+    session = socket.scope.get("session")
+    socket.session_digest = session_digest(getattr(session, "session_key", None))
+
+
+async def rejoin_user_group(socket: Any) -> None:
+    """Join the user's group again (channels-redis forgets members after
+    ``group_expiry``); logs and returns on failure (the periodic check still runs)."""
+    if socket.user_group is None:
+        return
+    try:
+        await socket.channel_layer.group_add(socket.user_group, socket.channel_name)
+    except Exception as exc:
+        consumer_logger.warning("outbox: cannot re-join a user's group: %s", redact(str(exc)))
+
+
+async def leave_user_group(socket: Any) -> None:
+    """Leave the user's group (never raises: the layer's group expiry drops it)."""
+    if socket.user_group is None:
+        return
+    group, socket.user_group = socket.user_group, None
+    try:
+        await socket.channel_layer.group_discard(group, socket.channel_name)
+    except Exception as exc:
+        consumer_logger.warning("outbox: cannot leave a user's group: %s", redact(str(exc)))
+
+
 # -- Django's own revocations ---------------------------------------------------------
 
 

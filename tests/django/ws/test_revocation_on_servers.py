@@ -173,10 +173,12 @@ class Watcher:
         return self.code
 
     async def still_open(self) -> None:
-        """A resync is still answered with a snapshot: the socket was not closed."""
+        """A resync is still answered (a snapshot, or ``queue.current`` when nothing
+        changed): the socket was not closed."""
         before = len(self.frames)
         await self.ws.send('{"type": "resync"}')
-        await self.until(lambda w: any(f["type"] == "queue.snapshot" for f in w.frames[before:]))
+        answers = ("queue.snapshot", "queue.current")
+        await self.until(lambda w: any(f["type"] in answers for f in w.frames[before:]))
         assert self.closed_at is None
 
     async def close(self) -> None:
@@ -184,10 +186,24 @@ class Watcher:
         await self.closed()
 
 
+#: Every socket a test opened, closed at its end whatever happened (see :func:`_closed`).
+OPENED: list[Watcher] = []
+
+
+@pytest.fixture(autouse=True)
+async def _closed():
+    yield
+    while OPENED:
+        watcher = OPENED.pop()
+        watcher.ws.transport.abort()
+        await asyncio.wait([watcher._reader], timeout=5)
+
+
 async def watch(server: Server, headers: dict[str, str], ses: str = "s1") -> Watcher:
     """Open alice's queue socket on ``server`` and wait for its snapshot."""
     ws = await connect(server.queue_url("alice", ses), additional_headers=headers)
     watcher = Watcher(ws)
+    OPENED.append(watcher)
     await watcher.until(lambda w: any(f["type"] == "queue.snapshot" for f in w.frames))
     return watcher
 
