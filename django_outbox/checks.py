@@ -3,7 +3,8 @@
 IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 
 - ``E001`` the ``OUTBOX`` settings are invalid
-- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY / ROUTER does not import or call
+- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ABORTER / ACCESS_POLICY / ROUTER does not import
+  or call
 - ``E003`` Valkey's ``maxmemory-policy`` is not ``noeviction`` (it would delete queued messages)
 - ``E004`` the outbox WebSocket consumer is routed (by ``ASGI_APPLICATION``, or by the
   project's ``asgi`` module next to the settings) but no channel layer is configured
@@ -590,3 +591,36 @@ def _check_origin_validation() -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+#: Cache backends in which DRF's throttles count nothing at all.
+_UNCOUNTING_CACHES = ("django.core.cache.backends.dummy.DummyCache",)
+
+
+@checks.register("outbox")
+def check_accept_throttle(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W014: ``USER_ACCEPTS_PER_MINUTE_ALL`` is on, but Django's default cache, where the
+    REST accept's throttle counts, keeps nothing (``DummyCache``): no bound applies to a
+    user over workspaces (docs/explanation/idempotency.md#per-user-bounds)."""
+    try:
+        conf = outbox_settings()
+    except ImproperlyConfigured:
+        return []  # E001 says so
+    if not conf.user_accepts_per_minute_all:
+        return []
+    backend = getattr(settings, "CACHES", {}).get("default", {}).get("BACKEND", "")
+    if backend not in _UNCOUNTING_CACHES:
+        return []
+    return [
+        checks.Warning(
+            f"OUTBOX['USER_ACCEPTS_PER_MINUTE_ALL'] is "
+            f"{conf.user_accepts_per_minute_all}, but the default cache ({backend}) counts "
+            "nothing: no bound applies to one user's accepts over every workspace, so a "
+            "user the access policy lets into many workspaces may accept the per-workspace "
+            "bounds that many times over.",
+            hint="Point CACHES['default'] at a shared cache (Redis/Valkey, Memcached), or "
+            "set OUTBOX['USER_ACCEPTS_PER_MINUTE_ALL'] = 0 to say you bound users otherwise "
+            "(docs/explanation/idempotency.md#per-user-bounds).",
+            id="django_outbox.W014",
+        )
+    ]

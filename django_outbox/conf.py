@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -38,6 +39,7 @@ from .core.config import (
     DURATION,
     DURATION_OR_ZERO,
     FLAG,
+    OPTIONAL_LIMIT,
     Config,
     ConfigError,
     Setting,
@@ -45,7 +47,7 @@ from .core.config import (
     kinds,
     setting,
 )
-from .core.redaction import redact, remember_credentials, remember_url
+from .core.redaction import redact, remember_credentials, remember_secret, remember_url
 
 DEFAULT_ACCESS_POLICY = "django_outbox.policy.staff_only"
 
@@ -70,6 +72,9 @@ OWN_SETTINGS: dict[str, Setting] = {
     "LEDGER_PROBE": Setting(
         None, kind=_callable_or_path, doc="asks the agent's ledger how far an error entry got"
     ),
+    "ABORTER": Setting(
+        None, kind=_callable_or_path, doc="ends the agent's running turn (cutting a turn)"
+    ),
     "ACCESS_POLICY": Setting(
         DEFAULT_ACCESS_POLICY, kind=_callable_or_path, doc="who may use which workspace"
     ),
@@ -87,6 +92,12 @@ OWN_SETTINGS: dict[str, Setting] = {
     ),
     "ROUTER": Setting(
         None, kind=_callable_or_path, doc="(workspace_id, session_id) -> the agent's name"
+    ),
+    "LANGGRAPH": Setting(None, kind=None, doc="the built-in LangGraph backend's block"),
+    "USER_ACCEPTS_PER_MINUTE_ALL": Setting(
+        60,
+        kind=OPTIONAL_LIMIT,
+        doc="one user's REST accepts per minute over every workspace (a DRF throttle); 0/None: off",
     ),
 }
 OWN_KEYS = frozenset(OWN_SETTINGS)
@@ -118,6 +129,13 @@ class OutboxSettings:
     agents: Mapping[str, AgentSettings] = field(default_factory=dict)
     #: ``OUTBOX["ROUTER"]``: a callable or its dotted path, or None.
     router: Any = None
+    #: ``OUTBOX["LANGGRAPH"]``, or None when the block is absent.
+    langgraph: LangGraphSettings | None = None
+    #: ``OUTBOX["USER_ACCEPTS_PER_MINUTE_ALL"]`` (0: off): django_outbox.api.throttling.
+    user_accepts_per_minute_all: int = 60
+    #: ``OUTBOX["ABORTER"]``: ``abort(entry, *, workspace_id, session_id)`` or its dotted
+    #: path, or None (docs/howto/cutting.md).
+    aborter: Any = None
 
     def resolve(self, key: str) -> Callable[..., Any] | None:
         """Import and return the callable configured for ``key`` (e.g. ``"DELIVERER"``).
@@ -464,6 +482,123 @@ def _opencode(raw: Any, delivery_timeout: float) -> OpencodeSettings | None:
     return OpencodeSettings(**values)
 
 
+# --- OUTBOX["LANGGRAPH"] -----------------------------------------------------------------
+
+#: Default of ``OUTBOX["LANGGRAPH"]["THREAD_NAMESPACE"]``: the UUID namespace of the
+#: thread IDs (uuid5 of workspace and session; docs/howto/langgraph.md).
+DEFAULT_LANGGRAPH_NAMESPACE = "6f7c2d0e-4b1a-5c8e-9a3d-0d1b2c3e4f50"
+
+
+def _langgraph_url(key: str, value: Any) -> str:
+    """An http(s) URL without a trailing slash and without credentials (the key goes in
+    API_KEY); a URL's credentials are remembered for redaction all the same."""
+    if isinstance(value, str):
+        remember_url(value)
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            parts = None
+        if parts is not None and parts.scheme in ("http", "https") and parts.netloc:
+            if "@" in parts.netloc:
+                raise ConfigError(key, "must not carry credentials; set API_KEY instead")
+            return value.rstrip("/")
+    shown = redact(value) if isinstance(value, str) else value
+    raise ConfigError(key, f"must be an http(s) URL such as http://127.0.0.1:2024, got {shown!r}")
+
+
+def _assistant_id(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(key, "must be a non-empty string (a graph name or assistant UUID)")
+    return value
+
+
+def _api_key(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or any(c in value for c in "\r\n"):
+        raise ConfigError(key, "must be a non-empty string on one line, or None")
+    return value
+
+
+def _namespace(key: str, value: Any) -> str:
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        raise ConfigError(key, f"must be a UUID, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class LangGraphSettings:
+    """Validated ``OUTBOX["LANGGRAPH"]`` (docs/howto/langgraph.md): each key is a field
+    below, in lower case. ``url`` is stored without a trailing slash, timeouts in float
+    seconds, ``thread_namespace`` as a canonical UUID string."""
+
+    url: str = setting("", kind=_langgraph_url, doc="the LangGraph Agent Server; required")
+    assistant_id: str = setting(
+        "", kind=_assistant_id, doc="the graph name or assistant ID each run uses; required"
+    )
+    api_key: str | None = setting(None, kind=_api_key, doc="sent as X-Api-Key; no key when None")
+    connect_timeout: float = setting(5.0, kind=DURATION, doc="connecting to the server")
+    request_timeout: float = setting(
+        30.0, kind=DURATION, doc="each read of a thread, run, search or cancel request"
+    )
+    timeout: float = setting(
+        declared(Config)["delivery_timeout"].default,
+        kind=DURATION,
+        doc="waiting for a run to finish; the default is DELIVERY_TIMEOUT",
+    )
+    max_response_bytes: int = setting(
+        DEFAULT_MAX_RESPONSE_BYTES, kind=_response_bytes, doc="the most read of one answer"
+    )
+    thread_namespace: str = setting(
+        DEFAULT_LANGGRAPH_NAMESPACE,
+        kind=_namespace,
+        doc="the UUID namespace of the thread IDs",
+    )
+
+
+_LANGGRAPH = declared(LangGraphSettings)
+#: The keys of ``OUTBOX["LANGGRAPH"]``.
+LANGGRAPH_KEYS = frozenset(name.upper() for name in _LANGGRAPH)
+
+
+def _langgraph(raw: Any, delivery_timeout: float) -> LangGraphSettings | None:
+    """Validate ``OUTBOX["LANGGRAPH"]``; None when it is absent."""
+    if raw is None:
+        return None
+    return langgraph_block(raw, delivery_timeout)
+
+
+def langgraph_block(
+    raw: Any, delivery_timeout: float, where: str = "OUTBOX['LANGGRAPH']"
+) -> LangGraphSettings:
+    """Validate one LangGraph block: ``OUTBOX["LANGGRAPH"]``, or the options of an
+    ``AGENTS`` entry (``where`` names it in the errors). Raises ``ImproperlyConfigured``
+    naming the key and its rule (docs/howto/langgraph.md#settings)."""
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict")
+    unknown = sorted(set(raw) - LANGGRAPH_KEYS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{where} has unknown keys {unknown}; known: {sorted(LANGGRAPH_KEYS)}"
+        )
+    # Remembered before anything is checked: a wrong later key never shows the key.
+    remember_secret(raw.get("API_KEY"))
+    for key in ("URL", "ASSISTANT_ID"):
+        if raw.get(key) is None:
+            raise ImproperlyConfigured(f"{where}[{key!r}] is required")
+    defaults = {name: declaration.default for name, declaration in _LANGGRAPH.items()}
+    defaults["timeout"] = delivery_timeout  # TIMEOUT's default is DELIVERY_TIMEOUT
+    values: dict[str, Any] = {}
+    try:
+        for name, kind in kinds(LangGraphSettings).items():
+            key = name.upper()
+            values[name] = kind(key, raw.get(key, defaults[name]))
+    except ConfigError as exc:
+        raise ImproperlyConfigured(f"{where}[{exc.key!r}] {exc.rule}") from exc
+    return LangGraphSettings(**values)
+
+
 # --- the whole OUTBOX dict ---------------------------------------------------------------
 
 
@@ -492,6 +627,9 @@ def _build() -> OutboxSettings:
         opencode=_opencode(raw.get("OPENCODE"), config.delivery_timeout),
         agents=_agents(raw.get("AGENTS"), own["DELIVERER"] is not None, own["ROUTER"] is not None),
         router=own["ROUTER"],
+        langgraph=_langgraph(raw.get("LANGGRAPH"), config.delivery_timeout),
+        user_accepts_per_minute_all=own["USER_ACCEPTS_PER_MINUTE_ALL"],
+        aborter=own["ABORTER"],
     )
 
 

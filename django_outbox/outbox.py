@@ -285,6 +285,7 @@ def get_outbox() -> Outbox:
                 deliverer=s.resolve("DELIVERER"),
                 verifier=s.resolve("VERIFIER"),
                 ledger_probe=s.resolve("LEDGER_PROBE"),
+                aborter=s.resolve("ABORTER"),
                 agents=s.resolve_agents(),
                 router=s.resolve_router(),
                 config=s.config,

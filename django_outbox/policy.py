@@ -91,6 +91,16 @@ ACCESS_TABLE: tuple[AccessRow, ...] = (
         rest=(f"DELETE {_WORKSPACE}",),
         admin_actions=("cleanup_workspaces",),
     ),
+    # Cutting the running turn (docs/howto/cutting.md): whoever may send prompts into a
+    # session may stop its turn, so it is granted with the accept permission.
+    AccessRow(
+        "interrupt",
+        "add_outboxentry",
+        rest=(
+            "POST api/workspaces/<str:workspace_id>/sessions/<str:session_id>/interrupt/",
+            f"POST {_ENTRY}send-now/",
+        ),
+    ),
 )
 
 #: Every action, in table order.

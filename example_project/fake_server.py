@@ -17,6 +17,7 @@ Routes here (a layer may add more by overriding :meth:`FakeOpencodeServer.route`
   message first (a repeated ``messageID`` appends its parts to that message, as opencode
   does), then runs the turn the layer plans (:meth:`FakeOpencodeServer.plan_turn`) and
   answers the assistant message
+- ``POST /session/{id}/abort``: ends the session's running turn (docs/howto/cutting.md)
 - ``GET /session/{id}/message`` (the transcript: ``[{"info", "parts"}, ...]``) and
   ``GET /session/{id}/message/{messageID}`` (404 ``NotFoundError`` before it exists)
 
@@ -143,6 +144,8 @@ class FakeOpencodeServer:
         self._last_ms = 0
         self._counter = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        #: session id -> set by ``POST /session/{id}/abort``: ends the running turn
+        self._aborts: dict[str, asyncio.Event] = {}
 
     # -- layer hooks ------------------------------------------------------------------
 
@@ -219,7 +222,15 @@ class FakeOpencodeServer:
             "parts": [],
         }
         self.transcripts[sid].append(assistant)
-        await sleep(turn.seconds)
+        aborted = self._aborts.setdefault(sid, asyncio.Event())
+        aborted.clear()
+        turn_done = asyncio.ensure_future(sleep(turn.seconds))
+        abort_seen = asyncio.ensure_future(aborted.wait())
+        try:
+            await asyncio.wait({turn_done, abort_seen}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            turn_done.cancel()
+            abort_seen.cancel()
         assistant["info"]["time"]["completed"] = int(time.time() * 1000)
         assistant["parts"].append(
             {
@@ -345,6 +356,8 @@ class FakeOpencodeServer:
                 return "list_messages", (parts[1],)
             if method == "GET" and len(parts) == 4:
                 return "get_message", (parts[1], parts[3])
+        if method == "POST" and len(parts) == 3 and parts[0] == "session" and parts[2] == "abort":
+            return "abort", (parts[1],)
         return None
 
     async def handle(self, name: str, request: Request, *args: str) -> Reply:
@@ -389,6 +402,14 @@ class FakeOpencodeServer:
         if turn.cut_after_store:
             raise Cut
         return json_reply(200, await self._run_turn(sid, mid, turn))
+
+    def on_abort(self, request: Request, sid: str) -> Reply:
+        """``POST /session/{id}/abort``: end the running turn (it completes at once); 200
+        ``true`` whether or not one runs, as opencode answers."""
+        if sid not in self.transcripts:
+            return not_found(f"Session not found: {sid}")
+        self._aborts.setdefault(sid, asyncio.Event()).set()
+        return json_reply(200, True)
 
     def on_list_messages(self, request: Request, sid: str) -> Reply:
         """``GET /session/{id}/message``: the whole transcript."""

@@ -322,6 +322,7 @@ TEST_FOLDERS = {
     "django",
     "opencode",
     "agents",
+    "langgraph",
     "cluster",
     "faults",
     "browser",

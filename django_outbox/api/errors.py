@@ -18,8 +18,10 @@ body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``           413     ``too_large``
 ``InvalidIdentifier`` (ID in the path)              400     ``invalid_identifier``
 body shape / content rule (serializer)              400     ``invalid`` + ``fieldErrors``
 ``InvalidContent`` (a content rule of the core)     400     ``invalid``
+``ModelNotAllowed`` (not in ``OUTBOX["MODELS"]``)   400     ``model_not_allowed``
 ``RetryResult``/``DismissResult.NOT_FOUND``         404     ``not_found``
 ``RetryResult``/``DismissResult.BUSY``              409     ``busy``
+``CutNotSupported`` (no ``ABORTER``)                409     ``not_supported``
 ``OutboxUnavailable``                               503     ``unavailable`` + ``accepted``
 ``KeySpaceClaimed`` (another project's key space)   503     ``unavailable`` + ``accepted``
 ==================================================  ======  ==============================
@@ -48,10 +50,12 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..errors import (
     ContentTooLarge,
+    CutNotSupported,
     IdempotencyConflict,
     InvalidContent,
     InvalidIdentifier,
     KeySpaceClaimed,
+    ModelNotAllowed,
     OutboxFull,
     OutboxUnavailable,
     RateLimited,
@@ -130,6 +134,8 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
         return error_response(
             status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, "too_large", f"{exc}. Nothing was stored."
         )
+    if isinstance(exc, ModelNotAllowed):  # before InvalidContent: it is one
+        return error_response(status.HTTP_400_BAD_REQUEST, "model_not_allowed", f"{exc}.")
     if isinstance(exc, InvalidContent):
         return error_response(status.HTTP_400_BAD_REQUEST, "invalid", str(exc))
     if isinstance(exc, InvalidIdentifier):
@@ -173,6 +179,13 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             "configuration; nothing was changed.",
             headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)},
             accepted=False,
+        )
+    if isinstance(exc, CutNotSupported):
+        return error_response(
+            status.HTTP_409_CONFLICT,
+            "not_supported",
+            "The agent's running turn cannot be cut here: no OUTBOX['ABORTER'] is configured; "
+            "nothing was stored or changed.",
         )
     if isinstance(exc, OutboxUnavailable):
         logger.warning("outbox API: %s", exc)

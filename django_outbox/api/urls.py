@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+from .cutting import MessageSendNowView, SessionInterruptView
 from .views import (
     MessageRetryView,
     MessagesView,
@@ -37,5 +38,11 @@ urlpatterns = [
         "workspaces/<str:workspace_id>/unpark/",
         WorkspaceUnparkView.as_view(),
         name="api-workspace-unpark",
+    ),
+    path(f"{_SESSION}interrupt/", SessionInterruptView.as_view(), name="api-session-interrupt"),
+    path(
+        f"{_SESSION}messages/<str:entry_id>/send-now/",
+        MessageSendNowView.as_view(),
+        name="api-message-send-now",
     ),
 ]

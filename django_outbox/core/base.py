@@ -25,6 +25,7 @@ from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
 from .errors import OutboxUnavailable
 from .history import HistoryCounter
 from .keys import KeySpace, SessionKeys
+from .paging import valid_identifiers
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
 from .replies import SnapshotReply
 from .scripts import session_prefix
@@ -38,7 +39,7 @@ class OutboxBase(AgentRouting, Transport):
     """The shared floor of :class:`~django_outbox.core.service.Outbox`.
 
     ``OutboxBase(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=...,
-    ledger_probe=..., **tunables)`` where tunables are the snake_case names of
+    ledger_probe=..., aborter=..., **tunables)`` where tunables are the snake_case names of
     :class:`~django_outbox.core.config.Config` (durations in seconds), or
     ``config=Config(...)``. ``clock`` is None (the default: every time decision is
     taken on Valkey's clock) or returns seconds since the epoch (tests).
@@ -360,10 +361,10 @@ class OutboxBase(AgentRouting, Transport):
         """Every workspace with sessions, sorted (one SMEMBERS per shard on a cluster)."""
         answers = yield Pipe([Cmd(("SMEMBERS", k)) for k in self.keys.index_keys("workspaces")])
         members: set[str] = set()
-        for answer in answers:
+        for key, answer in zip(self.keys.index_keys("workspaces"), answers, strict=True):
             if isinstance(answer, Exception):
                 raise answer
-            members.update(as_text(m) for m in answer)
+            members.update(valid_identifiers(answer, key))  # a corrupt member is skipped
         return sorted(members)
 
     def workspaces(self) -> builtins.list[str]:

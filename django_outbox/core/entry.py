@@ -60,6 +60,40 @@ class DismissResult(enum.Enum):
     BUSY = "busy"
 
 
+class InterruptResult(enum.Enum):
+    """Result of :meth:`Outbox.interrupt` and :meth:`Outbox.cut` (docs/howto/cutting.md).
+
+    ``CUT``: the turn in flight is marked cut, the lease holder aborts it and its outcome
+    is verified; ``ALREADY``: it was cut before (idempotent); ``IDLE``: nothing is in
+    flight; ``QUEUED``: the named entry waits in the queue and was never sent (nothing
+    to cut: cancel it as a queued prompt); ``NOT_FOUND``; ``NOT_SUPPORTED``: no aborter
+    is configured (REST: 409 ``not_supported``)."""
+
+    CUT = "cut"
+    ALREADY = "already"
+    IDLE = "idle"
+    QUEUED = "queued"
+    NOT_FOUND = "not_found"
+    NOT_SUPPORTED = "not_supported"
+
+
+class SendNowResult(enum.Enum):
+    """Result of :meth:`Outbox.send_now` (docs/howto/cutting.md).
+
+    ``CUT``: the prompt is the session's next and the turn in flight is cut; ``ALREADY``:
+    next, and that turn was cut before; ``MOVED``: next, nothing was in flight; ``BUSY``:
+    the entry is not a queued prompt (in flight, being verified, in error or parked; REST
+    409 ``busy``); ``NOT_FOUND``; ``NOT_SUPPORTED``: no aborter is configured (nothing
+    moved; REST 409 ``not_supported``)."""
+
+    CUT = "cut"
+    ALREADY = "already"
+    MOVED = "moved"
+    BUSY = "busy"
+    NOT_FOUND = "not_found"
+    NOT_SUPPORTED = "not_supported"
+
+
 # Ledger states reported by a ledger probe (the seed's frozen ABI enum names).
 LEDGER_STATE_LEDGERED = "LEDGER_STATE_LEDGERED"
 LEDGER_STATE_ADMITTED = "LEDGER_STATE_ADMITTED"
@@ -159,7 +193,7 @@ def new_entry_id(now_ms: int | None = None) -> str:
 
 # --- the entry ----------------------------------------------------------------
 
-_STATE_FIELDS = (
+_STATE_FIELDS: tuple[tuple[str, str], ...] = (
     # (JSON name, attribute name); this order is also the Lua encoder's.
     ("id", "id"),
     ("status", "status"),
@@ -176,6 +210,9 @@ _STATE_FIELDS = (
     ("lastError", "last_error"),
     ("deliveredAt", "delivered_at"),
 )
+#: ``interrupted``: the entry's turn was cut (docs/howto/cutting.md); after deliveredAt,
+#: as in lib/entry.lua's ORDER.
+_STATE_FIELDS += (("interrupted", "interrupted"),)
 _CONTENT_FIELDS = (
     ("clientMessageID", "client_message_id"),
     ("userID", "user_id"),
@@ -183,7 +220,7 @@ _CONTENT_FIELDS = (
     ("model", "model"),
     ("traceparent", "traceparent"),
 )
-_ZERO_OMITTED = {"verifyAttempts", "transientFails", "holds", "seq"}
+_ZERO_OMITTED = {"verifyAttempts", "transientFails", "holds", "seq", "interrupted"}
 _STRING_FIELDS = {
     "reason": "reason",
     "lastError": "last_error",
@@ -277,6 +314,10 @@ class Entry:
     traceparent: str | None = None
     #: Place in the session's accept order (the session's version at accept).
     seq: int = 0
+    #: The entry's turn was cut (``interrupted``): while it is in flight or being
+    #: verified, a cut is under way; on a delivered entry, the agent got it and its turn
+    #: was cut (docs/howto/cutting.md). Omitted from JSON while False.
+    interrupted: bool = False
     #: Set by ``list`` / snapshots only, never stored (``blockedByInFlight``): a pending
     #: entry waiting behind a delivery in flight in its session.
     blocked_by_in_flight: bool = False
@@ -340,6 +381,8 @@ class Entry:
             raise ValueError("clientMessageID must be 1 to 128 printable ASCII characters")
         if "model" in kwargs and not isinstance(kwargs["model"], dict):
             raise ValueError("model must be a JSON object")
+        if not isinstance(kwargs.get("interrupted", False), bool):
+            raise ValueError("interrupted must be a boolean")
         if kwargs.get("parked_from") not in (None, *_PARKED_FROM):
             raise ValueError(f"parkedFrom must be one of {sorted(_PARKED_FROM)}")
         try:

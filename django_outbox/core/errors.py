@@ -85,6 +85,20 @@ class InvalidContent(OutboxError, ValueError):
     :mod:`django_outbox.core.rules` (HTTP 400); the message names the rule."""
 
 
+class ModelNotAllowed(InvalidContent):
+    """The prompt's model selector is not in ``OUTBOX["MODELS"]`` (HTTP 400
+    ``model_not_allowed``); ``name`` is the ``"providerID/modelID"`` asked for, or None
+    when the selector names none (docs/reference/settings.md#models)."""
+
+    def __init__(self, name: str | None) -> None:
+        if name is None:
+            message = 'model must name a "providerID" and a "modelID" (OUTBOX["MODELS"] is set)'
+        else:
+            message = f"model {name!r} is not allowed here (OUTBOX['MODELS'])"
+        super().__init__(message)
+        self.name = name
+
+
 class ContentTooLarge(InvalidContent):
     """Text or model is larger than allowed (HTTP 413); ``size`` and ``limit`` in bytes."""
 
@@ -133,6 +147,12 @@ class ServerUnsupported(OutboxError):
     def __init__(self, unmet: list[Any]) -> None:
         super().__init__(" ".join(f"{u.message} {u.hint}" for u in unmet))
         self.unmet = unmet
+
+
+class CutNotSupported(OutboxError):
+    """A running turn cannot be cut: no aborter is configured for the session's agent
+    (``OUTBOX["ABORTER"]``). Raised by :meth:`Outbox.accept_interrupting` before anything
+    is stored (REST: 409 ``not_supported``; docs/howto/cutting.md)."""
 
 
 class SignalOwed(Exception):

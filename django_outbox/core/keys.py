@@ -148,6 +148,14 @@ class KeySpace:
         (docs/reference/websocket.md)."""
         return f"{self.prefix}sockets:{{u{user_digest(user_id)}}}"
 
+    def cut(self, workspace_id: str, session_id: str) -> str:
+        """STRING ``<prefix>cut:{ws}:ses``: the ID of the entry whose turn was just cut,
+        for the lease holder to notice (expires after ``LOCK_TTL``; the durable mark is
+        the entry's ``interrupted``, docs/howto/cutting.md)."""
+        ws = check_identifier("workspace ID", workspace_id)
+        ses = check_identifier("session ID", session_id)
+        return f"{self.prefix}cut:{{{ws}}}:{ses}"
+
     def due(self, workspace_id: str) -> str:
         ws = check_identifier("workspace ID", workspace_id)
         return f"{self.prefix}due:{{{ws}}}"
@@ -208,6 +216,15 @@ class KeySpace:
 
     def heartbeat(self, worker_id: str) -> str:
         return f"{self.heartbeat_prefix}{worker_id}"
+
+    def owed_failures(self, workspace_id: str, session_id: str) -> str:
+        """HASH entry ID -> how many firings of its owed ``entry_delivered`` failed (an
+        opted-in receiver raised); ``MAX_RECEIVER_ATTEMPTS`` of them hold it for staff
+        (docs/reference/signals.md#a-receiver-that-keeps-failing). Expires
+        ``DEDUPE_TTL`` after its last failure."""
+        ws = check_identifier("workspace ID", workspace_id)
+        ses = check_identifier("session ID", session_id)
+        return f"{self.prefix}owedfail:{{{ws}}}:{ses}"
 
 
 def dedupe_marker(user_id: str, client_message_id: str) -> str:

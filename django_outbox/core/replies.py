@@ -108,8 +108,10 @@ class SettleReply:
     """``lib/settle.lua`` (``settle.lua``, ``settle_delivered.lua``).
 
     ``kind``: ``removed`` (delivered: ``entry`` staged as delivered), ``updated``
-    (``entry`` as it is now), ``replayed`` (this settle ran before and its reply was
-    lost: ``replayed`` says ``removed`` or ``updated``), ``lost`` (the lease is not the
+    (``entry`` as it is now), ``cancelled`` (a cut entry proven absent, removed:
+    ``entry`` as it was; docs/howto/cutting.md), ``replayed`` (this settle ran before
+    and its reply was lost: ``replayed`` says ``removed``, ``updated`` or
+    ``cancelled``), ``lost`` (the lease is not the
     holder's) or ``gone``. ``delivered`` is True when the delivery is recorded (now or
     by the replayed call)."""
 
@@ -126,7 +128,7 @@ class SettleReply:
     @classmethod
     def parse(cls, answer: Sequence[Any]) -> SettleReply:
         kind = _text(answer[0])
-        if kind in ("removed", "updated"):
+        if kind in ("removed", "updated", "cancelled"):
             return cls(kind, answer[1], int(answer[2]), bool(answer[3]))
         if kind == "replayed":
             return cls(kind, replayed=_text(answer[1]))
@@ -151,7 +153,7 @@ class SettleNextReply:
 @dataclass(frozen=True, slots=True)
 class OperatorReply:
     """The operator transitions (``retry``, ``dismiss``, ``park``, ``unpark``,
-    ``unpause``, ``rearm_unverifiable``, ``ledger_complete``, ``ledger_rearm``) and
+    ``unpause``, ``rearm_unverifiable``, ``ledger_complete``, ``ledger_rearm``, ``cut``) and
     ``recover.lua`` (``lib/operator.lua``): ``result`` (``updated``, ``removed``,
     ``not_found``, ``busy`` or ``ok``), the session's ``version``, ``count`` (how many
     entries; for ``unpause`` 1 when the pause ended), ``watched`` and the ``changed``

@@ -20,6 +20,7 @@ It also says what comes out: text the outbox did not write is cleaned (:func:`cl
 from __future__ import annotations
 
 import enum
+import fnmatch
 import json
 import re
 import unicodedata
@@ -27,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier
+from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier, ModelNotAllowed
 from .errors import _safe_str as _safe_str
 from .redaction import redact
 
@@ -151,6 +152,30 @@ def validate_content(
     if model is None:
         return
     check_model(model)
+
+
+def model_name(model: object) -> str | None:
+    """The ``"providerID/modelID"`` a model selector names (opencode's shape:
+    ``{"providerID": "anthropic", "modelID": "claude-sonnet-4"}``), or None when it does
+    not hold both as non-empty strings."""
+    if not isinstance(model, dict):
+        return None
+    provider, name = model.get("providerID"), model.get("modelID")
+    if not isinstance(provider, str) or not isinstance(name, str) or not provider or not name:
+        return None
+    return f"{provider}/{name}"
+
+
+def check_model_allowed(model: object, allowed: tuple[str, ...] | None) -> None:
+    """Raise :class:`ModelNotAllowed` unless ``model`` is None, ``allowed`` is None (any
+    valid selector), or the selector's :func:`model_name` matches one of ``allowed``:
+    exact names or ``fnmatch`` patterns (``"anthropic/*"``), case-sensitive. An empty
+    ``allowed`` refuses every model. docs/reference/settings.md#models"""
+    if model is None or allowed is None:
+        return
+    name = model_name(model)
+    if name is None or not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed):
+        raise ModelNotAllowed(name)
 
 
 def check_model(model: object) -> None:

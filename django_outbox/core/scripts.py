@@ -332,3 +332,18 @@ def due_argv(now_us: int, limit: int, *, with_scores: bool = False) -> list[Any]
     members to return (-1: all), and whether to return their scores. KEYS: one
     due-time ZSET."""
     return [now_us, limit, "1" if with_scores else "0"]
+
+
+def cut_argv(entry_id: str, signal_ttl_ms: int) -> list[Any]:
+    """ARGV[6..7] of ``cut.lua``: the entry ID (``""``: the one in flight) and the cut
+    signal's TTL (ms); its extra key is the session's cut signal
+    (:meth:`~django_outbox.core.keys.KeySpace.cut`). Reply:
+    :class:`~django_outbox.core.replies.OperatorReply` (docs/howto/cutting.md)."""
+    return [entry_id, signal_ttl_ms]
+
+
+def send_now_argv(entry_id: str, signal_ttl_ms: int) -> list[Any]:
+    """ARGV[6..7] of ``send_now.lua``: the entry ID and the cut signal's TTL (ms); its
+    extra key is the session's cut signal. Reply:
+    :class:`~django_outbox.core.replies.OperatorReply` (docs/howto/cutting.md)."""
+    return [entry_id, signal_ttl_ms]

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .cutting import TurnCuts
 from .entry import (
     LEDGER_STATE_ADMITTED,
     LEDGER_STATE_FAILED,
@@ -47,6 +48,7 @@ from .reads import QueueReads
 from .replies import AcceptReply, CleanupReply, OperatorReply, SeedReply
 from .rules import (
     check_identifier,
+    check_model_allowed,
     check_printable_reason,
     check_reason,
     check_user_id,
@@ -62,7 +64,6 @@ from .scripts import (
     seed_argv,
     unpause_argv,
 )
-from .step import DeliveryStep
 from .tracing import accept_span, current_traceparent, record
 from .transport import as_text
 from .worker import Worker, WorkerStats
@@ -77,7 +78,7 @@ UNPAUSE_PASSES = 10
 WATCH_TTL = 24 * 3600
 
 
-class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
+class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts):
     """The outbox service: one per process, safe for concurrent use.
 
     ``Outbox(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=..., ledger_probe=...,
@@ -109,6 +110,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
     ) -> Plan[Entry]:
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
+        check_model_allowed(model, self.config.models)
         user_id = check_user_id(user_id)
         if self.key_space_owner is not None and not self._key_space_confirmed:
             yield from self._key_space_plan()  # the process's first accept claims the space
@@ -532,6 +534,8 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
             )
             if events:
                 yield Emit(events)
+            # Failed firings of signals owed there (docs/reference/signals.md).
+            removed += int((yield Cmd(("DEL", self.keys.owed_failures(workspace_id, session_id)))))
         removed += int((yield Cmd(("DEL", self.keys.pause(workspace_id)))))
         # Its per-minute history too (docs/howto/observe.md): every minute of the window,
         # one slot, so a few UNLINKs of many keys each.

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .agents import Agent, UnknownAgent, current_agent
-from .base import OutboxBase
 from .entry import Entry, OutboxEvent, Verdict
 from .errors import (
     AmbiguousError,
@@ -45,8 +44,9 @@ from .errors import (
     TransientDeliveryError,
 )
 from .keys import SessionKeys
+from .owed import OwedSignals
 from .plans import Emit, Eval, Pipe, Plan, iter_once
-from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply, SnapshotReply
+from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply
 from .rules import MAX_ERROR_CHARS, clean_text, describe_error
 from .scripts import (
     claim_argv,
@@ -155,7 +155,7 @@ class LeaseKeeper:
                     logger.warning("outbox: lease %s lost before the delivery ended", token)
 
 
-class DeliveryStep(OutboxBase):
+class DeliveryStep(OwedSignals):
     """The delivery step and recovery (see the module docstring); constructed like
     :class:`~django_outbox.core.base.OutboxBase`."""
 
@@ -329,6 +329,7 @@ class DeliveryStep(OutboxBase):
         self._tell_listeners(step, outcome, result, seconds)
         self._tell_agent_listeners(agent.name if agent else "?", step, outcome, result, seconds)
         if result == "owed":
+            await self._acount_owed_failures(ws, ses, [entry.id])
             self._log_owed(ws, ses, [entry])
         if following is not None:
             return True, Claimed(token, following)
@@ -603,9 +604,10 @@ class DeliveryStep(OutboxBase):
                     if any(e.kind == "delivered" for e in (yield Emit(events))):
                         return "owed"  # a receiver asked for it again: not acknowledged
             kind = "removed"  # the caller acknowledges (release, or the next claim)
-        elif kind == "updated" and reply.entry is not None:
+        elif kind in ("updated", "cancelled") and reply.entry is not None:
+            state = "cancelled" if kind == "cancelled" else None  # cancelled: a cut, never sent
             yield Emit(
-                self._events("updated", [reply.entry], ws, ses, reply.version, None, reply.watched)
+                self._events("updated", [reply.entry], ws, ses, reply.version, state, reply.watched)
             )
         elif kind == "lost":
             logger.warning(
@@ -677,19 +679,6 @@ class DeliveryStep(OutboxBase):
         following = yield from self._claimed(ws, ses, claim)
         return "removed", following
 
-    def _staged_delivered_plan(
-        self, ws: str, ses: str, entry_id: str
-    ) -> Plan[tuple[int, Entry | None]]:
-        """``(version, entry)``: the session's version and the entry as its delivered-settle
-        staged it (with its ``delivered_at``, the receivers' idempotency key), or ``None``
-        when it is no longer staged (another holder fired and acknowledged its signal)."""
-        snapshot = SnapshotReply.parse((yield self._session_eval("snapshot", ws, ses)))
-        for raw in snapshot.staged:
-            staged = Entry.from_json(raw)
-            if staged.id == entry_id and staged.delivered_at is not None:
-                return snapshot.version, staged
-        return snapshot.version, None
-
     def _release_plan(
         self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()
     ) -> Plan[Any]:
@@ -705,6 +694,10 @@ class DeliveryStep(OutboxBase):
         """Fire the entry_delivered a dead holder (or a failed receiver) owed, then
         acknowledge it. If a hook raises SignalOwed nothing is acknowledged and the lease
         is left to expire: the next claim after ``LOCK_TTL`` fires them again."""
+        ids = [e.id for e in owed]
+        failures = await self.aowed_failures(ws, ses)
+        if self._held_for_staff(ws, ses, ids, failures):
+            return  # bounded: it waits for staff; the lease is left to expire
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
         try:
@@ -715,9 +708,12 @@ class DeliveryStep(OutboxBase):
                 )
             )
             if failed:
+                await self._acount_owed_failures(ws, ses, [event.entry.id for event in failed])
                 self._log_owed(ws, ses, owed)
                 return
-            await self._arun(self._release_plan(ws, ses, token, [e.id for e in owed]))
+            await self._arun(self._release_plan(ws, ses, token, ids))
+            if any(i in failures for i in ids):
+                await self._aforget_owed_failures(ws, ses, ids)
         finally:
             keeper.drop(token)
         logger.info("outbox: %s/%s fired %d owed entry_delivered", ws, ses, len(owed))

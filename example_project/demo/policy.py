@@ -22,7 +22,7 @@ from django_outbox.policy import has_outbox_permission, session_scoped
 from .models import AgentSession, Membership
 
 #: What membership of a workspace allows (an allow-list: actions added later are refused).
-MEMBER_ACTIONS = frozenset({"view", "accept", "retry", "dismiss"})
+MEMBER_ACTIONS = frozenset({"view", "accept", "retry", "dismiss", "interrupt"})
 
 
 def session_in_workspace(workspace_id: str, session_id: str) -> bool:

@@ -111,3 +111,46 @@ def transcript_lines(driver):
     return driver.execute_script(
         "return [...document.querySelectorAll('#transcript li')].map(li => li.innerText.trim())"
     )
+
+
+@pytest.mark.slow
+def test_stop_on_the_queue_page_cuts_the_agent_s_turn(tmp_path):
+    """A turn that would take a minute: the user finds Stop on the prompt being delivered,
+    clicks it, and the prompt ends sent with its turn cut (verified in the transcript)."""
+    browser_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    demo = DemoProcess(tmp_path, "--latency", "60").start()
+    driver = start_chrome(tmp_path)
+    wait = WebDriverWait(driver, DEADLINE, poll_frequency=0.05)
+    text = f"stop me {uuid.uuid4().hex[:8]}"
+    try:
+        driver.get(f"{demo.url}/")
+        wait.until(ec.presence_of_element_located((By.ID, "id_username"))).send_keys("demo")
+        driver.find_element(By.ID, "id_password").send_keys("demo")
+        driver.find_element(By.ID, "login-submit").click()
+        prompt = wait.until(ec.element_to_be_clickable((By.ID, "prompt")))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "connection"), "live"))
+        prompt.send_keys(text)
+        driver.find_element(By.ID, "send").click()
+
+        row = f'//ol[@id="queue"]/li[div[@class="text"][.="{text}"]]'
+        stop = wait.until(
+            ec.element_to_be_clickable(
+                (By.XPATH, f'{row}[@data-state="delivering"]//button[.="Stop"]')
+            )
+        )
+        stop.click()
+        sent = wait.until(ec.presence_of_element_located((By.XPATH, f'{row}[@data-state="sent"]')))
+        assert "its turn was cut" in sent.text, sent.text
+        assert not driver.find_element(By.ID, "queue-error").is_displayed()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "transcript"), text))
+        assert transcript_lines(driver).count(text) == 1
+    except Exception:
+        print(demo.log())
+        raise
+    finally:
+        driver.quit()
+        demo.stop()

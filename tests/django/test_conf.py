@@ -393,7 +393,14 @@ def test_every_tunable_is_declared_with_its_rule_and_a_doc_line():
     assert list(kinds(OpencodeSettings)) == [f.name for f in dataclasses.fields(OpencodeSettings)]
     declarations = [*declared(Config).values(), *declared(OpencodeSettings).values()]
     assert all(s.doc for s in [*declarations, *OWN_SETTINGS.values()])
-    assert CALLABLE_KEYS == ("DELIVERER", "VERIFIER", "LEDGER_PROBE", "ACCESS_POLICY", "ROUTER")
+    assert CALLABLE_KEYS == (
+        "DELIVERER",
+        "VERIFIER",
+        "LEDGER_PROBE",
+        "ABORTER",
+        "ACCESS_POLICY",
+        "ROUTER",
+    )
 
 
 def test_every_declared_default_passes_its_own_rule():

@@ -609,3 +609,27 @@ async def test_outbox_cut_before_store_resends_once(fake, client, make_outbox, s
         assert fake.user_texts(sid) == [["hi"]]
     finally:
         await ob.aclose()
+
+
+# --- the aborter (docs/howto/cutting.md) ------------------------------------------------
+
+
+async def test_abort_ends_the_running_turn_and_the_delivery_returns(fake, client):
+    """``POST /session/{id}/abort`` on the (fake) agent ends the turn a delivery waits on;
+    an abort with no turn running is harmless; an unknown session is an HTTP error."""
+    sid = fake.create_session()
+    fake.faults["post_message"] = Fault(delay=math.inf)
+    entry = make_entry("a long turn")
+    delivery = asyncio.ensure_future(deliver(client, entry, sid))
+    deadline = time.monotonic() + 10
+    while not fake.user_texts(sid):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    await client.abort(entry, workspace_id="w1", session_id=sid)
+    await asyncio.wait_for(delivery, 5)  # the turn ended: opencode answered the POST
+    aborts = [(r.method, r.path) for r in fake.requests if r.path.endswith("/abort")]
+    assert aborts == [("POST", f"/session/{sid}/abort")]
+    await client.abort(entry, workspace_id="w1", session_id=sid)  # nothing runs: still 200
+    with pytest.raises(OpencodeHTTPError) as info:
+        await client.abort(entry, workspace_id="w1", session_id="ses_unknown")
+    assert info.value.status == 404

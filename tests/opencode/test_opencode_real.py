@@ -324,3 +324,109 @@ async def test_basic_auth(auth_server):
     finally:
         await good.aclose()
         await bad.aclose()
+
+
+# --- cutting a running turn (docs/howto/cutting.md) ------------------------------------
+
+
+async def _running_assistant(server, sid: str, deadline: float = 10.0) -> dict:
+    """Wait until the session's assistant turn runs (an assistant message without
+    ``time.completed``); return that message's info."""
+    end = time.monotonic() + deadline
+    while True:
+        for m in await server.transcript(sid):
+            if m["info"]["role"] == "assistant" and "completed" not in m["info"]["time"]:
+                return m["info"]
+        assert time.monotonic() < end, await server.transcript(sid)
+        await asyncio.sleep(0.01)
+
+
+async def _turn_completed(server, sid: str, deadline: float = 10.0) -> float:
+    """Wait until every assistant turn of the session is completed; return when
+    (``time.monotonic()``) it was first seen so."""
+    end = time.monotonic() + deadline
+    while True:
+        infos = [
+            m["info"] for m in await server.transcript(sid) if m["info"]["role"] == "assistant"
+        ]
+        if infos and all("completed" in i["time"] for i in infos):
+            return time.monotonic()
+        assert time.monotonic() < end, infos
+        await asyncio.sleep(0.005)
+
+
+def _cutting_outbox(make_outbox, client):
+    return make_outbox(
+        deliverer=client.deliver,
+        verifier=client.verify,
+        aborter=client.abort,
+        verify_delay=0,
+        verify_backoff=0.1,
+        max_verify_backoff=0.5,
+        retry_backoff=0.05,
+        max_backoff=0.2,
+    )
+
+
+async def test_stop_ends_a_real_running_turn_and_the_entry_says_interrupted(
+    server, make_outbox, signals_log
+):
+    """The turn never ends on its own (no provider): Stop makes the lease holder abort
+    it through ``POST /session/{id}/abort``; opencode completes the turn, and the
+    verifier finds the prompt, so the entry ends delivered, once, ``interrupted``."""
+    from django_outbox import InterruptResult
+
+    sid = await server.new_session()
+    client = OpencodeClient(server.base_url)
+    ob = _cutting_outbox(make_outbox, client)
+    try:
+        entry = await ob.aaccept("w1", sid, user_id="u", client_message_id="k1", text="stop me")
+        later = await ob.aaccept("w1", sid, user_id="u", client_message_id="k2", text="later")
+        step = asyncio.ensure_future(ob.adeliver_once("w1", sid))
+        await _running_assistant(server, sid)
+        assert await ob.ainterrupt("w1", sid) is InterruptResult.CUT
+        await _turn_completed(server, sid)
+        assert await asyncio.wait_for(step, 10)
+        (head, queued) = await ob.alist("w1", sid)
+        assert (head.id, head.status, head.interrupted) == (entry.id, Status.VERIFYING, True)
+        assert queued.id == later.id
+        assert await ob.adeliver_once("w1", sid)  # the verification
+        (done,) = [e for e, _ in signals_log.calls["delivered"] if e.id == entry.id]
+        assert done.interrupted is True
+        assert [e.id for e in await ob.alist("w1", sid)] == [later.id]
+        assert await server.user_messages(sid) == [(message_id_for(entry), ["stop me"])]
+    finally:
+        await ob.aclose()
+        await client.aclose()
+
+
+async def test_time_from_stop_to_the_real_turn_ending(server, make_outbox):
+    """Measured: from the interrupt request to opencode's turn completed, over 20 runs
+    (the holder's cut poll is 0.25 s; docs/howto/cutting.md states the figures)."""
+    from django_outbox import InterruptResult
+
+    client = OpencodeClient(server.base_url)
+    ob = _cutting_outbox(make_outbox, client)
+    times = []
+    try:
+        for i in range(20):
+            sid = await server.new_session()
+            await ob.aaccept("w1", sid, user_id="u", client_message_id=f"k{i}", text=f"run {i}")
+            step = asyncio.ensure_future(ob.adeliver_once("w1", sid))
+            await _running_assistant(server, sid)
+            started = time.monotonic()
+            assert await ob.ainterrupt("w1", sid) is InterruptResult.CUT
+            times.append(await _turn_completed(server, sid) - started)
+            assert await asyncio.wait_for(step, 10)
+            assert await ob.adeliver_once("w1", sid)
+            assert await ob.alist("w1", sid) == []
+    finally:
+        await ob.aclose()
+        await client.aclose()
+    times.sort()
+    p50, p99 = times[len(times) // 2], times[-1]
+    print(
+        f"stop -> turn ended over {len(times)} runs: p50 {p50 * 1000:.0f} ms, "
+        f"p99 {p99 * 1000:.0f} ms, min {times[0] * 1000:.0f} ms"
+    )
+    assert p99 < 1.5

@@ -130,3 +130,25 @@ async def fail_first(entry, *, workspace_id, session_id, attempt):
     await r.rpush("test:attempts", f"{attempt} {seconds * 1_000_000 + micros}")
     if attempt == 1:
         raise RuntimeError("injected: the first attempt fails")
+
+
+async def deliver_until_aborted(entry, *, workspace_id, session_id, attempt):
+    """A turn that never ends on its own (opencode without a model): records the entry in
+    ``test:sent`` (and ``test:log``) as :func:`deliver` does, then runs until :func:`abort`
+    sets ``test:aborted:<ses>`` (OUTBOX_TEST_DELIVERER; docs/howto/cutting.md)."""
+    r = _client()
+    await r.delete(f"test:aborted:{session_id}")
+    async with r.pipeline(transaction=True) as persist:
+        persist.sadd("test:sent", entry.id)
+        persist.rpush("test:log", f"{session_id} {entry.text.partition(chr(10))[0]}")
+        await persist.execute()
+    while not await r.exists(f"test:aborted:{session_id}"):
+        await asyncio.sleep(0.01)
+
+
+async def abort(entry, *, workspace_id, session_id):
+    """OUTBOX["ABORTER"] of the test agent: ends the session's turn and records
+    ``"<pid> <entry>"`` in ``test:aborts``."""
+    r = _client()
+    await r.set(f"test:aborted:{session_id}", 1)
+    await r.rpush("test:aborts", f"{os.getpid()} {entry.id}")

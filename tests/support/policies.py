@@ -2,7 +2,7 @@
 
 from django_outbox.policy import session_scoped
 
-MEMBER_ACTIONS = frozenset({"view", "accept", "retry", "dismiss"})
+MEMBER_ACTIONS = frozenset({"view", "accept", "retry", "dismiss", "interrupt"})
 
 
 def any_session(workspace_id, session_id):
@@ -12,7 +12,7 @@ def any_session(workspace_id, session_id):
 
 @session_scoped(any_session)
 def own_workspace(user, workspace_id, session_id, action):
-    """Staff may do everything; an active user may view, accept, retry and dismiss in the
+    """Staff may do everything; an active user may view, accept, retry, dismiss and interrupt in the
     workspace named like them."""
     if not getattr(user, "is_active", False):
         return False

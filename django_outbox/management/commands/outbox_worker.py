@@ -142,6 +142,9 @@ class Command(BaseCommand):
             http = sys.modules.get("django_outbox.delivery.http")
             if http is not None:
                 await http.aclose()
+            langgraph = sys.modules.get("django_outbox.delivery.langgraph")
+            if langgraph is not None:
+                await langgraph.aclose()
 
     def _preflight(self, outbox, allow_eviction: bool) -> None:
         """Refuse to start against an unreachable or evicting Valkey (on a cluster, any

@@ -7,6 +7,7 @@
  *     outbox.send("ws1", "ses_1", "Fix the flaky test");          // survives reloads
  *     const sub = outbox.subscribe("ws1", "ses_1", (view) => render(view));
  *     sub.retry(entryID); sub.dismiss(entryID); sub.close();
+ *     sub.stop(); sub.sendNow(entryID);   // cut the running turn (docs/howto/cutting.md)
  *   </script>
  *
  * send() is the client's half of "a disconnect never loses a message": it gives the
@@ -685,6 +686,26 @@ export function createOutbox(options = {}) {
     return call("DELETE", `${messagesURL(workspace, session)}${encodeURIComponent(id)}/`);
   }
 
+  // -- cutting the running turn (docs/howto/cutting.md) ----------------------------------
+
+  /**
+   * "Stop": cut the session's running turn and send nothing new. Resolves to
+   * {result: "cut"|"already"|"idle"}; 409 not_supported (no aborter) throws OutboxError.
+   * The cut prompt ends verified: sent with `interrupted: true`, or cancelled.
+   */
+  function stop(workspace, session) {
+    return call("POST", messagesURL(workspace, session).replace(/messages\/$/, "interrupt/"));
+  }
+
+  /**
+   * Make a queued prompt the next one and cut the running turn. Resolves to
+   * {result: "cut"|"already"|"moved"}; 404, 409 busy (not a queued prompt) and 409
+   * not_supported throw OutboxError.
+   */
+  function sendNow(workspace, session, id) {
+    return call("POST", `${messagesURL(workspace, session)}${encodeURIComponent(id)}/send-now/`);
+  }
+
   // -- watching ------------------------------------------------------------------------
 
   function subscribe(workspace, session, onChange) {
@@ -694,6 +715,8 @@ export function createOutbox(options = {}) {
       hold: () => holdOf(workspace, session),
       retry: (id) => retry(workspace, session, id),
       dismiss: (id) => dismiss(workspace, session, id),
+      stop: () => stop(workspace, session),
+      sendNow: (id) => sendNow(workspace, session, id),
       forget: () => subscriptions.delete(sub),
     });
     subscriptions.add(sub);
@@ -784,6 +807,8 @@ export function createOutbox(options = {}) {
     subscribe,
     retry,
     dismiss,
+    stop,
+    sendNow,
     pending,
     cancel,
     close,
@@ -843,6 +868,16 @@ class Subscription {
 
   dismiss(id) {
     return this.ctx.dismiss(id);
+  }
+
+  /** "Stop": cut this session's running turn (see the client's stop()). */
+  stop() {
+    return this.ctx.stop();
+  }
+
+  /** Make queued prompt `id` the next one and cut the running turn. */
+  sendNow(id) {
+    return this.ctx.sendNow(id);
   }
 
   /** Ask the server for a fresh snapshot (also done automatically on a version gap). */
@@ -1106,7 +1141,12 @@ class Subscription {
   }
 
   _apply(state, entry) {
-    if (state === "sent" || state === "dismissed") {
+    if (state === "moved") {
+      // Its new place is in the next snapshot; until then it stays where it was.
+      state = "queued";
+      this.resync();
+    }
+    if (state === "sent" || state === "dismissed" || state === "cancelled") {
       this._finish(this._row(state, entry));
     } else if (!this.finished.has(entry.id)) {
       this.entries.set(entry.id, this._row(state, entry));

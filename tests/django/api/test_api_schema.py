@@ -22,7 +22,7 @@ from django_outbox.core.rules import ErrorKind
 pytestmark = pytest.mark.django_db
 
 SCHEMA_PATH = "/outbox/api/schema/?format=json"
-#: Examples per operation and generation mode: 7 operations x 2 modes x 50 = 700 cases.
+#: Examples per operation and generation mode: 9 operations x 2 modes x 50 = 900 cases.
 MAX_EXAMPLES = 50
 
 OPERATIONS = {
@@ -46,6 +46,15 @@ OPERATIONS = {
     ("post", "/outbox/api/workspaces/{workspace_id}/park/"): {200, 413, 415},
     ("post", "/outbox/api/workspaces/{workspace_id}/unpark/"): {200, 413, 415},
     ("delete", "/outbox/api/workspaces/{workspace_id}/"): {200},
+    ("post", "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/interrupt/"): {
+        200,
+        202,
+        409,
+    },
+    (
+        "post",
+        "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/{entry_id}/send-now/",
+    ): {200, 202, 404, 409},
 }
 COMMON = {400, 401, 403, 406, 503}
 
@@ -127,6 +136,8 @@ def wsgi_app():
 @override_settings(
     ALLOWED_HOSTS=["localhost", "testserver"],
     PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
+    # With an aborter, interrupt/ and send-now/ are driven past not_supported.
+    OUTBOX={"ABORTER": "tests.support.agents.abort"},
 )
 def test_fuzzed_requests_get_no_5xx_and_conforming_responses(django_user_model, wsgi_app):
     root = django_user_model.objects.create_user("root", password="pw", is_staff=True)

@@ -21,6 +21,7 @@ OUTBOX = {
     "CAP": 100,
     "USER_MAX_QUEUED": 0,
     "USER_ACCEPTS_PER_MINUTE": 0,
+    "USER_ACCEPTS_PER_MINUTE_ALL": 0,
     "WS_CHECK_INTERVAL": float(_check),
     "WS_RESYNC_INTERVAL": float(_interval),
     "WS_RESYNC_BUDGET": int(_budget),

@@ -13,4 +13,6 @@ OUTBOX = {
     "CAP": 100,
     "USER_MAX_QUEUED": 0,
     "USER_ACCEPTS_PER_MINUTE": 0,
+    "USER_ACCEPTS_PER_MINUTE_ALL": 0,
+    "ABORTER": os.environ.get("OUTBOX_TEST_ABORTER") or None,
 }

@@ -17,6 +17,7 @@ OUTBOX = {
     "MAX_VERIFY_BACKOFF": 0.2,
     "MAX_ATTEMPTS": 50,
     "MAX_TRANSIENT_FAILURES": 50,
+    "ABORTER": os.environ.get("OUTBOX_TEST_ABORTER") or None,
 }
 
 if os.environ.get("OUTBOX_TEST_CHANNEL_LAYER"):

@@ -22,6 +22,11 @@ local function settle_policy(i)
   }
 end
 
+-- The outcomes that prove an entry never reached the agent: a cut entry (interrupted)
+-- that ends so is removed as cancelled instead of being sent again.
+local CANCELS_A_CUT = {failed = true, absent = true, transient = true, prior_pending = true,
+                       held = true}
+
 -- Record `outcome` (delivered | failed | absent | transient | prior_pending | held |
 -- ambiguous | inconclusive | unverifiable) of the delivery of entry `id` under the lease `token`;
 -- `err` is the error text ('' keeps lastError), `policy` what settle_policy returns;
@@ -37,7 +42,8 @@ end
 -- in staging marked deliveredAt, the lease still held, until the caller has fired
 -- entry_delivered and acknowledged it with release.lua; if the caller dies first, the
 -- next claim fires the owed signal), {'updated', entry, version, watched},
--- {'replayed', 'removed'|'updated'} (this settle already ran and its reply was lost),
+-- {'cancelled', entry as it was, version, watched} (a cut entry proven absent: removed),
+-- {'replayed', 'removed'|'updated'|'cancelled'} (this settle already ran, reply lost),
 -- {'lost'} (the lease is not ours: touch nothing, the outcome is left to verification)
 -- or {'gone'}.
 local function settle(token, id, outcome, err, policy, acknowledged)
@@ -98,6 +104,17 @@ local function settle(token, id, outcome, err, policy, acknowledged)
     -- the script ends.)
     if where == Q then reindex() end
     return {'removed', done, bump(), watched()}, carried
+  end
+
+  if st.interrupted == true and CANCELS_A_CUT[outcome] then
+    -- A cut entry that provably never reached the agent is never sent again: it
+    -- leaves as cancelled (docs/howto/cutting.md).
+    redis.call('LREM', where, 1, raw)
+    uncount(st)
+    redis.call('DEL', LOCK)
+    redis.call('SET', RECEIPT, receipt .. ' cancelled', 'PX', policy.receipt_ttl)
+    reindex()
+    return {'cancelled', raw, bump(), watched()}
   end
 
   local next_status, reason, next_at = nil, nil, nil

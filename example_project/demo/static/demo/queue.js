@@ -14,6 +14,7 @@ const LABELS = {
   error: "error",
   parked: "parked",
   dismissed: "dismissed",
+  cancelled: "cancelled (never sent)",
   finished: "finished",
   sending: "sending",
   retrying: "resending",
@@ -93,12 +94,19 @@ function showError(message) {
   box.textContent = message || "";
 }
 
+const ACTIONS = {
+  retry: (id) => subscription.retry(id),
+  dismiss: (id) => subscription.dismiss(id),
+  stop: () => subscription.stop(),
+  "send now": (id) => subscription.sendNow(id),
+};
+
 async function act(what, id) {
   try {
-    await (what === "retry" ? subscription.retry(id) : subscription.dismiss(id));
+    await ACTIONS[what](id);
     showError("");
   } catch (err) {
-    const why = err.status === 409 ? "busy: it is being delivered or verified right now" : err.detail || err.message;
+    const why = err.status === 409 && err.code === "busy" ? "busy: it is being delivered or verified right now" : err.detail || err.message;
     showError(`Could not ${what}: ${why}`);
   }
 }
@@ -111,6 +119,7 @@ function entryDetails(row, now) {
   } else if (row.behind) {
     bits.push("waits for the message before it (strict FIFO)");
   }
+  if (e.interrupted) bits.push(row.state === "sent" ? "its turn was cut (Stop)" : "stopping: its turn is being cut");
   if (e.attempts) bits.push(`failed attempts: ${e.attempts}`);
   if (e.verifyAttempts) bits.push(`verification passes: ${e.verifyAttempts}`);
   if (e.nextAttemptAt && (row.state === "pending" || row.state === "verifying")) {
@@ -124,9 +133,17 @@ function entryDetails(row, now) {
 }
 
 function renderEntry(row, now) {
-  const live = !["sent", "dismissed", "finished"].includes(row.state);
+  const live = !["sent", "dismissed", "finished", "cancelled"].includes(row.state);
   const state = row.blockedByInFlight ? "blocked" : row.state;
   const buttons = el("span", { class: "actions" });
+  // Cutting the running turn (docs/howto/cutting.md): Stop on the prompt in flight, Send now
+  // on a queued one (it becomes next and the running turn is cut).
+  if (live && row.state === "delivering" && !row.entry.interrupted) {
+    buttons.append(el("button", { type: "button", class: "stop", title: "Cut the agent's running turn", onclick: () => act("stop", row.id) }, "Stop"));
+  }
+  if (live && row.state === "queued") {
+    buttons.append(el("button", { type: "button", class: "send-now", title: "Send this next and cut the running turn", onclick: () => act("send now", row.id) }, "Send now"));
+  }
   if (live && ["error", "pending", "verifying"].includes(row.state)) {
     buttons.append(el("button", { type: "button", class: "retry", onclick: () => act("retry", row.id) }, "Retry"));
   }

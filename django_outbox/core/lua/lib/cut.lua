@@ -1,0 +1,45 @@
+-- cut: mark the turn of a session's entry in flight as cut (docs/howto/cutting.md), for
+-- cut.lua and send_now.lua. The mark is the entry's own state member interrupted = true
+-- (durable with the entry: a dead holder's staging recovery keeps it, and so does a
+-- server restart); the signal key holds the entry's ID for a lease's TTL so that the
+-- lease holder, wherever it runs, notices within its cut poll and calls the aborter.
+--@include layout entry
+
+-- The entry in flight: id names one ('' = the one staged and not yet delivered, else
+-- the first verifying entry of the queue, whose turn may still run). Returns its list
+-- (D or Q), index and raw JSON; or nil and why not: 'idle' (nothing in flight),
+-- 'queued' (the named entry is queued and was never sent) or 'not_found'.
+local function in_flight(id)
+  for i, raw in ipairs(redis.call('LRANGE', D, 0, -1)) do
+    local st = split(raw)
+    if not is_done(st) and (id == '' or st.id == id) then return D, i - 1, raw end
+  end
+  for i, raw in ipairs(redis.call('LRANGE', Q, 0, -1)) do
+    local st = split(raw)
+    if id ~= '' and st.id == id then
+      if st.status == 'verifying' or (st.status == 'parked' and st.parkedFrom == 'verifying') then
+        return Q, i - 1, raw
+      end
+      return nil, 'queued'
+    end
+    if id == '' and st.status == 'verifying' then return Q, i - 1, raw end
+  end
+  return nil, id == '' and 'idle' or 'not_found'
+end
+
+-- Cut the turn of the entry in flight (see in_flight). Returns 'cut' and the entry as
+-- stored now, 'already' (cut before: the signal is set again) and the entry, or nil and
+-- in_flight's reason.
+local function cut_turn(id, signal, signal_ttl)
+  local key, idx, raw = in_flight(id)
+  if key == nil then return nil, idx end
+  local st, content = split(raw)
+  redis.call('SET', signal, st.id, 'PX', signal_ttl)
+  if st.interrupted == true then return 'already', raw end
+  st.interrupted = true
+  -- Being verified after a backoff: due now, so its turn is aborted without waiting.
+  if key == Q and st.status == 'verifying' then st.nextAttemptAt = nil end
+  local new = join(st, content)
+  redis.call('LSET', key, idx, new)
+  return 'cut', new
+end

@@ -1,0 +1,287 @@
+"""Cutting a running turn: interrupt / cut, the holder's abort, the verified outcome.
+
+docs/howto/cutting.md. The agent here is an in-process stand-in with a transcript: its
+turn runs until aborted, and its verifier reads the transcript. Valkey, the step, the
+worker's lease and its cut watch are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from django_outbox import InterruptResult, SendNowResult, Verdict
+from django_outbox.core.cutting import CUT_POLL
+from django_outbox.errors import AmbiguousError, CutNotSupported, Duplicate
+from tests.support.helpers import aaccept, wait_for
+
+WS, SES = "w1", "s1"
+
+
+class TurnAgent:
+    """An agent whose turn never ends on its own (like opencode without a model).
+
+    ``deliver`` waits for ``gate`` (the moment it sends), then writes the prompt into the
+    transcript and runs the turn until ``abort`` ends it; the deliverer then returns, as
+    opencode's ``POST /message`` does. ``verify`` reads the transcript.
+    """
+
+    def __init__(self, *, gate_open: bool = True) -> None:
+        self.gate = asyncio.Event()
+        if gate_open:
+            self.gate.set()
+        self.transcript: list[str] = []
+        self.running = asyncio.Event()
+        self.turn_over = asyncio.Event()
+        self.aborts = 0
+        self.verifies = 0
+
+    async def deliver(self, entry, *, workspace_id, session_id, attempt):
+        await self.gate.wait()
+        self.transcript.append(entry.id)
+        self.turn_over.clear()
+        self.running.set()
+        await self.turn_over.wait()
+
+    async def abort(self, entry, *, workspace_id, session_id):
+        self.aborts += 1
+        self.running.clear()
+        self.turn_over.set()
+
+    async def verify(self, entry, *, workspace_id, session_id):
+        self.verifies += 1
+        return Verdict.DELIVERED if entry.id in self.transcript else Verdict.ABSENT
+
+
+@pytest.fixture
+def agent():
+    return TurnAgent()
+
+
+@pytest.fixture
+def cutting_outbox(make_outbox):
+    def make(agent: TurnAgent, **kwargs):
+        kwargs.setdefault("aborter", agent.abort)
+        return make_outbox(
+            deliverer=agent.deliver,
+            verifier=agent.verify,
+            retry_backoff=0.05,
+            max_backoff=0.2,
+            verify_delay=0,
+            verify_backoff=0.05,
+            max_verify_backoff=0.2,
+            **kwargs,
+        )
+
+    return make
+
+
+async def test_stop_cuts_the_running_turn_and_the_entry_ends_delivered_interrupted(
+    cutting_outbox, agent, signals_log
+):
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.ALREADY
+    await asyncio.wait_for(agent.turn_over.wait(), 5)  # the holder aborted the turn
+    await asyncio.wait_for(step, 5)
+
+    # The cut attempt is verified, never guessed: the agent has it.
+    head = (await outbox.alist(WS, SES))[0]
+    assert (head.id, str(head.status), head.interrupted) == (first.id, "verifying", True)
+    assert await outbox.adeliver_once(WS, SES)  # the verification
+    delivered = [e for e, _ in signals_log.calls["delivered"] if e.id == first.id]
+    assert len(delivered) == 1 and delivered[0].interrupted is True
+    assert agent.transcript.count(first.id) == 1  # never sent twice
+    # The queue goes on in order: Stop sends nothing new but does not cancel the queue.
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id]
+    await outbox.aclose()
+
+
+async def test_a_cut_before_the_send_ends_cancelled_and_is_never_sent(cutting_outbox, signals_log):
+    agent = TurnAgent(gate_open=False)  # claimed, not yet sent
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await wait_for(
+        lambda: _status_of(outbox, first.id, "delivering"), timeout=5, message="not claimed"
+    )
+
+    assert await outbox.acut(WS, SES, first.id) is InterruptResult.CUT
+    await asyncio.wait_for(step, 5)
+    agent.gate.set()  # the agent would take it now: it must not be sent any more
+    for _ in range(3):
+        await outbox.adeliver_once(WS, SES)
+        if first.id not in [e.id for e in await outbox.alist(WS, SES)]:
+            break
+
+    assert first.id not in agent.transcript
+    assert first.id not in signals_log.ids("delivered")
+    states = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == first.id]
+    assert states[-1] == "cancelled"
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id]
+    await outbox.aclose()
+
+
+async def _status_of(outbox, entry_id, status):
+    return any(e.id == entry_id and str(e.status) == status for e in await outbox.alist(WS, SES))
+
+
+async def test_without_an_aborter_a_cut_is_not_supported_and_the_queue_is_untouched(
+    cutting_outbox, agent
+):
+    outbox = cutting_outbox(agent, aborter=None)
+    entry = await aaccept(outbox)
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    before = await outbox.alist(WS, SES)
+
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.NOT_SUPPORTED
+    assert outbox.cut(WS, SES, entry.id) is InterruptResult.NOT_SUPPORTED
+    assert await outbox.alist(WS, SES) == before
+    agent.turn_over.set()
+    await asyncio.wait_for(step, 5)
+    await outbox.aclose()
+
+
+async def test_stop_with_nothing_in_flight_is_idle_and_a_queued_entry_is_not_cut(
+    cutting_outbox, agent
+):
+    outbox = cutting_outbox(agent)
+    entry = await aaccept(outbox)
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.IDLE
+    assert await outbox.acut(WS, SES, entry.id) is InterruptResult.QUEUED
+    assert await outbox.acut(WS, SES, "nope") is InterruptResult.NOT_FOUND
+    assert not (await outbox.alist(WS, SES))[0].interrupted
+    with pytest.raises(ValueError):
+        await outbox.acut(WS, SES, "bad id")
+    await outbox.aclose()
+
+
+async def test_a_cut_mark_outlives_its_holder_recovery_aborts_then_verifies(
+    cutting_outbox, agent, r, signals_log
+):
+    """The holder dies mid-cut (its lease is gone, its cut signal expired): recovery
+    returns the entry as verifying with its mark; the verification aborts the turn
+    first and never sends it again."""
+    outbox = cutting_outbox(agent)
+    entry = await aaccept(outbox)
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    step.cancel()  # stands for the dead worker: ...
+    await asyncio.gather(step, return_exceptions=True)
+    agent.running.set()  # (the agent's turn still runs: nobody aborted it)
+    agent.turn_over.clear()
+    keys = outbox.keys.session(WS, SES)
+    assert await outbox.acut(WS, SES, entry.id) is InterruptResult.CUT
+    r.delete(keys.lock, outbox.keys.cut(WS, SES))  # ... whose lease and signal are gone
+
+    await outbox.arecover()
+    listed = await outbox.alist(WS, SES)
+    assert [(e.id, str(e.status), e.interrupted) for e in listed] == [(entry.id, "verifying", True)]
+    await outbox.adeliver_once(WS, SES)
+    assert agent.aborts >= 1 and agent.turn_over.is_set()
+    delivered = [e for e, _ in signals_log.calls["delivered"] if e.id == entry.id]
+    assert len(delivered) == 1 and delivered[0].interrupted is True
+    assert agent.transcript.count(entry.id) == 1
+    await outbox.aclose()
+
+
+async def test_send_now_makes_a_prompt_next_and_cuts_the_running_turn(
+    cutting_outbox, agent, signals_log
+):
+    outbox = cutting_outbox(agent)
+    running = await aaccept(outbox, "k1", "running")
+    second = await aaccept(outbox, "k2", "second")
+    urgent = await aaccept(outbox, "k3", "urgent")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+
+    assert await outbox.asend_now(WS, SES, urgent.id) is SendNowResult.CUT
+    assert await outbox.asend_now(WS, SES, running.id) is SendNowResult.BUSY
+    assert await outbox.asend_now(WS, SES, "gone") is SendNowResult.NOT_FOUND
+    moved = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == urgent.id]
+    assert moved[-1] == "moved"
+    await asyncio.wait_for(step, 5)
+    # The cut turn is verified first, then the urgent prompt goes, then the rest.
+    assert [e.id for e in await outbox.alist(WS, SES)] == [running.id, urgent.id, second.id]
+    assert await outbox.adeliver_once(WS, SES)  # verifies the cut one: delivered
+    assert [e.id for e in await outbox.alist(WS, SES)] == [urgent.id, second.id]
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await wait_for(lambda: agent.transcript[-1:] == [urgent.id], timeout=5)
+    assert agent.transcript == [running.id, urgent.id]
+    # The cut signal still names the cut prompt: the next turn is not cut by it.
+    aborts = agent.aborts
+    await asyncio.sleep(CUT_POLL * 3)  # three looks of the holder's cut watch
+    assert (agent.aborts, step.done(), agent.running.is_set()) == (aborts, False, True)
+    agent.turn_over.set()
+    await asyncio.wait_for(step, 5)
+    assert signals_log.ids("delivered") == [running.id, urgent.id]
+    await outbox.aclose()
+
+
+async def test_send_now_with_nothing_running_only_moves_and_without_an_aborter_is_refused(
+    cutting_outbox, agent
+):
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    assert await outbox.asend_now(WS, SES, second.id) is SendNowResult.MOVED
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id, first.id]
+    plain = cutting_outbox(agent, aborter=None)
+    assert plain.send_now(WS, SES, first.id) is SendNowResult.NOT_SUPPORTED
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id, first.id]
+    await outbox.aclose()
+    await plain.aclose()
+
+
+async def test_accept_interrupting_puts_the_prompt_next_and_cuts_the_turn(cutting_outbox, agent):
+    outbox = cutting_outbox(agent)
+    running = await aaccept(outbox, "k1", "running")
+    queued = await aaccept(outbox, "k2", "queued")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    entry, result = await outbox.aaccept_interrupting(
+        WS, SES, user_id="u", client_message_id="k3", text="now"
+    )
+    assert result is SendNowResult.CUT
+    await asyncio.wait_for(step, 5)
+    assert [e.id for e in await outbox.alist(WS, SES)] == [running.id, entry.id, queued.id]
+    with pytest.raises(Duplicate):  # a client's retry cuts nothing more
+        outbox.accept_interrupting(WS, SES, user_id="u", client_message_id="k3", text="now")
+    plain = cutting_outbox(agent, aborter=None)
+    with pytest.raises(CutNotSupported):
+        await plain.aaccept_interrupting(WS, SES, user_id="u", client_message_id="k4", text="x")
+    assert len(await outbox.alist(WS, SES)) == 3  # nothing stored
+    assert (await plain.aaccept(WS, SES, user_id="u", client_message_id="k4", text="x")).id
+    await outbox.aclose()
+    await plain.aclose()
+
+
+async def test_send_now_stays_behind_a_prompt_whose_outcome_is_being_verified(
+    cutting_outbox, agent
+):
+    outbox = cutting_outbox(agent)
+    unsure = await aaccept(outbox, "k1", "unsure")
+    second = await aaccept(outbox, "k2", "second")
+    urgent = await aaccept(outbox, "k3", "urgent")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    await outbox.adeliver_once(WS, SES, cut_off)  # its turn may still run: verifying
+    assert await outbox.asend_now(WS, SES, urgent.id) is SendNowResult.CUT
+    listed = await outbox.alist(WS, SES)
+    assert [(e.id, str(e.status), e.interrupted) for e in listed] == [
+        (unsure.id, "verifying", True),
+        (urgent.id, "pending", False),
+        (second.id, "pending", False),
+    ]
+    assert listed[0].next_attempt_at is None  # due now: its turn is aborted at once
+    await outbox.aclose()

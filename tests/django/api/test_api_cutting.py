@@ -1,0 +1,123 @@
+"""The REST endpoints that cut a turn: ``interrupt/`` and ``send-now/`` (docs/howto/cutting.md).
+
+In-process for the refusals (no aborter, access, malformed IDs); through a live uvicorn
+and an ``outbox_worker`` process for the cut itself: the request is answered by the web
+process and carried out by the worker holding the lease.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from django.test import override_settings
+from rest_framework.test import APIClient
+
+from django_outbox import get_outbox
+from tests.support.disconnects import AUTH, asgi_server
+from tests.support.valkey import wait_until
+from tests.support.workers import Workers
+
+pytestmark = pytest.mark.django_db
+
+BASE = "/outbox/api/workspaces/alice/sessions/s1/"
+ABORTER = "tests.support.agents.abort"
+
+
+def _client(django_user_model, **flags) -> APIClient:
+    client = APIClient()
+    client.force_login(django_user_model.objects.create_user("alice", **flags))
+    return client
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return _client(django_user_model)
+
+
+def _accept(client, cmid: str, text: str) -> str:
+    response = client.post(
+        f"{BASE}messages/", {"clientMessageID": cmid, "text": text}, format="json"
+    )
+    assert response.status_code == 202, response.content
+    return response.json()["id"]
+
+
+OWN = {"ACCESS_POLICY": "tests.support.policies.own_workspace"}
+
+
+@override_settings(OUTBOX=OWN)
+def test_without_an_aborter_both_answer_409_not_supported_and_change_nothing(alice):
+    first, second = _accept(alice, "k1", "one"), _accept(alice, "k2", "two")
+    for url in (f"{BASE}interrupt/", f"{BASE}messages/{second}/send-now/"):
+        response = alice.post(url)
+        assert response.status_code == 409, response.content
+        assert response.json()["code"] == "not_supported"
+    assert [e.id for e in get_outbox().list("alice", "s1")] == [first, second]
+
+
+@override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})
+def test_with_nothing_in_flight_stop_is_idle_and_send_now_only_moves(alice):
+    first, second = _accept(alice, "k1", "one"), _accept(alice, "k2", "two")
+    response = alice.post(f"{BASE}interrupt/")
+    assert (response.status_code, response.json()) == (200, {"result": "idle"})
+    response = alice.post(f"{BASE}messages/{second}/send-now/")
+    assert (response.status_code, response.json()) == (200, {"result": "moved"})
+    assert [e.id for e in get_outbox().list("alice", "s1")] == [second, first]
+    assert alice.post(f"{BASE}messages/nope/send-now/").status_code == 404
+    response = alice.post("/outbox/api/workspaces/alice/sessions/s%201/interrupt/")
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_identifier")
+
+
+@override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})
+def test_interrupt_needs_the_interrupt_action_in_the_workspace(django_user_model):
+    bob = APIClient()
+    bob.force_login(django_user_model.objects.create_user("bob"))
+    response = bob.post(f"{BASE}interrupt/")
+    assert (response.status_code, response.json()["code"]) == (403, "permission_denied")
+    assert bob.post(f"{BASE}messages/x/send-now/").status_code == 403
+
+
+def test_a_refused_interrupting_accept_is_409_not_supported_never_a_500():
+    from django_outbox.api.errors import outbox_exception_handler
+    from django_outbox.errors import CutNotSupported
+
+    response = outbox_exception_handler(CutNotSupported("no aborter"), {})
+    assert (response.status_code, response.data["code"]) == (409, "not_supported")
+
+
+@pytest.mark.slow
+@pytest.mark.standalone
+def test_stop_and_send_now_through_a_live_server_cut_the_worker_s_turn(valkey, tmp_path, r):
+    workers = Workers(
+        valkey,
+        tmp_path / "workers",
+        OUTBOX_TEST_DELIVERER="tests.support.agents.deliver_until_aborted",
+        OUTBOX_TEST_ABORTER=ABORTER,
+    )
+    (tmp_path / "workers").mkdir()
+    with asgi_server(valkey, tmp_path / "web", OUTBOX_TEST_ABORTER=ABORTER) as server:
+        http = httpx.Client(base_url=server.base + BASE, headers={"Authorization": AUTH})
+        ids = []
+        for key, text in (("k1", "one"), ("k2", "two"), ("k3", "three")):
+            answer = http.post("messages/", json={"clientMessageID": key, "text": text})
+            assert answer.status_code == 202, answer.text
+            ids.append(answer.json()["id"])
+        try:
+            workers.start("--tick", "0.2")
+            wait_until(lambda: r.sismember("test:sent", ids[0]), 30, message="no turn")
+            # Send "three" now: the turn of "one" is cut, "three" goes before "two".
+            answer = http.post(f"messages/{ids[2]}/send-now/")
+            assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
+            wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs())
+            answer = http.post("interrupt/")  # Stop "three"
+            assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
+            wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs())
+            assert http.post("interrupt/").status_code == 202  # Stop "two"
+            wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs())
+        finally:
+            workers.stop_all()
+        assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
+        assert len(r.lrange("test:aborts", 0, -1)) >= 3
+        listed = http.get("messages/").json()
+        http.close()
+        assert listed["entries"] == []
