@@ -35,6 +35,9 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``E008`` an ``AGENTS`` entry or the ``ROUTER`` is unusable: a callable that does not
   import or call, an ``async def`` router, settings the agent's deliverer refuses
   (docs/howto/agents.md)
+- ``W011`` the origin validator in front of the outbox WebSocket consumer admits every
+  ``Origin`` (``"*"`` among its origins, e.g. ``ALLOWED_HOSTS = ["*"]`` under
+  ``AllowedHostsOriginValidator``): cross-site WebSocket hijacking with the session cookie
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -364,6 +367,8 @@ class _Routing:
 
     consumer_routes: list[bool] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
+    #: Routes to the consumer whose origin validators all admit every ``Origin``.
+    any_origin: list[str] = field(default_factory=list)
 
 
 #: Attributes through which ASGI routers and middleware hold what they wrap (channels'
@@ -374,11 +379,17 @@ _CHILD_ATTRS = ("application_mapping", "routes", "inner", "application", "app", 
 
 
 def _walk(
-    application: Any, guarded: bool, seen: frozenset[int], out: _Routing, depth: int = 0
+    application: Any,
+    guarded: bool,
+    seen: frozenset[int],
+    out: _Routing,
+    depth: int = 0,
+    strict: bool = False,
 ) -> None:
     """Record in ``out`` every route to the outbox consumer under ``application`` (behind
-    an origin validator or not) and every unguarded layer it cannot see into; ``seen``
-    holds the ids of the layers above (a cycle stops there)."""
+    an origin validator or not; behind validators that all admit every ``Origin``) and
+    every unguarded layer it cannot see into; ``seen`` holds the ids of the layers above
+    (a cycle stops there); ``strict``: a validator above admits only some origins."""
     from channels.routing import ProtocolTypeRouter
     from channels.security.websocket import OriginValidator
     from django.core.handlers.asgi import ASGIHandler
@@ -391,10 +402,14 @@ def _walk(
     if isinstance(consumer, type):
         if issubclass(consumer, OutboxConsumer):
             out.consumer_routes.append(guarded)
+            if guarded and not strict:
+                out.any_origin.append(getattr(application, "__qualname__", "the consumer"))
         return  # a consumer: nothing below it
     if isinstance(application, ASGIHandler):
         return  # Django's HTTP handler routes no WebSocket
     guarded = guarded or isinstance(application, OriginValidator)
+    if isinstance(application, OriginValidator) and "*" not in application.allowed_origins:
+        strict = True
     children: list[Any] = []
     for attr in _CHILD_ATTRS:
         child = getattr(application, attr, None)
@@ -409,7 +424,7 @@ def _walk(
     if not guarded and not any(hasattr(application, attr) for attr in _CHILD_ATTRS):
         out.opaque.append(getattr(application, "__qualname__", type(application).__qualname__))
     for child in children:  # the same object may be routed twice, guarded once
-        _walk(child, guarded, seen | {id(application)}, out, depth + 1)
+        _walk(child, guarded, seen | {id(application)}, out, depth + 1, strict)
 
 
 def _asgi_routing() -> _Routing | str | None:
@@ -546,6 +561,20 @@ def _check_origin_validation() -> list[checks.CheckMessage]:
                 "(cross-site WebSocket hijacking).",
                 hint=hint,
                 id="django_outbox.W008",
+            )
+        ]
+    if routing.consumer_routes and routing.any_origin:
+        return [
+            checks.Warning(
+                f"{path} routes the outbox WebSocket consumer behind an origin validator "
+                "that admits every Origin ('*' among its origins; ALLOWED_HOSTS = ['*'] "
+                "does that to AllowedHostsOriginValidator): another site's page could "
+                "open it with the user's session cookie (cross-site WebSocket hijacking).",
+                hint="List your hosts in ALLOWED_HOSTS (or the origins in "
+                "OriginValidator(...)) instead of '*'; a front end on another origin goes "
+                "in CSRF_TRUSTED_ORIGINS, which AllowedHostsOriginValidator admits too "
+                "(django-outbox's docs/reference/websocket.md#origins).",
+                id="django_outbox.W011",
             )
         ]
     if not routing.consumer_routes and routing.opaque:

@@ -7,7 +7,9 @@ sets ``scope["user"]``, e.g. a token middleware); the access policy decides
 (action ``view``, docs/howto/access-policy.md), on connect, on every resync and at
 every periodic check, with the user read afresh from the database and, when the
 scope has a Django login session, that session read afresh (a refusal, a logout
-or a password change closes with 4403). Frames the client may send:
+or a password change closes with 4403), after the scope's ``outbox_revalidate`` and
+at once when a revocation is pushed (:mod:`django_outbox.ws.revoke`,
+docs/explanation/security.md#live-connections). Frames the client may send:
 ``{"type": "resync"}`` → a fresh ``queue.snapshot`` (at most one per
 ``WS_RESYNC_INTERVAL``, resyncs in between coalesce; more than
 ``WS_RESYNC_BUDGET`` in 60 s close with 4429; nothing changed since the last snapshot →
@@ -61,6 +63,7 @@ from ..errors import OutboxUnavailable
 from ..outbox import get_outbox
 from ..policy import is_allowed, reads_error_excerpts
 from .publish import group_name
+from .revoke import join_user_group, leave_user_group, rejoin_user_group, revalidate
 from .truth import (
     PUBLISH_GRACE,
     ReadReceipts,
@@ -198,6 +201,11 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             IDENTIFIER_RE.fullmatch(self.workspace_id) and IDENTIFIER_RE.fullmatch(self.session_id)
         ):
             return CLOSE_INVALID
+        try:  # before the policy is asked: a revocation from then on reaches this socket
+            user_id = socket_user_id(self.scope.get("user"))
+            await self._retry_once("join the user's group", lambda: join_user_group(self, user_id))
+        except Exception:
+            return CLOSE_UNAVAILABLE
         if not await self._allowed(fresh=False):
             return CLOSE_FORBIDDEN
         try:
@@ -307,12 +315,32 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
-        """Close the socket with ``code`` (once: a second close is ignored); every frame
-        after this is dropped."""
+        """Close the socket with ``code`` (once: a second close is ignored, and so is a
+        client that left first); every frame after this is dropped."""
         if self._live.closing:
             return
         self._live.closing = True
-        await super().close(code=code, reason=reason)
+        try:
+            await super().close(code=code, reason=reason)
+        except OSError:  # the client left first (uvicorn's ClientDisconnected): closed
+            logger.debug(
+                "outbox: WebSocket to %s was gone before its close", self.scope.get("path")
+            )
+
+    # -- the client leaving -----------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Channels' entry point, noting the server's ``websocket.disconnect`` as soon as
+        it is handed over (before the running handler ends): nothing is sent after it,
+        not even a close, which uvicorn would raise on ("Unexpected ASGI message")."""
+
+        async def receive_noting_disconnect() -> Any:
+            message = await receive()
+            if message.get("type") == "websocket.disconnect":
+                self._live.closing = True
+            return message
+
+        await super().__call__(scope, receive_noting_disconnect, send)
 
     # -- staying true (docs/reference/websocket.md#staying-true) --------------------
 
@@ -356,8 +384,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         live = self._live
         if live.closing:
             return
-        if not await self._still_allowed():
-            await self.close(code=CLOSE_FORBIDDEN)
+        refused = await self._reauthorise()
+        if refused is not None:
+            await self.close(code=refused)
             return
         if not await self._check_reading():
             return
@@ -366,6 +395,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 await self.channel_layer.group_add(self.group, self.channel_name)
             except Exception as exc:  # the version check below still converges
                 logger.warning("outbox: cannot re-join group %s: %s", self.group, exc)
+        await rejoin_user_group(self)
         await self.refresh_socket()
         before = live.version
         held = await get_outbox().asession_version(
@@ -382,6 +412,41 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 held,
             )
             self._want_snapshot(server=True)
+
+    # -- re-validation (docs/explanation/security.md#live-connections) ------------
+
+    #: This socket's user's group and login session's digest (:mod:`~django_outbox.ws.revoke`).
+    user_group: str | None = None
+    session_digest: str | None = None
+
+    async def outbox_revoke(self, message: dict[str, Any]) -> None:
+        """A revocation pushed to this user's sockets (:mod:`django_outbox.ws.revoke`): its
+        login session ended → close 4403; else re-authorise now (:meth:`_reauthorise`)."""
+        if self._live.closing:
+            return
+        ended = message.get("session")
+        if ended is not None and ended == self.session_digest:
+            refused: int | None = CLOSE_FORBIDDEN
+        else:
+            refused = await self._reauthorise()
+        if refused is not None:
+            logger.info(
+                "outbox: WebSocket to %s closed with %d: its user's access was revoked",
+                self.scope.get("path"),
+                refused,
+            )
+            await self.close(code=refused)
+
+    async def _reauthorise(self) -> int | None:
+        """What a live socket must still pass, as a close code (None: it does): the scope's
+        ``outbox_revalidate`` (:func:`~django_outbox.ws.revoke.revalidate`; raised: 4503,
+        the client reconnects and re-authenticates), then :meth:`_still_allowed` (4403)."""
+        valid = await revalidate(self.scope)
+        if valid is None:
+            return CLOSE_UNAVAILABLE
+        if not valid or not await self._still_allowed():
+            return CLOSE_FORBIDDEN
+        return None
 
     async def _still_allowed(self) -> bool:
         """The access policy's answer for the user as it is now: with a Django login
@@ -411,8 +476,9 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         if not self._budget.spend():
             await self.close(code=CLOSE_TOO_MANY_RESYNCS, reason="too many resyncs")
             return
-        if not await self._still_allowed():
-            await self.close(code=CLOSE_FORBIDDEN)
+        refused = await self._reauthorise()
+        if refused is not None:
+            await self.close(code=refused)
             return
         self._want_snapshot()
 
@@ -517,6 +583,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
 
     async def _release(self) -> None:
         """Undo what :meth:`_admit` registered, each step on its own (never raises)."""
+        await leave_user_group(self)
         if self.group is not None:
             group, self.group = self.group, None
             try:

@@ -1,6 +1,7 @@
 """The security system checks (README "System checks", "Security"): W007 (the access policy
 does not say it checks the session's workspace), W008 (the outbox WebSocket is routed
-without an origin validator) and W009 (the check cannot tell)."""
+without an origin validator), W009 (the check cannot tell) and W011 (its origin validator
+admits every Origin)."""
 
 import pytest
 from django.core import checks
@@ -122,3 +123,37 @@ def test_no_asgi_application_no_origin_message(valkey):
 
 def test_the_example_project_passes(valkey):
     assert asgi("example_project.asgi.application") == []
+
+
+def test_an_origin_validator_that_admits_every_origin_warns(valkey):
+    found = messages(
+        OUTBOX=GOOD, ASGI_APPLICATION="tests.support.asgi.origin.any_origin", CHANNEL_LAYERS=LAYERS
+    )
+    assert sorted(found) == ["django_outbox.W011"]
+    assert "admits every Origin" in found["django_outbox.W011"].msg
+
+
+def test_a_strict_validator_inside_an_open_one_still_guards(valkey):
+    assert asgi("tests.support.asgi.origin.open_around_strict") == []
+
+
+def test_allowed_hosts_star_under_the_allowed_hosts_validator_warns(valkey):
+    found = messages(
+        OUTBOX=GOOD,
+        ASGI_APPLICATION="tests.support.asgi.origin.allowed_hosts_now",
+        CHANNEL_LAYERS=LAYERS,
+        ALLOWED_HOSTS=["*"],
+    )
+    assert sorted(found) == ["django_outbox.W011"]
+    assert "ALLOWED_HOSTS" in found["django_outbox.W011"].hint
+    listed = messages(
+        OUTBOX=GOOD,
+        ASGI_APPLICATION="tests.support.asgi.origin.allowed_hosts_now",
+        CHANNEL_LAYERS=LAYERS,
+        ALLOWED_HOSTS=["example.com"],
+    )
+    assert listed == {}
+
+
+def test_an_open_validator_in_front_of_another_consumer_only_passes(valkey):
+    assert asgi("tests.support.asgi.origin.open_for_another_consumer_only") == []

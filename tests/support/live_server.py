@@ -79,31 +79,40 @@ def _command(kind: str, port: int, app: str) -> list[str]:
 
 @contextmanager
 def serve(
-    kind: str, valkey: str, tmp: Path, app: str = "tests.support.asgi.live:application", **env: str
+    kind: str,
+    valkey: str,
+    tmp: Path,
+    app: str = "tests.support.asgi.live:application",
+    db: Path | None = None,
+    **env: str,
 ) -> Iterator[Server]:
     """Run ``app`` under ``kind`` with ``tests.support.settings.live`` (``env`` added to the
-    server's environment, e.g. ``OUTBOX_TEST_GROUP_EXPIRY="2"``)."""
+    server's environment, e.g. ``OUTBOX_TEST_GROUP_EXPIRY="2"``). ``db``: the database of
+    a server already running (a second server process of the same project; no setup, no
+    session of its own: ``headers`` empty)."""
     tmp.mkdir(parents=True, exist_ok=True)
     full_env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "DJANGO_SETTINGS_MODULE": "tests.support.settings.live",
-        "TEST_DB": str(tmp / "db.sqlite3"),
+        "TEST_DB": str(db or tmp / "db.sqlite3"),
         "OUTBOX_VALKEY_URL": valkey,
         "OUTBOX_TEST_LAYER_URL": layer_url(valkey),
         **env,
     }
-    setup = subprocess.run(
-        [sys.executable, "-m", "django", "shell", "-c", SETUP],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if setup.returncode != 0:
-        raise RuntimeError(f"setting up the server's database failed:\n{setup.stderr}")
-    key = setup.stdout.split("session-key ", 1)[1].split()[0]
+    key = ""
+    if db is None:
+        setup = subprocess.run(
+            [sys.executable, "-m", "django", "shell", "-c", SETUP],
+            cwd=ROOT,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if setup.returncode != 0:
+            raise RuntimeError(f"setting up the server's database failed:\n{setup.stderr}")
+        key = setup.stdout.split("session-key ", 1)[1].split()[0]
     port = free_port()
     log_path = tmp / f"{kind}.log"
     with open(log_path, "wb") as log:
@@ -127,9 +136,9 @@ def serve(
             kind,
             proc.pid,
             f"ws://127.0.0.1:{port}/",
-            {"Cookie": f"sessionid={key}"},
+            {"Cookie": f"sessionid={key}"} if key else {},
             key,
-            tmp / "db.sqlite3",
+            db or tmp / "db.sqlite3",
             log_path,
         )
     finally:

@@ -158,3 +158,18 @@ async def test_the_first_handshake_after_a_valkey_restart_is_served(tmp_path, ki
     text = log.read_text()
     assert "Traceback" not in text and " 500" not in text, text
     print(text)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_another_scheme_or_port_of_an_allowed_host_is_refused(servers, kind):
+    address, log = servers[kind]
+    host, port = address.rsplit(":", 1)
+    kind_, frame = await outcome(address, path(), origin=f"http://{address}")
+    assert kind_ == "frame" and frame["type"] == "queue.snapshot"
+    for origin in (
+        f"https://{address}",  # another scheme: a page served over TLS elsewhere
+        f"http://{host}:{int(port) + 1}",  # another port: another program on that host
+        f"http://{host}",  # port 80
+    ):
+        assert await outcome(address, path(), origin=origin) == ("close", 4403), origin
+        wait_until(lambda o=origin: f"Origin '{o}' is not allowed" in log.read_text(), 10)

@@ -1,4 +1,4 @@
-"""ASGI applications for the origin-validator check (django_outbox.W008 / W009)."""
+"""ASGI applications for the origin-validator checks (django_outbox.W008 / W009 / W011)."""
 
 from channels.auth import AuthMiddlewareStack
 from channels.generic.websocket import WebsocketConsumer
@@ -65,3 +65,30 @@ hidden_but_guarded = ProtocolTypeRouter(
 )
 other_consumer_only = ProtocolTypeRouter({"websocket": URLRouter([path("echo/", Echo.as_asgi())])})
 no_websocket = ProtocolTypeRouter({"http": http})
+any_origin = ProtocolTypeRouter(
+    {"websocket": OriginValidator(AuthMiddlewareStack(routes()), ["*"])}
+)
+open_around_strict = ProtocolTypeRouter(
+    {"websocket": OriginValidator(AllowedHostsOriginValidator(routes()), ["*"])}
+)
+open_for_another_consumer_only = ProtocolTypeRouter(
+    {
+        "websocket": URLRouter(
+            [
+                path("echo/", OriginValidator(Echo.as_asgi(), ["*"])),
+                path("", AllowedHostsOriginValidator(routes())),
+            ]
+        )
+    }
+)
+
+
+def __getattr__(name):
+    """``allowed_hosts_now``: the outbox routes behind django_outbox's
+    ``AllowedHostsOriginValidator``, built when asked (it reads ``ALLOWED_HOSTS`` then, so
+    a test's ``override_settings`` applies)."""
+    if name == "allowed_hosts_now":
+        from django_outbox.ws import AllowedHostsOriginValidator as Logging
+
+        return ProtocolTypeRouter({"websocket": Logging(AuthMiddlewareStack(routes()))})
+    raise AttributeError(name)
