@@ -77,6 +77,12 @@ UNPAUSE_PASSES = 10
 WATCH_TTL = 24 * 3600
 
 
+def parked_fields(reason: str) -> dict[str, Any]:
+    """The fields of an entry accept stored parked with ``reason`` (its workspace is
+    parked: docs/explanation/lifecycle.md, "Parking a workspace")."""
+    return {"status": Status.PARKED, "parked_from": "pending", "reason": reason}
+
+
 class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
     """The outbox service: one per process, safe for concurrent use.
 
@@ -152,13 +158,15 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
                 accepted_at=reply.accepted_at or accepted_at,
                 seq=reply.seq,
                 traceparent=traceparent,
+                # Stored parked (its workspace is parked): say so, not "pending".
+                **(parked_fields(reply.held) if reply.held else {}),
             )
             if unacknowledged is not None:
                 raise unacknowledged
             if self.listening("updated", reply.watched):
                 event = OutboxEvent(
                     "updated",
-                    "queued",
+                    "parked" if reply.held else "queued",
                     entry,
                     workspace_id,
                     session_id,

@@ -81,6 +81,13 @@ const HOLD_DETAILS = {
   other_user:
     "Another user logged in on this browser. Your prompts are kept here and are sent " +
     "when you log in again.",
+  csrf_missing:
+    "outbox.js found no CSRF token to send: the CSRF cookie is not readable by JavaScript " +
+    "(CSRF_COOKIE_HTTPONLY = True, CSRF_USE_SESSIONS = True, or a CSRF_COOKIE_NAME other " +
+    "than the csrfCookie option) and the page has no {% csrf_token %} input " +
+    "(name=\"csrfmiddlewaretoken\") or <meta name=\"csrf-token\">. Render {% csrf_token %} " +
+    "in the page, or pass createOutbox({csrfToken}) (docs/howto/frontend.md). Your prompts " +
+    "are kept in this browser.",
 };
 
 /** A final refusal of a send, or a failed retry/dismiss: HTTP status, code and detail. */
@@ -101,6 +108,20 @@ function readCookie(name) {
     if (item.startsWith(prefix)) return decodeURIComponent(item.slice(prefix.length));
   }
   return "";
+}
+
+/**
+ * The CSRF token the page itself rendered, for a cookie JavaScript cannot read
+ * (CSRF_COOKIE_HTTPONLY, CSRF_USE_SESSIONS): Django's `{% csrf_token %}` input, as
+ * Django's CSRF docs ("Setting the token on the AJAX request") read it, or a
+ * `<meta name="csrf-token" content="{{ csrf_token }}">`. "" when the page has neither.
+ */
+function pageToken() {
+  const doc = globalThis.document;
+  if (!doc?.querySelector) return "";
+  const input = doc.querySelector('input[name="csrfmiddlewaretoken"]');
+  if (input?.value) return input.value;
+  return doc.querySelector('meta[name="csrf-token"]')?.getAttribute("content") || "";
 }
 
 function randomID() {
@@ -177,7 +198,10 @@ function stateOf(entry) {
  *   baseURL       where django_outbox.urls is mounted (default "/outbox/")
  *   wsURL         origin of the WebSocket routes (default: this page's, ws: or wss:)
  *   csrfToken     a string or a function returning one (default: the CSRF cookie as it
- *                 is when the client is created; see docs/howto/frontend.md)
+ *                 is when the client is created, or, when JavaScript cannot read it
+ *                 (CSRF_COOKIE_HTTPONLY = True), the page's {% csrf_token %} input or
+ *                 <meta name="csrf-token">; with none of them a refused POST is held
+ *                 with code "csrf_missing" saying what to pass; docs/howto/frontend.md)
  *   csrfCookie    the CSRF cookie's name (default "csrftoken", Django's CSRF_COOKIE_NAME)
  *   csrfHeader    default "X-CSRFToken"
  *   storageKey    prefix of this client's localStorage keys (default "django-outbox:<user>")
@@ -244,11 +268,17 @@ export function createOutbox(options = {}) {
   // marks that login, whichever token mode is used.
   let loginMark = readCookie(opts.csrfCookie);
   const cookieMode = !opts.csrfToken;
-  let token = cookieMode ? loginMark : typeof opts.csrfToken === "string" ? opts.csrfToken : "";
+  // An HttpOnly cookie is invisible here: the token the page rendered is the same login's.
+  let token = cookieMode
+    ? loginMark || pageToken()
+    : typeof opts.csrfToken === "string"
+      ? opts.csrfToken
+      : "";
 
   function csrf() {
     if (typeof opts.csrfToken === "function") return opts.csrfToken();
     if (cookieMode && !token) token = loginMark = readCookie(opts.csrfCookie); // none at start
+    if (cookieMode && !token) token = pageToken();
     return token;
   }
 
@@ -553,6 +583,7 @@ export function createOutbox(options = {}) {
     let retryAfter = 0;
     let redirected = false;
     let error = "";
+    const sentToken = csrf();
     state.sending = true;
     emit({ type: "sending", item });
     try {
@@ -562,7 +593,7 @@ export function createOutbox(options = {}) {
         headers: {
           "Content-Type": "application/json",
           Accept: "application/json",
-          [opts.csrfHeader]: csrf(),
+          [opts.csrfHeader]: sentToken,
         },
         body: JSON.stringify(body),
         signal: controller.signal,
@@ -578,7 +609,9 @@ export function createOutbox(options = {}) {
       inFlight.delete(key);
       state.sending = false;
     }
-    const hold = authHold(status, data, redirected);
+    let hold = authHold(status, data, redirected);
+    // Refused for want of a token we never had: not a login matter, a page to fix.
+    if (hold?.code === "csrf_failed" && !sentToken) hold = { ...hold, code: "csrf_missing" };
     // An acknowledgement names the entry; a 200 without one (an HTML page from a proxy,
     // say) proves nothing and is retried like a 5xx.
     const acked = !hold && (status === 202 || status === 200) && typeof data?.id === "string";
@@ -656,12 +689,16 @@ export function createOutbox(options = {}) {
     if (loginHold?.code === "login_changed" || loginHold?.code === "other_user") {
       throw new OutboxError(0, loginHold.code, loginHold.detail);
     }
+    const sentToken = csrf();
     const response = await doFetch(url, {
       method,
       credentials: "same-origin",
-      headers: { Accept: "application/json", [opts.csrfHeader]: csrf() },
+      headers: { Accept: "application/json", [opts.csrfHeader]: sentToken },
     });
     const data = response.status === 204 ? null : await response.json().catch(() => null);
+    if (!sentToken && response.status === 403 && /^CSRF Failed/i.test(data?.detail || "")) {
+      throw new OutboxError(403, "csrf_missing", HOLD_DETAILS.csrf_missing);
+    }
     if (response.redirected) {
       const detail = "the server redirected the request (to a login page?)";
       throw new OutboxError(response.status, "not_authenticated", detail);
@@ -1100,7 +1137,8 @@ class Subscription {
   /** A 202's entry, in case its queue.update has not arrived yet. */
   _adopt(entry) {
     if (this.entries.has(entry.id) || this.finished.has(entry.id)) return;
-    this.entries.set(entry.id, this._row("queued", entry));
+    // The state it was stored in: "parked" in a parked workspace, else "queued".
+    this.entries.set(entry.id, this._row(stateOf(entry), entry));
     this._render();
   }
 

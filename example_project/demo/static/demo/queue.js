@@ -41,11 +41,16 @@ function getCookie(name) {
   return found ? decodeURIComponent(found.slice(name.length + 1)) : "";
 }
 
+/** The CSRF cookie, or the page's {% csrf_token %} input when the cookie is HttpOnly. */
+function csrfToken() {
+  return getCookie("csrftoken") || document.querySelector("[name=csrfmiddlewaretoken]")?.value || "";
+}
+
 async function postJSON(url, body) {
   const response = await fetch(url, {
     method: "POST",
     credentials: "same-origin",
-    headers: { "Content-Type": "application/json", "X-CSRFToken": getCookie("csrftoken") },
+    headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
     body: JSON.stringify(body),
   });
   const data = await response.json().catch(() => ({}));
