@@ -299,3 +299,17 @@ class UnavailableSerializer(ErrorSerializer):
         "required replicas/AOF: retry with the same clientMessageID (it answers 200 with "
         "the entry's ID). False: nothing was stored; retry with the same key."
     )
+
+
+class WorkerPresenceSerializer(serializers.Serializer):
+    """Result of ``worker/``: whether a worker is alive to deliver this session's prompts
+    (docs/howto/frontend.md, "Is a worker running?")."""
+
+    alive = serializers.BooleanField(
+        help_text="Some worker's heartbeat is fresh (it beat less than 15 s ago)."
+    )
+    lastSeen = serializers.DateTimeField(
+        allow_null=True,
+        help_text="The most recent heartbeat of any worker seen in the last 150 s "
+        "(server clock), or null.",
+    )

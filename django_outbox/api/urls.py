@@ -12,6 +12,7 @@ from .views import (
     MessageRetryView,
     MessagesView,
     MessageView,
+    WorkerView,
     WorkspaceParkView,
     WorkspaceUnparkView,
     WorkspaceView,
@@ -38,4 +39,5 @@ urlpatterns = [
         WorkspaceUnparkView.as_view(),
         name="api-workspace-unpark",
     ),
+    path(f"{_SESSION}worker/", WorkerView.as_view(), name="api-worker"),
 ]

@@ -19,7 +19,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ..core.entry import DismissResult, Entry, RetryResult
+from ..core.entry import DismissResult, Entry, RetryResult, format_time
 from ..core.rules import entry_for_viewer
 from ..errors import Duplicate
 from ..outbox import get_outbox
@@ -47,6 +47,7 @@ from .serializers import (
     SnapshotSerializer,
     UnparkedSerializer,
     UnparkRequestSerializer,
+    WorkerPresenceSerializer,
 )
 
 
@@ -297,3 +298,30 @@ class WorkspaceUnparkView(WorkspaceBulkView):
 
     def run(self, workspace_id: str, data: dict[str, Any]) -> int:
         return get_outbox().unpark_workspace(workspace_id, data.get("reason"))
+
+
+class WorkerView(OutboxAPIView):
+    """``api/workspaces/<ws>/sessions/<ses>/worker/``: is a worker alive to deliver?"""
+
+    actions = {"GET": "view"}
+
+    @documented(
+        operation_id="outbox_worker_presence",
+        summary="Is a worker running?",
+        description="Whether any worker is alive (its heartbeat, written every 5 s, is "
+        "less than 15 s old) and when one last beat, so that a page can say why prompts "
+        "stay queued. Nothing else about the workers (hosts, PIDs, counts) is shown. "
+        "Needs the `view` action on the session.",
+        parameters=[WORKSPACE_PARAM, SESSION_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
+        responses=with_common_errors({200: WorkerPresenceSerializer}),
+        tags=["outbox"],
+    )
+    def get(self, request: Request, workspace_id: str, session_id: str) -> Response:
+        presence = get_outbox().worker_presence()
+        seen = presence.last_seen
+        return Response(
+            {
+                "alive": presence.alive,
+                "lastSeen": None if seen is None else format_time(int(seen * 1_000_000)),
+            }
+        )

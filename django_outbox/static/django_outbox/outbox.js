@@ -61,6 +61,11 @@ const CLOSE_DETAILS = {
   4403: "the server refused the queue socket: you may not watch this session, or you " +
     "are not logged in (4403)",
 };
+/**
+ * How a prompt ended, by the state of the update that ended it (row.ended): "expired"
+ * is not here, since an expired prompt stays in the queue until dismissed or retried.
+ */
+const ENDINGS = { sent: "delivered", dismissed: "dismissed", cancelled: "cancelled" };
 /** Transient close codes after which the first reconnect waits longer (backoff step). */
 const SLOW_CLOSE_CODES = new Map([
   [4429, 3], // this user holds WS_MAX_SOCKETS_PER_USER sockets: wait for one to close
@@ -210,6 +215,8 @@ function stateOf(entry) {
  *   reconnect     {initial, max} in ms for the WebSocket (default 500, 15000)
  *   gapWait       ms an out-of-order update waits for the versions before it (default 500)
  *   keepFinished  how many sent/dismissed entries a view keeps showing (default 50)
+ *   workerCheck   ms between two asks whether a worker is alive (view.worker; default
+ *                 10000, 0: never ask)
  *   onEvent       (event) => void for sends: {type: "queued"|"accepted"|"duplicate"|
  *                 "retrying"|"held"|"released"|"rejected"|"cancelled"|"storage-error",
  *                 item?, status?, id?, error?, retryIn?, hold?}
@@ -230,6 +237,7 @@ export function createOutbox(options = {}) {
     reconnect: { initial: 500, max: 15000 },
     gapWait: 500,
     keepFinished: 50,
+    workerCheck: 10000,
     onEvent: null,
     storage: globalThis.localStorage,
     fetch: null,
@@ -726,10 +734,14 @@ export function createOutbox(options = {}) {
       hold: () => holdOf(workspace, session),
       retry: (id) => retry(workspace, session, id),
       dismiss: (id) => dismiss(workspace, session, id),
+      workerURL: `${base}api/workspaces/${encodeURIComponent(workspace)}/sessions/` +
+        `${encodeURIComponent(session)}/worker/`,
+      fetch: doFetch,
       forget: () => subscriptions.delete(sub),
     });
     subscriptions.add(sub);
     sub._open();
+    sub._checkWorker();
     return sub;
   }
 
@@ -838,7 +850,11 @@ export function createOutbox(options = {}) {
  *    entries: [{id, clientMessageID, text, state, entry, blockedByInFlight, inFlightSince}],
  *    pending: [{clientMessageID, text, attempts, nextAt, lastError, sending, held}]}
  * entries are the server's (FIFO by acceptedAt), finished ones (state "sent",
- * "dismissed" or "finished" when it ended while we were disconnected) included;
+ * "dismissed", "cancelled", or "finished" when it ended while we were disconnected)
+ * included; a finished row's `ended` says how: "delivered", "dismissed", "cancelled", or
+ * null when it ended unseen (while the socket was down). worker is whether a worker is
+ * alive to deliver ({alive, lastSeen, checkedAt}, asked every workerCheck ms) or null
+ * while unknown;
  * pending are this browser's prompts not yet acknowledged. inFlightSince is a
  * Date.now()-style time: show "blocked behind an in-flight message for N s".
  * error is the socket's ({code: "forbidden"|"invalid"|"refused", detail} after a final
@@ -867,6 +883,30 @@ class Subscription {
     this.gapTimer = null;
     this.closed = false;
     this.stopped = null; // the final close code that stopped reconnecting
+    this.worker = null; // {alive, lastSeen, checkedAt} once asked (GET .../worker/)
+    this.workerTimer = null;
+  }
+
+  /** Ask whether a worker is alive, then again every workerCheck ms while subscribed. */
+  async _checkWorker() {
+    clearTimeout(this.workerTimer);
+    this.workerTimer = null;
+    if (this.closed || !this.opts.workerCheck) return;
+    try {
+      const response = await this.ctx.fetch(this.ctx.workerURL, {
+        credentials: "same-origin",
+        headers: { Accept: "application/json" },
+      });
+      const data = response.ok ? await response.json().catch(() => null) : null;
+      if (data && typeof data.alive === "boolean") {
+        const was = this.worker?.alive;
+        this.worker = { alive: data.alive, lastSeen: data.lastSeen ?? null, checkedAt: Date.now() };
+        if (was !== data.alive) this._render();
+      }
+    } catch {
+      // Offline or refused: what we knew stands; the socket's state says the rest.
+    }
+    if (!this.closed) this.workerTimer = setTimeout(() => this._checkWorker(), this.opts.workerCheck);
   }
 
   retry(id) {
@@ -900,6 +940,7 @@ class Subscription {
     this.closed = true;
     clearTimeout(this.reconnectTimer);
     clearTimeout(this.gapTimer);
+    clearTimeout(this.workerTimer);
     this.ctx.forget();
     if (this.ws) this.ws.close(1000);
   }
@@ -976,6 +1017,7 @@ class Subscription {
 
   _wake() {
     if (this.closed || this.stopped) return;
+    this._checkWorker(); // a page that slept asks again now
     if (!this.ws) {
       clearTimeout(this.reconnectTimer);
       this._open();
@@ -1087,7 +1129,7 @@ class Subscription {
     }
     // What vanished while we were away has ended (sent, most likely, or dismissed).
     for (const [id, row] of this.entries) {
-      if (!next.has(id)) this._finish({ ...row, state: "finished" });
+      if (!next.has(id)) this._finish({ ...row, state: "finished", ended: null });
     }
     this.entries = next;
     this.leaseSince = inFlightFor === null ? null : now - inFlightFor * 1000;
@@ -1107,6 +1149,7 @@ class Subscription {
       clientMessageID: entry.clientMessageID,
       text: entry.text,
       state,
+      ended: Object.hasOwn(ENDINGS, state) ? ENDINGS[state] : null,
       status: entry.status,
       acceptedAt: entry.acceptedAt,
       entry,
@@ -1123,7 +1166,7 @@ class Subscription {
   }
 
   _apply(state, entry) {
-    if (state === "sent" || state === "dismissed") {
+    if (Object.hasOwn(ENDINGS, state)) {
       this._finish(this._row(state, entry));
     } else if (!this.finished.has(entry.id)) {
       this.entries.set(entry.id, this._row(state, entry));
@@ -1165,6 +1208,7 @@ class Subscription {
       hold: this.ctx.hold(),
       entries: [...done, ...live],
       pending: this.ctx.pending(),
+      worker: this.worker,
     };
     try {
       this.onChange(view);

@@ -22,7 +22,7 @@ from django_outbox.core.rules import ErrorKind
 pytestmark = pytest.mark.django_db
 
 SCHEMA_PATH = "/outbox/api/schema/?format=json"
-#: Examples per operation and generation mode: 7 operations x 2 modes x 50 = 700 cases.
+#: Examples per operation and generation mode: 8 operations x 2 modes x 50 = 800 cases.
 MAX_EXAMPLES = 50
 
 OPERATIONS = {
@@ -46,6 +46,7 @@ OPERATIONS = {
     ("post", "/outbox/api/workspaces/{workspace_id}/park/"): {200, 413, 415},
     ("post", "/outbox/api/workspaces/{workspace_id}/unpark/"): {200, 413, 415},
     ("delete", "/outbox/api/workspaces/{workspace_id}/"): {200},
+    ("get", "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/worker/"): {200},
 }
 COMMON = {400, 401, 403, 406, 503}
 

@@ -10,11 +10,13 @@ const LABELS = {
   pending: "waiting to retry",
   delivering: "delivering",
   verifying: "verifying",
-  sent: "sent",
+  sent: "delivered",
   error: "error",
   parked: "parked",
   dismissed: "dismissed",
-  finished: "finished",
+  finished: "ended",
+  cancelled: "cancelled",
+  expired: "expired",
   sending: "sending",
   retrying: "resending",
   held: "held",
@@ -125,6 +127,8 @@ function entryDetails(row, now) {
   }
   if (e.reason && (row.state === "error" || row.state === "parked")) bits.push(`reason: ${e.reason}`);
   if (e.lastError && row.state !== "sent") bits.push(`last error: ${e.lastError}`);
+  if (row.state === "finished") bits.push("ended while this page was not connected: delivered or dismissed");
+  else if (row.ended && row.ended !== "delivered") bits.push("never sent to the agent");
   return bits.join(" · ");
 }
 
@@ -140,7 +144,7 @@ function renderEntry(row, now) {
   }
   return el(
     "li",
-    { class: `entry state-${row.state}`, dataset: { id: row.id, state: row.state, blocked: row.blockedByInFlight ? "1" : "0" } },
+    { class: `entry state-${row.state}`, dataset: { id: row.id, state: row.state, ended: row.ended || "", blocked: row.blockedByInFlight ? "1" : "0" } },
     el("div", { class: "text" }, row.text),
     el("div", { class: "meta" },
       el("span", { class: `badge state-${state}` }, row.blockedByInFlight ? "blocked" : LABELS[row.state] || row.state),
@@ -197,6 +201,23 @@ function renderHold(hold) {
   box.replaceChildren(el("span", {}, hold.detail + " "), action);
 }
 
+/** Say so when no worker is alive: queued prompts would otherwise just wait, unexplained. */
+function renderWorker(worker, entries) {
+  const box = $("worker-status");
+  if (!box) return;
+  const down = Boolean(worker) && !worker.alive;
+  box.hidden = !down;
+  if (!down) {
+    box.textContent = "";
+    return;
+  }
+  const waiting = entries.filter((r) => !r.ended && r.state !== "finished").length;
+  const since = worker.lastSeen ? ` (last seen ${new Date(worker.lastSeen).toLocaleTimeString()})` : "";
+  box.textContent =
+    `No worker is running${since}: ${waiting ? `${waiting} prompt(s) wait` : "prompts will wait"} ` +
+    "here until one starts (manage.py outbox_worker). Nothing is lost.";
+}
+
 let transcriptTimer = null;
 let sentSeen = 0;
 
@@ -222,6 +243,7 @@ function render(view) {
   badge.className = `badge ${view.connected ? "live" : "offline"}`;
   if (view.error && !paused) showError(view.error.detail);
   renderHold(view.hold);
+  renderWorker(view.worker, view.entries);
   const sent = view.entries.filter((r) => r.state === "sent").length;
   if (sent !== sentSeen) {
     sentSeen = sent;
