@@ -100,7 +100,11 @@ class MessagesView(OutboxAPIView):
                 200: OpenApiResponse(
                     DuplicateSerializer, "Already accepted with this key and content."
                 ),
-                202: OpenApiResponse(EntrySerializer, "Accepted (status pending)."),
+                202: OpenApiResponse(
+                    EntrySerializer,
+                    "Accepted (status pending, or parked with the park's reason while the "
+                    "workspace is parked).",
+                ),
                 413: OpenApiResponse(
                     ErrorSerializer,
                     "text is larger than MAX_TEXT_BYTES UTF-8 bytes, or the body larger than "
