@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import unicodedata
 from argparse import ArgumentParser
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +32,6 @@ from django_outbox.core.entry import DismissResult, RetryResult
 from django_outbox.core.history import summary
 from django_outbox.core.owner import ClaimResult
 from django_outbox.core.redaction import redact
-from django_outbox.core.rules import UNPRINTABLE_CATEGORIES
 from django_outbox.errors import (
     InvalidContent,
     InvalidIdentifier,
@@ -48,24 +46,6 @@ OK, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 1, 2, 3
 def _exit(message: str, code: int) -> CommandError:
     """The error that ends a run with a documented exit code (docs/reference/commands.md#outbox)."""
     return CommandError(message, returncode=code)
-
-
-def printable(text: str) -> str:
-    """``text`` safe for a terminal: every control, format or line/paragraph-separator
-    character (:data:`~django_outbox.core.rules.UNPRINTABLE_CATEGORIES`: ESC, BEL, a C1 CSI,
-    a right-to-left override...) is written as a ``\\xNN``/``\\uNNNN`` escape, so an agent's
-    error text or a stored park reason can neither drive the terminal nor read differently
-    from what is stored. Every human-readable line of this command goes through it; ``--json`` does not (it prints
-    the stored values exactly). docs/reference/commands.md#outbox
-    """
-    out: list[str] = []
-    for ch in text:
-        if unicodedata.category(ch) in UNPRINTABLE_CATEGORIES:
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def _when(epoch: float | None) -> str | None:
@@ -225,7 +205,7 @@ class Command(BaseCommand):
                 }
             )
             return
-        out = self._say
+        out = self.stdout.write
         out(
             f"Workspaces {totals.workspaces} · sessions {totals.sessions} · "
             f"needing attention {totals.attention}"
@@ -274,13 +254,13 @@ class Command(BaseCommand):
                     }
                 )
                 return
-            self._say(
+            self.stdout.write(
                 f"Workspace {ws}: {len(summary.sessions)} sessions, "
                 f"{summary.entry_count} entries, {summary.leased} being delivered"
             )
             for s in summary.sessions:
                 held = " (lease held)" if s.leased else ""
-                self._say(f"  {s.session_id}: {s.entries} entries{held}")
+                self.stdout.write(f"  {s.session_id}: {s.entries} entries{held}")
             return
         snapshot = outbox.snapshot(ws, ses)
         if not snapshot.entries and snapshot.lease is None:
@@ -305,7 +285,7 @@ class Command(BaseCommand):
                 }
             )
             return
-        out = self._say
+        out = self.stdout.write
         out(f"Session {ws}/{ses}: version {snapshot.version}, {len(snapshot.entries)} entries")
         if snapshot.lease is not None:
             lease = snapshot.lease
@@ -331,7 +311,7 @@ class Command(BaseCommand):
                 "or parked (unpark the workspace instead).",
                 REFUSED,
             )
-        self._say(f"Re-armed {ref}: due now.")
+        self.stdout.write(f"Re-armed {ref}: due now.")
 
     def _dismiss(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ref = self._ref(options)
@@ -343,12 +323,12 @@ class Command(BaseCommand):
                 f"Busy, not dismissed: {ref} is being delivered or verified under a live lease.",
                 REFUSED,
             )
-        self._say(f"Dismissed {ref}: it will never be delivered.")
+        self.stdout.write(f"Dismissed {ref}: it will never be delivered.")
 
     def _park(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws = options["workspace"]
         count = outbox.park_workspace(ws, options["reason"])
-        self._say(
+        self.stdout.write(
             f"Parked workspace {ws} ({options['reason']}): {count} entries now; what is "
             "accepted into it is held until unpark."
         )
@@ -356,7 +336,7 @@ class Command(BaseCommand):
     def _unpark(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws = options["workspace"]
         count = outbox.unpark_workspace(ws, options["reason"])
-        self._say(f"Unparked workspace {ws}: {count} entries released in accept order.")
+        self.stdout.write(f"Unparked workspace {ws}: {count} entries released in accept order.")
 
     def _cleanup(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws = options["workspace"]
@@ -374,7 +354,7 @@ class Command(BaseCommand):
             if answer.strip() != ws:
                 raise _exit("Not confirmed: nothing was deleted.", REFUSED)
         removed = outbox.cleanup_workspace(ws)
-        self._say(
+        self.stdout.write(
             f"Cleaned up workspace {ws}: {summary.entry_count} entries, {removed} keys removed."
         )
 
@@ -400,13 +380,13 @@ class Command(BaseCommand):
             f"{before.describe() if before else 'another project'}: that project's workers "
             "refuse to start here from now on (stop any still running).",
         }
-        self._say(message[result])
+        self.stdout.write(message[result])
 
     def _release(self, outbox: Outbox, options: dict[str, Any]) -> None:
         space = self._space(outbox)
         if not outbox.release_key_space():
             raise _exit(f"No claim on {space}: nothing to release.", NOT_FOUND)
-        self._say(
+        self.stdout.write(
             f"Released {space}: the next accept, cleanup or worker start of a project "
             "claims it again."
         )
@@ -420,10 +400,6 @@ class Command(BaseCommand):
     @staticmethod
     def _ref(options: dict[str, Any]) -> str:
         return f"{options['workspace']}/{options['session']}/{options['entry']}"
-
-    def _say(self, line: str) -> None:
-        """Write one human-readable line, escaped by :func:`printable`."""
-        self.stdout.write(printable(line))
 
     def _json(self, value: Any) -> None:
         self.stdout.write(json.dumps(value, ensure_ascii=False, indent=2, default=str))
