@@ -37,7 +37,13 @@ from typing import Any
 
 from .base import OutboxBase
 from .entry import Entry, OutboxEvent, Verdict
-from .errors import AmbiguousError, PriorAttemptPendingError, TransientDeliveryError
+from .errors import (
+    AmbiguousError,
+    OutboxUnavailable,
+    PriorAttemptPendingError,
+    TransientDeliveryError,
+)
+from .history import HistoryReads
 from .keys import SessionKeys
 from .plans import Emit, Eval, Pipe, Plan, iter_once
 from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply, SnapshotReply
@@ -189,6 +195,11 @@ class DeliveryStep(OutboxBase):
 
         ``deliverer`` overrides the configured one; raises ``ValueError`` if
         neither is set, :class:`OutboxUnavailable` if Valkey cannot be reached.
+
+        The step's outcome is written to the per-minute history before this returns
+        (a worker batches that write instead), so ``manage.py outbox status`` and the
+        dashboard count deliveries made this way (docs/howto/observe.md). A history write
+        that fails keeps its counts for the next call and does not fail the step.
         """
         deliverer = deliverer or self.deliverer
         if deliverer is None:
@@ -196,7 +207,18 @@ class DeliveryStep(OutboxBase):
         took, carry = await self.astep(workspace_id, session_id, deliverer)
         if carry is not None:
             await self.arelease(workspace_id, session_id, carry)
+        await self._aflush_own_history()
         return took
+
+    async def _aflush_own_history(self) -> None:
+        """Write what this process counted, when no worker's history duty will."""
+        counter = self.history_counter
+        if not counter.pending or not isinstance(self, HistoryReads):  # the Outbox is both
+            return
+        try:
+            await self.aflush_history(counter)
+        except OutboxUnavailable:
+            logger.info("the history write after adeliver_once failed; kept for the next one")
 
     async def astep(
         self,
