@@ -107,8 +107,9 @@ class MessagesView(OutboxAPIView):
                 ),
                 413: OpenApiResponse(
                     ErrorSerializer,
-                    "text is larger than MAX_TEXT_BYTES UTF-8 bytes, or the body larger than "
-                    "DATA_UPLOAD_MAX_MEMORY_SIZE (too_large).",
+                    "text is larger than MAX_TEXT_BYTES UTF-8 bytes, model larger than 16 KiB "
+                    "encoded as JSON, or the body larger than DATA_UPLOAD_MAX_MEMORY_SIZE "
+                    "(too_large).",
                 ),
                 415: BODY_ERRORS[415],
                 422: OpenApiResponse(
