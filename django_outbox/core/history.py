@@ -189,8 +189,7 @@ class HistoryCounter:
         """Count ``n`` of field ``name`` for ``workspace_id`` in the minute of ``at_us``
         (Valkey-clock microseconds; None: now). Counts older than
         :data:`MAX_PENDING_MINUTES` are dropped when a new minute starts, so a process
-        that settles without a worker writing its counts (``adeliver_once`` in a loop of
-        its own) holds at most that many minutes."""
+        whose writes keep failing (Valkey away) holds at most that many minutes."""
         if not self.enabled or n <= 0:
             return
         key = (self._minute(at_us), workspace_id)
