@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-cluster test-redis7 lint demo venv clean opencode chaos bench docs mutate screenshot
+.PHONY: test test-cluster test-redis7 test-django6 lint demo venv clean opencode chaos bench docs mutate screenshot
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,30 @@ test-cluster: $(STAMP)
 # it; none needs what only Valkey has. About 1.5 minutes.
 test-redis7: $(STAMP)
 	OUTBOX_TEST_SERVER=redis-server $(BIN)/python -m pytest $(CLUSTER_RERUN) $(PYTEST_ARGS)
+
+# Django 6.0 on Python 3.12 (README "Install": the tested matrix is Django 5.2 on Python 3.11,
+# the project's .venv, and Django 6.0 on 3.12, this one): its own venv, .venv-django6, from the
+# newest pyenv 3.12 (DJANGO6_PYTHON=... picks another 3.12+ interpreter). It runs the suites
+# that touch Django: the REST API, admin, WebSocket, checks, CLI and transactions
+# (tests/django), the pages in Chromium (tests/browser), the demo and the quickstart
+# (tests/acceptance), opencode (tests/opencode) and the architecture rules. tests/core,
+# tests/operations, tests/delivery, tests/cluster and tests/faults drive the core, which
+# imports nothing of Django (tests/test_architecture.py), and run on 5.2 only.
+DJANGO6_PYTHON ?= $(or $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python))),python3.12)
+DJANGO6_VENV := .venv-django6
+DJANGO6_STAMP := $(DJANGO6_VENV)/.installed
+DJANGO6_SUITES = tests/django tests/browser tests/acceptance tests/opencode tests/test_architecture.py
+
+$(DJANGO6_STAMP): pyproject.toml
+	$(DJANGO6_PYTHON) -m venv $(DJANGO6_VENV)
+	$(DJANGO6_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DJANGO6_VENV)/bin/python -m pip install --quiet -e '.[test,demo]' 'Django>=6.0,<6.1'
+	touch $(DJANGO6_STAMP)
+
+test-django6: $(DJANGO6_STAMP)
+	$(DJANGO6_VENV)/bin/python -c "import django, sys; assert django.VERSION[:2] == (6, 0), \
+		django.__version__; print('Django', django.__version__, 'on Python', sys.version.split()[0])"
+	$(DJANGO6_VENV)/bin/python -m pytest $(DJANGO6_SUITES) $(PYTEST_ARGS)
 
 # Types: strict on django_outbox/core, django-stubs / djangorestframework-stubs for the
 # rest (pyproject.toml [tool.mypy]).
