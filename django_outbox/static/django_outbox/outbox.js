@@ -885,13 +885,17 @@ class Subscription {
     this.stopped = null; // the final close code that stopped reconnecting
     this.worker = null; // {alive, lastSeen, checkedAt} once asked (GET .../worker/)
     this.workerTimer = null;
+    this.workerChecking = false;
   }
 
   /** Ask whether a worker is alive, then again every workerCheck ms while subscribed. */
   async _checkWorker() {
+    // One check at a time: a wake-up during a check leaves that check to re-arm the timer.
+    if (this.workerChecking) return;
     clearTimeout(this.workerTimer);
     this.workerTimer = null;
     if (this.closed || !this.opts.workerCheck) return;
+    this.workerChecking = true;
     try {
       const response = await this.ctx.fetch(this.ctx.workerURL, {
         credentials: "same-origin",
@@ -905,6 +909,8 @@ class Subscription {
       }
     } catch {
       // Offline or refused: what we knew stands; the socket's state says the rest.
+    } finally {
+      this.workerChecking = false;
     }
     if (!this.closed) this.workerTimer = setTimeout(() => this._checkWorker(), this.opts.workerCheck);
   }
