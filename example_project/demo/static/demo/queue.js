@@ -128,7 +128,7 @@ function entryDetails(row, now) {
   if (e.reason && (row.state === "error" || row.state === "parked")) bits.push(`reason: ${e.reason}`);
   if (e.lastError && row.state !== "sent") bits.push(`last error: ${e.lastError}`);
   if (row.state === "finished") bits.push("ended while this page was not connected: delivered or dismissed");
-  else if (row.ended && row.ended !== "delivered") bits.push("never sent to the agent");
+  else if (row.ended && row.ended !== "delivered") bits.push("not delivered to the agent");
   return bits.join(" · ");
 }
 
@@ -193,7 +193,7 @@ function renderHold(hold) {
   let action = null;
   if (hold.reason === "forbidden") {
     action = el("button", { type: "button", class: "link", onclick: () => outbox.resume() }, "Try again");
-  } else if (hold.code === "login_changed" || hold.code === "csrf_failed") {
+  } else if (["login_changed", "csrf_failed", "csrf_missing"].includes(hold.code)) {
     action = el("button", { type: "button", class: "link", onclick: () => location.reload() }, "Reload the page");
   } else {
     action = el("a", { href: `${box.dataset.loginUrl}?next=${encodeURIComponent(here)}` }, "Log in again");
