@@ -44,16 +44,20 @@ test-redis7: $(STAMP)
 
 # Django 6.0 on Python 3.12 (README "Install": the tested matrix is Django 5.2 on Python 3.11,
 # the project's .venv, and Django 6.0 on 3.12, this one): its own venv, .venv-django6, from the
-# newest pyenv 3.12 (DJANGO6_PYTHON=... picks another 3.12+ interpreter). It runs the suites
-# that touch Django: the REST API, admin, WebSocket, checks, CLI and transactions
-# (tests/django), the pages in Chromium (tests/browser), the demo and the quickstart
-# (tests/acceptance), opencode (tests/opencode) and the architecture rules. tests/core,
-# tests/operations, tests/delivery, tests/cluster and tests/faults drive the core, which
-# imports nothing of Django (tests/test_architecture.py), and run on 5.2 only.
+# newest pyenv 3.12 (DJANGO6_PYTHON=... picks another 3.12+ interpreter). It runs what Django
+# renders or serves: the REST API, admin, WebSocket, checks, CLI and transactions
+# (tests/django), the demo and the quickstart (tests/acceptance), the architecture rules, and
+# the browser tests of pages Django renders (the queue page, the admin's list and dashboard).
+# The core's folders (tests/core, operations, delivery, cluster, faults) import nothing of
+# Django (tests/test_architecture.py), and outbox.js's own logic (the other browser tests)
+# and the opencode deliverer do not depend on it: they run on 5.2 only.
 DJANGO6_PYTHON ?= $(or $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python))),python3.12)
 DJANGO6_VENV := .venv-django6
 DJANGO6_STAMP := $(DJANGO6_VENV)/.installed
-DJANGO6_SUITES = tests/django tests/browser tests/acceptance tests/opencode tests/test_architecture.py
+DJANGO6_SUITES = tests/django tests/acceptance tests/test_architecture.py \
+	tests/browser/test_browser.py tests/browser/test_browser_csrf.py \
+	tests/browser/test_browser_worker.py tests/browser/test_browser_admin_layout.py \
+	tests/browser/test_browser_dashboard.py
 
 $(DJANGO6_STAMP): pyproject.toml
 	$(DJANGO6_PYTHON) -m venv $(DJANGO6_VENV)
