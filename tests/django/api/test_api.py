@@ -638,7 +638,6 @@ def test_cleanup_of_star_is_not_a_pattern(staff):
         (body(model="gpt-5"), {"model"}),
         (body(model=["x"]), {"model"}),
         (body(model=3), {"model"}),
-        (body(model={"k": "v" * 17_000}), {"model"}),
         (body(model={"k": "\udc00"}), {"model"}),
         (body(model=nested(33)), {"model"}),
     ],
