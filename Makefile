@@ -4,19 +4,34 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-cluster test-redis7 test-django6 lint demo venv clean opencode chaos bench docs mutate screenshot
+.PHONY: test test-cluster test-redis7 test-django6 lint demo venv clean opencode chaos bench docs mutate screenshot langgraph
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The LangGraph Agent Server (`langgraph dev`) for tests/langgraph and make demo
+# AGENT=langgraph: the pyproject extra langgraph-server, in its own venv (its pins clash with
+# the test extra's; docs/howto/langgraph.md). Only that extra's packages, not the project.
+LG_VENV := .venv-langgraph
+LG_STAMP := $(LG_VENV)/.installed
+
+$(LG_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(LG_VENV)
+	$(LG_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LG_VENV)/bin/python -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['langgraph-server']))" > $(LG_VENV)/requirements.txt
+	$(LG_VENV)/bin/python -m pip install --quiet -r $(LG_VENV)/requirements.txt
+	touch $@
+
+langgraph: $(LG_STAMP)
+
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,demo]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) $(LG_STAMP)
 
-test: $(STAMP)
+test: $(STAMP) $(LG_STAMP)
 	$(BIN)/ruff check django_outbox tests example_project
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -81,6 +96,7 @@ lint: $(STAMP)
 # agent, uvicorn and a worker under one parent; Ctrl-C stops it all. Data in var/demo/.
 #   make demo                  http://127.0.0.1:8000/, log in as demo / demo
 #   make demo AGENT=opencode   the real `opencode serve` instead of the fake agent
+#   make demo AGENT=langgraph  a LangGraph Agent Server (`langgraph dev`, a graph that echoes)
 #   make demo ARGS=--smoke     a scripted run that prints a table and exits 0/1
 # Plain `=`: only the command line overrides these, not a stray AGENT in the environment.
 AGENT = fake
@@ -155,4 +171,4 @@ opencode:
 	sh scripts/install-opencode.sh
 
 clean:
-	rm -rf $(VENV) $(PEERS_VENV) var .pytest_cache docs/_build docs/_generated
+	rm -rf $(VENV) $(PEERS_VENV) $(LG_VENV) var .pytest_cache docs/_build docs/_generated

@@ -3,7 +3,7 @@
 IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 
 - ``E001`` the ``OUTBOX`` settings are invalid
-- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY does not import or call
+- ``E002`` a DELIVERER / VERIFIER / LEDGER_PROBE / ACCESS_POLICY / ROUTER does not import or call
 - ``E003`` Valkey's ``maxmemory-policy`` is not ``noeviction`` (it would delete queued messages)
 - ``E004`` the outbox WebSocket consumer is routed (by ``ASGI_APPLICATION``, or by the
   project's ``asgi`` module next to the settings) but no channel layer is configured
@@ -31,6 +31,9 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``E007`` the server cannot do what the outbox or its settings need: older than Redis
   7.0, or ``WAIT_AOF`` on a server without WAITAOF (Redis before 7.2); the worker will
   not start there either
+- ``E008`` an ``AGENTS`` entry or the ``ROUTER`` is unusable: a callable that does not
+  import or call, an ``async def`` router, settings the agent's deliverer refuses
+  (docs/howto/agents.md)
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -97,6 +100,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 )
             )
     errors += _check_async_policy(conf)
+    errors += _check_agents(conf)
     if conf.access_policy == DEFAULT_ACCESS_POLICY:
         errors.append(
             checks.Warning(
@@ -120,7 +124,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="django_outbox.W007",
             )
         )
-    if conf.deliverer is None:
+    if conf.deliverer is None and not conf.agents:
         errors.append(
             checks.Warning(
                 "No OUTBOX['DELIVERER'] is configured: messages are accepted but "
@@ -132,6 +136,39 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     errors += _check_valkey_url_sources()
     errors += _check_channel_layer()
     errors += _check_origin_validation()
+    return errors
+
+
+def _check_agents(conf: Any) -> list[checks.CheckMessage]:
+    """E008: every ``AGENTS`` entry resolves (its callables import and call, its deliverer
+    accepts its settings) and the ``ROUTER`` is a plain callable (docs/howto/agents.md)."""
+    errors: list[checks.CheckMessage] = []
+    for agent in conf.agents.values():
+        try:
+            agent.resolve()
+        except ImproperlyConfigured as exc:
+            errors.append(
+                checks.Error(
+                    redact(str(exc)),
+                    hint=f"Fix OUTBOX['AGENTS'][{agent.name!r}] (docs/howto/agents.md).",
+                    id="django_outbox.E008",
+                )
+            )
+    try:
+        conf.resolve("ROUTER")
+    except ImproperlyConfigured:
+        return errors  # E002 says so
+    try:
+        conf.resolve_router()
+    except ImproperlyConfigured as exc:
+        errors.append(
+            checks.Error(
+                redact(str(exc)),
+                hint="Point OUTBOX['ROUTER'] at a plain function (workspace_id, session_id) -> "
+                "agent name (docs/howto/agents.md#routing).",
+                id="django_outbox.E008",
+            )
+        )
     return errors
 
 
@@ -524,3 +561,36 @@ def _check_origin_validation() -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+#: Cache backends in which DRF's throttles count nothing at all.
+_UNCOUNTING_CACHES = ("django.core.cache.backends.dummy.DummyCache",)
+
+
+@checks.register("outbox")
+def check_accept_throttle(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W014: ``USER_ACCEPTS_PER_MINUTE_ALL`` is on, but Django's default cache, where the
+    REST accept's throttle counts, keeps nothing (``DummyCache``): no bound applies to a
+    user over workspaces (docs/explanation/idempotency.md#per-user-bounds)."""
+    try:
+        conf = outbox_settings()
+    except ImproperlyConfigured:
+        return []  # E001 says so
+    if not conf.user_accepts_per_minute_all:
+        return []
+    backend = getattr(settings, "CACHES", {}).get("default", {}).get("BACKEND", "")
+    if backend not in _UNCOUNTING_CACHES:
+        return []
+    return [
+        checks.Warning(
+            f"OUTBOX['USER_ACCEPTS_PER_MINUTE_ALL'] is "
+            f"{conf.user_accepts_per_minute_all}, but the default cache ({backend}) counts "
+            "nothing: no bound applies to one user's accepts over every workspace, so a "
+            "user the access policy lets into many workspaces may accept the per-workspace "
+            "bounds that many times over.",
+            hint="Point CACHES['default'] at a shared cache (Redis/Valkey, Memcached), or "
+            "set OUTBOX['USER_ACCEPTS_PER_MINUTE_ALL'] = 0 to say you bound users otherwise "
+            "(docs/explanation/idempotency.md#per-user-bounds).",
+            id="django_outbox.W014",
+        )
+    ]

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
+import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,10 +34,12 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from .core.agents import DEFAULT_AGENT, Agent
 from .core.config import (
     DURATION,
     DURATION_OR_ZERO,
     FLAG,
+    OPTIONAL_LIMIT,
     Config,
     ConfigError,
     Setting,
@@ -42,7 +47,7 @@ from .core.config import (
     kinds,
     setting,
 )
-from .core.redaction import redact, remember_credentials, remember_url
+from .core.redaction import redact, remember_credentials, remember_secret, remember_url
 
 DEFAULT_ACCESS_POLICY = "django_outbox.policy.staff_only"
 
@@ -79,10 +84,25 @@ OWN_SETTINGS: dict[str, Setting] = {
         doc="the server's URL; when unset, the environment's OUTBOX_VALKEY_URL, then this",
     ),
     "OPENCODE": Setting(None, kind=None, doc="the built-in opencode deliverer's block"),
+    "AGENTS": Setting(
+        None, kind=None, doc="named agents: {name: {DELIVERER, VERIFIER, ABORTER, settings}}"
+    ),
+    "ROUTER": Setting(
+        None, kind=_callable_or_path, doc="(workspace_id, session_id) -> the agent's name"
+    ),
+    "LANGGRAPH": Setting(None, kind=None, doc="the built-in LangGraph backend's block"),
+    "USER_ACCEPTS_PER_MINUTE_ALL": Setting(
+        60,
+        kind=OPTIONAL_LIMIT,
+        doc="one user's REST accepts per minute over every workspace (a DRF throttle); 0/None: off",
+    ),
 }
 OWN_KEYS = frozenset(OWN_SETTINGS)
 #: The keys that name a callable (``OUTBOX[key]`` is resolved by :meth:`OutboxSettings.resolve`).
 CALLABLE_KEYS = tuple(k for k, s in OWN_SETTINGS.items() if s.kind is _callable_or_path)
+#: The keys of an ``OUTBOX["AGENTS"]`` entry that name its callables; its other keys are
+#: the agent's own settings (:attr:`AgentSettings.options`).
+AGENT_CALLABLE_KEYS = ("DELIVERER", "VERIFIER", "ABORTER")
 #: Default of ``OUTBOX["OPENCODE"]["MAX_RESPONSE_BYTES"]``: the most the verifier reads of
 #: one answer from the agent (16 MiB).
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -101,6 +121,15 @@ class OutboxSettings:
     config: Config
     #: ``OUTBOX["OPENCODE"]``, or None when the block is absent.
     opencode: OpencodeSettings | None = None
+    #: ``OUTBOX["AGENTS"]``, checked for shape (its callables are imported by
+    #: :meth:`resolve_agents`); empty when absent.
+    agents: Mapping[str, AgentSettings] = field(default_factory=dict)
+    #: ``OUTBOX["ROUTER"]``: a callable or its dotted path, or None.
+    router: Any = None
+    #: ``OUTBOX["LANGGRAPH"]``, or None when the block is absent.
+    langgraph: LangGraphSettings | None = None
+    #: ``OUTBOX["USER_ACCEPTS_PER_MINUTE_ALL"]`` (0: off): django_outbox.api.throttling.
+    user_accepts_per_minute_all: int = 60
 
     def resolve(self, key: str) -> Callable[..., Any] | None:
         """Import and return the callable configured for ``key`` (e.g. ``"DELIVERER"``).
@@ -119,6 +148,123 @@ class OutboxSettings:
         if not callable(value):
             raise ImproperlyConfigured(f"OUTBOX[{key!r}] must be callable, got {value!r}")
         return value
+
+    def resolve_agents(self) -> dict[str, Agent]:
+        """The ``AGENTS`` entries as :class:`~django_outbox.core.agents.Agent` objects, their
+        callables imported (docs/howto/agents.md). A callable that carries
+        ``validate_agent_options(name, options)`` (the HTTP agent's do) checks the
+        entry's own settings. Raises ``ImproperlyConfigured`` naming the entry and key:
+        a path that does not import, an object that is not callable, settings its
+        deliverer refuses."""
+        return {name: agent.resolve() for name, agent in self.agents.items()}
+
+    def resolve_router(self) -> Callable[[str, str], Any] | None:
+        """The ``ROUTER`` callable, or None. Raises ``ImproperlyConfigured`` when it does not
+        import, is not callable or is an ``async def`` (the worker calls it without
+        awaiting, once per delivery step: docs/howto/agents.md#routing)."""
+        router = self.resolve("ROUTER")
+        if router is not None and (
+            inspect.iscoroutinefunction(router)
+            or inspect.iscoroutinefunction(getattr(router, "__call__", None))  # noqa: B004
+        ):
+            raise ImproperlyConfigured(
+                "OUTBOX['ROUTER'] is an async function; it must be a plain, quick function "
+                "(workspace_id, session_id) -> agent name"
+            )
+        return router
+
+
+def _import_callable(name: str, value: Any) -> Callable[..., Any] | None:
+    """``value`` imported if it is a dotted path; None stays None. Raises
+    ``ImproperlyConfigured`` naming ``name`` when it does not import or is not callable."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"{name} cannot be imported: {exc}") from exc
+    if not callable(value):
+        raise ImproperlyConfigured(f"{name} must be callable, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """One validated ``OUTBOX["AGENTS"]`` entry: ``name``, its ``deliverer`` (required),
+    ``verifier`` and ``aborter`` (callables or dotted paths, or None) and ``options``
+    (its other keys, as given). docs/howto/agents.md."""
+
+    name: str
+    deliverer: Any
+    verifier: Any = None
+    aborter: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def key(self, key: str) -> str:
+        """How a key of this entry is named in messages: ``OUTBOX['AGENTS']['x']['KEY']``."""
+        return f"OUTBOX['AGENTS'][{self.name!r}][{key!r}]"
+
+    def resolve(self) -> Agent:
+        """This entry as an :class:`~django_outbox.core.agents.Agent` (see
+        :meth:`OutboxSettings.resolve_agents`)."""
+        deliverer = _import_callable(self.key("DELIVERER"), self.deliverer)
+        verifier = _import_callable(self.key("VERIFIER"), self.verifier)
+        aborter = _import_callable(self.key("ABORTER"), self.aborter)
+        for fn in (deliverer, verifier, aborter):
+            validate = getattr(fn, "validate_agent_options", None)
+            if callable(validate):
+                validate(self.name, self.options)
+        return Agent(self.name, deliverer, verifier, aborter, MappingProxyType(dict(self.options)))
+
+
+#: An agent's name: it is a metrics label and a settings key.
+AGENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _agents(raw: Any, has_deliverer: bool, has_router: bool) -> dict[str, AgentSettings]:
+    """Validate the shape of ``OUTBOX["AGENTS"]`` (``{}`` when absent); its callables are
+    imported later (:meth:`OutboxSettings.resolve_agents`)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured("OUTBOX['AGENTS'] must be a dict {name: {...}}")
+    agents: dict[str, AgentSettings] = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not AGENT_NAME_RE.fullmatch(name):
+            raise ImproperlyConfigured(
+                f"OUTBOX['AGENTS'] key {name!r} is not an agent name: 1 to 64 letters, "
+                "digits, '_', '.' or '-', starting with a letter or digit"
+            )
+        if not isinstance(entry, Mapping):
+            raise ImproperlyConfigured(f"OUTBOX['AGENTS'][{name!r}] must be a dict")
+        for key in AGENT_CALLABLE_KEYS:
+            try:
+                _callable_or_path(key, entry.get(key))
+            except ConfigError as exc:
+                raise ImproperlyConfigured(
+                    f"OUTBOX['AGENTS'][{name!r}][{key!r}] {exc.rule}"
+                ) from exc
+        if entry.get("DELIVERER") is None:
+            raise ImproperlyConfigured(f"OUTBOX['AGENTS'][{name!r}]['DELIVERER'] is required")
+        if name == DEFAULT_AGENT and has_deliverer:
+            raise ImproperlyConfigured(
+                "OUTBOX['AGENTS']['default'] and OUTBOX['DELIVERER'] both define the default "
+                "agent: keep one"
+            )
+        agents[name] = AgentSettings(
+            name,
+            entry["DELIVERER"],
+            entry.get("VERIFIER"),
+            entry.get("ABORTER"),
+            {k: v for k, v in entry.items() if k not in AGENT_CALLABLE_KEYS},
+        )
+    if len(agents) > 1 and not has_deliverer and DEFAULT_AGENT not in agents and not has_router:
+        raise ImproperlyConfigured(
+            "OUTBOX['AGENTS'] has several agents and none is the default: set "
+            "OUTBOX['ROUTER'] (workspace_id, session_id) -> agent name, or name one 'default'"
+        )
+    return agents
 
 
 def _valkey_url(raw: dict[str, Any]) -> str:
@@ -330,6 +476,123 @@ def _opencode(raw: Any, delivery_timeout: float) -> OpencodeSettings | None:
     return OpencodeSettings(**values)
 
 
+# --- OUTBOX["LANGGRAPH"] -----------------------------------------------------------------
+
+#: Default of ``OUTBOX["LANGGRAPH"]["THREAD_NAMESPACE"]``: the UUID namespace of the
+#: thread IDs (uuid5 of workspace and session; docs/howto/langgraph.md).
+DEFAULT_LANGGRAPH_NAMESPACE = "6f7c2d0e-4b1a-5c8e-9a3d-0d1b2c3e4f50"
+
+
+def _langgraph_url(key: str, value: Any) -> str:
+    """An http(s) URL without a trailing slash and without credentials (the key goes in
+    API_KEY); a URL's credentials are remembered for redaction all the same."""
+    if isinstance(value, str):
+        remember_url(value)
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            parts = None
+        if parts is not None and parts.scheme in ("http", "https") and parts.netloc:
+            if "@" in parts.netloc:
+                raise ConfigError(key, "must not carry credentials; set API_KEY instead")
+            return value.rstrip("/")
+    shown = redact(value) if isinstance(value, str) else value
+    raise ConfigError(key, f"must be an http(s) URL such as http://127.0.0.1:2024, got {shown!r}")
+
+
+def _assistant_id(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(key, "must be a non-empty string (a graph name or assistant UUID)")
+    return value
+
+
+def _api_key(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or any(c in value for c in "\r\n"):
+        raise ConfigError(key, "must be a non-empty string on one line, or None")
+    return value
+
+
+def _namespace(key: str, value: Any) -> str:
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        raise ConfigError(key, f"must be a UUID, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class LangGraphSettings:
+    """Validated ``OUTBOX["LANGGRAPH"]`` (docs/howto/langgraph.md): each key is a field
+    below, in lower case. ``url`` is stored without a trailing slash, timeouts in float
+    seconds, ``thread_namespace`` as a canonical UUID string."""
+
+    url: str = setting("", kind=_langgraph_url, doc="the LangGraph Agent Server; required")
+    assistant_id: str = setting(
+        "", kind=_assistant_id, doc="the graph name or assistant ID each run uses; required"
+    )
+    api_key: str | None = setting(None, kind=_api_key, doc="sent as X-Api-Key; no key when None")
+    connect_timeout: float = setting(5.0, kind=DURATION, doc="connecting to the server")
+    request_timeout: float = setting(
+        30.0, kind=DURATION, doc="each read of a thread, run, search or cancel request"
+    )
+    timeout: float = setting(
+        declared(Config)["delivery_timeout"].default,
+        kind=DURATION,
+        doc="waiting for a run to finish; the default is DELIVERY_TIMEOUT",
+    )
+    max_response_bytes: int = setting(
+        DEFAULT_MAX_RESPONSE_BYTES, kind=_response_bytes, doc="the most read of one answer"
+    )
+    thread_namespace: str = setting(
+        DEFAULT_LANGGRAPH_NAMESPACE,
+        kind=_namespace,
+        doc="the UUID namespace of the thread IDs",
+    )
+
+
+_LANGGRAPH = declared(LangGraphSettings)
+#: The keys of ``OUTBOX["LANGGRAPH"]``.
+LANGGRAPH_KEYS = frozenset(name.upper() for name in _LANGGRAPH)
+
+
+def _langgraph(raw: Any, delivery_timeout: float) -> LangGraphSettings | None:
+    """Validate ``OUTBOX["LANGGRAPH"]``; None when it is absent."""
+    if raw is None:
+        return None
+    return langgraph_block(raw, delivery_timeout)
+
+
+def langgraph_block(
+    raw: Any, delivery_timeout: float, where: str = "OUTBOX['LANGGRAPH']"
+) -> LangGraphSettings:
+    """Validate one LangGraph block: ``OUTBOX["LANGGRAPH"]``, or the options of an
+    ``AGENTS`` entry (``where`` names it in the errors). Raises ``ImproperlyConfigured``
+    naming the key and its rule (docs/howto/langgraph.md#settings)."""
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict")
+    unknown = sorted(set(raw) - LANGGRAPH_KEYS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{where} has unknown keys {unknown}; known: {sorted(LANGGRAPH_KEYS)}"
+        )
+    # Remembered before anything is checked: a wrong later key never shows the key.
+    remember_secret(raw.get("API_KEY"))
+    for key in ("URL", "ASSISTANT_ID"):
+        if raw.get(key) is None:
+            raise ImproperlyConfigured(f"{where}[{key!r}] is required")
+    defaults = {name: declaration.default for name, declaration in _LANGGRAPH.items()}
+    defaults["timeout"] = delivery_timeout  # TIMEOUT's default is DELIVERY_TIMEOUT
+    values: dict[str, Any] = {}
+    try:
+        for name, kind in kinds(LangGraphSettings).items():
+            key = name.upper()
+            values[name] = kind(key, raw.get(key, defaults[name]))
+    except ConfigError as exc:
+        raise ImproperlyConfigured(f"{where}[{exc.key!r}] {exc.rule}") from exc
+    return LangGraphSettings(**values)
+
+
 # --- the whole OUTBOX dict ---------------------------------------------------------------
 
 
@@ -356,6 +619,10 @@ def _build() -> OutboxSettings:
         access_policy=own["ACCESS_POLICY"],
         config=config,
         opencode=_opencode(raw.get("OPENCODE"), config.delivery_timeout),
+        agents=_agents(raw.get("AGENTS"), own["DELIVERER"] is not None, own["ROUTER"] is not None),
+        router=own["ROUTER"],
+        langgraph=_langgraph(raw.get("LANGGRAPH"), config.delivery_timeout),
+        user_accepts_per_minute_all=own["USER_ACCEPTS_PER_MINUTE_ALL"],
     )
 
 

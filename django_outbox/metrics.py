@@ -66,6 +66,20 @@ class WorkerMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
             registry=self.registry,
         )
+        self.agent_steps = Counter(
+            "outbox_agent_steps",
+            "Deliver and verify steps by agent (docs/howto/agents.md), step and outcome "
+            "(delivered, failed, transient, held, ambiguous, absent, inconclusive, ...)",
+            ["agent", "step", "outcome"],
+            registry=self.registry,
+        )
+        self.agent_duration = Histogram(
+            "outbox_agent_step_duration_seconds",
+            "Duration of deliver and verify steps by agent",
+            ["agent", "step"],
+            buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600),
+            registry=self.registry,
+        )
         self._sample: dict[str, int] = {}
         self._pending: dict[str, int] = {}
         self._sampled_at = 0.0
@@ -84,6 +98,14 @@ class WorkerMetrics:
             self.ambiguous.inc()
         elif outcome != "inconclusive":
             self.failed.labels(outcome).inc()
+
+    def on_agent_step(
+        self, agent: str, step: str, outcome: str, result: str, seconds: float
+    ) -> None:
+        """An ``Outbox.agent_step_listeners`` listener: count the step by agent, step and
+        outcome, and time it (a step whose lease was lost counts as outcome ``lost``)."""
+        self.agent_steps.labels(agent, step, "lost" if result == "lost" else outcome).inc()
+        self.agent_duration.labels(agent, step).observe(seconds)
 
     def on_delivered(self, sender: Any, entry: Entry, **kwargs: Any) -> None:
         """An ``entry_delivered`` receiver: observe the entry's accept → delivered latency

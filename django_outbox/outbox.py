@@ -285,6 +285,8 @@ def get_outbox() -> Outbox:
                 deliverer=s.resolve("DELIVERER"),
                 verifier=s.resolve("VERIFIER"),
                 ledger_probe=s.resolve("LEDGER_PROBE"),
+                agents=s.resolve_agents(),
+                router=s.resolve_router(),
                 config=s.config,
                 key_space_owner=key_space_owner(s),
             )

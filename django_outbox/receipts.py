@@ -40,6 +40,11 @@ logger = logging.getLogger("django_outbox")
 PRUNE_INTERVAL = 600.0
 #: Most receipts one prune pass (or one batch of the command) deletes.
 PRUNE_BATCH = 1000
+#: Oldest age :func:`prune` takes, in seconds (100 years): beyond it the cutoff date
+#: would fall outside what a ``datetime`` holds.
+MAX_PRUNE_AGE = 100 * 365 * 86_400
+#: Largest batch :func:`prune` takes (one ``DELETE ... WHERE id IN (...)``).
+MAX_PRUNE_BATCH = 100_000
 #: Longest ``receiver`` value stored; longer dotted names are cut and suffixed with a hash.
 MAX_NAME = 255
 
@@ -146,17 +151,35 @@ def is_once(receiver: Any) -> bool:
 # -- pruning ---------------------------------------------------------------------------------
 
 
+def check_prune_args(older_than: object, batch: object) -> None:
+    """Raise ``ValueError`` unless ``older_than`` is a finite number of seconds from 0 to
+    :data:`MAX_PRUNE_AGE` and ``batch`` a whole number from 1 to :data:`MAX_PRUNE_BATCH`
+    (:func:`prune` and ``manage.py outbox_prune_receipts`` share this rule)."""
+    if (
+        isinstance(older_than, bool)
+        or not isinstance(older_than, (int, float))
+        # a NaN fails every comparison, an infinity the upper bound
+        or not 0 <= older_than <= MAX_PRUNE_AGE
+    ):
+        raise ValueError(
+            f"older_than must be a finite number of seconds from 0 to {MAX_PRUNE_AGE} (100 years)"
+        )
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_PRUNE_BATCH:
+        raise ValueError(f"batch must be a whole number from 1 to {MAX_PRUNE_BATCH}")
+
+
 def prune(older_than: float | None = None, batch: int = PRUNE_BATCH) -> int:
     """Delete up to ``batch`` receipts created more than ``older_than`` seconds ago
     (default ``DEDUPE_TTL``), oldest first; return how many were deleted. Raises
-    ``ValueError`` for a negative age or a batch below 1, and what the database raises."""
+    ``ValueError`` for an age that is not a finite number from 0 to :data:`MAX_PRUNE_AGE`
+    (NaN, infinity, negative, ``1e308``) or a batch not from 1 to :data:`MAX_PRUNE_BATCH`,
+    and what the database raises (docs/reference/commands.md#outbox_prune_receipts)."""
     from .conf import outbox_settings
     from .models import DeliveryReceipt
 
     if older_than is None:
         older_than = outbox_settings().config.dedupe_ttl
-    if older_than < 0 or batch < 1:
-        raise ValueError("older_than must be >= 0 seconds and batch >= 1")
+    check_prune_args(older_than, batch)
     cutoff = timezone.now() - timedelta(seconds=older_than)
     using = router.db_for_write(DeliveryReceipt)
     rows = DeliveryReceipt.objects.using(using)
@@ -185,3 +208,32 @@ def pruner(wanted: Callable[[], Any], interval: float = PRUNE_INTERVAL) -> Duty:
             logger.info("outbox: pruned %d delivery receipts older than DEDUPE_TTL", deleted)
 
     return Duty("pruning delivery receipts", interval, run, burst=True)
+
+
+def skip_owed(entry_id: str, delivered_at: str, names: list[str]) -> list[str]:
+    """Record a receipt for each opted-in receiver of ``names`` that has none for the
+    delivery ``(entry_id, delivered_at)``, without running it: the next firing of the owed
+    ``entry_delivered`` skips them (as a replay does) and the session goes on. Returns the
+    names recorded now. What staff do for a receiver that keeps failing on one entry
+    (``manage.py outbox owed --skip``; docs/reference/signals.md#a-receiver-that-keeps-failing).
+    Raises what the database raises."""
+    from .models import DeliveryReceipt
+
+    using = router.db_for_write(DeliveryReceipt)
+    recorded = []
+    for name in names:
+        try:
+            with transaction.atomic(using=using):
+                DeliveryReceipt.objects.using(using).create(
+                    entry_id=entry_id, delivered_at=delivered_at, receiver=name
+                )
+        except IntegrityError:
+            continue  # it ran (or was skipped) already
+        recorded.append(name)
+        logger.warning(
+            "outbox: once receiver %s skipped by staff for entry %s delivered at %s",
+            name,
+            entry_id,
+            delivered_at,
+        )
+    return recorded

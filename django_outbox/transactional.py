@@ -51,7 +51,13 @@ from django.db.models.functions import Now
 
 from .core.duties import Duty
 from .core.errors import Duplicate, IdempotencyConflict, RateLimited
-from .core.rules import check_identifier, check_user_id, describe_error, validate_content
+from .core.rules import (
+    check_identifier,
+    check_model_allowed,
+    check_user_id,
+    describe_error,
+    validate_content,
+)
 
 if TYPE_CHECKING:
     from .core.service import Outbox
@@ -113,6 +119,7 @@ def accept_on_commit(
     check_identifier("workspace ID", workspace_id)
     check_identifier("session ID", session_id)
     validate_content(text, model, client_message_id, outbox.config.max_text_bytes)
+    check_model_allowed(model, outbox.config.models)
     user_id = check_user_id(user_id)
     prompt = {"user_id": user_id, "text": text, "model": model}
     try:

@@ -2,6 +2,7 @@
 
     python -m example_project.run                    # fake agent, http://127.0.0.1:8000/
     python -m example_project.run --agent opencode   # the real `opencode serve`
+    python -m example_project.run --agent langgraph  # a LangGraph Agent Server (langgraph dev)
     python -m example_project.run --smoke            # scripted run, a table, exit 0/1
 
 Starts an embedded Valkey (unless ``OUTBOX_VALKEY_URL`` is set), the agent, migrates
@@ -47,9 +48,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--agent",
-        choices=("fake", "opencode"),
+        choices=("fake", "opencode", "langgraph"),
         default="fake",
-        help="the fake opencode-compatible agent (default) or the real `opencode serve`",
+        help="the fake opencode-compatible agent (default), the real `opencode serve`, or a "
+        "LangGraph Agent Server (`langgraph dev`, a graph that echoes)",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="drive the stack with a scripted client and exit"
@@ -94,6 +96,8 @@ def banner(stack: Stack) -> str:
     agent = (
         f"fake opencode agent {stack.agent_url} (fault knobs on the page)"
         if stack.agent == "fake"
+        else f"langgraph dev {stack.agent_url} (graph 'echo'; a prompt 'sleep 5' thinks 5 s)"
+        if stack.agent == "langgraph"
         else f"opencode serve {stack.agent_url} (no LLM provider: every turn times out after "
         f"{stack.outbox.get('DELIVERY_TIMEOUT')}s and is verified)"
     )

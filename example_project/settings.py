@@ -11,6 +11,8 @@ Environment:
 - ``DEMO_AGENT_URL`` / ``DEMO_AGENT_PASSWORD``: the opencode(-compatible) server and its
   HTTP Basic password; ``DEMO_AGENT_KIND`` is ``fake`` or ``opencode`` (shown on the page;
   ``fake`` enables the page's fault-injection panel).
+- ``DEMO_AGENT_KIND=langgraph``: deliver to the LangGraph Agent Server at ``DEMO_AGENT_URL``
+  instead (``make demo AGENT=langgraph``; graph ``echo``, docs/howto/langgraph.md).
 - ``DEMO_OUTBOX``: a JSON object merged over ``OUTBOX`` (e.g. ``{"LOCK_TTL": 3}``), used by
   the smoke run and ``--agent opencode`` for short timeouts.
 """
@@ -129,6 +131,12 @@ OUTBOX = {
     "RETRY_BACKOFF": 2,
     "MAX_BACKOFF": 30,
 }
+if AGENT_KIND == "langgraph":
+    OUTBOX.update(
+        DELIVERER="django_outbox.delivery.langgraph.deliver",
+        VERIFIER="django_outbox.delivery.langgraph.verify",
+        LANGGRAPH={"URL": AGENT_URL, "ASSISTANT_ID": "echo"},
+    )
 OUTBOX.update(json.loads(os.environ.get("DEMO_OUTBOX") or "{}"))
 
 LOGGING = {

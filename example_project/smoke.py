@@ -158,6 +158,7 @@ class Smoke:
         self.agent_posts: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.fake = stack.agent == "fake"
+        self.langgraph = stack.agent == "langgraph"
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -260,6 +261,8 @@ class Smoke:
 
     async def transcript(self, key: str) -> list[str]:
         """The text parts of the session's user messages, in transcript order."""
+        if self.langgraph:
+            return await self.thread_prompts(key)
         r = await self.agent.get(f"/session/{self.sessions[key]}/message")
         r.raise_for_status()
         return [
@@ -269,6 +272,18 @@ class Smoke:
             for part in m["parts"]
             if part.get("type") == "text"
         ]
+
+    async def thread_prompts(self, key: str) -> list[str]:
+        """LangGraph: the user messages of the session's thread (docs/howto/langgraph.md)."""
+        from django_outbox.delivery.langgraph import thread_id_for
+
+        thread = thread_id_for(WORKSPACE, self.sessions[key])
+        r = await self.agent.get(f"/threads/{thread}/state")
+        if r.status_code == 404:
+            return []  # its thread comes with its first prompt
+        r.raise_for_status()
+        messages = (r.json().get("values") or {}).get("messages") or []
+        return [m["content"] for m in messages if m.get("type") == "human"]
 
     async def wait_in_transcript(self, message: Message, within: float) -> None:
         deadline = time.monotonic() + within
@@ -288,6 +303,12 @@ class Smoke:
                 "B": ["plain", "disconnect", "plain", "late-disconnect", "plain"],
                 "C": ["plain", "ambiguous", "plain", "plain"],
             }
+        elif self.langgraph:  # no fault knobs: the worker kill is the verified one
+            kinds = {
+                "A": ["plain", "duplicate", "worker-kill", "while-down", "while-down"],
+                "B": ["plain", "disconnect", "plain", "late-disconnect"],
+                "C": ["plain", "plain", "plain"],
+            }
         else:  # the real opencode: every turn times out and is verified; keep it short
             kinds = {
                 "A": ["duplicate", "worker-kill", "while-down"],
@@ -301,6 +322,8 @@ class Smoke:
             for i, kind in enumerate(seq, 1):
                 label = f"{key}{i}"
                 text = f"smoke {self.run_id} {label}: {words[i % len(words)]} ✓"
+                if self.langgraph and kind == "worker-kill":
+                    text = f"sleep 8 {text}"  # the echo graph thinks 8 s: killed mid-turn
                 message = Message(label, key, kind, text)
                 out[key].append(message)
                 self.messages.append(message)

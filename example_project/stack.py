@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO / "var" / "demo"
 OPENCODE_BIN = REPO / ".opencode" / "node_modules" / ".bin" / "opencode"
 INSTALL_OPENCODE = REPO / "scripts" / "install-opencode.sh"
+#: ``make demo AGENT=langgraph``: the LangGraph server's own venv and the graph it serves.
+LANGGRAPH_BIN = REPO / ".venv-langgraph" / "bin" / "langgraph"
+LANGGRAPH_APP = REPO / "tests" / "support" / "langgraph_app"
 HOST = "127.0.0.1"
 
 #: Seconds each child may take to stop after SIGTERM before it is killed.
@@ -157,8 +160,8 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
-        if self.agent not in ("fake", "opencode"):
-            raise StackError(f"unknown agent {self.agent!r}: use fake or opencode")
+        if self.agent not in ("fake", "opencode", "langgraph"):
+            raise StackError(f"unknown agent {self.agent!r}: use fake, opencode or langgraph")
         if self.valkey_url is None:
             self.valkey_url = os.environ.get("OUTBOX_VALKEY_URL") or None
         self.children: dict[str, Child] = {}
@@ -362,6 +365,13 @@ class Stack:
             child = self.spawn("agent", args, env=env)
             timeout = 15.0
             label = f"fake opencode agent {self.agent_url} (transcript in {state})"
+        elif self.agent == "langgraph":
+            child = self._spawn_langgraph(port)
+            self.wait_for(
+                "langgraph dev answers /ok", child, lambda: _answers_ok(self.agent_url), 90.0
+            )
+            self.say(f"langgraph dev {self.agent_url} (app in {self.data_dir / 'langgraph'})")
+            return
         else:
             child = self._spawn_opencode(port)
             timeout = 60.0
@@ -380,6 +390,25 @@ class Stack:
 
         self.wait_for("the agent answers /global/health", child, healthy, timeout)
         self.say(label)
+
+    def _spawn_langgraph(self, port: int) -> Child:
+        """``langgraph dev`` from ``.venv-langgraph`` (``make langgraph``) serving the test
+        graph that echoes (tests/support/langgraph_app), copied into the data dir."""
+        if not LANGGRAPH_BIN.exists():
+            subprocess.run(["make", "langgraph"], cwd=REPO, check=True)
+        app = self.data_dir / "langgraph"
+        shutil.copytree(LANGGRAPH_APP, app, dirs_exist_ok=True)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("LANGSMITH_", "LANGCHAIN_")) and not k.endswith("_API_KEY")
+        }
+        env.update(LANGSMITH_TRACING="false", LANGGRAPH_CLI_NO_ANALYTICS="1")
+        args = [
+            str(LANGGRAPH_BIN), "dev", "--no-browser", "--no-reload",
+            "--host", HOST, "--port", str(port),
+        ]  # fmt: skip
+        return self.spawn("agent", args, env=env, cwd=app)
 
     def _spawn_opencode(self, port: int) -> Child:
         """The real ``opencode serve`` from a git-initialised scratch dir, HOME in scratch."""
@@ -469,3 +498,11 @@ class Stack:
             else:
                 child.stop(0)
         self.release()
+
+
+def _answers_ok(url: str) -> bool:
+    """Whether a LangGraph server at ``url`` answers ``GET /ok``."""
+    try:
+        return httpx.get(f"{url}/ok", timeout=httpx.Timeout(1.0, connect=0.5)).status_code == 200
+    except httpx.HTTPError:
+        return False

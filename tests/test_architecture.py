@@ -321,6 +321,8 @@ TEST_FOLDERS = {
     "delivery",
     "django",
     "opencode",
+    "agents",
+    "langgraph",
     "cluster",
     "faults",
     "browser",

@@ -326,6 +326,8 @@ def read_page(
     page.workspaces = read.totals.workspaces
     page.sessions_total = read.totals.sessions
     page.attention_total = read.totals.attention
+    if among is not None and len(among) == 1:
+        page.notes += _held_signals(outbox, *among[0])
     if page.entry_id is not None and not page.exact:
         if not any(e.id == page.entry_id for v in page.sessions for e in v.entries):
             page.notes.append(
@@ -338,6 +340,23 @@ def read_page(
                 )
             )
     return page
+
+
+def _held_signals(outbox: Outbox, ws: str, ses: str) -> list[tuple[int, str]]:
+    """Warnings for the session's owed ``entry_delivered`` signals that failed
+    ``MAX_RECEIVER_ATTEMPTS`` times and wait for staff (one HGETALL, on a search that
+    names one session; docs/reference/signals.md#a-receiver-that-keeps-failing)."""
+    bound = outbox.config.max_receiver_attempts
+    return [
+        (
+            messages.WARNING,
+            f"The entry_delivered of {visible(entry_id)} failed {n} times and this session "
+            f"waits for staff: run 'manage.py outbox owed {ws} {ses} {visible(entry_id)} "
+            "--retry' after fixing the receiver, or '--skip' to record it as done.",
+        )
+        for entry_id, n in sorted(outbox.owed_failures(ws, ses).items())
+        if n >= bound
+    ]
 
 
 def _search(outbox: Outbox, query: str, page: Page) -> list[tuple[str, str]] | None:

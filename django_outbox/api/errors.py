@@ -18,6 +18,7 @@ body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``           413     ``too_large``
 ``InvalidIdentifier`` (ID in the path)              400     ``invalid_identifier``
 body shape / content rule (serializer)              400     ``invalid`` + ``fieldErrors``
 ``InvalidContent`` (a content rule of the core)     400     ``invalid``
+``ModelNotAllowed`` (not in ``OUTBOX["MODELS"]``)   400     ``model_not_allowed``
 ``RetryResult``/``DismissResult.NOT_FOUND``         404     ``not_found``
 ``RetryResult``/``DismissResult.BUSY``              409     ``busy``
 ``OutboxUnavailable``                               503     ``unavailable`` + ``accepted``
@@ -52,6 +53,7 @@ from ..errors import (
     InvalidContent,
     InvalidIdentifier,
     KeySpaceClaimed,
+    ModelNotAllowed,
     OutboxFull,
     OutboxUnavailable,
     RateLimited,
@@ -130,6 +132,8 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
         return error_response(
             status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, "too_large", f"{exc}. Nothing was stored."
         )
+    if isinstance(exc, ModelNotAllowed):  # before InvalidContent: it is one
+        return error_response(status.HTTP_400_BAD_REQUEST, "model_not_allowed", f"{exc}.")
     if isinstance(exc, InvalidContent):
         return error_response(status.HTTP_400_BAD_REQUEST, "invalid", str(exc))
     if isinstance(exc, InvalidIdentifier):

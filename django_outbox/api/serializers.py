@@ -180,7 +180,7 @@ class EntrySerializer(serializers.Serializer):
     reason = serializers.CharField(
         required=False,
         help_text="Machine code for error/parked entries: max_attempts, unverifiable, "
-        "transient_exhausted, or a park reason.",
+        "transient_exhausted, hold_exhausted, or a park reason.",
     )
     parkedFrom = serializers.CharField(
         required=False, help_text="The status a parked entry returns to when unparked."
@@ -195,6 +195,12 @@ class EntrySerializer(serializers.Serializer):
         required=False,
         min_value=0,
         help_text="Failures in which no attempt was driven (omitted if 0).",
+    )
+    holds = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Holds in a row: the agent asked to be left alone until a time (HTTP 429 "
+        "or 503 with Retry-After); no attempt used (omitted if 0).",
     )
     acceptedAt = serializers.CharField(help_text="RFC 3339 UTC with microseconds.")
     lastAttemptAt = serializers.CharField(required=False)

@@ -49,6 +49,7 @@ from .serializers import (
     UnparkRequestSerializer,
     WorkerPresenceSerializer,
 )
+from .throttling import UserAcceptThrottle
 
 
 def entries_for(request: Request, *entries: Entry) -> list[dict[str, Any]]:
@@ -63,6 +64,14 @@ class MessagesView(OutboxAPIView):
     """``api/workspaces/<ws>/sessions/<ses>/messages/``: the session's queue; accept a prompt."""
 
     actions = {"GET": "view", "POST": "accept"}
+
+    def get_throttles(self) -> list[Any]:
+        """The project's throttles, and on an accept one user's bound over every workspace
+        (:class:`~django_outbox.api.throttling.UserAcceptThrottle`)."""
+        throttles = list(super().get_throttles())
+        if self.request.method == "POST":
+            throttles.append(UserAcceptThrottle())
+        return throttles
 
     @documented(
         operation_id="outbox_messages_list",

@@ -18,12 +18,14 @@ import builtins
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .agents import Agent, AgentRouting
 from .config import Config
 from .duties import Duty
 from .entry import Entry, Lease, OutboxEvent, Snapshot, Status, format_time
 from .errors import OutboxUnavailable
 from .history import HistoryCounter
 from .keys import KeySpace, SessionKeys
+from .paging import valid_identifiers
 from .plans import Cmd, Eval, Pipe, Plan, iter_once
 from .replies import SnapshotReply
 from .scripts import session_prefix
@@ -33,7 +35,7 @@ from .transport import Transport, as_text
 KEY_CACHE_SIZE = 4096
 
 
-class OutboxBase(Transport):
+class OutboxBase(AgentRouting, Transport):
     """The shared floor of :class:`~django_outbox.core.service.Outbox`.
 
     ``OutboxBase(url="redis://127.0.0.1:6379/0", deliverer=..., verifier=...,
@@ -44,6 +46,12 @@ class OutboxBase(Transport):
     ``cluster=True`` uses Valkey Cluster clients. Raises
     :class:`~django_outbox.core.config.ConfigError` for invalid tunables and
     ``TypeError`` if both ``config`` and tunables are given.
+
+    ``agents`` (``{name: Agent}``) and ``router`` (``(workspace_id, session_id) ->
+    name``) deliver different sessions to different backends; ``aborter`` is the
+    default agent's (:class:`~django_outbox.core.agents.AgentRouting`,
+    docs/howto/agents.md). ``ValueError`` when ``agents`` is not a mapping of names
+    to :class:`~django_outbox.core.agents.Agent` or ``router`` is not callable.
     """
 
     def __init__(
@@ -57,6 +65,9 @@ class OutboxBase(Transport):
         clock: Callable[[], float] | None = None,
         client_options: dict[str, Any] | None = None,
         config: Config | None = None,
+        agents: dict[str, Agent] | None = None,
+        router: Callable[[str, str], Any] | None = None,
+        aborter: Callable[..., Any] | None = None,
         **tunables: Any,
     ) -> None:
         if config is not None and tunables:
@@ -72,6 +83,15 @@ class OutboxBase(Transport):
         self.deliverer = deliverer
         self.verifier = verifier
         self.ledger_probe = ledger_probe
+        self.aborter = aborter
+        agents = dict(agents or {})
+        for name, agent in agents.items():
+            if not isinstance(agent, Agent) or agent.name != name:
+                raise ValueError(f"agents[{name!r}] must be an Agent named {name!r}")
+        if router is not None and not callable(router):
+            raise ValueError("router must be a callable (workspace_id, session_id) -> name")
+        self.agents = agents
+        self.router = router
         self._lock_ttl_ms = int(self.config.lock_ttl * 1000)
         self._dedupe_ttl_ms = int(self.config.dedupe_ttl * 1000)
         # The per-minute history outlives the window by two minutes (the last one
@@ -341,10 +361,10 @@ class OutboxBase(Transport):
         """Every workspace with sessions, sorted (one SMEMBERS per shard on a cluster)."""
         answers = yield Pipe([Cmd(("SMEMBERS", k)) for k in self.keys.index_keys("workspaces")])
         members: set[str] = set()
-        for answer in answers:
+        for key, answer in zip(self.keys.index_keys("workspaces"), answers, strict=True):
             if isinstance(answer, Exception):
                 raise answer
-            members.update(as_text(m) for m in answer)
+            members.update(valid_identifiers(answer, key))  # a corrupt member is skipped
         return sorted(members)
 
     def workspaces(self) -> builtins.list[str]:

@@ -120,6 +120,34 @@ def _key_prefix(key: str, value: Any) -> str:
     return value
 
 
+#: The most names or patterns ``MODELS`` may hold, and the longest one.
+MAX_MODELS, MAX_MODEL_PATTERN = 1000, 512
+
+
+def _models(key: str, value: Any) -> tuple[str, ...] | None:
+    """MODELS: None (any valid model selector), or a list/tuple of ``"providerID/modelID"``
+    names or ``fnmatch`` patterns, kept as a tuple (docs/reference/settings.md#models)."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) > MAX_MODELS:
+        raise ConfigError(
+            key, f"must be None or a list or tuple of at most {MAX_MODELS} model names"
+        )
+    for item in value:
+        if (
+            not isinstance(item, str)
+            or not item.strip()
+            or len(item) > MAX_MODEL_PATTERN
+            or not item.isprintable()
+        ):
+            raise ConfigError(
+                key,
+                'must hold "providerID/modelID" names or patterns: non-blank printable '
+                f"strings of at most {MAX_MODEL_PATTERN} characters",
+            )
+    return tuple(value)
+
+
 # --- declaring a setting -----------------------------------------------------------------
 
 
@@ -209,6 +237,16 @@ class Config:
         kind=POSITIVE_INT,
         doc="transient failures in an entry's life before error / transient_exhausted",
     )
+    hold_max: float = setting(
+        300.0,
+        kind=DURATION,
+        doc="the longest an agent's Retry-After holds a session (longer ones are cut)",
+    )
+    max_holds: int = setting(
+        100,
+        kind=POSITIVE_INT,
+        doc="holds in a row (agent busy, Retry-After) before error / hold_exhausted",
+    )
     parked_sweep_interval: float = setting(
         60.0, kind=DURATION, doc="how often a worker asks the LEDGER_PROBE about error entries"
     )
@@ -262,6 +300,16 @@ class Config:
         24 * 3600.0,
         kind=DURATION_OR_ZERO,
         doc="seconds of per-minute history for the dashboard; 0: none",
+    )
+    max_receiver_attempts: int = setting(
+        5,
+        kind=POSITIVE_INT,
+        doc="failed firings of an owed entry_delivered before it waits for staff",
+    )
+    models: tuple[str, ...] | None = setting(
+        None,
+        kind=_models,
+        doc="model selectors accept takes ('providerID/modelID' names or patterns); None: any",
     )
 
     @classmethod

@@ -72,6 +72,8 @@ LEDGER_STATE_FAILED = "LEDGER_STATE_FAILED"
 REASON_MAX_ATTEMPTS = "max_attempts"
 REASON_UNVERIFIABLE = "unverifiable"
 REASON_TRANSIENT_EXHAUSTED = "transient_exhausted"
+#: ``MAX_HOLDS`` holds in a row (the agent kept asking to be left alone): docs/howto/agents.md.
+REASON_HOLD_EXHAUSTED = "hold_exhausted"
 
 
 # --- timestamps -------------------------------------------------------------
@@ -166,6 +168,7 @@ _STATE_FIELDS = (
     ("attempts", "attempts"),
     ("verifyAttempts", "verify_attempts"),
     ("transientFails", "transient_fails"),
+    ("holds", "holds"),
     ("acceptedAt", "accepted_at"),
     ("seq", "seq"),
     ("lastAttemptAt", "last_attempt_at"),
@@ -180,7 +183,7 @@ _CONTENT_FIELDS = (
     ("model", "model"),
     ("traceparent", "traceparent"),
 )
-_ZERO_OMITTED = {"verifyAttempts", "transientFails", "seq"}
+_ZERO_OMITTED = {"verifyAttempts", "transientFails", "holds", "seq"}
 _STRING_FIELDS = {
     "reason": "reason",
     "lastError": "last_error",
@@ -250,6 +253,10 @@ class Entry:
     #: Transient failures over the entry's life (``transientFails``); ``error`` /
     #: ``transient_exhausted`` at ``MAX_TRANSIENT_FAILURES``; retry resets it.
     transient_fails: int = 0
+    #: Holds in a row (``holds``): the agent answered "not now, retry after ..." and the
+    #: entry waits without using an attempt (docs/howto/agents.md); any other outcome
+    #: ends the run; ``error`` / ``hold_exhausted`` past ``MAX_HOLDS``; retry resets it.
+    holds: int = 0
     #: When it is due again after a backoff or verification delay (``nextAttemptAt``);
     #: None: due now.
     next_attempt_at: str | None = None
@@ -342,7 +349,7 @@ class Entry:
                     if not isinstance(kwargs[attr], str):
                         raise ValueError(f"{attr} must be an RFC 3339 string")
                     kwargs[attr] = canonical_time(kwargs[attr])
-            for attr in ("attempts", "verify_attempts", "transient_fails", "seq"):
+            for attr in ("attempts", "verify_attempts", "transient_fails", "holds", "seq"):
                 value = kwargs.get(attr, 0)
                 if isinstance(value, float) and value.is_integer():
                     value = int(value)

@@ -8,6 +8,7 @@ underlying error as ``err``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -82,6 +83,20 @@ class InvalidIdentifier(OutboxError, ValueError):
 class InvalidContent(OutboxError, ValueError):
     """Text, model, idempotency key, user ID or park reason breaks a rule of
     :mod:`django_outbox.core.rules` (HTTP 400); the message names the rule."""
+
+
+class ModelNotAllowed(InvalidContent):
+    """The prompt's model selector is not in ``OUTBOX["MODELS"]`` (HTTP 400
+    ``model_not_allowed``); ``name`` is the ``"providerID/modelID"`` asked for, or None
+    when the selector names none (docs/reference/settings.md#models)."""
+
+    def __init__(self, name: str | None) -> None:
+        if name is None:
+            message = 'model must name a "providerID" and a "modelID" (OUTBOX["MODELS"] is set)'
+        else:
+            message = f"model {name!r} is not allowed here (OUTBOX['MODELS'])"
+        super().__init__(message)
+        self.name = name
 
 
 class ContentTooLarge(InvalidContent):
@@ -175,6 +190,30 @@ class TransientDeliveryError(_DeliveryOutcome):
 
 class PriorAttemptPendingError(_DeliveryOutcome):
     """The previous attempt is still owned downstream; like transient, no attempt is minted."""
+
+
+class HoldDeliveryError(_DeliveryOutcome):
+    """The agent refused the prompt for now and said when to come back (HTTP 429 or 503
+    with ``Retry-After``): nothing was delivered and no attempt is used. The entry stays
+    pending, due again in ``retry_after`` seconds (at most ``HOLD_MAX``), and its session
+    waits behind it; ``holds`` counts such answers in a row, and past ``MAX_HOLDS`` the
+    entry ends in error ``hold_exhausted`` (docs/howto/agents.md#write-your-own-agent).
+    ``retry_after``: seconds, a finite number >= 0 (``ValueError`` otherwise)."""
+
+    def __init__(
+        self, message: object = "", err: BaseException | None = None, *, retry_after: float
+    ) -> None:
+        super().__init__(message, err)
+        if (
+            isinstance(retry_after, bool)
+            or not isinstance(retry_after, int | float)
+            or not math.isfinite(retry_after)
+            or retry_after < 0
+        ):
+            raise ValueError(
+                f"retry_after must be a finite number of seconds >= 0, got {retry_after!r}"
+            )
+        self.retry_after = float(retry_after)
 
 
 def _safe_str(value: object) -> str:

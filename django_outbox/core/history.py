@@ -15,7 +15,7 @@ Fields (all counts, except the samples):
 ``v``           confirmed delivered by the verifier
 ``vl``          confirmed delivered by the ledger probe (``ledger_complete.lua``)
 ``o:<outcome>`` settles of any other outcome: ``failed``, ``absent``, ``transient``,
-                ``prior_pending``, ``ambiguous``, ``inconclusive``, ``unverifiable``
+                ``prior_pending``, ``held``, ``ambiguous``, ``inconclusive``, ``unverifiable``
 ``e``           entries a settle moved to error (attempts or verification exhausted)
 ``x``           entries an operator changed (retry, dismiss, unpark, ...: the operator scripts)
                 and workspace cleanups
@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .entry import Entry, parse_time
+from .errors import OutboxUnavailable
 from .keys import KeySpace
 from .paging import as_text
 from .plans import Cmd, Pipe, iter_once
@@ -89,12 +90,13 @@ OUTCOMES = (
     "absent",
     "transient",
     "prior_pending",
+    "held",
     "ambiguous",
     "inconclusive",
     "unverifiable",
 )
 #: Outcomes that say the attempt did not deliver (retried, or moved to error).
-FAILED_OUTCOMES = ("failed", "absent", "transient", "prior_pending", "unverifiable")
+FAILED_OUTCOMES = ("failed", "absent", "transient", "prior_pending", "held", "unverifiable")
 #: Outcomes that say nobody knows yet (the entry is verified).
 UNKNOWN_OUTCOMES = ("ambiguous", "inconclusive")
 #: Seconds between two writes of a worker's counts.
@@ -422,6 +424,15 @@ class HistoryReads(Transport):
             return float(self.clock())
         seconds, micros = time_reply
         return int(seconds) + int(micros) / 1_000_000
+
+    async def aflush_own_history(self, counter: HistoryCounter) -> None:
+        """Write what this process counted itself (``adeliver_once``, no worker's history
+        duty to write it); a failed write keeps the counts for the next one, and is logged,
+        never raised."""
+        try:
+            await self.aflush_history(counter)
+        except OutboxUnavailable:
+            logger.info("the history write after adeliver_once failed; kept for the next one")
 
     async def aflush_history(self, counter: HistoryCounter) -> int:
         """Write what ``counter`` holds in one pipeline, after a ``TIME`` that updates

@@ -209,6 +209,15 @@ class KeySpace:
     def heartbeat(self, worker_id: str) -> str:
         return f"{self.heartbeat_prefix}{worker_id}"
 
+    def owed_failures(self, workspace_id: str, session_id: str) -> str:
+        """HASH entry ID -> how many firings of its owed ``entry_delivered`` failed (an
+        opted-in receiver raised); ``MAX_RECEIVER_ATTEMPTS`` of them hold it for staff
+        (docs/reference/signals.md#a-receiver-that-keeps-failing). Expires
+        ``DEDUPE_TTL`` after its last failure."""
+        ws = check_identifier("workspace ID", workspace_id)
+        ses = check_identifier("session ID", session_id)
+        return f"{self.prefix}owedfail:{{{ws}}}:{ses}"
+
 
 def dedupe_marker(user_id: str, client_message_id: str) -> str:
     """The name of an idempotency key's marker within its session:

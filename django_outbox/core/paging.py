@@ -22,12 +22,15 @@ page of equal scores, costs more round trips: the ties are probed, at most
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .rules import check_identifier
+from .rules import IDENTIFIER_RE, check_identifier
+
+logger = logging.getLogger("django_outbox")
 
 #: A session of an index: ``(workspace ID, session ID, score in ms or None)``.
 Row = tuple[str, str, float | None]
@@ -115,12 +118,67 @@ def score_pairs(values: Any) -> list[Any]:
     return list(zip(flat[::2], flat[1::2], strict=True))
 
 
+def member_text(value: Any) -> str:
+    """An index or SET member as str, whatever bytes it holds: bytes that are not UTF-8
+    become lone surrogates (``surrogateescape``) instead of raising, so a corrupt member
+    is one :func:`is_valid_row` / :func:`valid_identifiers` can skip."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+#: Corrupt index members skipped by this process's reads since it started (a member that
+#: is not ``"<ws> <ses>"`` of two valid IDs, or a SET member that is not a valid ID).
+#: docs/reference/admin.md#corrupt-index-members
+corrupt_members_skipped = 0
+
+
+def note_corrupt(where: str, members: Sequence[str]) -> None:
+    """Count and log (one warning per read, ``django_outbox`` logger) ``members`` of
+    ``where`` (a key or an index name) skipped as corrupt."""
+    global corrupt_members_skipped
+    if not members:
+        return
+    corrupt_members_skipped += len(members)
+    shown = ", ".join(ascii(m)[:80] for m in members[:3])
+    logger.warning(
+        "outbox: skipped %d corrupt member(s) of %s (not valid IDs): %s%s",
+        len(members),
+        where,
+        shown,
+        " ..." if len(members) > 3 else "",
+    )
+
+
+def is_valid_row(row: Row) -> bool:
+    """Whether both IDs of an index row are valid workspace and session IDs."""
+    return bool(IDENTIFIER_RE.fullmatch(row[0]) and IDENTIFIER_RE.fullmatch(row[1]))
+
+
+def valid_identifiers(members: Iterable[Any], where: str) -> list[str]:
+    """The members of a SET (or ZSET) of workspace or session IDs that are valid IDs, as
+    str, in their order; every other one (not UTF-8, not matching the ID allow-list) is
+    skipped and :func:`note_corrupt` counts and logs it. A corrupt member written by
+    hand or by another program must never turn a read into an error."""
+    good: list[str] = []
+    bad: list[str] = []
+    for member in members:
+        text = member_text(member)
+        (good if IDENTIFIER_RE.fullmatch(text) else bad).append(text)
+    note_corrupt(where, bad)
+    return good
+
+
 def index_rows(values: Iterable[Any]) -> list[Row]:
-    """``[member, score, ...]`` or ``[(member, score)]`` of "<ws> <ses>" members as rows."""
+    """``[member, score, ...]`` or ``[(member, score)]`` of "<ws> <ses>" members as rows.
+
+    A member that is not UTF-8 is kept as text with lone surrogates (:func:`member_text`),
+    so paging counts it where the ZSET holds it; readers drop rows that fail
+    :func:`is_valid_row` before using their IDs."""
     out = []
     for item in values:
         member, score = item if isinstance(item, tuple | list) else (item, None)
-        ws, _, ses = as_text(member).partition(" ")
+        ws, _, ses = member_text(member).partition(" ")
         if ws and ses:
             out.append((ws, ses, None if score is None else float(score)))
     return out

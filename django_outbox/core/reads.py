@@ -40,14 +40,17 @@ from .paging import (
     copy_page_plan,
     first_page_plan,
     in_index_order,
+    is_valid_row,
+    member_text,
     merge_copies,
+    note_corrupt,
     page_of_given,
     page_of_sorted,
     read_side_by_side,
     score_pairs,
     side_by_side,
+    valid_identifiers,
 )
-from .paging import as_text as _text
 from .plans import Eval, Pipe, iter_once
 from .redaction import redact
 from .rules import check_identifier
@@ -459,7 +462,10 @@ class QueueReads(OutboxBase, Heartbeats):
         total = located.total
         if total is None:
             total = totals.attention if index == "attention" else totals.sessions
-        chosen = located.rows
+        # A corrupt member (written by hand or another program) is counted where the
+        # index holds it but never shown, nor read as a session.
+        chosen = [row for row in located.rows if is_valid_row(row)]
+        note_corrupt(index, [f"{w} {s}" for w, s, _ in located.rows if not is_valid_row((w, s, _))])
         pairs = [(ws, ses) for ws, ses, _ in chosen]
         snapshots = self.snapshots(pairs, preview_chars=PAGE_PREVIEW_CHARS) if chosen else []
         sessions = [
@@ -518,7 +524,7 @@ class QueueReads(OutboxBase, Heartbeats):
             )
             if int(is_session):
                 return SessionSearch([(ws, second)], ws)
-            names = sorted(_text(s) for s in sessions)
+            names = sorted(valid_identifiers(sessions, keys.sessions(ws)))
             pairs = [(ws, s) for s in names[:max_sessions]]
             snapshots = self.snapshots(pairs, preview_chars=1) if pairs else []  # IDs only
             holding = [
@@ -537,11 +543,17 @@ class QueueReads(OutboxBase, Heartbeats):
                 *(("SMEMBERS", key) for key in keys.index_keys("workspaces")),
             ]
         )
-        names = sorted({_text(w) for members in workspace_sets for w in members})
+        names = sorted(
+            {
+                w
+                for key, members in zip(keys.index_keys("workspaces"), workspace_sets, strict=True)
+                for w in valid_identifiers(members, key)
+            }
+        )
         hits = self._ask([("SISMEMBER", keys.sessions(w), word) for w in names]) if names else []
         scope = [(w, word) for w, hit in zip(names, hits, strict=True) if int(hit)]
         if own:
-            scope += sorted((word, _text(s)) for s in own)
+            scope += sorted((word, s) for s in valid_identifiers(own, keys.sessions(word)))
         if not scope:
             return SessionSearch(None, entry_id=word)
         # A session named after its own workspace is listed once.
@@ -560,7 +572,7 @@ class QueueReads(OutboxBase, Heartbeats):
         then LLEN of every queue and staging list and EXISTS of every lease)."""
         members = self._ask([("SMEMBERS", self.keys.sessions(ws)) for ws in workspace_ids])
         layout = [
-            (ws, sorted(_text(s) for s in sessions))
+            (ws, sorted(valid_identifiers(sessions, self.keys.sessions(ws))))
             for ws, sessions in zip(workspace_ids, members, strict=True)
         ]
         calls: list[tuple[Any, ...]] = []
@@ -587,7 +599,7 @@ class QueueReads(OutboxBase, Heartbeats):
         seen = 0
         for ws in self.workspaces():
             (members,) = self._ask([("SMEMBERS", self.keys.sessions(ws))])
-            sessions = [_text(m) for m in members]
+            sessions = valid_identifiers(members, self.keys.sessions(ws))
             for found in self.status_counts((ws, ses) for ses in sessions):
                 for status, n in found.items():
                     counts[status] = counts.get(status, 0) + n
@@ -610,11 +622,15 @@ class QueueReads(OutboxBase, Heartbeats):
         for answer in answers:
             if isinstance(answer, Exception):
                 raise answer
-        found = [
-            OverdueSession(ws, _text(member), float(score) / 1000)
-            for ws, answer in zip(names, answers, strict=True)
-            for member, score in score_pairs(answer)
-        ]
+        found = []
+        for ws, answer in zip(names, answers, strict=True):
+            pairs = score_pairs(answer)
+            valid = set(valid_identifiers([member for member, _ in pairs], self.keys.due(ws)))
+            found += [
+                OverdueSession(ws, text, float(score) / 1000)
+                for member, score in pairs
+                if (text := member_text(member)) in valid
+            ]
         return min(found, key=lambda o: o.due_at, default=None)
 
     # -- the server -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ It also says what comes out: text the outbox did not write is cleaned (:func:`cl
 from __future__ import annotations
 
 import enum
+import fnmatch
 import json
 import re
 import unicodedata
@@ -27,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier
+from .errors import ContentTooLarge, InvalidContent, InvalidIdentifier, ModelNotAllowed
 from .errors import _safe_str as _safe_str
 from .redaction import redact
 
@@ -153,6 +154,30 @@ def validate_content(
     check_model(model)
 
 
+def model_name(model: object) -> str | None:
+    """The ``"providerID/modelID"`` a model selector names (opencode's shape:
+    ``{"providerID": "anthropic", "modelID": "claude-sonnet-4"}``), or None when it does
+    not hold both as non-empty strings."""
+    if not isinstance(model, dict):
+        return None
+    provider, name = model.get("providerID"), model.get("modelID")
+    if not isinstance(provider, str) or not isinstance(name, str) or not provider or not name:
+        return None
+    return f"{provider}/{name}"
+
+
+def check_model_allowed(model: object, allowed: tuple[str, ...] | None) -> None:
+    """Raise :class:`ModelNotAllowed` unless ``model`` is None, ``allowed`` is None (any
+    valid selector), or the selector's :func:`model_name` matches one of ``allowed``:
+    exact names or ``fnmatch`` patterns (``"anthropic/*"``), case-sensitive. An empty
+    ``allowed`` refuses every model. docs/reference/settings.md#models"""
+    if model is None or allowed is None:
+        return
+    name = model_name(model)
+    if name is None or not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed):
+        raise ModelNotAllowed(name)
+
+
 def check_model(model: object) -> None:
     """Check a per-prompt model selector: a JSON object of at most 16 KiB (encoded) and
     32 levels with finite numbers. Raises :class:`InvalidContent` or
@@ -235,6 +260,7 @@ class ErrorKind(enum.StrEnum):
     UNCONFIRMED = "unconfirmed"  #: whether the agent has the message could not be told
     NOT_RECEIVED = "not_received"  #: the verifier found the agent does not have it
     AGENT_BUSY = "agent_busy"  #: the agent still handles an earlier attempt
+    HELD = "held"  #: the agent asked to be left alone until a time (docs/howto/agents.md)
     UNAVAILABLE = "unavailable"  #: the queue store did not confirm the step
     FAILED = "failed"  #: the deliverer failed in another way
 
@@ -250,6 +276,7 @@ ERROR_TEXTS = {
     ErrorKind.UNCONFIRMED: "it could not be confirmed that the agent has the message",
     ErrorKind.NOT_RECEIVED: "the agent does not have the message",
     ErrorKind.AGENT_BUSY: "the agent is still handling an earlier attempt",
+    ErrorKind.HELD: "the agent is busy and asked to wait",
     ErrorKind.UNAVAILABLE: "the queue store did not confirm the delivery step",
     ErrorKind.FAILED: "the delivery failed",
 }
@@ -261,6 +288,7 @@ _KIND_BY_OPENING = (
     ("timed out after ", ErrorKind.TIMEOUT),
     ("transient: replicas did not acknowledge", ErrorKind.UNAVAILABLE),
     ("prior attempt pending: ", ErrorKind.AGENT_BUSY),
+    ("held for ", ErrorKind.HELD),
     ("verifier: the agent does not have it", ErrorKind.NOT_RECEIVED),
     ("verifier", ErrorKind.UNCONFIRMED),
     ("outcome unknown", ErrorKind.UNCONFIRMED),

@@ -227,6 +227,13 @@ def settle_argv(
     ]
 
 
+def hold_argv(hold_seconds: float, config: Config) -> list[Any]:
+    """ARGV[19..21] of ``settle.lua``, read for the outcome ``held``: how long the agent
+    asked to be left alone, ``HOLD_MAX`` (both in microseconds) and ``MAX_HOLDS``."""
+    us = 1_000_000
+    return [int(max(0.0, hold_seconds) * us), int(config.hold_max * us), config.max_holds]
+
+
 def settle_next_argv(
     token: str,
     entry_id: str,

@@ -47,6 +47,7 @@ from .reads import QueueReads
 from .replies import AcceptReply, CleanupReply, OperatorReply, SeedReply
 from .rules import (
     check_identifier,
+    check_model_allowed,
     check_printable_reason,
     check_reason,
     check_user_id,
@@ -115,6 +116,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
     ) -> Plan[Entry]:
         keys = self.keys.session(workspace_id, session_id)
         validate_content(text, model, client_message_id, self.config.max_text_bytes)
+        check_model_allowed(model, self.config.models)
         user_id = check_user_id(user_id)
         if self.key_space_owner is not None and not self._key_space_confirmed:
             yield from self._key_space_plan()  # the process's first accept claims the space
@@ -279,7 +281,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
 
     def _retry_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan[RetryResult]:
         check_identifier("entry ID", entry_id)
-        argv = retry_argv(entry_id, self.verifier is not None, self._history_ttl_ms)
+        argv = retry_argv(entry_id, self.verifies(workspace_id, session_id), self._history_ttl_ms)
         reply = yield from self._transition_plan("retry", workspace_id, session_id, argv)
         return {"updated": RetryResult.UPDATED, "busy": RetryResult.BUSY}.get(
             reply.result, RetryResult.NOT_FOUND
@@ -423,7 +425,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
 
     def _sweep_unverifiable_plan(self, workspace_id: str) -> Plan[int]:
         check_identifier("workspace ID", workspace_id)
-        if self.verifier is None:
+        if not self.any_verifier():
             return 0
         argv = rearm_unverifiable_argv(self._history_ttl_ms)
         return (yield from self._bulk_plan(workspace_id, "rearm_unverifiable", argv))
@@ -540,6 +542,8 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, DeliveryStep):
             )
             if events:
                 yield Emit(events)
+            # Failed firings of signals owed there (docs/reference/signals.md).
+            removed += int((yield Cmd(("DEL", self.keys.owed_failures(workspace_id, session_id)))))
         removed += int((yield Cmd(("DEL", self.keys.pause(workspace_id)))))
         # Its per-minute history too (docs/howto/observe.md): every minute of the window,
         # one slot, so a few UNLINKs of many keys each.

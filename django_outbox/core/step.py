@@ -35,22 +35,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .base import OutboxBase
+from .agents import Agent, UnknownAgent, current_agent
 from .entry import Entry, OutboxEvent, Verdict
 from .errors import (
     AmbiguousError,
-    OutboxUnavailable,
+    HoldDeliveryError,
     PriorAttemptPendingError,
     TransientDeliveryError,
 )
 from .history import HistoryReads
 from .keys import SessionKeys
+from .owed import OwedSignals
 from .plans import Emit, Eval, Pipe, Plan, iter_once
-from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply, SnapshotReply
+from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply
 from .rules import MAX_ERROR_CHARS, clean_text, describe_error
 from .scripts import (
     claim_argv,
     due_argv,
+    hold_argv,
     release_argv,
     renew_call,
     settle_argv,
@@ -154,7 +156,7 @@ class LeaseKeeper:
                     logger.warning("outbox: lease %s lost before the delivery ended", token)
 
 
-class DeliveryStep(OutboxBase):
+class DeliveryStep(OwedSignals):
     """The delivery step and recovery (see the module docstring); constructed like
     :class:`~django_outbox.core.base.OutboxBase`."""
 
@@ -173,6 +175,11 @@ class DeliveryStep(OutboxBase):
         #: script answered (removed, updated, lost, ...). A claim that recovered
         #: a dead holder's staging reports ("recover", "recovered", count, 0).
         self.step_listeners: list[Callable[[str, str, str, float], None]] = []
+        #: Callables ``(agent, step, outcome, result, seconds)``: the deliver and verify
+        #: steps of :attr:`step_listeners`, with the name of the agent that served them
+        #: (:meth:`~django_outbox.core.agents.AgentRouting.agent_for`; ``"?"`` when the
+        #: session's agent could not be resolved). The worker's per-agent metrics.
+        self.agent_step_listeners: list[Callable[[str, str, str, str, float], None]] = []
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -193,44 +200,43 @@ class DeliveryStep(OutboxBase):
         recorded and the entry is left to verification. Cancelling this coroutine
         mid-delivery records the attempt as ambiguous.
 
-        ``deliverer`` overrides the configured one; raises ``ValueError`` if
-        neither is set, :class:`OutboxUnavailable` if Valkey cannot be reached.
+        ``deliverer`` overrides the session's agent's
+        (:meth:`~django_outbox.core.agents.AgentRouting.agent_for`); raises
+        ``ValueError`` if neither is set, :class:`OutboxUnavailable` if Valkey cannot
+        be reached.
 
-        The step's outcome is written to the per-minute history before this returns
-        (a worker batches that write instead), so ``manage.py outbox status`` and the
-        dashboard count deliveries made this way (docs/howto/observe.md). A history write
-        that fails keeps its counts for the next call and does not fail the step.
+        The step's outcome is written to the per-minute history before this returns (a
+        worker batches that write), so ``manage.py outbox status`` and the dashboard count
+        it (docs/howto/observe.md); a failed write is kept for the next, never raised.
         """
-        deliverer = deliverer or self.deliverer
-        if deliverer is None:
-            raise ValueError("no deliverer: pass one or configure DELIVERER")
+        if deliverer is None and self.deliverer is None and not self.agents:
+            raise ValueError("no deliverer: pass one or configure DELIVERER or AGENTS")
         took, carry = await self.astep(workspace_id, session_id, deliverer)
         if carry is not None:
             await self.arelease(workspace_id, session_id, carry)
-        await self._aflush_own_history()
+        if self.history_counter.pending and isinstance(self, HistoryReads):  # the Outbox is
+            await self.aflush_own_history(self.history_counter)  # both; no worker writes it
         return took
-
-    async def _aflush_own_history(self) -> None:
-        """Write what this process counted, when no worker's history duty will."""
-        counter = self.history_counter
-        if not counter.pending or not isinstance(self, HistoryReads):  # the Outbox is both
-            return
-        try:
-            await self.aflush_history(counter)
-        except OutboxUnavailable:
-            logger.info("the history write after adeliver_once failed; kept for the next one")
 
     async def astep(
         self,
         ws: str,
         ses: str,
-        deliverer: Callable[..., Any],
+        deliverer: Callable[..., Any] | None,
         carry: Carry | Claimed | None = None,
         *,
         more: Callable[[], bool] | None = None,
         owner: str | None = None,
     ) -> tuple[bool, Carry | Claimed | None]:
         """One step (see :meth:`adeliver_once`); returns ``(step taken, carry)``.
+
+        The entry's agent is resolved once, after the claim
+        (:meth:`~django_outbox.core.agents.AgentRouting.agent_for`): its deliverer
+        (``deliverer``, when not None, instead) or its verifier is called with
+        :data:`~django_outbox.core.agents.current_agent` set to it. A session whose
+        agent cannot be resolved is not sent anything: a delivery is recorded as
+        ``transient`` and a verification as ``inconclusive``, the router's complaint as
+        the entry's ``lastError`` (docs/howto/agents.md#routing).
 
         ``carry`` (a :data:`Carry` or a :class:`Claimed`) is what the previous step of
         the same session returned: the next claim acknowledges its entries and reuses
@@ -268,16 +274,25 @@ class DeliveryStep(OutboxBase):
         if kind not in ("deliver", "verify"):
             return False, None
         entry: Entry = claimed
+        agent, unrouted = self._route(ws, ses, deliverer)
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
         started = time.monotonic()
         step = "deliver" if kind == "deliver" else "verify"
+        hold = 0.0
         with step_span(step, entry.traceparent, ws, ses, entry.id, entry.attempts + 1) as span:
+            serving = current_agent.set(agent)
             try:
-                if kind == "deliver":
-                    outcome, error = await self._deliver(deliverer, entry, ws, ses)
+                if agent is None:
+                    outcome, error = (
+                        ("transient", f"transient: {unrouted}")
+                        if kind == "deliver"
+                        else ("inconclusive", f"verifier: {unrouted}")
+                    )
+                elif kind == "deliver":
+                    outcome, error, hold = await self._deliver(agent, entry, ws, ses)
                 else:
-                    outcome, error = await self._verify(entry, ws, ses)
+                    outcome, error = await self._verify(entry, ws, ses, agent.verifier)
             except asyncio.CancelledError:
                 keeper.drop(token)
                 if kind == "deliver":
@@ -289,13 +304,15 @@ class DeliveryStep(OutboxBase):
                 else:
                     await asyncio.shield(self._arun(self._release_plan(ws, ses, token)))
                 raise
+            finally:
+                current_agent.reset(serving)
             following: tuple[str, Any, int] | None = None
             try:
                 with settle_span(outcome):
                     if outcome == "delivered" and more and more() and self._settles_with_next():
                         result, following = await self._asettle_next(ws, ses, token, entry)
                     else:
-                        result = await self._asettle(ws, ses, token, entry, outcome, error)
+                        result = await self._asettle(ws, ses, token, entry, outcome, error, hold)
             finally:
                 if keeper.drop(token):
                     logger.warning(
@@ -317,7 +334,9 @@ class DeliveryStep(OutboxBase):
                 f" error={error!r}" if error else "",
             )
         self._tell_listeners(step, outcome, result, seconds)
+        self._tell_agent_listeners(agent.name if agent else "?", step, outcome, result, seconds)
         if result == "owed":
+            await self._acount_owed_failures(ws, ses, [entry.id])
             self._log_owed(ws, ses, [entry])
         if following is not None:
             return True, Claimed(token, following)
@@ -383,10 +402,26 @@ class DeliveryStep(OutboxBase):
             yield Emit(events)
         return (kind, entry, len(recovered))
 
+    def _route(
+        self, ws: str, ses: str, deliverer: Callable[..., Any] | None
+    ) -> tuple[Agent | None, str]:
+        """``(the session's agent, "")``, its deliverer replaced by ``deliverer`` when one
+        is given, or ``(None, why not)`` when the router fails or names no agent."""
+        try:
+            agent = self.agent_for(ws, ses)
+        except UnknownAgent as exc:
+            logger.warning("outbox: %s/%s: %s", ws, ses, describe_error(exc, with_type=False))
+            return None, f"no agent: {describe_error(exc, with_type=False)}"
+        if deliverer is not None and deliverer is not agent.deliverer:
+            agent = Agent(agent.name, deliverer, agent.verifier, agent.aborter, agent.options)
+        return agent, ""
+
     async def _deliver(
-        self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
-    ) -> tuple[str, str]:
-        """Call the deliverer; classify its ending as ``(outcome, error text)``.
+        self, agent: Agent, entry: Entry, ws: str, ses: str
+    ) -> tuple[str, str, float]:
+        """Call the agent's deliverer; classify its ending as ``(outcome, error text,
+        hold seconds)`` (the hold only for ``held``: a
+        :class:`~django_outbox.core.errors.HoldDeliveryError`, the agent's ``Retry-After``).
 
         Once ``DELIVERY_TIMEOUT`` has passed, the call's outcome is unknown whatever
         the deliverer does next — returns, raises, or swallows the cancellation —
@@ -397,11 +432,14 @@ class DeliveryStep(OutboxBase):
         :func:`~django_outbox.core.rules.describe_error`, which no exception's
         ``__str__`` can break.
         """
+        deliverer = agent.deliverer
+        if deliverer is None:
+            return "transient", f"transient: agent {agent.name!r} has no deliverer", 0.0
         timeout = self.config.delivery_timeout
         task = asyncio.current_task()
         cancelling = task.cancelling() if task is not None else 0
         deadline = time.monotonic() + timeout
-        unknown = "ambiguous" if self.verifier is not None else "unverifiable"
+        unknown = "ambiguous" if agent.verifier is not None else "unverifiable"
         try:
             if is_async_callable(deliverer):
                 async with asyncio.timeout(timeout):
@@ -411,23 +449,26 @@ class DeliveryStep(OutboxBase):
             else:
                 await self._invoke_sync_deliverer(deliverer, entry, ws, ses)
         except AmbiguousError as exc:
-            return unknown, f"ambiguous: {describe_error(exc, with_type=False)}"
+            return unknown, f"ambiguous: {describe_error(exc, with_type=False)}", 0.0
         except TimeoutError as exc:
-            return unknown, self._timed_out(exc)
+            return unknown, self._timed_out(exc), 0.0
         except Exception as exc:
             if time.monotonic() >= deadline:
-                return unknown, self._timed_out(exc)
+                return unknown, self._timed_out(exc), 0.0
             if isinstance(exc, TransientDeliveryError):
-                return "transient", f"transient: {describe_error(exc, with_type=False)}"
+                return "transient", f"transient: {describe_error(exc, with_type=False)}", 0.0
             if isinstance(exc, PriorAttemptPendingError):
                 text = describe_error(exc, with_type=False)
-                return "prior_pending", f"prior attempt pending: {text}"
-            return "failed", describe_error(exc)
+                return "prior_pending", f"prior attempt pending: {text}", 0.0
+            if isinstance(exc, HoldDeliveryError):
+                text = describe_error(exc, with_type=False)
+                return "held", f"held for {exc.retry_after:g}s: {text}", exc.retry_after
+            return "failed", describe_error(exc), 0.0
         if task is not None and task.cancelling() > cancelling:
             raise asyncio.CancelledError("the deliverer swallowed a cancellation")
         if time.monotonic() >= deadline:
-            return unknown, self._timed_out(None)
-        return "delivered", ""
+            return unknown, self._timed_out(None), 0.0
+        return "delivered", "", 0.0
 
     def _timed_out(self, exc: BaseException | None) -> str:
         text = f"timed out after {self.config.delivery_timeout}s"
@@ -467,8 +508,9 @@ class DeliveryStep(OutboxBase):
             async with asyncio.timeout(self.config.delivery_timeout):
                 await result
 
-    async def _verify(self, entry: Entry, ws: str, ses: str) -> tuple[str, str]:
-        verifier = self.verifier
+    async def _verify(
+        self, entry: Entry, ws: str, ses: str, verifier: Callable[..., Any] | None
+    ) -> tuple[str, str]:
         if verifier is None:
             return "unverifiable", "outcome unknown and no verifier is configured"
         try:
@@ -493,7 +535,14 @@ class DeliveryStep(OutboxBase):
         return result
 
     async def _asettle(
-        self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
+        self,
+        ws: str,
+        ses: str,
+        token: str,
+        entry: Entry,
+        outcome: str,
+        error: str,
+        hold: float = 0.0,
     ) -> str:
         """Record an outcome, retrying while Valkey is briefly unavailable.
 
@@ -503,7 +552,7 @@ class DeliveryStep(OutboxBase):
         verifying once the lease expires — safe, only slower).
         """
         return await retry_unavailable(
-            lambda: self._arun(self._settle_plan(ws, ses, token, entry, outcome, error)),
+            lambda: self._arun(self._settle_plan(ws, ses, token, entry, outcome, error, hold)),
             patience=self.config.lock_ttl / 2,
             first_delay=0.05,
             max_delay=1.0,
@@ -511,7 +560,14 @@ class DeliveryStep(OutboxBase):
         )
 
     def _settle_plan(
-        self, ws: str, ses: str, token: str, entry: Entry, outcome: str, error: str
+        self,
+        ws: str,
+        ses: str,
+        token: str,
+        entry: Entry,
+        outcome: str,
+        error: str,
+        hold: float = 0.0,
     ) -> Plan[str]:
         # Durable before entry_delivered fires: a delivered-settle lost in a
         # failover would be verified again and fire the signal a second time.
@@ -527,7 +583,8 @@ class DeliveryStep(OutboxBase):
                     clean_text(error, MAX_ERROR_CHARS),
                     self.config,
                     RECEIPT_TTL_MS,
-                ),
+                )
+                + (hold_argv(hold, self.config) if outcome == "held" else []),
             )
         )
         if unacknowledged is not None:
@@ -628,19 +685,6 @@ class DeliveryStep(OutboxBase):
         following = yield from self._claimed(ws, ses, claim)
         return "removed", following
 
-    def _staged_delivered_plan(
-        self, ws: str, ses: str, entry_id: str
-    ) -> Plan[tuple[int, Entry | None]]:
-        """``(version, entry)``: the session's version and the entry as its delivered-settle
-        staged it (with its ``delivered_at``, the receivers' idempotency key), or ``None``
-        when it is no longer staged (another holder fired and acknowledged its signal)."""
-        snapshot = SnapshotReply.parse((yield self._session_eval("snapshot", ws, ses)))
-        for raw in snapshot.staged:
-            staged = Entry.from_json(raw)
-            if staged.id == entry_id and staged.delivered_at is not None:
-                return snapshot.version, staged
-        return snapshot.version, None
-
     def _release_plan(
         self, ws: str, ses: str, token: str, acknowledge: Iterable[str] = ()
     ) -> Plan[Any]:
@@ -656,6 +700,10 @@ class DeliveryStep(OutboxBase):
         """Fire the entry_delivered a dead holder (or a failed receiver) owed, then
         acknowledge it. If a hook raises SignalOwed nothing is acknowledged and the lease
         is left to expire: the next claim after ``LOCK_TTL`` fires them again."""
+        ids = [e.id for e in owed]
+        failures = await self.aowed_failures(ws, ses)
+        if self._held_for_staff(ws, ses, ids, failures):
+            return  # bounded: it waits for staff; the lease is left to expire
         keeper = self._keeper()
         keeper.hold(token, keys, ws, ses)
         try:
@@ -666,9 +714,12 @@ class DeliveryStep(OutboxBase):
                 )
             )
             if failed:
+                await self._acount_owed_failures(ws, ses, [event.entry.id for event in failed])
                 self._log_owed(ws, ses, owed)
                 return
-            await self._arun(self._release_plan(ws, ses, token, [e.id for e in owed]))
+            await self._arun(self._release_plan(ws, ses, token, ids))
+            if any(i in failures for i in ids):
+                await self._aforget_owed_failures(ws, ses, ids)
         finally:
             keeper.drop(token)
         logger.info("outbox: %s/%s fired %d owed entry_delivered", ws, ses, len(owed))
@@ -689,6 +740,15 @@ class DeliveryStep(OutboxBase):
                 listener(step, outcome, result, seconds)
             except Exception:
                 logger.exception("outbox: step listener failed")
+
+    def _tell_agent_listeners(
+        self, agent: str, step: str, outcome: str, result: str, seconds: float
+    ) -> None:
+        for listener in self.agent_step_listeners:
+            try:
+                listener(agent, step, outcome, result, seconds)
+            except Exception:
+                logger.exception("outbox: agent step listener failed")
 
     # -- recovery ---------------------------------------------------------------------------
 

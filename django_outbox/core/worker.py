@@ -26,7 +26,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -100,6 +100,7 @@ class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, 
 
     config: Config
     deliverer: Callable[..., Any] | None
+    agents: Mapping[str, Any]
     ledger_probe: Callable[..., Any] | None
     duties: list[Duty]
 
@@ -107,7 +108,7 @@ class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, 
         self,
         workspace_id: str,
         session_id: str,
-        deliverer: Callable[..., Any],
+        deliverer: Callable[..., Any] | None,
         carry: Any = None,
         *,
         more: Callable[[], bool] | None = None,
@@ -149,10 +150,11 @@ class Worker:
         duties: Iterable[Duty] | None = None,
     ) -> None:
         self.outbox = outbox
-        chosen = deliverer or outbox.deliverer
-        if chosen is None:
-            raise ValueError("no deliverer: pass one or configure DELIVERER")
-        self.deliverer: Callable[..., Any] = chosen
+        if deliverer is None and outbox.deliverer is None and not outbox.agents:
+            raise ValueError("no deliverer: pass one or configure DELIVERER or AGENTS")
+        #: The deliverer every step uses instead of the session's agent's; None (the
+        #: usual case): each session's agent's (docs/howto/agents.md).
+        self.deliverer: Callable[..., Any] | None = deliverer
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         if tick <= 0:

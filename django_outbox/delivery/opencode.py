@@ -226,10 +226,13 @@ class OpencodeClient:
     credentials unless ``password`` is given). ``username`` / ``password``: HTTP
     Basic credentials; no auth when ``password`` is None (and the URL has none);
     they are sent to ``base_url``'s origin only. ``connect_timeout`` (seconds):
-    to establish a connection. ``timeout`` (seconds): for each read/write of the
-    delivery POST, which blocks for the whole assistant turn, so keep it long;
-    the outbox's ``DELIVERY_TIMEOUT`` bounds the attempt as a whole anyway.
-    ``verify_timeout`` (seconds): per read for the verifier's GETs.
+    to establish a connection. ``timeout`` (seconds): the total deadline of the
+    delivery POST — connecting, sending, waiting for the answer's headers and reading
+    an error excerpt together, however slowly the agent drips them — which blocks for
+    the whole assistant turn, so keep it long; the outbox's ``DELIVERY_TIMEOUT``
+    bounds the attempt as a whole anyway. ``verify_timeout`` (seconds): the total
+    deadline of one verification, every GET, header and page included.
+    docs/reference/settings.md#opencode
     ``clock_skew`` (seconds): how far the agent's clock may run behind ours
     when the verifier looks for our text in the transcript (see :meth:`verify`).
     ``max_response_bytes``: the most the verifier reads of one answer (a larger
@@ -349,6 +352,10 @@ class OpencodeClient:
         * ``LocalProtocolError``, ``UnsupportedProtocol``, ``InvalidURL`` (no valid
           request could be formed) → :class:`OpencodeError`: definitive.
 
+        * ``timeout`` passes before the answer's headers are in (a long turn, or an
+          agent dripping its answer) → :class:`AmbiguousError`; an error body still
+          dripping at the deadline is cut there, and the status decides as above.
+
         Cancellation (the outbox's ``DELIVERY_TIMEOUT``) propagates; the outbox
         records it as ambiguous.
         """
@@ -365,8 +372,19 @@ class OpencodeClient:
             request = client.build_request("POST", url, json=body)
         except httpx.InvalidURL as exc:
             raise OpencodeError(f"invalid opencode URL {url!r}: {exc}") from exc
+        # One total deadline for the whole request: httpx's timeouts are per read, and
+        # an agent dripping a byte a second would never trip them.
+        deadline = asyncio.get_running_loop().time() + self.timeout
         try:
-            response = await client.send(request, stream=True)
+            async with asyncio.timeout_at(deadline):
+                response = await client.send(request, stream=True)
+        except TimeoutError as exc:
+            # The same error a per-read timeout gives, so callers see one kind of timeout.
+            late = httpx.ReadTimeout(f"no answer within {self.timeout:g} s", request=request)
+            raise AmbiguousError(
+                f"sent to opencode at {self.base_url} but got no answer: ReadTimeout: {late}",
+                late,
+            ) from exc
         except (
             httpx.ConnectError,
             httpx.ConnectTimeout,
@@ -390,12 +408,13 @@ class OpencodeClient:
         encoding = response.headers.get("content-encoding", "").strip().lower()
         try:
             if not 200 <= status < 300 and encoding in ("", "identity"):
-                async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
-                    raw += chunk
-                    if len(raw) >= _ERROR_BODY_BYTES:
-                        raw = raw[:_ERROR_BODY_BYTES]
-                        break
-        except httpx.HTTPError:
+                async with asyncio.timeout_at(deadline):
+                    async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
+                        raw += chunk
+                        if len(raw) >= _ERROR_BODY_BYTES:
+                            raw = raw[:_ERROR_BODY_BYTES]
+                            break
+        except (httpx.HTTPError, TimeoutError):
             pass  # the status is known; the body only decorates the error
         finally:
             with contextlib.suppress(httpx.HTTPError):
@@ -425,7 +444,8 @@ class OpencodeClient:
            ``accepted_at``) minus ``clock_skew`` → DELIVERED (for servers that
            store prompts under their own IDs).
            Otherwise → ABSENT: safe to send again.
-        3. Anything else (connection error, timeout, other status, non-JSON,
+        3. Anything else (connection error, ``verify_timeout`` passing before the
+           verdict — all requests, headers and pages together —, other status, non-JSON,
            unexpected shape, an unknown session's 404 on the list, an answer over
            ``max_response_bytes``, a next link to another origin) →
            INCONCLUSIVE; the outbox checks again later.
@@ -446,18 +466,20 @@ class OpencodeClient:
         client = self._client()
         timeout = httpx.Timeout(self.verify_timeout, connect=self.connect_timeout)
         try:
-            status, body, _ = await self._get(
-                client, f"{self.base_url}/session/{sid}/message/{mid}", timeout
-            )
-            if status == 200:
-                found = _user_message_has_text(json.loads(body), entry.text)
-                return Verdict.DELIVERED if found else Verdict.INCONCLUSIVE
-            if status != 404:
-                return Verdict.INCONCLUSIVE
-            return await self._judge_transcript(
-                client, entry, mid, f"{self.base_url}/session/{sid}/message", timeout
-            )
-        except (httpx.HTTPError, _Unreadable, ValueError, RecursionError):
+            # ``verify_timeout`` is the whole verification's deadline, not a per-read one.
+            async with asyncio.timeout(self.verify_timeout):
+                status, body, _ = await self._get(
+                    client, f"{self.base_url}/session/{sid}/message/{mid}", timeout
+                )
+                if status == 200:
+                    found = _user_message_has_text(json.loads(body), entry.text)
+                    return Verdict.DELIVERED if found else Verdict.INCONCLUSIVE
+                if status != 404:
+                    return Verdict.INCONCLUSIVE
+                return await self._judge_transcript(
+                    client, entry, mid, f"{self.base_url}/session/{sid}/message", timeout
+                )
+        except (httpx.HTTPError, _Unreadable, ValueError, RecursionError, TimeoutError):
             return Verdict.INCONCLUSIVE
 
     async def _get(

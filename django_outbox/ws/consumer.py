@@ -10,7 +10,11 @@ scope has a Django login session, that session read afresh (a refusal, a logout
 or a password change closes with 4403). Frames the client may send:
 ``{"type": "resync"}`` → a fresh ``queue.snapshot`` (at most one per
 ``WS_RESYNC_INTERVAL``, resyncs in between coalesce; more than
-``WS_RESYNC_BUDGET`` in 60 s close with 4429). Anything else gets an error frame
+``WS_RESYNC_BUDGET`` in 60 s close with 4429; nothing changed since the last snapshot →
+``queue.current``); ``{"type": "ack", "ack": <token>}`` → the client read up to the frame
+that carried the token (docs/reference/websocket.md#acknowledgements: a requested snapshot
+waits while the last one is unacknowledged, and a socket that stays behind closes with
+4408, docs/explanation/security.md#slow-readers). Anything else gets an error frame
 and the socket stays open; binary frames (close 1003) and frames over
 ``MAX_FRAME_BYTES`` (close 1009) close that socket only.
 
@@ -25,7 +29,8 @@ Every refusal accepts the handshake and then closes with its code, so the code
 reaches the client through a real server (a close before accepting is an HTTP 403
 on the wire, seen as 1006): 4400 an invalid ID, 4403 refused by the access policy,
 4429 the user holds ``WS_MAX_SOCKETS_PER_USER`` sockets already (or a resync
-flood), 4503 Valkey or the channel layer unreachable (after one retry), 4500 no
+flood), 4408 a client that stopped reading, 4503 Valkey or the channel layer unreachable
+(after one retry), 4500 no
 channel layer configured or an unexpected error. No frame is sent before such a
 close. Whatever fails while a message is handled, the socket's registrations
 (watcher count, group, socket count) are undone when it closes.
@@ -56,7 +61,14 @@ from ..errors import OutboxUnavailable
 from ..outbox import get_outbox
 from ..policy import is_allowed, reads_error_excerpts
 from .publish import group_name
-from .truth import PUBLISH_GRACE, ResyncBudget, SocketState, is_behind, snapshot_frames
+from .truth import (
+    PUBLISH_GRACE,
+    ReadReceipts,
+    ResyncBudget,
+    SocketState,
+    is_behind,
+    snapshot_frames,
+)
 
 # The logger keeps the name it had before the module moved into ws/ (logging configs use it).
 logger = logging.getLogger("django_outbox.consumers")
@@ -85,6 +97,13 @@ ERROR_TEXT = {
 #: A client that sends more than ``WS_RESYNC_BUDGET`` resyncs a minute (same code as
 #: too many sockets: "slow down").
 CLOSE_TOO_MANY_RESYNCS = CLOSE_TOO_MANY
+#: The client did not read what was sent (a slow or stopped reader,
+#: docs/explanation/security.md#slow-readers): it may reconnect for a fresh snapshot.
+CLOSE_BEHIND = 4408
+#: Seconds the socket's clean-up on disconnect (group, watcher and socket counts) may
+#: take before it is given up: an unreachable Valkey must not hold a server's shutdown
+#: (the counts expire on their own).
+RELEASE_DEADLINE = 1.0
 
 
 class OutboxConsumer(AsyncWebsocketConsumer):
@@ -105,6 +124,10 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     #: :data:`LAYER_RETRY_DELAY` seconds.
     LAYER_RECEIVE_ATTEMPTS = 5
     LAYER_RETRY_DELAY = 0.1
+    #: Bytes sent and not acknowledged (:class:`~django_outbox.ws.truth.ReadReceipts`)
+    #: past which the next frame closes the socket with 4408 instead; a snapshot sent
+    #: when everything before it was acknowledged always goes, whatever its size.
+    MAX_UNREAD_BYTES = 16 * 1024 * 1024
 
     @property
     def channel_receive(self) -> Callable[[], Awaitable[dict[str, Any]]]:
@@ -190,9 +213,19 @@ class OutboxConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         """Stop the periodic check, leave the group, uncount the watcher and the user's
-        socket (best effort: the counts expire on their own)."""
+        socket (best effort: the counts expire on their own), giving up after
+        :data:`RELEASE_DEADLINE` seconds so that a hung Valkey never holds a server's
+        shutdown (docs/howto/deploy.md#stopping-the-server)."""
         self._live.cancel()
-        await self._release()
+        try:
+            await asyncio.wait_for(self._release(), RELEASE_DEADLINE)
+        except TimeoutError:
+            logger.warning(
+                "outbox: leaving %s took over %.0f s (Valkey unreachable?); its counts "
+                "expire on their own",
+                self.scope.get("path"),
+                RELEASE_DEADLINE,
+            )
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch, made to survive what a handler raises: a frame that fails
@@ -237,9 +270,12 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "resync":
             await self.resync()
+        elif kind == "ack":
+            await self.acknowledged(message.get("ack"))
         else:
             await self._error(
-                "unknown_type", 'the only frame a client may send is {"type": "resync"}'
+                "unknown_type",
+                'a client may send {"type": "resync"} or {"type": "ack", "ack": "<token>"}',
             )
 
     async def queue_update(self, message: dict[str, Any]) -> None:
@@ -252,7 +288,10 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             entry = message.get("entry")
             if isinstance(entry, dict):
                 message = {**message, "entry": entry_for_viewer(entry, excerpt=self.error_excerpts)}
-            await self.send(text_data=json.dumps(message, ensure_ascii=False))
+            text = json.dumps(message, ensure_ascii=False)
+            if not await self._fits(len(text.encode("utf-8", "surrogatepass"))):
+                return
+            await self.send(text_data=text)
             version = message.get("version")
             if isinstance(version, int):
                 live.sent_update(version)
@@ -263,6 +302,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         """Send a frame, unless a close of this socket was decided (then nothing)."""
         if self._live.closing:
             return
+        if text_data is not None:
+            self._reads.count(len(text_data.encode("utf-8", "surrogatepass")))
         await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
 
     async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
@@ -318,6 +359,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         if not await self._still_allowed():
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        if not await self._check_reading():
+            return
         if self.group is not None:
             try:
                 await self.channel_layer.group_add(self.group, self.channel_name)
@@ -338,7 +381,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                 live.version,
                 held,
             )
-            self._want_snapshot()
+            self._want_snapshot(server=True)
 
     async def _still_allowed(self) -> bool:
         """The access policy's answer for the user as it is now: with a Django login
@@ -373,14 +416,24 @@ class OutboxConsumer(AsyncWebsocketConsumer):
             return
         self._want_snapshot()
 
-    def _want_snapshot(self) -> None:
+    def _want_snapshot(self, server: bool = False) -> None:
         """Send a fresh snapshot now, or when ``WS_RESYNC_INTERVAL`` has passed since the
-        last one (every request meanwhile is answered by that one snapshot)."""
+        last one (every request meanwhile is answered by that one snapshot). ``server``:
+        the periodic check found the socket behind (sent even while the last snapshot
+        is unacknowledged, within ``MAX_UNREAD_BYTES``); otherwise the client asked
+        (:meth:`_snapshot_needed` decides)."""
         live = self._live
         if live.closing:
             return
+        if server:
+            self._server_wants = True
         already = live.snapshot_wanted
         live.snapshot_wanted = True
+        if server and live.held_since is not None:
+            # The client's request waits for an acknowledgement (nothing runs for it):
+            # this snapshot answers it too.
+            live.held_since = None
+            already = False
         if not already:
             live.spawn(self._snapshot_when_due())
 
@@ -390,7 +443,8 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         wait = live.last_snapshot + interval - self.clock()
         if wait > 0:
             await asyncio.sleep(wait)
-        await self._send_snapshot(wanted=True)
+        if await self._snapshot_needed():
+            await self._send_snapshot(wanted=True)
 
     # -- helpers -----------------------------------------------------------------
 
@@ -511,12 +565,15 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         async with live.lock:
             if wanted:
                 live.snapshot_wanted = False
+                live.held_since = None
+                self._server_wants = False
             live.last_snapshot = self.clock()
             try:
                 snapshot = await outbox.asnapshot(self.workspace_id, self.session_id)
             except OutboxUnavailable as exc:
                 await self._error("unavailable", str(exc))
                 return
+            token = ReadReceipts.new_token()
             frames = snapshot_frames(
                 self.workspace_id,
                 self.session_id,
@@ -526,10 +583,123 @@ class OutboxConsumer(AsyncWebsocketConsumer):
                     for e in snapshot.entries
                 ),
                 outbox.config.ws_max_frame_bytes,
+                ack=token,
             )
+            if not await self._fits(sum(len(f.encode("utf-8", "surrogatepass")) for f in frames)):
+                return
             for frame in frames:
                 await self.send(text_data=frame)
             live.sent_snapshot(snapshot.version, not snapshot.entries)
+            self._reads.expect(token, self._reads.sent)
+            self._reads.snapshot_end = self._reads.sent
+
+    # -- slow readers (docs/explanation/security.md#slow-readers) -----------------
+
+    _receipts: ReadReceipts | None = None
+    #: The periodic check wants a snapshot (the socket is behind Valkey).
+    _server_wants = False
+
+    @property
+    def _reads(self) -> ReadReceipts:
+        if self._receipts is None:
+            self._receipts = ReadReceipts()
+        return self._receipts
+
+    async def acknowledged(self, token: Any) -> None:
+        """Answer ``{"type": "ack", "ack": token}``: the client read everything up to the
+        frame that carried ``token``. A snapshot the client asked for while the last one
+        was unacknowledged goes now. An unknown token changes nothing."""
+        if self._live.closing or not self._reads.ack(token):
+            return
+        live = self._live
+        if live.held_since is not None and not self._reads.snapshot_unread:
+            live.held_since = None
+            live.spawn(self._snapshot_when_due())
+
+    async def _snapshot_needed(self) -> bool:
+        """Whether a wanted snapshot goes now. One the periodic check wants always does.
+        One the client asked for waits while the last snapshot may be unread (it is not
+        acknowledged: :meth:`acknowledged` sends it) and the unacknowledged bytes reach
+        ``WS_MAX_FRAME_BYTES`` (below that, a small queue's snapshots go to a client
+        that does not acknowledge); when the session's version is still the last
+        snapshot's, a ``queue.current`` frame answers instead."""
+        live = self._live
+        if live.closing:
+            return False
+        if self._server_wants:
+            return True
+        unread = self._reads.unread
+        if self._reads.snapshot_unread and unread >= get_outbox().config.ws_max_frame_bytes:
+            if live.held_since is None:
+                live.held_since = self.clock()
+            return False
+        try:
+            held = await get_outbox().asession_version(self.workspace_id, self.session_id)
+        except OutboxUnavailable:
+            return True  # the snapshot's read reports it
+        if not live.unchanged_since_snapshot(held) or self._server_wants:
+            return True
+        async with live.lock:
+            live.snapshot_wanted = False
+            live.last_snapshot = self.clock()
+            await self._send_current()
+        return False
+
+    async def _send_current(self) -> None:
+        """Send ``{"type": "queue.current", "workspaceID", "sessionID", "version", "ack"}``:
+        the socket was sent everything up to ``version``; the client echoes the token
+        ``ack``. Call with the socket's lock held."""
+        token = ReadReceipts.new_token()
+        frame = {
+            "type": "queue.current",
+            "workspaceID": self.workspace_id,
+            "sessionID": self.session_id,
+            "version": self._live.version,
+            "ack": token,
+        }
+        await self.send(text_data=json.dumps(frame))
+        self._reads.expect(token, self._reads.sent)
+
+    async def _fits(self, nbytes: int) -> bool:
+        """Whether a frame (or snapshot) of ``nbytes`` may go: nothing unacknowledged, or
+        the unacknowledged bytes stay within ``MAX_UNREAD_BYTES``. Otherwise the socket
+        is closed with 4408 (behind) and False returned."""
+        unread = self._reads.unread
+        if unread == 0 or unread + nbytes <= self.MAX_UNREAD_BYTES:
+            return True
+        logger.warning(
+            "outbox: WebSocket to %s closed with 4408: %d bytes sent are unacknowledged "
+            "(a client that stopped reading)",
+            self.scope.get("path"),
+            unread,
+        )
+        await self.close(code=CLOSE_BEHIND)
+        return False
+
+    async def _check_reading(self) -> bool:
+        """The periodic check's part for slow readers: a snapshot the client asked for
+        that waited a whole ``WS_CHECK_INTERVAL`` for the last one's acknowledgement
+        closes the socket with 4408 (False); updates sent since the last token get a
+        ``queue.current`` with a new token, so a reading client acknowledges them."""
+        live = self._live
+        interval = get_outbox().config.ws_check_interval
+        if live.held_since is not None and self.clock() - live.held_since >= interval:
+            logger.warning(
+                "outbox: WebSocket to %s closed with 4408: its last snapshot is still "
+                "unacknowledged after %.0f s",
+                self.scope.get("path"),
+                self.clock() - live.held_since,
+            )
+            await self.close(code=CLOSE_BEHIND)
+            return False
+        reads = self._reads
+        # Not while a snapshot or an update is being sent (uvicorn's send waits for a
+        # reader that does not read): the next check asks.
+        if live.snapshots and reads.sent > reads.token_end and not live.lock.locked():
+            async with live.lock:
+                if not live.closing and await self._fits(64):
+                    await self._send_current()
+        return not live.closing
 
     async def _error(self, code: str, detail: str = "") -> None:
         """Send an error frame ``{"type": "error", "code", "detail"}``. For the codes of

@@ -6,6 +6,7 @@ project's own, synchronous side calls, with the same base URL and credentials.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
@@ -41,7 +42,10 @@ def _call(method: str, path: str, **kwargs: Any) -> httpx.Response:
 
 
 def create_session(title: str = "") -> str:
-    """``POST /session``: a new session; returns its ID (``ses_...``)."""
+    """``POST /session``: a new session; returns its ID (``ses_...``). On LangGraph a new
+    ID only: the backend makes the session's thread at its first delivery."""
+    if kind() == "langgraph":
+        return f"ses_{uuid.uuid4().hex}"
     response = _call("POST", "/session", json={"title": title} if title else {})
     if response.status_code != 200:
         raise AgentError(f"POST /session answered {response.status_code}: {response.text[:200]}")
@@ -53,11 +57,15 @@ def create_session(title: str = "") -> str:
 
 def session_exists(session_id: str) -> bool:
     """True if the agent knows ``session_id`` (its transcript is readable)."""
+    if kind() == "langgraph":
+        return True  # its thread appears with its first prompt
     return _call("GET", f"/session/{session_id}/message").status_code == 200
 
 
-def transcript(session_id: str) -> list[dict[str, Any]]:
+def transcript(session_id: str, workspace_id: str = "demo") -> list[dict[str, Any]]:
     """The session's messages as ``[{"id", "role", "created", "completed", "texts"}]``."""
+    if kind() == "langgraph":
+        return _langgraph_transcript(workspace_id, session_id)
     response = _call("GET", f"/session/{session_id}/message")
     if response.status_code != 200:
         raise AgentError(f"transcript answered {response.status_code}")
@@ -77,6 +85,29 @@ def transcript(session_id: str) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _langgraph_transcript(workspace_id: str, session_id: str) -> list[dict[str, Any]]:
+    """The messages of the session's LangGraph thread (its state), in the shape above."""
+    from django_outbox.delivery.langgraph import thread_id_for
+
+    response = _call("GET", f"/threads/{thread_id_for(workspace_id, session_id)}/state")
+    if response.status_code == 404:
+        return []  # no prompt delivered yet
+    if response.status_code != 200:
+        raise AgentError(f"thread state answered {response.status_code}")
+    messages = (response.json().get("values") or {}).get("messages") or []
+    roles = {"human": "user", "ai": "assistant"}
+    return [
+        {
+            "id": m.get("id"),
+            "role": roles.get(m.get("type"), m.get("type")),
+            "created": None,
+            "completed": None,
+            "texts": [m["content"]] if isinstance(m.get("content"), str) else [],
+        }
+        for m in messages
+    ]
 
 
 def control(payload: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -149,7 +149,7 @@ def transcript_api(request: HttpRequest, workspace_id: str, session_id: str) -> 
     if not workspace_members(request.user, workspace_id, session_id, "view"):
         return _error(403, "permission_denied", "You may not view this session.")
     try:
-        return JsonResponse({"messages": agent.transcript(session_id)})
+        return JsonResponse({"messages": agent.transcript(session_id, workspace_id)})
     except agent.AgentError as exc:
         return _error(502, "agent_unavailable", str(exc))
 

@@ -127,3 +127,30 @@ def test_a_live_socket_shows_connected(server, driver):
     WebDriverWait(driver, DEADLINE).until(lambda d: (last_view(d) or {}).get("connected"))
     save_screenshot(driver, "outbox-close-codes-live")
     assert connects(server)["live"] == 1
+
+
+def test_acknowledgements_are_sent_and_4408_reconnects_with_a_fresh_snapshot(server, driver):
+    """The page echoes every token (a snapshot's, a queue.current's); after 4408 (a socket
+    that stayed behind) it reconnects at once and shows the fresh snapshot, no error."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{server}/?session=behind")
+    wait_until(lambda: connects(server).get("behind", 0) >= 2, 15, message="the reconnect")
+    WebDriverWait(driver, DEADLINE, poll_frequency=0.05).until(
+        lambda d: d.execute_script(
+            "const v = window.views.at(-1); return v.connected && v.version === 2;"
+        )
+    )
+    assert (last_view(driver) or {}).get("error") is None
+    wait_until(lambda: len(received_frames(server)) >= 3, 10, message="the third ack")
+    assert received_frames(server) == [
+        {"type": "ack", "ack": "s1"},
+        {"type": "ack", "ack": "c1"},
+        {"type": "ack", "ack": "s2"},
+    ]
+    assert connects(server)["behind"] == 2
+
+
+def received_frames(url: str) -> list[dict]:
+    with urllib.request.urlopen(url + "/received", timeout=5) as response:
+        return json.load(response).get("behind", [])

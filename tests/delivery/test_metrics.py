@@ -105,8 +105,44 @@ def test_the_grafana_dashboard_names_only_metrics_a_worker_exposes(make_outbox):
     named = {name for expr in exprs for name in re.findall(r"\boutbox_[a-z_]+", expr)}
     metrics = WorkerMetrics(make_outbox())
     metrics.on_step("deliver", "failed", "updated", 0.1)  # labelled series appear once used
+    metrics.on_agent_step("default", "deliver", "delivered", "removed", 0.1)
     exposed = set(
         re.findall(r"^(outbox_[a-z_]+)", generate_latest(metrics.registry).decode(), re.M)
     )
     assert named and named <= exposed, named - exposed
     assert "outbox_delivery_latency_seconds_bucket" in named
+
+
+def test_steps_are_counted_and_timed_by_agent(make_outbox):
+    from django_outbox.core.agents import Agent
+    from django_outbox.errors import HoldDeliveryError
+
+    async def fine(entry, **kwargs):
+        pass
+
+    async def busy(entry, **kwargs):
+        raise HoldDeliveryError("429", retry_after=60)
+
+    outbox = make_outbox(
+        agents={"fine": Agent("fine", fine), "busy": Agent("busy", busy)},
+        router=lambda ws, ses: ses,
+    )
+    metrics = WorkerMetrics(outbox)
+    outbox.step_listeners.append(metrics.on_step)
+    outbox.agent_step_listeners.append(metrics.on_agent_step)
+    for key, ses in enumerate(("fine", "fine", "busy")):
+        outbox.accept("w1", ses, user_id="u", client_message_id=f"k{key}", text="t")
+
+    async def main():
+        await outbox.arun(once=True, heartbeat=False)
+        await outbox.aclose()
+
+    asyncio.run(main())
+    steps = "outbox_agent_steps_total"
+    assert sample(metrics, steps, {"agent": "fine", "step": "deliver", "outcome": "delivered"}) == 2
+    assert sample(metrics, steps, {"agent": "busy", "step": "deliver", "outcome": "held"}) == 1
+    count = "outbox_agent_step_duration_seconds_count"
+    assert sample(metrics, count, {"agent": "fine", "step": "deliver"}) == 2
+    # The series without the agent label go on as before.
+    assert sample(metrics, "outbox_delivered_total") == 2
+    assert sample(metrics, "outbox_failed_total", {"outcome": "held"}) == 1

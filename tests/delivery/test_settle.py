@@ -14,7 +14,7 @@ from django_outbox import (
     Status,
     Verdict,
 )
-from django_outbox.errors import AmbiguousError, PriorAttemptPendingError
+from django_outbox.errors import AmbiguousError, HoldDeliveryError, PriorAttemptPendingError
 from tests.support import scenarios
 from tests.support.helpers import SES, WS, BlockingDeliverer, aaccept, astatuses, make_entry
 from tests.support.scenarios import ambiguous, nothing, transient
@@ -139,6 +139,7 @@ OUTCOMES = {
     "failed_max": (failing(RuntimeError("500")), None, False, "error"),
     "transient": (transient, None, False, "pending"),
     "prior_pending": (failing(PriorAttemptPendingError("busy")), None, False, "pending"),
+    "held": (failing(HoldDeliveryError("429", retry_after=60)), None, False, "pending"),
     "ambiguous": (ambiguous, verdict(Verdict.DELIVERED), False, "verifying"),
     "unverifiable": (ambiguous, None, False, "error"),
     "verified_delivered": (ambiguous, verdict(Verdict.DELIVERED), True, None),

@@ -157,3 +157,28 @@ def test_evicting_valkey_hint_says_how_to_migrate_meanwhile(valkey, r):
         r.config_set("maxmemory-policy", "noeviction")
     assert "migrate --skip-checks" in message.hint
     assert "SILENCED_SYSTEM_CHECKS" in message.hint and "--allow-eviction" in message.hint
+
+
+@pytest.mark.parametrize(
+    "value, rule",
+    [
+        ("anthropic/*", "must be None or a list or tuple"),
+        ([""], "non-blank printable strings"),
+        (["anthropic/*", 3], "non-blank printable strings"),
+        (["a\x1b[2J"], "non-blank printable strings"),
+    ],
+)
+def test_a_bad_model_allow_list_is_an_error(value, rule):
+    with override_settings(OUTBOX={"MODELS": value}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E001"]
+    assert "'MODELS']" in messages[0].msg and rule in messages[0].msg
+
+
+def test_a_cache_that_counts_nothing_leaves_users_unbounded_over_workspaces():
+    dummy = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+    with override_settings(CACHES=dummy):
+        assert "django_outbox.W014" in ids()
+        with override_settings(OUTBOX={"USER_ACCEPTS_PER_MINUTE_ALL": 0}):
+            assert "django_outbox.W014" not in ids()
+    assert "django_outbox.W014" not in ids()  # the default LocMemCache counts per process

@@ -201,3 +201,75 @@ def test_status_json_names_workers_in_camel_case(outbox):
     assert worker["id"] == "w-1" and worker["live"] is True
     assert worker["inFlight"] == 2 and worker["concurrency"] == 8 and worker["pid"] == 7
     assert worker["lastSeen"].endswith("+00:00") and "last_seen" not in worker
+
+
+@pytest.mark.slow
+def test_inspect_and_status_never_write_terminal_escapes(outbox, valkey):
+    """An agent's error text and a stored park reason may hold ESC, BEL, a C1 CSI or a
+    right-to-left override: the human output of a real ``manage.py`` process shows them as
+    escapes (docs/reference/commands.md#outbox), ``--json`` keeps the stored values."""
+    from django_outbox.core.entry import Status
+    from tests.support.admin import seed
+
+    hostile_error = "boom \x1b]0;owned\x07\x1b[2J\x9b31m \u202egnp.exe"
+    hostile_reason = "maint\x1b[8m\u200b"
+    seed(outbox, WS, SES, "e-err", status=Status.ERROR, last_error=hostile_error, attempts=3)
+    seed(outbox, WS, "s2", "e-park", status=Status.PARKED, reason=hostile_reason)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+        "OUTBOX_VALKEY_URL": valkey,
+    }
+
+    def shell(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "-m", "django", "outbox", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    for args in (("inspect", WS, SES), ("inspect", WS, "s2"), ("inspect", WS), ("status",)):
+        text = shell(*args).stdout
+        hostile = [ch for ch in text if ch not in "\n" and not ch.isprintable()]
+        assert hostile == [], (args, text)
+    text = shell("inspect", WS, SES).stdout
+    assert "boom \\x1b]0;owned\\x07\\x1b[2J\\x9b31m \\u202egnp.exe" in text
+    assert "(maint\\x1b[8m\\u200b)" in shell("inspect", WS, "s2").stdout
+    (entry,) = json.loads(shell("inspect", WS, SES, "--json").stdout)["entries"]
+    assert entry["lastError"] == hostile_error
+
+
+@pytest.mark.slow
+def test_a_held_owed_signal_is_shown_by_a_real_inspect(outbox, valkey, r):
+    """docs/reference/signals.md#a-receiver-that-keeps-failing: through a real process."""
+    entry = accept(outbox, "a")
+    r.hset(outbox.keys.owed_failures(WS, SES), mapping={"e-held": 5, "e-trying": 2})
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+        "OUTBOX_VALKEY_URL": valkey,
+    }
+
+    def shell(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "django", "outbox", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    shown = shell("inspect", WS, SES)
+    assert shown.returncode == 0, shown.stderr
+    assert "  e-held: entry_delivered failed 5 times: held, the session waits" in shown.stdout
+    assert "  e-trying: entry_delivered failed 2 times (held at 5)" in shown.stdout
+    data = json.loads(shell("inspect", WS, SES, "--json").stdout)
+    assert data["owedFailures"] == {"e-held": 5, "e-trying": 2}
+    missing = shell("owed", WS, SES, entry.id, "--retry")  # pending: nothing owed
+    assert missing.returncode == 1 and "no entry_delivered owed" in missing.stderr

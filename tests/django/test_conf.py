@@ -208,14 +208,19 @@ def test_a_caches_change_alone_rebuilds_the_outbox():
 
 def test_conf_imports_nothing_it_configures():
     """conf.py sits below the outbox and the deliverers built from it (no import circle);
-    it uses only the core's leaf modules for config values and credential redaction."""
+    it uses only the core's leaf modules for config values, credential redaction and the
+    agents' value type."""
     tree = ast.parse(Path(conf.__file__).read_text())
     imported = [
         ("." * node.level) + (node.module or "")
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom)
     ]
-    assert sorted(m for m in imported if m.startswith(".")) == [".core.config", ".core.redaction"]
+    assert sorted(m for m in imported if m.startswith(".")) == [
+        ".core.agents",
+        ".core.config",
+        ".core.redaction",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -388,7 +393,7 @@ def test_every_tunable_is_declared_with_its_rule_and_a_doc_line():
     assert list(kinds(OpencodeSettings)) == [f.name for f in dataclasses.fields(OpencodeSettings)]
     declarations = [*declared(Config).values(), *declared(OpencodeSettings).values()]
     assert all(s.doc for s in [*declarations, *OWN_SETTINGS.values()])
-    assert CALLABLE_KEYS == ("DELIVERER", "VERIFIER", "LEDGER_PROBE", "ACCESS_POLICY")
+    assert CALLABLE_KEYS == ("DELIVERER", "VERIFIER", "LEDGER_PROBE", "ACCESS_POLICY", "ROUTER")
 
 
 def test_every_declared_default_passes_its_own_rule():

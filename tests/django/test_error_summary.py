@@ -32,7 +32,7 @@ from django_outbox.core.entry import Verdict
 from django_outbox.core.rules import ErrorKind, ErrorSummary, entry_for_viewer, summarize_error
 from django_outbox.delivery import opencode
 from django_outbox.delivery.opencode import OpencodeClient
-from django_outbox.errors import AmbiguousError, PriorAttemptPendingError
+from django_outbox.errors import AmbiguousError, HoldDeliveryError, PriorAttemptPendingError
 from django_outbox.policy import reads_error_excerpts
 from django_outbox.ws.routing import websocket_urlpatterns
 from example_project.fake_server import Reply
@@ -211,6 +211,7 @@ def raising(exc: Exception):
     [
         (RuntimeError(f"agent said: {AGENT_WORDS}"), ErrorKind.FAILED),
         (PriorAttemptPendingError("still running"), ErrorKind.AGENT_BUSY),
+        (HoldDeliveryError("HTTP 429", retry_after=60), ErrorKind.HELD),
         (AmbiguousError("lost"), ErrorKind.NO_ANSWER),  # (no verifier: error unverifiable)
     ],
 )

@@ -202,6 +202,23 @@ def test_bad_input_raises_inside_the_transaction_and_writes_nothing(outbox, call
     assert texts(outbox) == []
 
 
+def test_a_model_outside_the_allow_list_raises_inside_the_transaction(make_outbox):
+    """docs/reference/settings.md#models: refused at once, no row, nothing moves later."""
+    from django_outbox.errors import ModelNotAllowed
+
+    strict = make_outbox(models=("anthropic/*",))
+    with transaction.atomic(), pytest.raises(ModelNotAllowed):
+        strict.accept_on_commit(
+            WS,
+            SES,
+            user_id="u",
+            client_message_id="k1",
+            text="hello",
+            model={"providerID": "openai", "modelID": "gpt-5"},
+        )
+    assert rows() == [] and texts(strict) == []
+
+
 # --- exactly one entry -------------------------------------------------------------------
 
 

@@ -25,7 +25,7 @@ from django_outbox.metrics import WorkerMetrics
 from django_outbox.models import DeliveryReceipt
 from django_outbox.outbox import Outbox
 from django_outbox.signals import DeliveredSignal, entry_delivered
-from tests.support.helpers import SES, WS, aaccept, make_entry, wait_for
+from tests.support.helpers import SES, WS, aaccept, accept, make_entry, wait_for
 from tests.support.proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -258,13 +258,14 @@ async def test_a_failing_once_receiver_is_retried_by_the_next_claim_then_recorde
 
 
 async def test_a_permanently_failing_receiver_holds_its_session_visibly(amake_outbox, caplog):
-    # Decision (README "Signals"): never given up (its effect would be lost), retried every
-    # LOCK_TTL, each failure logged at ERROR and counted in outbox_receiver_failures_total;
-    # the session's later messages wait, other sessions go on. Fixing (or disconnecting) the
-    # receiver lets the session go on by itself.
+    # Decision (README "Signals"): never given up by itself (its effect would be lost),
+    # retried every LOCK_TTL, each failure logged at ERROR and counted in
+    # outbox_receiver_failures_total; the session's later messages wait, other sessions go
+    # on. Fixing (or disconnecting) the receiver before MAX_RECEIVER_ATTEMPTS failures lets
+    # the session go on by itself (past them staff decide: the test below).
     entry_delivered.connect(meter, once=True)
     failing_sessions.add("stuck")
-    outbox = amake_outbox(deliverer=delivered, lock_ttl=0.3)
+    outbox = amake_outbox(deliverer=delivered, lock_ttl=0.3, max_receiver_attempts=1000)
     metrics = WorkerMetrics(outbox)
     stuck = await aaccept(outbox, "a", ses="stuck")
     waiting = await aaccept(outbox, "b", ses="stuck")
@@ -396,3 +397,138 @@ async def test_the_worker_prunes_while_a_once_receiver_is_connected(amake_outbox
     finally:
         stop.set()
         await run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--older-than", "nan"),
+        ("--older-than", "inf"),
+        ("--older-than=-inf",),
+        ("--older-than", "1e308"),
+        ("--older-than", "-1"),
+        ("--older-than", "3155760001"),
+        ("--batch", "99999999999999999999"),
+    ],
+)
+def test_the_prune_command_refuses_ages_that_are_no_age(args, valkey):
+    """A real ``manage.py`` process: a non-finite, negative or out-of-range value is a clear
+    CommandError on stderr, never a traceback (docs/reference/commands.md)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "outbox_prune_receipts", *args],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.support.settings.base",
+            "OUTBOX_VALKEY_URL": valkey,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"CommandError: {args[0].split('=')[0]}: " in done.stderr and "must be" in done.stderr
+
+
+def test_prune_refuses_what_is_no_age():
+    for age in (float("nan"), float("inf"), 1e308, -1, True, "5"):
+        with pytest.raises(ValueError, match="older_than must be a finite number"):
+            receipts.prune(older_than=age)
+    with pytest.raises(ValueError, match="batch must be a whole number"):
+        receipts.prune(older_than=5, batch=receipts.MAX_PRUNE_BATCH + 1)
+
+
+# -- a receiver that keeps failing on one entry is bounded ----------------------------------
+
+
+async def _delivered_all(outbox) -> bool:
+    return await outbox.alist(WS, "stuck") == []
+
+
+def _outbox_command(*args: str) -> str:
+    import io
+
+    out = io.StringIO()
+    call_command("outbox", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("staff_says", ["--skip", "--retry"])
+@override_settings(OUTBOX={"MAX_RECEIVER_ATTEMPTS": 3})  # what manage.py outbox reads
+async def test_a_receiver_failing_on_one_entry_is_bounded_then_waits_for_staff(
+    amake_outbox, caplog, staff_says
+):
+    """docs/reference/signals.md#a-receiver-that-keeps-failing: after MAX_RECEIVER_ATTEMPTS
+    failed firings the owed signal is not fired again by itself; ``manage.py outbox
+    inspect`` shows it held, and ``owed --skip`` (record the receiver as done) or
+    ``owed --retry`` (after a fix) lets the session go on."""
+    entry_delivered.connect(meter, once=True)
+    failing_sessions.add("stuck")
+    outbox = amake_outbox(deliverer=delivered, lock_ttl=0.2, max_receiver_attempts=3)
+    stuck = await aaccept(outbox, "a", ses="stuck")
+    waiting = await aaccept(outbox, "b", ses="stuck")
+    name = "tests.django.test_receipts.meter"
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, "django_outbox"):
+        run = asyncio.create_task(outbox.arun(tick=0.05, stop=stop, heartbeat=False))
+        try:
+            # Held: claims keep coming (each LOCK_TTL) and say so, but fire nothing more.
+            await wait_for(lambda: caplog.text.count("waits for staff") >= 3, 15)
+            assert receipts.FAILURES["entry_delivered", name] == 3
+            assert await outbox.aowed_failures(WS, "stuck") == {stuck.id: 3}
+            assert [e.id for e in await outbox.alist(WS, "stuck")] == [waiting.id]
+            shown = await sync_to_async(_outbox_command)("inspect", WS, "stuck")
+            assert f"{stuck.id}: entry_delivered failed 3 times: held" in shown
+            if staff_says == "--retry":
+                failing_sessions.clear()  # the fix is deployed
+            said = await sync_to_async(_outbox_command)("owed", WS, "stuck", stuck.id, staff_says)
+            assert "next claim" in said
+            # The session goes on: the waiting prompt is delivered (with --skip its
+            # receiver fails on it too, which is its own, new, bounded story).
+            await wait_for(
+                lambda: _delivered_all(outbox), 10, 0.05, "the waiting prompt was delivered"
+            )
+            if staff_says == "--retry":
+                await wait_for(
+                    lambda: sync_to_async(lambda: effects(waiting.id) == 1)(), 10, 0.05, "ran"
+                )
+        finally:
+            stop.set()
+            await run
+    [(entry_id, _, receiver)] = await areceipts(entry_id=stuck.id)
+    assert (entry_id, receiver) == (stuck.id, name)
+    # skipped: its receiver never completed for that entry; retried: it ran once, fixed
+    assert await aeffects(stuck.id) == (0 if staff_says == "--skip" else 1)
+    assert stuck.id not in await outbox.aowed_failures(WS, "stuck")
+
+
+def test_owed_of_an_entry_without_an_owed_signal_is_not_found(outbox):
+    from django.core.management.base import CommandError
+
+    entry = accept(outbox, "a")
+    with pytest.raises(CommandError) as missing:
+        _outbox_command("owed", WS, SES, entry.id, "--skip")
+    assert missing.value.returncode == 1
+
+
+def test_cleanup_forgets_the_failed_firings(outbox, r):
+    entry = accept(outbox, "a")
+
+    async def fail_once():
+        await outbox._acount_owed_failures(WS, SES, [entry.id])
+        await outbox.aclose()
+
+    asyncio.run(fail_once())
+    assert outbox.owed_failures(WS, SES) == {entry.id: 1}
+    assert r.pttl(outbox.keys.owed_failures(WS, SES)) > 0  # kept DEDUPE_TTL at most
+    outbox.cleanup_workspace(WS)
+    assert outbox.owed_failures(WS, SES) == {}
+    assert r.keys("*owedfail*") == []

@@ -289,3 +289,74 @@ def test_max_response_bytes_is_read_from_the_settings():
     block = {"BASE_URL": "http://127.0.0.1:4096", "MAX_RESPONSE_BYTES": 4096}
     with override_settings(OUTBOX={"OPENCODE": block}):
         assert outbox_settings().opencode.max_response_bytes == 4096
+
+
+# --- a slow drip: every timeout is a total deadline ----------------------------------------
+
+#: Seconds between two bytes of a dripping agent: each read gets a byte well inside any
+#: per-read timeout, so only a total deadline ends the request.
+DRIP = 0.1
+
+
+def _drip_answer(status: str, body: bytes) -> tuple[bytes, bytes]:
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head, body
+
+
+#: A user message that would be DELIVERED if read whole: 2,000 bytes dripped take 200 s.
+_SLOW_BODY = json.dumps({"info": {"role": "user"}, "parts": [], "pad": " " * 2000}).encode()
+
+
+@pytest.mark.parametrize("head_at_once", [True, False], ids=["body-drips", "headers-drip"])
+async def test_a_dripping_agent_cannot_outlive_the_verify_timeout(head_at_once):
+    """``verify_timeout`` bounds a whole verification (connect, headers, every body and
+    page): a byte every 0.1 s never trips a per-read timeout, yet the verdict is
+    INCONCLUSIVE by the deadline (docs/reference/settings.md#opencode)."""
+    from tests.support.drip import DripServer
+
+    head, body = _drip_answer("200 OK", _SLOW_BODY)
+    async with DripServer(head, body, interval=DRIP, head_at_once=head_at_once) as agent:
+        client = OpencodeClient(agent.base_url, connect_timeout=1, timeout=2, verify_timeout=2)
+        started = asyncio.get_running_loop().time()
+        verdict = await asyncio.wait_for(verify(client, make_entry("ours"), "ses_drip"), 30)
+        took = asyncio.get_running_loop().time() - started
+    assert verdict is Verdict.INCONCLUSIVE
+    assert took < 3.5, f"took {took:.1f} s with verify_timeout=2"
+
+
+@pytest.mark.parametrize(
+    "status, head_at_once, outcome",
+    [
+        ("200 OK", False, AmbiguousError),  # headers drip: maybe sent, no answer in time
+        ("500 Internal Server Error", True, AmbiguousError),  # the error body drips
+        ("400 Bad Request", True, OpencodeHTTPError),
+    ],
+    ids=["headers-drip", "5xx-body-drips", "4xx-body-drips"],
+)
+async def test_a_dripping_agent_cannot_outlive_the_delivery_timeout(status, head_at_once, outcome):
+    """``timeout`` bounds the delivery POST as a whole (connect, send, the answer's headers
+    and the error excerpt): a dripped answer ends by the deadline with the outcome its
+    status (or its absence) gives."""
+    from tests.support.drip import DripServer
+
+    head, body = _drip_answer(status, b'{"error": "' + b"x" * 3000 + b'"}')
+    async with DripServer(head, body, interval=DRIP, head_at_once=head_at_once) as agent:
+        client = OpencodeClient(agent.base_url, connect_timeout=1, timeout=2, verify_timeout=2)
+        started = asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait_for(
+                client.deliver(make_entry("hi"), workspace_id="w1", session_id="ses_d", attempt=1),
+                30,
+            )
+        except (AmbiguousError, OpencodeHTTPError) as exc:
+            result: BaseException | None = exc
+        else:
+            result = None
+        finally:
+            await client.aclose()
+        took = asyncio.get_running_loop().time() - started
+    assert isinstance(result, outcome), repr(result)
+    assert took < 3.5, f"took {took:.1f} s with timeout=2"

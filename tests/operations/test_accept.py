@@ -385,3 +385,23 @@ async def test_seeding_an_entry_id_already_queued_is_refused_so_it_is_delivered_
         await outbox.adeliver_once("w1", "s1", deliverer=deliver)
     await outbox.aclose()
     assert len(sent) == 1 and len(signals_log.ids("delivered")) == 1
+
+
+def test_the_model_allow_list_refuses_other_models(make_outbox):
+    """``models`` (``OUTBOX["MODELS"]``): None takes any valid selector; a tuple of
+    names or patterns takes only what matches; an empty one takes no model at all."""
+    from django_outbox.errors import ModelNotAllowed
+    from tests.support.helpers import SES, WS
+
+    sonnet = {"providerID": "anthropic", "modelID": "claude-sonnet-4"}
+    open_outbox = make_outbox(models=None)
+    accept(open_outbox, "a", model={"providerID": "x", "modelID": "y"})
+    strict = make_outbox(models=("anthropic/*",))
+    accept(strict, "b", model=sonnet)
+    with pytest.raises(ModelNotAllowed) as refused:
+        accept(strict, "c", model={"providerID": "openai", "modelID": "gpt-5"})
+    assert isinstance(refused.value, ValueError) and refused.value.name == "openai/gpt-5"
+    with pytest.raises(ModelNotAllowed):
+        accept(make_outbox(models=()), "d", model=sonnet)
+    accept(make_outbox(models=()), "e")  # no model: always taken
+    assert [e.client_message_id for e in strict.list(WS, SES)] == ["a", "b", "e"]

@@ -1454,6 +1454,95 @@ def _full_figures(
     row.failures += problems[:3] + [f"and {len(problems) - 3} more"] * (len(problems) > 3)
 
 
+# -- scenario 10: mixed agents, worker processes SIGKILLed ---------------------------------
+
+
+def mixed_agents(tmp: Path, short: bool) -> Row:
+    """Three backends behind a router (docs/howto/agents.md): two HTTP agents on loopback
+    (tests/support/http_agent.py, each POST drawing a fault: the prompt taken then the
+    connection dropped, dropped before it was taken, 502, 429 with Retry-After, 400; one
+    verification in ten answered 500) and the recording agent as the default agent (with
+    its own faults). Three outbox_worker processes, one SIGKILLed every 0.5-2 s. A prompt
+    one of the HTTP agents ran twice is a duplicate."""
+    from django_outbox.outbox import Outbox
+    from tests.support.http_agent import AgentServer
+    from tests.support.workers import Workers
+
+    per_backend, per, window = (4, 4, 4) if short else (30, 10, 40)
+    row = Row("10 mixed agents (2 HTTP + default), worker SIGKILLs")
+    server = _valkey(tmp / "valkey")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    outbox = Outbox(url=server.url, **NO_USER_BOUNDS)
+    north, south = AgentServer().start(), AgentServer().start()
+    north.chaos, south.chaos = random.Random(1), random.Random(2)
+    started = time.monotonic()
+    w = None
+    try:
+        ids: dict[str, list[str]] = {
+            f"{prefix}{i}": [] for prefix in ("n", "s", "d") for i in range(per_backend)
+        }
+        for n in range(per):
+            for ses in ids:
+                entry = outbox.accept(
+                    "w1", ses, user_id="u", client_message_id=f"k{n}", text=str(n)
+                )
+                ids[ses].append(entry.id)
+        w = Workers(
+            server.url,
+            tmp,
+            DJANGO_SETTINGS_MODULE="tests.support.settings.http_agents",
+            OUTBOX_TEST_NORTH=north.url,
+            OUTBOX_TEST_SOUTH=south.url,
+            OUTBOX_TEST_TURN="0.01",
+            OUTBOX_TEST_LOCK_TTL="3",  # 1 s: a loaded machine stalls a worker past it
+            OUTBOX_TEST_FAULTS="fail=0.05,ambiguous=0.05,transient=0.05",
+        )
+        for _ in range(3):
+            w.start("--tick", "0.1")
+        rng = random.Random(10)
+
+        def done() -> bool:
+            return not any(outbox.list("w1", ses) for ses in ids)
+
+        deadline = time.monotonic() + window
+        while time.monotonic() < deadline and not done():
+            time.sleep(rng.uniform(0.5, 2.0))
+            victim = rng.choice(w.live())
+            victim.kill()
+            victim.wait(5)
+            row.faults += 1
+            w.start("--tick", "0.1")
+        _until(done, 120)
+        w.stop_all()
+        log = [(s, int(n)) for s, n in (x.split(" ", 1) for x in r.lrange("test:log", 0, -1))]
+        for agent in (north, south):
+            log += [(body["session_id"], int(body["text"])) for _, body in agent.processed]
+            row.faults += sum(1 for m, *_ in agent.requests if m == "POST") - len(agent.runs)
+        signals = [x.split()[0] for x in r.lrange("test:delivered", 0, -1)]
+        _judge(row, ids, log, signals)
+        twice = sorted(k for k, c in Counter(log).items() if c > 1)
+        if twice:
+            row.notes.append(f"sent twice: {twice[:5]}")
+        lost_leases = w.logs().count("lost before the delivery ended")
+        if lost_leases:  # a worker stalled past LOCK_TTL while its delivery ran
+            row.notes.append(f"leases lost mid-delivery: {lost_leases}")
+        violations = r.llen("test:violations")
+        row.max_in_flight = max(north.max_in_flight, south.max_in_flight, 2 if violations else 1)
+        stuck = [e for ses in ids for e in outbox.list("w1", ses)]
+        if stuck:
+            row.failures.append(f"{len(stuck)} entries not delivered: {stuck[0].last_error}")
+    finally:
+        if w is not None:
+            w.stop_all()
+        north.stop()
+        south.stop()
+        outbox.close()
+        r.close()
+        server.stop()
+    row.seconds = time.monotonic() - started
+    return row
+
+
 SCENARIOS = [
     ("kill", kill_workers),
     ("restart-always", lambda tmp, short: valkey_restart(tmp, short, "always")),
@@ -1469,6 +1558,7 @@ SCENARIOS = [
     ("websockets", websocket_readers),
     ("clock-skew", clock_skew),
     ("maxmemory", full_valkey),
+    ("mixed-agents", mixed_agents),
 ]
 
 

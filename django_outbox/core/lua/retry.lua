@@ -28,6 +28,7 @@ return hinted(function()
     st.transientFails = 0
     st.verifyAttempts = 0
   end
+  st.holds = nil
   st.nextAttemptAt = nil
   local new = join(st, content)
   redis.call('LSET', Q, idx, new)

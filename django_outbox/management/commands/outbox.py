@@ -9,6 +9,9 @@ Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the
 - ``retry <workspace> <session> <entry>``, ``dismiss <workspace> <session> <entry>``.
 - ``park <workspace> --reason CODE``, ``unpark <workspace> [--reason CODE]``.
 - ``cleanup <workspace> [--yes]``: asks for confirmation unless ``--yes``.
+- ``owed <workspace> <session> <entry> --retry|--skip``: an owed ``entry_delivered`` held
+  after ``MAX_RECEIVER_ATTEMPTS`` failed firings: fire it again, or record the opted-in
+  receivers as done without running them (docs/reference/signals.md#a-receiver-that-keeps-failing).
 - ``claim [--force]``, ``release``: this project's claim on the key space
   (docs/howto/valkey.md#one-project-per-key-space).
 
@@ -22,16 +25,19 @@ from __future__ import annotations
 import json
 import sys
 import time
+import unicodedata
 from argparse import ArgumentParser
 from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from django_outbox import receipts
 from django_outbox.core.entry import DismissResult, RetryResult
 from django_outbox.core.history import summary
 from django_outbox.core.owner import ClaimResult
 from django_outbox.core.redaction import redact
+from django_outbox.core.rules import UNPRINTABLE_CATEGORIES
 from django_outbox.errors import (
     InvalidContent,
     InvalidIdentifier,
@@ -39,6 +45,7 @@ from django_outbox.errors import (
     OutboxUnavailable,
 )
 from django_outbox.outbox import Outbox, get_outbox
+from django_outbox.signals import entry_delivered
 
 OK, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 1, 2, 3
 
@@ -46,6 +53,25 @@ OK, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 1, 2, 3
 def _exit(message: str, code: int) -> CommandError:
     """The error that ends a run with a documented exit code (docs/reference/commands.md#outbox)."""
     return CommandError(message, returncode=code)
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: every control, format or line/paragraph-separator
+    character (:data:`~django_outbox.core.rules.UNPRINTABLE_CATEGORIES`: ESC, BEL, a C1 CSI,
+    a right-to-left override...) is written as a ``\\xNN``/``\\uNNNN`` escape, so an agent's
+    error text or a stored park reason can neither drive the terminal nor read differently
+    from what is stored. Every human-readable line of this command goes through it;
+    ``--json`` does not (it prints the stored values exactly).
+    docs/reference/commands.md#outbox
+    """
+    out: list[str] = []
+    for ch in text:
+        if unicodedata.category(ch) in UNPRINTABLE_CATEGORIES:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _when(epoch: float | None) -> str | None:
@@ -94,7 +120,7 @@ def _seconds(bound: float | str) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Look at the outbox and act on it: status, inspect, retry, dismiss, park, unpark, "
+        "Look at the outbox and act on it: status, inspect, retry, dismiss, owed, park, unpark, "
         "cleanup, claim, release. Exit codes: 0 done, 1 not found, 2 refused (busy, bad input, not "
         "confirmed), 3 Valkey unavailable."
     )
@@ -125,6 +151,20 @@ class Command(BaseCommand):
             one.add_argument("workspace")
             one.add_argument("session")
             one.add_argument("entry")
+
+        owed = sub.add_parser(
+            "owed", help="an entry_delivered held after MAX_RECEIVER_ATTEMPTS failures"
+        )
+        owed.add_argument("workspace")
+        owed.add_argument("session")
+        owed.add_argument("entry")
+        choice = owed.add_mutually_exclusive_group(required=True)
+        choice.add_argument("--retry", action="store_true", help="fire it again")
+        choice.add_argument(
+            "--skip",
+            action="store_true",
+            help="record its opted-in receivers as done without running them",
+        )
 
         park = sub.add_parser("park", help="pause a workspace (parks what is queued)")
         park.add_argument("workspace")
@@ -205,7 +245,7 @@ class Command(BaseCommand):
                 }
             )
             return
-        out = self.stdout.write
+        out = self._say
         out(
             f"Workspaces {totals.workspaces} · sessions {totals.sessions} · "
             f"needing attention {totals.attention}"
@@ -254,13 +294,13 @@ class Command(BaseCommand):
                     }
                 )
                 return
-            self.stdout.write(
+            self._say(
                 f"Workspace {ws}: {len(summary.sessions)} sessions, "
                 f"{summary.entry_count} entries, {summary.leased} being delivered"
             )
             for s in summary.sessions:
                 held = " (lease held)" if s.leased else ""
-                self.stdout.write(f"  {s.session_id}: {s.entries} entries{held}")
+                self._say(f"  {s.session_id}: {s.entries} entries{held}")
             return
         snapshot = outbox.snapshot(ws, ses)
         if not snapshot.entries and snapshot.lease is None:
@@ -282,10 +322,11 @@ class Command(BaseCommand):
                         "heldFor": round(snapshot.lease.held_for, 3),
                     },
                     "entries": [entry.to_dict() for entry in snapshot.entries],
+                    "owedFailures": outbox.owed_failures(ws, ses),
                 }
             )
             return
-        out = self.stdout.write
+        out = self._say
         out(f"Session {ws}/{ses}: version {snapshot.version}, {len(snapshot.entries)} entries")
         if snapshot.lease is not None:
             lease = snapshot.lease
@@ -297,6 +338,7 @@ class Command(BaseCommand):
                 f"  {entry.id} {entry.status}{reason}, attempts {entry.attempts}, "
                 f"accepted {entry.accepted_at}{error}"
             )
+        self._say_owed(outbox, ws, ses)
 
     # -- acting -------------------------------------------------------------------------
 
@@ -311,7 +353,7 @@ class Command(BaseCommand):
                 "or parked (unpark the workspace instead).",
                 REFUSED,
             )
-        self.stdout.write(f"Re-armed {ref}: due now.")
+        self._say(f"Re-armed {ref}: due now.")
 
     def _dismiss(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ref = self._ref(options)
@@ -323,12 +365,39 @@ class Command(BaseCommand):
                 f"Busy, not dismissed: {ref} is being delivered or verified under a live lease.",
                 REFUSED,
             )
-        self.stdout.write(f"Dismissed {ref}: it will never be delivered.")
+        self._say(f"Dismissed {ref}: it will never be delivered.")
+
+    def _owed(self, outbox: Outbox, options: dict[str, Any]) -> None:
+        ws, ses, entry_id = options["workspace"], options["session"], options["entry"]
+        ref = self._ref(options)
+        owed = outbox.owed_entry(ws, ses, entry_id)
+        if owed is None:
+            raise _exit(f"Not found: {ref} has no entry_delivered owed.", NOT_FOUND)
+        if options["skip"]:
+            names = entry_delivered.once_receivers()
+            done = receipts.skip_owed(entry_id, owed.delivered_at or "", names)
+            skipped = ", ".join(done) or "none (each had run already)"
+            what = f"Skipped the opted-in receivers of {ref}: {skipped}; "
+        else:
+            what = f"Firing the entry_delivered of {ref} again; "
+        outbox.reset_owed_failures(ws, ses, entry_id)
+        self._say(f"{what}the session's next claim, within LOCK_TTL, fires it.")
+
+    def _say_owed(self, outbox: Outbox, ws: str, ses: str) -> None:
+        bound = outbox.config.max_receiver_attempts
+        for entry_id, n in sorted(outbox.owed_failures(ws, ses).items()):
+            held = (
+                f": held, the session waits — 'manage.py outbox owed {ws} {ses} {entry_id} "
+                "--retry' or '--skip'"
+                if n >= bound
+                else f" (held at {bound})"
+            )
+            self._say(f"  {entry_id}: entry_delivered failed {n} times{held}")
 
     def _park(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws = options["workspace"]
         count = outbox.park_workspace(ws, options["reason"])
-        self.stdout.write(
+        self._say(
             f"Parked workspace {ws} ({options['reason']}): {count} entries now; what is "
             "accepted into it is held until unpark."
         )
@@ -336,7 +405,7 @@ class Command(BaseCommand):
     def _unpark(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws = options["workspace"]
         count = outbox.unpark_workspace(ws, options["reason"])
-        self.stdout.write(f"Unparked workspace {ws}: {count} entries released in accept order.")
+        self._say(f"Unparked workspace {ws}: {count} entries released in accept order.")
 
     def _cleanup(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws = options["workspace"]
@@ -354,7 +423,7 @@ class Command(BaseCommand):
             if answer.strip() != ws:
                 raise _exit("Not confirmed: nothing was deleted.", REFUSED)
         removed = outbox.cleanup_workspace(ws)
-        self.stdout.write(
+        self._say(
             f"Cleaned up workspace {ws}: {summary.entry_count} entries, {removed} keys removed."
         )
 
@@ -380,13 +449,13 @@ class Command(BaseCommand):
             f"{before.describe() if before else 'another project'}: that project's workers "
             "refuse to start here from now on (stop any still running).",
         }
-        self.stdout.write(message[result])
+        self._say(message[result])
 
     def _release(self, outbox: Outbox, options: dict[str, Any]) -> None:
         space = self._space(outbox)
         if not outbox.release_key_space():
             raise _exit(f"No claim on {space}: nothing to release.", NOT_FOUND)
-        self.stdout.write(
+        self._say(
             f"Released {space}: the next accept, cleanup or worker start of a project "
             "claims it again."
         )
@@ -400,6 +469,10 @@ class Command(BaseCommand):
     @staticmethod
     def _ref(options: dict[str, Any]) -> str:
         return f"{options['workspace']}/{options['session']}/{options['entry']}"
+
+    def _say(self, line: str) -> None:
+        """Write one human-readable line, escaped by :func:`printable`."""
+        self.stdout.write(printable(line))
 
     def _json(self, value: Any) -> None:
         self.stdout.write(json.dumps(value, ensure_ascii=False, indent=2, default=str))

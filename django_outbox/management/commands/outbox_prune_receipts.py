@@ -43,10 +43,15 @@ class Command(BaseCommand):
             options["batch"],
             options["max_batches"],
         )
-        if older_than is not None and older_than < 0:
-            raise CommandError("--older-than must not be negative")
-        if batch < 1 or max_batches < 1:
-            raise CommandError("--batch and --max-batches must be at least 1")
+        # A NaN, an infinity or 1e308 parses as a float but is no age: refused here with
+        # the rule receipts.prune applies, never a traceback from timedelta.
+        for flag, args in (("--older-than", (older_than or 0, 1)), ("--batch", (0, batch))):
+            try:
+                receipts.check_prune_args(*args)
+            except ValueError as exc:
+                raise CommandError(f"{flag}: {exc}") from exc
+        if max_batches < 1:
+            raise CommandError("--max-batches must be at least 1")
         total = 0
         for _ in range(max_batches):
             deleted = receipts.prune(older_than, batch)

@@ -92,10 +92,10 @@ class Command(BaseCommand):
             raise CommandError("--tick must be positive")
         if options["grace"] < 0:
             raise CommandError("--grace must not be negative")
-        if outbox.deliverer is None:
+        if outbox.deliverer is None and not outbox.agents:
             raise CommandError(
                 "no deliverer: set OUTBOX['DELIVERER'] to a callable or dotted path "
-                "(e.g. 'django_outbox.delivery.opencode.deliver')"
+                "(e.g. 'django_outbox.delivery.opencode.deliver'), or OUTBOX['AGENTS']"
             )
         self._preflight(outbox, options["allow_eviction"])
         if options["metrics_port"] is not None:
@@ -139,6 +139,12 @@ class Command(BaseCommand):
             opencode = sys.modules.get("django_outbox.delivery.opencode")
             if opencode is not None:
                 await opencode.aclose()
+            http = sys.modules.get("django_outbox.delivery.http")
+            if http is not None:
+                await http.aclose()
+            langgraph = sys.modules.get("django_outbox.delivery.langgraph")
+            if langgraph is not None:
+                await langgraph.aclose()
 
     def _preflight(self, outbox, allow_eviction: bool) -> None:
         """Refuse to start against an unreachable or evicting Valkey (on a cluster, any
@@ -196,6 +202,7 @@ class Command(BaseCommand):
 
         metrics = WorkerMetrics(outbox)
         outbox.step_listeners.append(metrics.on_step)
+        outbox.agent_step_listeners.append(metrics.on_agent_step)
         entry_delivered.connect(metrics.on_delivered, weak=False, dispatch_uid="outbox-metrics")
         start_http_server(port, addr=host, registry=metrics.registry)
         logger.info("outbox worker: metrics on http://%s:%d/metrics", host, port)

@@ -43,6 +43,10 @@
  * close codes 4400 (invalid ID) or 4403 (refused): those set `view.error` and stop.
  * After 4429 (the user holds too many sockets) and 4503 (the server's store is down) the
  * backoff starts further along: reconnecting at once would only be refused again.
+ * A frame carrying "ack" (a snapshot's last page, queue.current) is acknowledged with
+ * {"type": "ack", "ack": <token>} once applied: the server sends no further snapshot
+ * until the last one is acknowledged, and closes with 4408 a socket that stopped reading
+ * (reconnected like 4503: the new socket starts with a fresh snapshot).
  */
 
 const PENDING = ":pending:"; // `${storageKey}:pending:${clientMessageID}` holds one prompt
@@ -71,6 +75,7 @@ const SLOW_CLOSE_CODES = new Map([
   [4429, 3], // this user holds WS_MAX_SOCKETS_PER_USER sockets: wait for one to close
   [4503, 3], // the server cannot reach its store right now
   [4500, 3], // a server error (e.g. no channel layer configured)
+  [4408, 2], // this page did not read what the server sent (a frozen tab): start afresh
 ]);
 /** What a held prompt waits for, by hold code (view.hold.detail). */
 const HOLD_DETAILS = {
@@ -1059,10 +1064,25 @@ class Subscription {
       this._apply(message.state, message.entry);
       this._drain();
       this._render();
+    } else if (message.type === "queue.current") {
+      // The server had nothing newer for our resync: our view is the latest.
+      this.resyncAsked = false;
+      this._armGapTimer();
     } else if (message.type === "error") {
       this.error = { code: message.code, detail: message.detail };
       this._render();
     }
+    this._acknowledge(message);
+  }
+
+  /** Tell the server this frame (and everything before it) was read. */
+  _acknowledge(message) {
+    if (typeof message.ack !== "string" || this.ws?.readyState !== 1) return;
+    // A snapshot is acknowledged once applied whole (not a page set dropped midway).
+    if (message.type === "queue.snapshot" && (this.paging || this.version !== message.version)) {
+      return;
+    }
+    this.ws.send(JSON.stringify({ type: "ack", ack: message.ack }));
   }
 
   /**

@@ -596,3 +596,32 @@ def test_detail_of_a_parked_entry_says_it_waits_for_unpark(admin_client, outbox)
     page = admin_client.get(detail_url(f"ws/ses/{entry.id}")).content.decode()
     assert "held until the workspace is unparked" in page
     assert "due now" not in page
+
+
+def test_detail_of_a_held_entry_shows_its_holds_in_a_row(admin_client, make_outbox):
+    from django_outbox.errors import HoldDeliveryError
+
+    async def busy(entry, **kwargs):
+        raise HoldDeliveryError("HTTP 429", retry_after=60)
+
+    outbox = make_outbox(deliverer=busy)
+    entry = outbox.accept("ws", "ses", user_id="u1", client_message_id="c1", text="hi")
+
+    async def step():
+        await outbox.adeliver_once("ws", "ses")
+        await outbox.aclose()
+
+    asyncio.run(step())
+    page = admin_client.get(detail_url(f"ws/ses/{entry.id}")).content.decode()
+    assert "transient failures 0, holds in a row 1)" in page
+    assert "held for 60s" in page
+
+
+def test_a_session_search_says_when_an_owed_signal_waits_for_staff(admin_client, outbox, r):
+    """docs/reference/signals.md#a-receiver-that-keeps-failing"""
+    accept(outbox, "w1", "s1")
+    r.hset(outbox.keys.owed_failures("w1", "s1"), mapping={"e-held": 5, "e-trying": 1})
+    page = admin_client.get("/admin/django_outbox/outboxentry/?q=w1/s1").content.decode()
+    assert "The entry_delivered of e-held failed 5 times and this session waits" in page
+    assert "manage.py outbox owed w1 s1 e-held --retry" in page
+    assert "e-trying" not in page

@@ -837,3 +837,81 @@ def test_other_content_types_415(staff, r, content_type):
     response = staff.post(messages_url(), raw, content_type=content_type)
     assert_error(response, 415, "unsupported_media_type")
     assert r.dbsize() == 0
+
+
+# --- the model allow-list (docs/reference/settings.md#models) ----------------------------------
+
+ALLOWED_MODELS = ["anthropic/claude-sonnet-4", "openai/gpt-5*"]
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"providerID": "evil", "modelID": "expensive-model"},
+        {"providerID": "anthropic", "modelID": "claude-opus-4"},  # not the allowed one
+        {"providerID": "OpenAI", "modelID": "gpt-5"},  # case matters
+        {"id": "m"},  # names no provider and model
+        {"providerID": "anthropic", "modelID": ["claude-sonnet-4"]},
+    ],
+)
+def test_a_model_outside_the_allow_list_is_400_and_stores_nothing(staff, model):
+    with override_settings(OUTBOX={"MODELS": ALLOWED_MODELS}):
+        response = post_json(staff, messages_url(), body(model=model))
+        assert_error(response, 400, "model_not_allowed")
+        assert entries() == []
+
+
+def test_allowed_models_and_no_model_are_accepted(staff):
+    with override_settings(OUTBOX={"MODELS": ALLOWED_MODELS}):
+        for i, model in enumerate(
+            [
+                {"providerID": "anthropic", "modelID": "claude-sonnet-4"},
+                {"providerID": "openai", "modelID": "gpt-5-mini", "variant": "fast"},
+                None,
+            ]
+        ):
+            response = post_json(staff, messages_url(), body(cmid=f"c{i}", model=model))
+            assert response.status_code == 202, response.content
+    assert len(entries()) == 3
+
+
+# --- one user's accepts over every workspace (docs/explanation/idempotency.md) ---------------
+
+
+def test_one_user_over_many_workspaces_is_throttled_in_total(users, staff):
+    """The per-workspace bounds allow 30 a minute in each workspace; over 16 workspaces that
+    was 480 a minute. ``USER_ACCEPTS_PER_MINUTE_ALL`` bounds the user's sum: the accept over
+    it answers 429 ``throttled`` with Retry-After and stores nothing, while another user
+    still gets in."""
+    from django.core.cache import cache
+
+    cache.clear()
+    with override_settings(OUTBOX={"USER_ACCEPTS_PER_MINUTE_ALL": 6}):
+        for i in range(6):
+            response = post_json(staff, messages_url(ws=f"ws{i}"), body(cmid=f"c{i}"))
+            assert response.status_code == 202, response.content
+        over = post_json(staff, messages_url(ws="ws-extra"), body(cmid="c-extra"))
+        data = assert_error(over, 429, "throttled")
+        assert int(over["Retry-After"]) > 0 and data["detail"]
+        assert entries(ws="ws-extra") == []
+        assert staff.get(messages_url(ws="ws0")).status_code == 200  # reads are not counted
+        other = client_for(
+            with_every_outbox_permission(
+                type(users["staff"]).objects.create_user("carol", password=None, is_staff=True)
+            )
+        )
+        assert post_json(other, messages_url(ws="ws-extra"), body()).status_code == 202
+    cache.clear()
+
+
+def test_the_throttle_is_on_by_default_and_can_be_turned_off(staff):
+    from django.core.cache import cache
+
+    from django_outbox.conf import outbox_settings
+
+    assert outbox_settings().user_accepts_per_minute_all == 60
+    cache.clear()
+    with override_settings(OUTBOX={"USER_ACCEPTS_PER_MINUTE_ALL": None}):
+        for i in range(70):
+            assert post_json(staff, messages_url(ws=f"w{i}"), body()).status_code == 202
+    cache.clear()

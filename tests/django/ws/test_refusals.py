@@ -82,7 +82,7 @@ async def test_a_deeply_nested_frame_gets_an_error_and_the_socket_stays(layers, 
         error = json.loads(await comm.receive_from(5))
         assert (error["type"], error["code"]) == ("error", "malformed")
     await comm.send_to(text_data='{"type": "resync"}')
-    assert json.loads(await comm.receive_from(5))["type"] == "queue.snapshot"
+    assert json.loads(await comm.receive_from(5))["type"] == "queue.current"  # nothing new
     await comm.disconnect()
     assert r.get(watch) is None
     assert r.zcard(get_outbox().keys.sockets("alice")) == 0

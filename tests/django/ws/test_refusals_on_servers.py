@@ -124,8 +124,8 @@ async def test_a_deeply_nested_frame_gets_an_error_and_leaks_nothing(servers, ki
         await ws.send("[" * 50_000)  # under MAX_FRAME_BYTES; json.loads: RecursionError
         error = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert (error["type"], error["code"]) == ("error", "malformed")
-        await ws.send('{"type": "resync"}')
-        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "queue.snapshot"
+        await ws.send('{"type": "resync"}')  # answered: nothing changed since the snapshot
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "queue.current"
         assert watchers(valkey) == "1"
     wait_until(lambda: watchers(valkey) is None, 10, message="the watcher uncounted")
     wait_until(lambda: open_sockets(valkey) == 0, 10, message="the socket uncounted")

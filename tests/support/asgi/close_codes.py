@@ -8,7 +8,11 @@ socket connections per session. The queue socket of each session behaves as name
 - ``refused``: accepted, then closed with 4403 (what the README promises for a refusal);
 - ``invalid``: accepted, then closed with 4400 (an invalid ID);
 - ``handshake``: refused before accepting (the browser sees HTTP 403, close code 1006);
-- ``live``: accepted, sends an empty snapshot, stays open.
+- ``live``: accepted, sends an empty snapshot, stays open;
+- ``behind``: the first connection sends a snapshot and a ``queue.current`` that carry
+  acknowledgement tokens, waits for the client to echo both, then closes with 4408 (a
+  socket that stayed behind); later ones send a snapshot and stay open. ``GET /received``
+  lists the frames each session's sockets received.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ PAGE = """<!doctype html>
 
 CLOSE_AFTER_ACCEPT = {"refused": 4403, "invalid": 4400}
 connects: Counter[str] = Counter()
+received: dict[str, list[Any]] = {}
 
 
 async def _http(scope: dict[str, Any], send: Any) -> None:
@@ -44,6 +49,8 @@ async def _http(scope: dict[str, Any], send: Any) -> None:
         body, kind = OUTBOX_JS.read_bytes(), b"text/javascript; charset=utf-8"
     elif path == "/connects":
         body, kind = json.dumps(connects).encode(), b"application/json"
+    elif path == "/received":
+        body, kind = json.dumps(received).encode(), b"application/json"
     else:
         body, kind = b"not found", b"text/plain"
     status = 404 if body == b"not found" else 200
@@ -64,10 +71,43 @@ async def _websocket(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if session in CLOSE_AFTER_ACCEPT:
         await send({"type": "websocket.close", "code": CLOSE_AFTER_ACCEPT[session]})
         return
+    if session == "behind":
+        await _behind(session, receive, send)
+        return
     snapshot = {"type": "queue.snapshot", "version": 1, "entries": []}
     await send({"type": "websocket.send", "text": json.dumps(snapshot)})
     while (await receive())["type"] != "websocket.disconnect":
         pass
+
+
+async def _behind(session: str, receive: Any, send: Any) -> None:
+    frames = received.setdefault(session, [])
+
+    async def answer() -> bool:
+        message = await receive()
+        if message["type"] == "websocket.disconnect":
+            return False
+        frames.append(json.loads(message.get("text") or "null"))
+        return True
+
+    version = connects[session]
+    snapshot = {"type": "queue.snapshot", "version": version, "page": 1, "pages": 1}
+    await send(
+        {
+            "type": "websocket.send",
+            "text": json.dumps({**snapshot, "entries": [], "ack": f"s{version}"}),
+        }
+    )
+    if version > 1:
+        while await answer():
+            pass
+        return
+    if not await answer():
+        return
+    current = {"type": "queue.current", "version": version, "ack": "c1"}
+    await send({"type": "websocket.send", "text": json.dumps(current)})
+    if await answer():
+        await send({"type": "websocket.close", "code": 4408})
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -5,7 +5,8 @@ intervals).
 Environment: ``TEST_DB`` (sqlite file), ``OUTBOX_VALKEY_URL`` (the outbox),
 ``OUTBOX_TEST_LAYER_URL`` (the channel layer), ``OUTBOX_TEST_GROUP_EXPIRY`` (seconds,
 default a day), ``OUTBOX_TEST_WS`` (``check,resync_interval,budget``: the three live
-settings, default ``0.4,0.5,30``).
+settings, default ``0.4,0.5,30``), ``OUTBOX_TEST_POLICY`` (the access policy, default
+``tests.support.asgi.live.revocable``).
 """
 
 import os
@@ -16,10 +17,11 @@ DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.envi
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 _check, _interval, _budget = os.environ.get("OUTBOX_TEST_WS", "0.4,0.5,30").split(",")
 OUTBOX = {
-    "ACCESS_POLICY": "tests.support.asgi.live.revocable",
+    "ACCESS_POLICY": os.environ.get("OUTBOX_TEST_POLICY", "tests.support.asgi.live.revocable"),
     "CAP": 100,
     "USER_MAX_QUEUED": 0,
     "USER_ACCEPTS_PER_MINUTE": 0,
+    "USER_ACCEPTS_PER_MINUTE_ALL": 0,
     "WS_CHECK_INTERVAL": float(_check),
     "WS_RESYNC_INTERVAL": float(_interval),
     "WS_RESYNC_BUDGET": int(_budget),

@@ -4,9 +4,9 @@
 -- (cjson would damage client JSON: empty arrays, large integers).
 local MARK = ',"clientMessageID":'
 local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttempts',
-               'transientFails', 'acceptedAt', 'seq', 'lastAttemptAt', 'nextAttemptAt', 'lastError',
-               'deliveredAt', 'userDigest'}
-local ZERO_OMITTED = {verifyAttempts = true, transientFails = true}
+               'transientFails', 'holds', 'acceptedAt', 'seq', 'lastAttemptAt', 'nextAttemptAt',
+               'lastError', 'deliveredAt', 'userDigest'}
+local ZERO_OMITTED = {verifyAttempts = true, transientFails = true, holds = true}
 
 local function split(raw)
   local i = string.find(raw, MARK, 1, true)

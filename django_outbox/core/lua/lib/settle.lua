@@ -22,9 +22,12 @@ local function settle_policy(i)
   }
 end
 
--- Record `outcome` (delivered | failed | absent | transient | prior_pending | ambiguous |
--- inconclusive | unverifiable) of the delivery of entry `id` under the lease `token`;
--- `err` is the error text ('' keeps lastError), `policy` what settle_policy returns.
+-- Record `outcome` (delivered | failed | absent | transient | prior_pending | held |
+-- ambiguous | inconclusive | unverifiable) of the delivery of entry `id` under the lease `token`;
+-- `err` is the error text ('' keeps lastError), `policy` what settle_policy returns;
+-- 'held' (the agent asked to be left alone until a time: docs/howto/agents.md) also
+-- reads policy.hold (us, the agent's Retry-After), policy.hold_max (us) and
+-- policy.max_holds, which settle.lua adds.
 -- acknowledged: the caller acknowledges a delivered entry's signal in the same script
 -- (settle_next.lua), so it leaves staging at once.
 -- Returns the reply, and (only when a delivery was recorded with `acknowledged`) what
@@ -98,7 +101,20 @@ local function settle(token, id, outcome, err, policy, acknowledged)
   end
 
   local next_status, reason, next_at = nil, nil, nil
-  if outcome == 'failed' or outcome == 'absent' then
+  local holds = st.holds
+  st.holds = nil  -- holds count only while they follow one another
+  if outcome == 'held' then
+    -- Due again at the agent's time (capped), no attempt used; MAX_HOLDS in a row end it.
+    if not policy.max_holds then error({err = 'outbox: held needs the hold arguments'}) end
+    st.holds = (holds or 0) + 1
+    if st.holds > policy.max_holds then
+      next_status, reason = 'error', 'hold_exhausted'
+    else
+      local hold = policy.hold
+      if hold > policy.hold_max then hold = policy.hold_max end
+      next_status, next_at = 'pending', NOW + hold
+    end
+  elseif outcome == 'failed' or outcome == 'absent' then
     st.attempts = (st.attempts or 0) + 1
     if st.attempts >= policy.max_attempts then
       next_status, reason = 'error', 'max_attempts'

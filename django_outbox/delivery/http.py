@@ -1,0 +1,621 @@
+"""The generic HTTP agent: POST each prompt to a URL with ``Idempotency-Key: <entry ID>``,
+verify an unknown outcome with a GET (docs/howto/agents.md#the-http-agent).
+
+Configure it as an ``OUTBOX["AGENTS"]`` entry; its keys besides the callables are its
+settings (:class:`HttpAgentSettings`)::
+
+    OUTBOX = {
+        "AGENTS": {
+            "runs": {
+                "DELIVERER": "django_outbox.delivery.http.deliver",
+                "VERIFIER": "django_outbox.delivery.http.verify",
+                "ABORTER": "django_outbox.delivery.http.abort",  # optional
+                "SEND_URL": "https://agent.internal/v1/sessions/{session_id}/prompts",
+                "VERIFY_URL": "https://agent.internal/v1/prompts/{entry_id}",
+                "ABORT_URL": "https://agent.internal/v1/sessions/{session_id}/abort",
+                "HEADERS": {"Authorization": "Bearer ..."},
+            },
+        },
+    }
+
+One module serves any number of such entries: while the worker calls it, the entry it
+serves is :data:`django_outbox.core.agents.current_agent`. How an answer is classified
+(DESIGN 19.2; the outcomes of docs/explanation/lifecycle.md):
+
+=========================================================  ==================================
+the send (``POST SEND_URL``)                               outcome
+=========================================================  ==================================
+2xx                                                        delivered
+refused or unreachable before anything was sent            transient (no attempt used)
+timeout, connection cut, 5xx (502, 504, 500, ...)          ambiguous: verified, never resent
+429 or 503 with ``Retry-After``                            held until then, no attempt used
+other 4xx, 429 without ``Retry-After``, a redirect          failed (an attempt used)
+=========================================================  ==================================
+
+The verifier's ``GET VERIFY_URL``: 200 → DELIVERED, 404 → ABSENT, anything else (another
+status, a timeout, a cut) → INCONCLUSIVE. Every timeout is a total deadline over the whole
+exchange (connect, send, headers, body), so an agent that drips its answer byte by byte
+cannot outlive it. At most ``MAX_RESPONSE_BYTES`` of an answer are read (only an error's
+answer is read at all, for a short excerpt). Requests go to the origin (scheme, host,
+port) of their URL only: a redirect is followed only when it is a 307/308 (or, for the
+GET, any redirect) to the same origin, so the ``HEADERS`` (credentials) never leave it.
+Header values are remembered as secrets: no error text, log line or stored ``lastError``
+shows them (:mod:`django_outbox.core.redaction`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import math
+import re
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any
+from urllib.parse import quote, urljoin, urlsplit
+
+import httpx
+from django.core.exceptions import ImproperlyConfigured
+
+from ..core.agents import Agent, current_agent
+from ..core.config import ConfigError, duration
+from ..core.entry import Entry, Verdict
+from ..core.redaction import redact, remember_secret, remember_url
+from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
+
+__all__ = [
+    "DEFAULT_BODY",
+    "HttpAgent",
+    "HttpAgentError",
+    "HttpAgentSettings",
+    "abort",
+    "aclose",
+    "agent_for",
+    "deliver",
+    "parse_retry_after",
+    "verify",
+]
+
+#: The body sent when the entry sets no ``BODY``: every placeholder once.
+DEFAULT_BODY: Mapping[str, Any] = {
+    "entry_id": "{entry_id}",
+    "workspace_id": "{workspace_id}",
+    "session_id": "{session_id}",
+    "text": "{text}",
+    "model": "{model}",
+}
+#: The names a URL template may use (each value is percent-encoded whole).
+URL_PLACEHOLDERS = ("workspace_id", "session_id", "entry_id")
+#: The names a ``BODY`` string may use: a string that is exactly ``"{model}"`` becomes the
+#: entry's model object (or null); other strings have each ``{name}`` replaced by text.
+BODY_PLACEHOLDERS = (*URL_PLACEHOLDERS, "text", "model", "client_message_id", "user_id")
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+_EXCERPT_CHARS = 500
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_MAX_REDIRECTS = 5
+#: Headers the agent does not choose: the outbox sets them.
+_RESERVED_HEADERS = {"idempotency-key", "content-type", "content-length", "host"}
+
+
+class HttpAgentError(Exception):
+    """The agent answered a status that says the prompt was not taken (a definitive
+    failure), or a redirect this module does not follow. ``status`` (int, 0 for none),
+    ``url`` (redacted), ``body`` (a short excerpt, redacted)."""
+
+    def __init__(self, message: str, *, status: int = 0, url: str = "", body: str = "") -> None:
+        super().__init__(redact(message))
+        self.status = status
+        self.url = redact(url)
+        self.body = redact(body)
+
+
+# --- settings ---------------------------------------------------------------------------
+
+
+def _name(agent: str, key: str) -> str:
+    return f"OUTBOX['AGENTS'][{agent!r}][{key!r}]"
+
+
+def _url_template(agent: str, key: str, value: Any, *, required: bool) -> str | None:
+    if value is None and not required:
+        return None
+    if isinstance(value, str):
+        remember_url(value)
+        unknown = sorted(set(_PLACEHOLDER.findall(value)) - set(URL_PLACEHOLDERS))
+        try:
+            parts = urlsplit(_fill_url(value, "w", "s", "e"))
+        except (ValueError, KeyError):
+            parts = None
+        if not unknown and parts and parts.scheme in ("http", "https") and parts.netloc:
+            return value
+        if unknown:
+            raise ImproperlyConfigured(
+                f"{_name(agent, key)} uses unknown placeholders {unknown}; "
+                f"known: {list(URL_PLACEHOLDERS)}"
+            )
+    shown = redact(value) if isinstance(value, str) else value
+    raise ImproperlyConfigured(
+        f"{_name(agent, key)} must be an http(s) URL template such as "
+        f"'https://agent/sessions/{{session_id}}/prompts', got {shown!r}"
+    )
+
+
+def _check_body(agent: str, value: Any) -> Any:
+    """``BODY``: JSON-able (dicts with str keys, lists, str, numbers, bool, None) whose
+    strings use only known placeholders."""
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    raise ImproperlyConfigured(f"{_name(agent, 'BODY')} keys must be strings")
+                walk(item)
+        elif isinstance(node, list | tuple):
+            for item in node:
+                walk(item)
+        elif isinstance(node, str):
+            unknown = sorted(set(_PLACEHOLDER.findall(node)) - set(BODY_PLACEHOLDERS))
+            if unknown:
+                raise ImproperlyConfigured(
+                    f"{_name(agent, 'BODY')} uses unknown placeholders {unknown}; "
+                    f"known: {list(BODY_PLACEHOLDERS)}"
+                )
+        elif node is not None and not isinstance(node, bool | int | float):
+            raise ImproperlyConfigured(
+                f"{_name(agent, 'BODY')} must be JSON: dicts, lists, strings, numbers, "
+                f"booleans or None, not {type(node).__name__}"
+            )
+
+    walk(value)
+    return value
+
+
+def _check_headers(agent: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ImproperlyConfigured(f"{_name(agent, 'HEADERS')} must be a dict of str to str")
+    for key, item in value.items():
+        if key.lower() in _RESERVED_HEADERS:
+            raise ImproperlyConfigured(
+                f"{_name(agent, 'HEADERS')} must not set {key!r}: the agent sets it"
+            )
+        remember_secret(item)  # "Bearer abc" and its token alone
+        remember_secret(item.partition(" ")[2])
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class HttpAgentSettings:
+    """One HTTP agent's settings, validated (docs/howto/agents.md#the-http-agent).
+
+    ``send_url`` (required), ``verify_url``, ``abort_url``: URL templates with
+    ``{workspace_id}``, ``{session_id}``, ``{entry_id}`` (percent-encoded whole);
+    ``body``: the JSON body template (:data:`DEFAULT_BODY`); ``headers``: sent with every
+    request (credentials: never shown); ``connect_timeout``, ``timeout`` (the send),
+    ``verify_timeout``, ``abort_timeout``: seconds, each a total deadline;
+    ``max_response_bytes``: the most read of one answer.
+    """
+
+    send_url: str
+    verify_url: str | None = None
+    abort_url: str | None = None
+    body: Any = field(default_factory=lambda: dict(DEFAULT_BODY))
+    headers: Mapping[str, str] = field(default_factory=dict)
+    connect_timeout: float = 5.0
+    timeout: float = 60.0
+    verify_timeout: float = 30.0
+    abort_timeout: float = 10.0
+    max_response_bytes: int = 64 * 1024
+
+    #: The keys of an AGENTS entry this agent reads (besides DELIVERER/VERIFIER/ABORTER).
+    KEYS = (
+        "SEND_URL",
+        "VERIFY_URL",
+        "ABORT_URL",
+        "BODY",
+        "HEADERS",
+        "CONNECT_TIMEOUT",
+        "TIMEOUT",
+        "VERIFY_TIMEOUT",
+        "ABORT_TIMEOUT",
+        "MAX_RESPONSE_BYTES",
+    )
+
+    @classmethod
+    def parse(cls, agent: str, options: Mapping[str, Any]) -> HttpAgentSettings:
+        """Validate the ``OUTBOX["AGENTS"][agent]`` keys; raises ``ImproperlyConfigured``
+        naming the first wrong key (an unknown key too: a typo is not ignored)."""
+        unknown = sorted(set(options) - set(cls.KEYS))
+        if unknown:
+            raise ImproperlyConfigured(
+                f"OUTBOX['AGENTS'][{agent!r}] has unknown keys {unknown} for the HTTP agent; "
+                f"known: {list(cls.KEYS)}"
+            )
+        values: dict[str, Any] = {
+            "send_url": _url_template(agent, "SEND_URL", options.get("SEND_URL"), required=True),
+            "verify_url": _url_template(
+                agent, "VERIFY_URL", options.get("VERIFY_URL"), required=False
+            ),
+            "abort_url": _url_template(
+                agent, "ABORT_URL", options.get("ABORT_URL"), required=False
+            ),
+        }
+        if "BODY" in options:
+            values["body"] = _check_body(agent, options["BODY"])
+        if "HEADERS" in options:
+            values["headers"] = _check_headers(agent, options["HEADERS"])
+        for key in ("CONNECT_TIMEOUT", "TIMEOUT", "VERIFY_TIMEOUT", "ABORT_TIMEOUT"):
+            if key in options:
+                try:
+                    values[key.lower()] = duration(key, options[key])
+                except ConfigError as exc:
+                    raise ImproperlyConfigured(f"{_name(agent, key)} {exc.rule}") from exc
+        if "MAX_RESPONSE_BYTES" in options:
+            size = options["MAX_RESPONSE_BYTES"]
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ImproperlyConfigured(
+                    f"{_name(agent, 'MAX_RESPONSE_BYTES')} must be an integer >= 1 (bytes)"
+                )
+            values["max_response_bytes"] = size
+        return cls(**values)
+
+
+def _validate_send(agent: str, options: Mapping[str, Any]) -> None:
+    HttpAgentSettings.parse(agent, options)
+
+
+def _validate_verify(agent: str, options: Mapping[str, Any]) -> None:
+    if HttpAgentSettings.parse(agent, options).verify_url is None:
+        raise ImproperlyConfigured(
+            f"{_name(agent, 'VERIFY_URL')} is required by django_outbox.delivery.http.verify"
+        )
+
+
+def _validate_abort(agent: str, options: Mapping[str, Any]) -> None:
+    if HttpAgentSettings.parse(agent, options).abort_url is None:
+        raise ImproperlyConfigured(
+            f"{_name(agent, 'ABORT_URL')} is required by django_outbox.delivery.http.abort"
+        )
+
+
+# --- requests ---------------------------------------------------------------------------
+
+
+def _fill_url(template: str, workspace_id: str, session_id: str, entry_id: str) -> str:
+    values = {"workspace_id": workspace_id, "session_id": session_id, "entry_id": entry_id}
+    return _PLACEHOLDER.sub(lambda m: quote(values[m[1]], safe=""), template)
+
+
+def _fill_body(node: Any, values: Mapping[str, Any]) -> Any:
+    if isinstance(node, Mapping):
+        return {key: _fill_body(item, values) for key, item in node.items()}
+    if isinstance(node, list | tuple):
+        return [_fill_body(item, values) for item in node]
+    if isinstance(node, str):
+        whole = _PLACEHOLDER.fullmatch(node)
+        if whole:
+            return values[whole[1]]
+        return _PLACEHOLDER.sub(lambda m: _as_text(values[m[1]]), node)
+    return node
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    scheme = url.scheme.lower()
+    return scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(scheme)
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds, or an HTTP date
+    measured against ``now``, epoch seconds, default the local clock); None when absent
+    or unreadable. A date in the past is 0."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+class HttpAgent:
+    """One HTTP agent (an ``AGENTS`` entry): :meth:`deliver`, :meth:`verify`, :meth:`abort`.
+
+    ``settings``: :class:`HttpAgentSettings`; ``transport``: an httpx async transport
+    (tests). One ``httpx.AsyncClient`` per running event loop; :meth:`aclose` closes the
+    running loop's one.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: HttpAgentSettings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return f"<HttpAgent {self.name}>"
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None or client.is_closed:
+                s = self.settings
+                client = httpx.AsyncClient(
+                    timeout=httpx.Timeout(s.timeout, connect=s.connect_timeout),
+                    transport=self._transport,
+                    follow_redirects=False,
+                    # identity: what is read is what is counted (no decompression bomb)
+                    headers={
+                        "Accept": "application/json",
+                        "Accept-Encoding": "identity",
+                        **s.headers,
+                    },
+                )
+                self._clients[loop] = client
+            return client
+
+    async def aclose(self) -> None:
+        """Close the running loop's httpx client (a no-op if it has none)."""
+        with self._lock:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    async def _exchange(
+        self, method: str, url: str, deadline: float, *, body: bytes | None = None, key: str = ""
+    ) -> tuple[int, httpx.Headers, bytes]:
+        """One request and its answer, following same-origin redirects (307/308; for a GET
+        any): ``(status, headers, body excerpt)``. The body is read only for a non-2xx
+        answer, at most ``max_response_bytes``. Raises httpx errors, ``TimeoutError`` past
+        ``deadline`` seconds in all, :class:`HttpAgentError` for a redirect elsewhere."""
+        client = self._client()
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if key:
+            headers["Idempotency-Key"] = key
+        origin = _origin(httpx.URL(url))
+        async with asyncio.timeout(deadline):
+            for _ in range(_MAX_REDIRECTS + 1):
+                request = client.build_request(method, url, content=body, headers=headers)
+                response = await client.send(request, stream=True)
+                try:
+                    status = response.status_code
+                    if 300 <= status < 400 and "location" in response.headers:
+                        follows = status in (307, 308) or method == "GET"
+                        target = httpx.URL(urljoin(url, response.headers["location"]))
+                        if not follows or target.userinfo or _origin(target) != origin:
+                            raise HttpAgentError(
+                                f"the agent redirected {method} {url} ({status}) to "
+                                f"{'another origin' if follows else 'a place'} this agent "
+                                "does not follow",
+                                status=status,
+                                url=url,
+                            )
+                        url = str(target)
+                        continue
+                    raw = b""
+                    if not 200 <= status < 300:
+                        raw = await self._read(response)
+                    return status, response.headers, raw
+                finally:
+                    with contextlib.suppress(httpx.HTTPError):
+                        await response.aclose()
+        raise HttpAgentError(f"more than {_MAX_REDIRECTS} redirects from {url}", url=url)
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        limit = self.settings.max_response_bytes
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            return b""
+        raw = bytearray()
+        with contextlib.suppress(httpx.HTTPError):
+            async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
+                raw += chunk
+                if len(raw) >= limit:
+                    return bytes(raw[:limit])
+        return bytes(raw)
+
+    # -- deliver ---------------------------------------------------------------------
+
+    async def deliver(
+        self, entry: Entry, *, workspace_id: str, session_id: str, attempt: int
+    ) -> None:
+        """``POST SEND_URL`` with the ``BODY`` and ``Idempotency-Key: <entry ID>`` (the same
+        for every attempt, so an agent that honours it never runs a prompt twice).
+        Returns on 2xx; raises :class:`TransientDeliveryError` (nothing was sent),
+        :class:`AmbiguousError` (maybe sent), :class:`HoldDeliveryError` (429/503 with
+        ``Retry-After``) or :class:`HttpAgentError` (refused), as the module's table says.
+        """
+        s = self.settings
+        url = _fill_url(s.send_url, workspace_id, session_id, entry.id)
+        values = {
+            "workspace_id": workspace_id,
+            "session_id": session_id,
+            "entry_id": entry.id,
+            "text": entry.text,
+            "model": entry.model,
+            "client_message_id": entry.client_message_id,
+            "user_id": entry.user_id,
+        }
+        body = json.dumps(_fill_body(s.body, values), ensure_ascii=False).encode("utf-8")
+        try:
+            status, headers, raw = await self._exchange(
+                "POST", url, s.timeout, body=body, key=entry.id
+            )
+        except (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.PoolTimeout,
+            httpx.ProxyError,
+        ) as exc:
+            raise TransientDeliveryError(
+                redact(f"could not connect to the agent at {url}: {type(exc).__name__}: {exc}"),
+                exc,
+            ) from exc
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise HttpAgentError(
+                f"invalid request to {url}: {type(exc).__name__}: {exc}", url=url
+            ) from exc
+        except TimeoutError as exc:
+            raise AmbiguousError(
+                redact(f"no whole answer from {url} within {s.timeout:g}s"), exc
+            ) from exc
+        except httpx.TransportError as exc:
+            raise AmbiguousError(
+                redact(f"sent to {url} but got no answer: {type(exc).__name__}: {exc}"), exc
+            ) from exc
+        if 200 <= status < 300:
+            return
+        excerpt = _excerpt(raw)
+        error = HttpAgentError(
+            f"agent answered HTTP {status} for {url}" + (f": {excerpt}" if excerpt else ""),
+            status=status,
+            url=url,
+            body=excerpt,
+        )
+        if status in (429, 503):
+            wait = parse_retry_after(headers.get("retry-after"))
+            if wait is not None:
+                raise HoldDeliveryError(str(error), error, retry_after=wait) from error
+        if status >= 500:
+            raise AmbiguousError(str(error), error) from error
+        raise error
+
+    # -- verify ----------------------------------------------------------------------
+
+    async def verify(self, entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
+        """``GET VERIFY_URL``: 200 → DELIVERED, 404 → ABSENT, anything else (another
+        status, a timeout, a cut, a redirect elsewhere) → INCONCLUSIVE. Never raises for
+        network problems; ``ImproperlyConfigured`` without a ``VERIFY_URL``."""
+        s = self.settings
+        if s.verify_url is None:
+            raise ImproperlyConfigured(f"{_name(self.name, 'VERIFY_URL')} is not set")
+        url = _fill_url(s.verify_url, workspace_id, session_id, entry.id)
+        try:
+            status, _, _ = await self._exchange("GET", url, s.verify_timeout)
+        except (httpx.HTTPError, HttpAgentError, TimeoutError):
+            return Verdict.INCONCLUSIVE
+        if status == 200:
+            return Verdict.DELIVERED
+        if status == 404:
+            return Verdict.ABSENT
+        return Verdict.INCONCLUSIVE
+
+    # -- abort -----------------------------------------------------------------------
+
+    async def abort(self, entry: Entry, *, workspace_id: str, session_id: str) -> None:
+        """``POST ABORT_URL`` (with ``Idempotency-Key: <entry ID>`` and the ``BODY``'s
+        placeholders' values as JSON): cut the running turn. Returns on 2xx; raises
+        :class:`HttpAgentError` for another status, httpx errors or ``TimeoutError``
+        otherwise; ``ImproperlyConfigured`` without an ``ABORT_URL``."""
+        s = self.settings
+        if s.abort_url is None:
+            raise ImproperlyConfigured(f"{_name(self.name, 'ABORT_URL')} is not set")
+        url = _fill_url(s.abort_url, workspace_id, session_id, entry.id)
+        body = json.dumps(
+            {"entry_id": entry.id, "workspace_id": workspace_id, "session_id": session_id}
+        ).encode()
+        status, _, raw = await self._exchange("POST", url, s.abort_timeout, body=body, key=entry.id)
+        if not 200 <= status < 300:
+            excerpt = _excerpt(raw)
+            raise HttpAgentError(
+                f"agent answered HTTP {status} to the abort at {url}"
+                + (f": {excerpt}" if excerpt else ""),
+                status=status,
+                url=url,
+                body=excerpt,
+            )
+
+
+def _excerpt(raw: bytes) -> str:
+    text = " ".join(raw.decode("utf-8", "replace").split())
+    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+
+
+# --- the module functions an AGENTS entry names -----------------------------------------
+
+_state_lock = threading.Lock()
+#: (agent name, id of its options) -> (the options, the HttpAgent made from them).
+_made: dict[tuple[str, int], tuple[Mapping[str, Any], HttpAgent]] = {}
+
+
+def agent_for(agent: Agent | None = None) -> HttpAgent:
+    """The :class:`HttpAgent` of ``agent`` (default: the one the worker serves now,
+    :data:`~django_outbox.core.agents.current_agent`), made once per settings object.
+    Raises ``ImproperlyConfigured`` outside an ``AGENTS`` entry or for bad settings."""
+    agent = agent or current_agent.get()
+    if agent is None:
+        raise ImproperlyConfigured(
+            "django_outbox.delivery.http serves an OUTBOX['AGENTS'] entry: name it there "
+            "(docs/howto/agents.md#the-http-agent)"
+        )
+    key = (agent.name, id(agent.options))
+    with _state_lock:
+        made = _made.get(key)
+        if made is not None and made[0] is agent.options:
+            return made[1]
+    http = HttpAgent(agent.name, HttpAgentSettings.parse(agent.name, agent.options))
+    with _state_lock:
+        _made[key] = (agent.options, http)
+    return http
+
+
+async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
+    """An ``AGENTS`` entry's ``DELIVERER``: :meth:`HttpAgent.deliver` of the agent served."""
+    await agent_for().deliver(
+        entry, workspace_id=workspace_id, session_id=session_id, attempt=attempt
+    )
+
+
+async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
+    """An ``AGENTS`` entry's ``VERIFIER``: :meth:`HttpAgent.verify` of the agent served."""
+    return await agent_for().verify(entry, workspace_id=workspace_id, session_id=session_id)
+
+
+async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> None:
+    """An ``AGENTS`` entry's ``ABORTER``: :meth:`HttpAgent.abort` of the agent served."""
+    await agent_for().abort(entry, workspace_id=workspace_id, session_id=session_id)
+
+
+# The checks (and the settings) validate an entry that names these: see conf.AgentSettings.
+deliver.validate_agent_options = _validate_send  # type: ignore[attr-defined]
+verify.validate_agent_options = _validate_verify  # type: ignore[attr-defined]
+abort.validate_agent_options = _validate_abort  # type: ignore[attr-defined]
+
+
+async def aclose() -> None:
+    """Close the running loop's httpx clients of every HTTP agent made so far (the worker
+    at shutdown; tests at teardown)."""
+    with _state_lock:
+        agents = [http for _, http in _made.values()]
+    for http in agents:
+        await http.aclose()

@@ -1,0 +1,556 @@
+"""Built-in deliverer, verifier and abort for a LangGraph Agent Server, over httpx.
+
+Use it from settings (docs/howto/langgraph.md)::
+
+    OUTBOX = {
+        "DELIVERER": "django_outbox.delivery.langgraph.deliver",
+        "VERIFIER": "django_outbox.delivery.langgraph.verify",
+        "LANGGRAPH": {"URL": "http://127.0.0.1:2024", "ASSISTANT_ID": "agent"},
+    }
+
+or build a :class:`LangGraphClient` and pass its bound ``deliver`` / ``verify`` /
+``abort`` to the outbox. How an outbox session maps onto the server:
+
+* **One thread per session**, with a thread ID nothing needs to store:
+  :func:`thread_id_for` is ``uuid5(THREAD_NAMESPACE, workspace_id + NUL + session_id)``.
+  The deliverer creates it with ``if_exists: "do_nothing"`` (thread metadata
+  ``outbox_workspace_id`` / ``outbox_session_id``), so any worker, after any crash,
+  finds the same thread.
+* **One run per entry**, created on that thread with the entry's text as the user
+  message (``input: {"messages": [{"role": "user", "content": text}]}``, the
+  entry's model as ``context: {"model": ...}``) and ``metadata.outbox_entry_id`` =
+  the entry ID, ``multitask_strategy: "enqueue"`` (a run still going on the thread
+  is never cut by the next prompt: it waits its turn on the server).
+* The deliverer **waits for the run to finish** (``GET .../runs/{run_id}/join``)
+  for at most ``TIMEOUT`` (and the outbox's ``DELIVERY_TIMEOUT``); longer is
+  ambiguous, and the verifier decides.
+* The verifier **finds the run by its metadata** among the thread's runs (newest
+  first, paged). Any run carrying the entry ID means the server has the prompt:
+  DELIVERED, whatever its status — ``success``, and also ``error``/``timeout``
+  (the agent's own turn failed after it received the prompt; sending it again
+  would put it on the thread twice), ``interrupted`` (cut after it was received),
+  ``pending``/``running`` (the server holds it and will run it). No such run →
+  ABSENT. Anything unreadable → INCONCLUSIVE.
+* :func:`abort` **cancels that run** (``POST .../runs/{run_id}/cancel``,
+  ``action=interrupt``: the thread keeps what the turn did so far).
+
+Errors (docs/explanation/lifecycle.md#what-happens-to-a-message): nothing of the
+prompt is sent before the run is created, so every failure to create the thread,
+and a refused connection for the run, is transient; a timeout, a cut connection
+or a 5xx answer to the run's creation is ambiguous (the server may have stored it);
+another 3xx/4xx is a definitive failure (:class:`LangGraphHTTPError`). Every
+answer is read up to ``MAX_RESPONSE_BYTES`` (the join's final state is drained,
+never kept); the API key goes to the server's origin only, and error texts hold at
+most a 500-character excerpt of an answer, redacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import uuid
+import weakref
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from django.core.exceptions import ImproperlyConfigured
+
+from ..conf import (
+    DEFAULT_LANGGRAPH_NAMESPACE,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    LangGraphSettings,
+    langgraph_block,
+    outbox_settings,
+)
+from ..core.agents import Agent, current_agent
+from ..core.entry import Entry, Verdict
+from ..core.redaction import redact, remember_secret
+from ..errors import AmbiguousError, TransientDeliveryError
+
+__all__ = [
+    "ENTRY_KEY",
+    "LangGraphClient",
+    "LangGraphError",
+    "LangGraphHTTPError",
+    "abort",
+    "aclose",
+    "client_for",
+    "deliver",
+    "thread_id_for",
+    "verify",
+]
+
+#: The run metadata key that carries the entry ID (what the verifier looks for).
+ENTRY_KEY = "outbox_entry_id"
+_ERROR_BODY_LIMIT = 500  # characters of an error body kept in the exception message
+_ERROR_BODY_BYTES = 4 * _ERROR_BODY_LIMIT  # the most read of an error body
+PAGE_SIZE = 100  # runs per page of the verifier's search
+MAX_PAGES = 50  # pages the verifier reads before it calls the search inconclusive
+#: Errors raised before a request was written: nothing reached the server.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
+
+
+class LangGraphError(Exception):
+    """A definitive delivery failure reported by this module (not ambiguous, not transient)."""
+
+
+class LangGraphHTTPError(LangGraphError):
+    """The server answered a status that refuses the request. ``status`` (int), ``body``
+    (redacted excerpt, str), ``url``."""
+
+    def __init__(self, status: int, body: str, url: str) -> None:
+        self.status = status
+        self.body = body
+        self.url = url
+        excerpt = f": {body}" if body else ""
+        super().__init__(f"LangGraph answered HTTP {status} for {url}{excerpt}")
+
+
+class _Unreadable(Exception):
+    """An answer not read: too large, compressed though none was asked for, or not JSON."""
+
+
+def thread_id_for(
+    workspace_id: str, session_id: str, namespace: str = DEFAULT_LANGGRAPH_NAMESPACE
+) -> str:
+    """The LangGraph thread ID of an outbox session: ``str(uuid5(namespace,
+    f"{workspace_id}\\0{session_id}"))``. The same for every worker and every attempt;
+    two projects on one server keep apart with their own ``THREAD_NAMESPACE``."""
+    return str(uuid.uuid5(uuid.UUID(namespace), f"{workspace_id}\0{session_id}"))
+
+
+def _excerpt(raw: bytes) -> str:
+    text = " ".join(raw.decode("utf-8", "replace").split())
+    text = text if len(text) <= _ERROR_BODY_LIMIT else text[:_ERROR_BODY_LIMIT] + "..."
+    return redact(text)
+
+
+class LangGraphClient:
+    """Deliver outbox entries to one LangGraph Agent Server as runs on per-session threads.
+
+    ``url``: the server, e.g. ``"http://127.0.0.1:2024"`` (a path prefix is kept).
+    ``assistant_id``: the graph name (from ``langgraph.json``) or an assistant's UUID.
+    ``api_key``: sent as ``X-Api-Key`` on every request (to ``url``'s origin only);
+    none when None. ``connect_timeout`` (seconds): to establish a connection.
+    ``request_timeout`` (seconds): each read of a thread, run, search or cancel
+    request. ``timeout`` (seconds): waiting for a run to finish (the join).
+    ``max_response_bytes``: the most read of one answer. ``thread_namespace``: the
+    UUID namespace of :func:`thread_id_for`. ``transport``: an httpx async
+    transport (tests).
+
+    One ``httpx.AsyncClient`` per running event loop; :meth:`aclose` closes the
+    running loop's one.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        assistant_id: str,
+        *,
+        api_key: str | None = None,
+        connect_timeout: float = 5.0,
+        request_timeout: float = 30.0,
+        timeout: float = 600.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        thread_namespace: str = DEFAULT_LANGGRAPH_NAMESPACE,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        remember_secret(api_key)  # never shown, wherever it appears
+        self.url = url.rstrip("/")
+        self.assistant_id = assistant_id
+        self.api_key = api_key
+        self.connect_timeout = float(connect_timeout)
+        self.request_timeout = float(request_timeout)
+        self.timeout = float(timeout)
+        self.max_response_bytes = int(max_response_bytes)
+        self.thread_namespace = str(uuid.UUID(thread_namespace))
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return f"<LangGraphClient {self.url} {self.assistant_id}>"
+
+    # -- the httpx client of the running loop ------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None or client.is_closed:
+                headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
+                if self.api_key is not None:
+                    headers["X-Api-Key"] = self.api_key
+                client = httpx.AsyncClient(
+                    timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
+                    transport=self._transport,
+                    headers=headers,
+                    follow_redirects=False,  # the key goes to this origin only
+                )
+                self._clients[loop] = client
+            return client
+
+    async def aclose(self) -> None:
+        """Close the running loop's httpx client (a no-op if it has none)."""
+        with self._lock:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    @property
+    def has_clients(self) -> bool:
+        """True while some event loop still holds an open httpx client of this object."""
+        with self._lock:
+            return any(not c.is_closed for c in self._clients.values())
+
+    def thread_id(self, workspace_id: str, session_id: str) -> str:
+        """:func:`thread_id_for` under this client's namespace."""
+        return thread_id_for(workspace_id, session_id, self.thread_namespace)
+
+    # -- reading answers -------------------------------------------------------------
+
+    async def _read(self, response: httpx.Response, limit: int) -> bytes:
+        """The body of ``response``, at most ``limit`` bytes (raw: no decompression).
+        Raises :class:`_Unreadable` for a larger or compressed one, httpx errors as is."""
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            raise _Unreadable(f"a {encoding}-compressed answer, though none was asked for")
+        declared = response.headers.get("content-length", "").strip()
+        if declared.isdigit() and int(declared) > limit:
+            raise _Unreadable(f"an answer of {declared} bytes; the limit is {limit}")
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            body += chunk
+            if len(body) > limit:
+                raise _Unreadable(f"an answer over {limit} bytes")
+        return bytes(body)
+
+    async def _error_body(self, response: httpx.Response) -> str:
+        """A redacted excerpt of an error answer (at most 2,000 bytes are read)."""
+        raw = b""
+        with contextlib.suppress(httpx.HTTPError):
+            async for chunk in response.aiter_raw():
+                raw += chunk
+                if len(raw) >= _ERROR_BODY_BYTES:
+                    break
+        return _excerpt(raw[:_ERROR_BODY_BYTES])
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any, str]:
+        """``(status, parsed JSON or None, error excerpt)`` of one request to the server.
+        A 2xx body is parsed (up to ``max_response_bytes``); another status gives its
+        excerpt. Raises httpx errors and :class:`_Unreadable` (a 2xx that is not JSON)."""
+        client = self._client()
+        async with client.stream(method, self.url + path, **kwargs) as response:
+            if not 200 <= response.status_code < 300:
+                return response.status_code, None, await self._error_body(response)
+            raw = await self._read(response, self.max_response_bytes)
+        if not raw.strip():
+            return response.status_code, None, ""
+        try:
+            return response.status_code, json.loads(raw), ""
+        except ValueError as exc:
+            raise _Unreadable(f"an answer that is not JSON: {exc}") from exc
+
+    # -- deliver -------------------------------------------------------------------
+
+    async def deliver(
+        self, entry: Entry, *, workspace_id: str, session_id: str, attempt: int
+    ) -> None:
+        """Send ``entry`` as a run on the session's thread and wait for it to finish.
+
+        1. ``POST {url}/threads`` ``{"thread_id": thread_id_for(...), "if_exists":
+           "do_nothing", "metadata": {...}}``. Nothing of the prompt is sent yet, so a
+           failure here is :class:`TransientDeliveryError` (refused, timed out, cut,
+           5xx), except a 3xx/4xx: :class:`LangGraphHTTPError` (definitive: a wrong
+           key, a wrong URL).
+        2. ``POST {url}/threads/{thread_id}/runs`` with the assistant, the input
+           ``{"messages": [{"role": "user", "content": entry.text}]}``, ``context:
+           {"model": entry.model}`` when the entry has one, ``metadata``
+           (``outbox_entry_id``, ``outbox_workspace_id``, ``outbox_session_id``,
+           ``outbox_attempt``), ``multitask_strategy: "enqueue"`` and
+           ``if_not_exists: "create"``. Refused before sending →
+           :class:`TransientDeliveryError`; timeout, cut connection, 5xx, or a 2xx
+           without a run ID → :class:`AmbiguousError` (the verifier looks for the run);
+           3xx/4xx → :class:`LangGraphHTTPError`.
+        3. ``GET {url}/threads/{thread_id}/runs/{run_id}/join``, read to its end
+           (at most ``timeout`` between two reads): returns when the run has finished,
+           in any status (an ``error`` run received the prompt: see the module
+           docstring). Any failure here → :class:`AmbiguousError`.
+
+        Cancellation (the outbox's ``DELIVERY_TIMEOUT``) propagates; the run goes on.
+        """
+        thread_id = self.thread_id(workspace_id, session_id)
+        ids = {"outbox_workspace_id": workspace_id, "outbox_session_id": session_id}
+        await self._ensure_thread(thread_id, ids)
+        run_id = await self._create_run(entry, thread_id, {ENTRY_KEY: entry.id, **ids}, attempt)
+        await self._join(thread_id, run_id)
+
+    async def _ensure_thread(self, thread_id: str, metadata: dict[str, str]) -> None:
+        body = {"thread_id": thread_id, "if_exists": "do_nothing", "metadata": metadata}
+        try:
+            status, _, excerpt = await self._json("POST", "/threads", json=body)
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise LangGraphError(f"invalid request to {self.url}/threads: {exc}") from exc
+        except (httpx.HTTPError, _Unreadable) as exc:
+            raise TransientDeliveryError(
+                f"could not create the LangGraph thread at {self.url}: "
+                f"{type(exc).__name__}: {redact(str(exc))}",
+                exc,
+            ) from exc
+        if status >= 500:
+            error = LangGraphHTTPError(status, excerpt, f"{self.url}/threads")
+            raise TransientDeliveryError(str(error), error) from error
+        if not 200 <= status < 300:
+            raise LangGraphHTTPError(status, excerpt, f"{self.url}/threads")
+
+    async def _create_run(
+        self, entry: Entry, thread_id: str, metadata: dict[str, Any], attempt: int
+    ) -> str:
+        path = f"/threads/{quote(thread_id, safe='')}/runs"
+        body: dict[str, Any] = {
+            "assistant_id": self.assistant_id,
+            "input": {"messages": [{"role": "user", "content": entry.text}]},
+            "metadata": {**metadata, "outbox_attempt": attempt},
+            "multitask_strategy": "enqueue",
+            "if_not_exists": "create",
+        }
+        if entry.model is not None:
+            body["context"] = {"model": entry.model}
+        try:
+            status, run, excerpt = await self._json("POST", path, json=body)
+        except _NOT_SENT as exc:
+            raise TransientDeliveryError(
+                f"could not connect to LangGraph at {self.url}: {type(exc).__name__}: "
+                f"{redact(str(exc))}",
+                exc,
+            ) from exc
+        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise LangGraphError(f"invalid request to {self.url}{path}: {exc}") from exc
+        except (httpx.HTTPError, _Unreadable) as exc:
+            raise AmbiguousError(
+                f"sent a run to LangGraph at {self.url} but got no usable answer: "
+                f"{type(exc).__name__}: {redact(str(exc))}".rstrip(": "),
+                exc,
+            ) from exc
+        if not 200 <= status < 300:
+            error = LangGraphHTTPError(status, excerpt, self.url + path)
+            if status >= 500:
+                raise AmbiguousError(str(error), error) from error
+            raise error
+        run_id = run.get("run_id") if isinstance(run, dict) else None
+        if not isinstance(run_id, str) or not run_id:
+            raise AmbiguousError(f"LangGraph at {self.url} created a run but named no run_id")
+        return run_id
+
+    async def _join(self, thread_id: str, run_id: str) -> None:
+        path = f"/threads/{quote(thread_id, safe='')}/runs/{quote(run_id, safe='')}/join"
+        limits = httpx.Timeout(self.timeout, connect=self.connect_timeout)
+        try:
+            async with self._client().stream("GET", self.url + path, timeout=limits) as response:
+                if not 200 <= response.status_code < 300:
+                    error = LangGraphHTTPError(
+                        response.status_code, await self._error_body(response), self.url + path
+                    )
+                    raise AmbiguousError(
+                        f"run {run_id} was created; waiting for it failed: {error}", error
+                    )
+                async for _ in response.aiter_raw():
+                    pass  # the final state is drained, never kept: only its end matters
+        except httpx.HTTPError as exc:
+            raise AmbiguousError(
+                f"run {run_id} was created on LangGraph at {self.url}; waiting for it failed: "
+                f"{type(exc).__name__}: {redact(str(exc))}".rstrip(": "),
+                exc,
+            ) from exc
+
+    # -- verify ----------------------------------------------------------------------
+
+    async def find_run(self, entry: Entry, *, workspace_id: str, session_id: str) -> Any:
+        """The run of ``entry`` on the session's thread (a dict with ``run_id``,
+        ``status``, ``metadata``), or None when the thread has no run carrying its ID
+        (or no thread at all: 404).
+
+        Pages through ``GET {url}/threads/{thread_id}/runs`` (newest first, 100 a page,
+        at most 50 pages). Raises httpx errors, :class:`_Unreadable` (an answer too
+        large or not JSON), ``ValueError`` (an unexpected shape, another status, or
+        more pages than that)."""
+        path = f"/threads/{quote(self.thread_id(workspace_id, session_id), safe='')}/runs"
+        for page in range(MAX_PAGES):
+            params = [
+                ("limit", str(PAGE_SIZE)),
+                ("offset", str(page * PAGE_SIZE)),
+                *(("select", column) for column in ("run_id", "status", "metadata")),
+            ]
+            status, runs, _ = await self._json("GET", path, params=params)
+            if status == 404 and page == 0:
+                return None  # no thread: no run was ever created on it
+            if status != 200 or not isinstance(runs, list):
+                raise ValueError(f"the run search answered {status} with {type(runs).__name__}")
+            for run in runs:
+                if not isinstance(run, dict) or not isinstance(run.get("metadata"), dict | None):
+                    raise ValueError("a run that is not an object with a metadata object")
+                if (run.get("metadata") or {}).get(ENTRY_KEY) == entry.id:
+                    return run
+            if len(runs) < PAGE_SIZE:
+                return None
+        raise ValueError(f"more than {MAX_PAGES * PAGE_SIZE} runs on the thread")
+
+    async def verify(self, entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
+        """Whether an attempt of ``entry`` whose outcome was unknown reached the server.
+
+        A run carrying the entry ID on the session's thread → DELIVERED, in any status
+        (see the module docstring); none (or no thread) → ABSENT; anything else
+        (network error, timeout, another status, an answer too large or not JSON, an
+        unexpected shape, more than 5,000 runs) → INCONCLUSIVE. Never raises for
+        network or protocol problems. A run creation still on its way while we look
+        is missed: the outbox's ``VERIFY_DELAY`` must cover that.
+        """
+        try:
+            run = await self.find_run(entry, workspace_id=workspace_id, session_id=session_id)
+        except (httpx.HTTPError, _Unreadable, ValueError, RecursionError):
+            return Verdict.INCONCLUSIVE
+        return Verdict.ABSENT if run is None else Verdict.DELIVERED
+
+    # -- abort -----------------------------------------------------------------------
+
+    async def abort(self, entry: Entry, *, workspace_id: str, session_id: str) -> bool:
+        """Cut the run of ``entry``: ``POST .../runs/{run_id}/cancel?action=interrupt``.
+
+        Returns True when a pending or running run was cancelled, False when there was
+        nothing to cut (no such run, or it had finished). The run ends ``interrupted``
+        and stays on the thread with what it did so far, so the verifier finds it
+        (DELIVERED). Raises :class:`LangGraphError` when the server cannot be asked
+        (network, an unreadable search) or refuses (:class:`LangGraphHTTPError`).
+        """
+        try:
+            run = await self.find_run(entry, workspace_id=workspace_id, session_id=session_id)
+        except (httpx.HTTPError, _Unreadable, ValueError, RecursionError) as exc:
+            raise LangGraphError(
+                f"could not find the run to cut on LangGraph at {self.url}: "
+                f"{type(exc).__name__}: {redact(str(exc))}"
+            ) from exc
+        if run is None or run.get("status") not in ("pending", "running"):
+            return False
+        thread = quote(self.thread_id(workspace_id, session_id), safe="")
+        path = f"/threads/{thread}/runs/{quote(str(run.get('run_id')), safe='')}/cancel"
+        try:
+            status, _, excerpt = await self._json("POST", path, params={"action": "interrupt"})
+        except (httpx.HTTPError, _Unreadable) as exc:
+            raise LangGraphError(
+                f"could not cancel run {run.get('run_id')} on LangGraph at {self.url}: "
+                f"{type(exc).__name__}: {redact(str(exc))}"
+            ) from exc
+        if status == 404:
+            return False  # it finished between the search and the cancel
+        if not 200 <= status < 300:
+            raise LangGraphHTTPError(status, excerpt, self.url + path)
+        return True
+
+
+# --- settings-driven module functions ---------------------------------------------
+#
+# The settings are OUTBOX["LANGGRAPH"] (parsed by django_outbox.conf, LangGraphSettings), or,
+# for an OUTBOX["AGENTS"] entry that carries its own keys (URL, ASSISTANT_ID, ...), that
+# entry's options, parsed by the same rules (docs/howto/agents.md). One client per settings
+# object: when they are rebuilt, the next client_for() makes a new one and keeps the old
+# for aclose().
+
+_state_lock = threading.Lock()
+#: id of the settings object (the block, or an agent's options) -> (that object, its client).
+_made: dict[int, tuple[object, LangGraphClient]] = {}
+_retired: list[LangGraphClient] = []
+
+
+def _entry(name: str) -> str:
+    return f"OUTBOX['AGENTS'][{name!r}]"
+
+
+def _settings_of(agent: Agent | None) -> tuple[object, LangGraphSettings]:
+    """``(the object the settings come from, the settings)`` for ``agent``: its options
+    when it has any, else ``OUTBOX["LANGGRAPH"]``. Raises ``ImproperlyConfigured``."""
+    conf = outbox_settings()
+    if agent is not None and agent.options:
+        where = _entry(agent.name)
+        return agent.options, langgraph_block(agent.options, conf.config.delivery_timeout, where)
+    if conf.langgraph is None:
+        raise ImproperlyConfigured(
+            "OUTBOX['LANGGRAPH'] (or the AGENTS entry's own URL and ASSISTANT_ID) is required "
+            "by django_outbox.delivery.langgraph: docs/howto/langgraph.md#settings"
+        )
+    return conf.langgraph, conf.langgraph
+
+
+def client_for(agent: Agent | None = None) -> LangGraphClient:
+    """The cached :class:`LangGraphClient` of ``agent`` (default: the agent the worker
+    serves now, :data:`~django_outbox.core.agents.current_agent`): built from its
+    options when it has any, else from ``OUTBOX["LANGGRAPH"]``. Raises
+    ``ImproperlyConfigured`` when neither gives valid settings."""
+    source, block = _settings_of(agent or current_agent.get())
+    with _state_lock:
+        made = _made.get(id(source))
+        if made is not None and made[0] is source:
+            return made[1]
+        for key, (old_source, old) in list(_made.items()):
+            # A rebuilt OUTBOX["LANGGRAPH"] replaces the old block's client.
+            if isinstance(old_source, LangGraphSettings) and isinstance(source, LangGraphSettings):
+                del _made[key]
+                if old.has_clients:
+                    _retired.append(old)
+        client = LangGraphClient(
+            block.url,
+            block.assistant_id,
+            api_key=block.api_key,
+            connect_timeout=block.connect_timeout,
+            request_timeout=block.request_timeout,
+            timeout=block.timeout,
+            max_response_bytes=block.max_response_bytes,
+            thread_namespace=block.thread_namespace,
+        )
+        _made[id(source)] = (source, client)
+        return client
+
+
+def _validate(name: str, options: Any) -> None:
+    """``validate_agent_options`` of the callables below: an ``AGENTS`` entry naming them
+    is checked at start-up and by ``manage.py check`` (E008)."""
+    _settings_of(Agent(name, None, options=options))
+
+
+async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
+    """``OUTBOX["DELIVERER"]``: :meth:`LangGraphClient.deliver` with the settings' client."""
+    await client_for().deliver(
+        entry, workspace_id=workspace_id, session_id=session_id, attempt=attempt
+    )
+
+
+async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
+    """``OUTBOX["VERIFIER"]``: :meth:`LangGraphClient.verify` with the settings' client.
+    Raises ``ImproperlyConfigured`` for bad settings; never for network problems."""
+    return await client_for().verify(entry, workspace_id=workspace_id, session_id=session_id)
+
+
+async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> bool:
+    """``OUTBOX["ABORTER"]``: :meth:`LangGraphClient.abort` with the settings' client."""
+    return await client_for().abort(entry, workspace_id=workspace_id, session_id=session_id)
+
+
+# The checks (and the worker's start) validate an AGENTS entry that names these.
+deliver.validate_agent_options = _validate  # type: ignore[attr-defined]
+verify.validate_agent_options = _validate  # type: ignore[attr-defined]
+abort.validate_agent_options = _validate  # type: ignore[attr-defined]
+
+
+async def aclose() -> None:
+    """Close the running loop's httpx clients of the current (and replaced) clients.
+    Call it from each event loop that used this module before that loop ends."""
+    with _state_lock:
+        clients = [client for _, client in _made.values()] + list(_retired)
+    for client in clients:
+        await client.aclose()
+    with _state_lock:
+        _retired[:] = [c for c in _retired if c.has_clients]

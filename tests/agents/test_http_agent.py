@@ -1,0 +1,453 @@
+"""The generic HTTP agent (docs/howto/agents.md#the-http-agent) against a real HTTP server on
+loopback (tests/support/http_agent.py): every row of its outcome table, through the outbox's
+delivery step, and its verify and abort calls."""
+
+import asyncio
+import email.utils
+import time
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from django_outbox import Status, Verdict
+from django_outbox.core.agents import Agent
+from django_outbox.core.entry import parse_time
+from django_outbox.delivery import http
+from tests.support.http_agent import AgentServer
+from tests.support.valkey import free_port
+
+WS = "w1"
+TOKEN = "s3cr3t-t0ken-for-the-agent"
+
+
+@pytest.fixture
+def server():
+    agent = AgentServer().start()
+    yield agent
+    agent.stop()
+
+
+def options(server, **extra):
+    return {
+        "SEND_URL": server.url + "/w/{workspace_id}/s/{session_id}/prompts",
+        "VERIFY_URL": server.url + "/prompts/{entry_id}",
+        "ABORT_URL": server.url + "/w/{workspace_id}/s/{session_id}/abort",
+        "HEADERS": {"Authorization": f"Bearer {TOKEN}"},
+        "TIMEOUT": 5,
+        "VERIFY_TIMEOUT": 5,
+        **extra,
+    }
+
+
+def http_agent(name, opts):
+    return Agent(name, http.deliver, http.verify, http.abort, opts)
+
+
+@pytest.fixture
+async def outbox_with(make_outbox):
+    """``outbox_with(options)``: an outbox whose one agent is the HTTP agent with them;
+    verifications are due at once, retries after 0.05 s."""
+    made = []
+
+    def make(opts, **tunables):
+        outbox = make_outbox(
+            agents={"web": http_agent("web", opts)},
+            retry_backoff=0.05,
+            max_backoff=0.1,
+            verify_delay=0,
+            verify_backoff=0.05,
+            max_verify_backoff=0.1,
+            **tunables,
+        )
+        made.append(outbox)
+        return outbox
+
+    yield make
+    for outbox in made:
+        await outbox.aclose()
+    await http.aclose()
+
+
+async def only(outbox, ses="s1"):
+    [entry] = await outbox.alist(WS, ses)
+    return entry
+
+
+async def accept(outbox, ses="s1", text="hello", key="k1", **kwargs):
+    return await outbox.aaccept(WS, ses, user_id="u", client_message_id=key, text=text, **kwargs)
+
+
+# --- 2xx -------------------------------------------------------------------------------
+
+
+async def test_a_prompt_is_posted_with_its_idempotency_key_headers_and_body(server, outbox_with):
+    body = {"input": {"prompt": "{text}", "model": "{model}"}, "tag": "{session_id}:{entry_id}"}
+    outbox = outbox_with(options(server, BODY=body))
+    entry = await accept(outbox, ses="ses.1", model={"id": "m", "n": [1, 2]})
+    assert await outbox.adeliver_once(WS, "ses.1")
+    assert await outbox.alist(WS, "ses.1") == []
+    [(path, headers, sent)] = server.prompts()
+    assert path == "/w/w1/s/ses.1/prompts"
+    assert headers["idempotency-key"] == entry.id
+    assert headers["authorization"] == f"Bearer {TOKEN}"
+    assert headers["content-type"] == "application/json"
+    assert sent == {
+        "input": {"prompt": "hello", "model": {"id": "m", "n": [1, 2]}},
+        "tag": f"ses.1:{entry.id}",
+    }
+
+
+async def test_the_default_body_carries_every_placeholder(server, outbox_with):
+    outbox = outbox_with(options(server))
+    entry = await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    [(_, _, sent)] = server.prompts()
+    assert sent == {
+        "entry_id": entry.id,
+        "workspace_id": WS,
+        "session_id": "s1",
+        "text": "hello",
+        "model": None,
+    }
+
+
+# --- nothing sent: transient ---------------------------------------------------------------
+
+
+async def test_a_refused_connection_is_transient_and_uses_no_attempt(outbox_with):
+    port = free_port()
+    outbox = outbox_with(
+        {"SEND_URL": f"http://127.0.0.1:{port}/p", "VERIFY_URL": f"http://127.0.0.1:{port}/v"}
+    )
+    await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    entry = await only(outbox)
+    assert entry.status is Status.PENDING
+    assert (entry.attempts, entry.transient_fails) == (0, 1)
+    assert "could not connect" in entry.last_error
+
+
+# --- maybe sent: verified, never resent ------------------------------------------------------
+
+
+async def test_a_server_that_takes_the_prompt_then_drops_the_connection_is_verified_not_resent(
+    server, outbox_with
+):
+    server.plan = ["drop_after"]
+    outbox = outbox_with(options(server))
+    entry = await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    cut = await only(outbox)
+    assert cut.status is Status.VERIFYING and cut.attempts == 0
+    assert cut.last_error.startswith("ambiguous: sent to")
+    assert await outbox.adeliver_once(WS, "s1")  # the verification: GET answers 200
+    assert await outbox.alist(WS, "s1") == []
+    assert len(server.prompts()) == 1 and server.runs == [entry.id]
+    gets = [r for r in server.requests if r[0] == "GET"]
+    assert [path for _, path, _, _ in gets] == [f"/prompts/{entry.id}"]
+    assert gets[0][2]["authorization"] == f"Bearer {TOKEN}"
+
+
+async def test_a_send_that_outlasts_its_timeout_is_verified(server, outbox_with):
+    server.plan = ["slow"]
+    outbox = outbox_with(options(server, TIMEOUT=0.5))
+    await accept(outbox)
+    started = time.monotonic()
+    assert await outbox.adeliver_once(WS, "s1")
+    assert time.monotonic() - started < 3
+    entry = await only(outbox)
+    assert entry.status is Status.VERIFYING
+    assert "no whole answer" in entry.last_error and "0.5s" in entry.last_error
+    assert await outbox.adeliver_once(WS, "s1")
+    assert await outbox.alist(WS, "s1") == [] and len(server.prompts()) == 1
+
+
+async def test_a_slow_drip_does_not_outlive_the_total_deadline(server, outbox_with):
+    server.plan = ["drip"]  # 500 and a body of one byte every 0.2 s
+    outbox = outbox_with(options(server, TIMEOUT=1))
+    await accept(outbox)
+    started = time.monotonic()
+    assert await outbox.adeliver_once(WS, "s1")
+    assert time.monotonic() - started < 3
+    assert (await only(outbox)).status is Status.VERIFYING
+
+
+@pytest.mark.parametrize("status", [502, 504, 500, 503])
+async def test_a_gateway_or_server_error_is_ambiguous_and_absent_means_send_again(
+    server, outbox_with, status
+):
+    server.plan = [("status", status, {}, b'{"error": "upstream"}')]
+    outbox = outbox_with(options(server))
+    entry = await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    cut = await only(outbox)
+    assert cut.status is Status.VERIFYING
+    assert f"HTTP {status}" in cut.last_error and "upstream" in cut.last_error
+    assert await outbox.adeliver_once(WS, "s1")  # GET: 404, nothing stored → absent
+    absent = await only(outbox)
+    assert absent.status is Status.PENDING and absent.attempts == 1
+    await asyncio.sleep(0.1)  # RETRY_BACKOFF
+    assert await outbox.adeliver_once(WS, "s1")
+    assert await outbox.alist(WS, "s1") == []
+    keys = [headers["idempotency-key"] for _, headers, _ in server.prompts()]
+    assert keys == [entry.id, entry.id] and server.runs == [entry.id]
+
+
+# --- held: 429/503 with Retry-After ------------------------------------------------------------
+
+
+async def test_a_429_with_retry_after_holds_the_session_without_an_attempt(server, outbox_with):
+    server.plan = [("status", 429, {"Retry-After": "1"}, b"slow down")]
+    outbox = outbox_with(options(server))
+    first = await accept(outbox, key="k1", text="first")
+    await accept(outbox, key="k2", text="second")
+    assert await outbox.adeliver_once(WS, "s1")
+    held, behind = await outbox.alist(WS, "s1")
+    assert held.id == first.id and held.status is Status.PENDING
+    assert (held.attempts, held.transient_fails, held.holds) == (0, 0, 1)
+    assert held.last_error.startswith("held for 1s")
+    wait = (parse_time(held.next_attempt_at) - parse_time(held.last_attempt_at)) / 1e6
+    assert 0.9 <= wait <= 1.2
+    assert behind.status is Status.PENDING and not await outbox.adeliver_once(WS, "s1")
+    deadline = time.monotonic() + 5
+    while not await outbox.adeliver_once(WS, "s1"):  # due again after the Retry-After
+        assert time.monotonic() < deadline, "the held prompt never became due"
+        await asyncio.sleep(0.05)
+    assert await outbox.adeliver_once(WS, "s1")
+    assert await outbox.alist(WS, "s1") == []
+    assert [sent["text"] for _, _, sent in server.prompts()] == ["first", "first", "second"]
+
+
+async def test_a_503_with_an_http_date_retry_after_holds(server, outbox_with):
+    when = email.utils.formatdate(time.time() + 120, usegmt=True)
+    server.plan = [("status", 503, {"Retry-After": when}, b"")]
+    outbox = outbox_with(options(server))
+    await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    held = await only(outbox)
+    assert held.holds == 1 and held.attempts == 0
+    wait = (parse_time(held.next_attempt_at) - parse_time(held.last_attempt_at)) / 1e6
+    assert 110 <= wait <= 122
+
+
+# --- refused: failed ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "text"),
+    [
+        (("status", 400, {}, b'{"detail": "bad prompt"}'), "HTTP 400"),
+        (("status", 429, {}, b"no retry-after"), "HTTP 429"),
+        (("status", 401, {}, b""), "HTTP 401"),
+        (("redirect", 302, "/elsewhere"), "does not follow"),
+    ],
+)
+async def test_a_refusal_is_a_failed_attempt(server, outbox_with, answer, text):
+    server.plan = [answer]
+    outbox = outbox_with(options(server))
+    await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    entry = await only(outbox)
+    assert entry.status is Status.PENDING and entry.attempts == 1
+    assert entry.transient_fails == 0 and entry.holds == 0
+    assert text in entry.last_error and "HttpAgentError" in entry.last_error
+
+
+async def test_a_redirect_to_another_origin_is_refused_and_sends_nothing_there(server, outbox_with):
+    other = AgentServer().start()
+    try:
+        server.plan = [("redirect", 307, other.url + "/w/w1/s/s1/prompts")]
+        outbox = outbox_with(options(server))
+        await accept(outbox)
+        assert await outbox.adeliver_once(WS, "s1")
+        entry = await only(outbox)
+        assert entry.attempts == 1 and "another origin" in entry.last_error
+        assert other.requests == []
+    finally:
+        other.stop()
+
+
+async def test_a_redirect_on_the_same_origin_is_followed_with_the_same_request(server, outbox_with):
+    server.plan = [("redirect", 308, "/w/w1/s/moved/prompts")]
+    outbox = outbox_with(options(server))
+    entry = await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    assert await outbox.alist(WS, "s1") == []
+    paths = [path for path, _, _ in server.prompts()]
+    assert paths == ["/w/w1/s/s1/prompts", "/w/w1/s/moved/prompts"]
+    assert server.runs == [entry.id]
+
+
+async def test_a_huge_error_answer_is_read_only_up_to_the_bound(server, outbox_with):
+    server.plan = ["huge"]
+    outbox = outbox_with(options(server, MAX_RESPONSE_BYTES=1024))
+    await accept(outbox)
+    started = time.monotonic()
+    assert await outbox.adeliver_once(WS, "s1")
+    assert time.monotonic() - started < 3
+    entry = await only(outbox)
+    assert entry.attempts == 1 and "HTTP 400" in entry.last_error
+    assert len(entry.last_error) < 700
+    # The server could write what the sockets buffer, never the 64 MiB.
+    assert server.written < 16 * 1024 * 1024
+
+
+async def test_credentials_never_show_in_an_error(server, outbox_with):
+    echo = f'{{"error": "token {TOKEN} is not allowed"}}'.encode()
+    server.plan = [("status", 403, {}, echo)]
+    outbox = outbox_with(options(server))
+    await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    entry = await only(outbox)
+    assert "HTTP 403" in entry.last_error and TOKEN not in entry.last_error
+
+
+# --- verify and abort called directly -------------------------------------------------------
+
+
+async def test_verify_reads_200_as_delivered_404_as_absent_and_the_rest_as_inconclusive(server):
+    agent = http.HttpAgent("web", http.HttpAgentSettings.parse("web", options(server)))
+    from django_outbox.core.entry import Entry
+
+    entry = Entry(id="e1", client_message_id="k", user_id="u", text="t", accepted_at="x")
+    server.stored["e1"] = {}
+
+    async def verdict(*behaviour):
+        server.verify_plan = list(behaviour)
+        return await agent.verify(entry, workspace_id=WS, session_id="s1")
+
+    assert await verdict("lookup") is Verdict.DELIVERED
+    assert await verdict(("status", 404, {}, b"")) is Verdict.ABSENT
+    assert await verdict(("status", 204, {}, b"")) is Verdict.INCONCLUSIVE
+    assert await verdict(("status", 500, {}, b"")) is Verdict.INCONCLUSIVE
+    assert await verdict("drop_after") is Verdict.INCONCLUSIVE
+    assert await verdict(("redirect", 302, "/prompts/e1")) is Verdict.DELIVERED  # same origin
+    assert await verdict(("redirect", 302, "http://localhost:1/x")) is Verdict.INCONCLUSIVE
+    gone = http.HttpAgentSettings.parse(
+        "web",
+        {"SEND_URL": "http://127.0.0.1:1/p", "VERIFY_URL": f"http://127.0.0.1:{free_port()}/v"},
+    )
+    assert (
+        await http.HttpAgent("gone", gone).verify(entry, workspace_id=WS, session_id="s1")
+        is Verdict.INCONCLUSIVE
+    )
+    await agent.aclose()
+
+
+async def test_abort_posts_to_the_abort_url_and_raises_on_a_refusal(server):
+    from django_outbox.core.entry import Entry
+
+    agent = http.HttpAgent("web", http.HttpAgentSettings.parse("web", options(server)))
+    entry = Entry(id="e1", client_message_id="k", user_id="u", text="t", accepted_at="x")
+    await agent.abort(entry, workspace_id=WS, session_id="s1")
+    [(method, path, headers, _)] = server.requests
+    assert (method, path, headers["idempotency-key"]) == ("POST", "/w/w1/s/s1/abort", "e1")
+    server.plan = []
+    agent_refused = http.HttpAgent(
+        "web",
+        http.HttpAgentSettings.parse(
+            "web", options(server, ABORT_URL=server.url + "/w/{workspace_id}/s/x/prompts")
+        ),
+    )
+    server.plan = [("status", 409, {}, b"no turn running")]
+    with pytest.raises(http.HttpAgentError, match="HTTP 409"):
+        await agent_refused.abort(entry, workspace_id=WS, session_id="s1")
+    await agent.aclose()
+    await agent_refused.aclose()
+
+
+# --- two agents, one worker ---------------------------------------------------------------
+
+
+async def test_a_worker_delivers_two_http_agents_by_the_router(make_outbox):
+    north, south = AgentServer().start(), AgentServer().start()
+    try:
+        outbox = make_outbox(
+            agents={
+                "north": http_agent("north", options(north)),
+                "south": http_agent("south", options(south)),
+            },
+            router=lambda ws, ses: "north" if ses.startswith("n") else "south",
+        )
+        for i in range(3):
+            for ses in ("n1", "s1", "n2"):
+                await accept(outbox, ses=ses, key=f"{ses}-{i}", text=f"{ses}-{i}")
+        await outbox.arun(once=True, concurrency=4, heartbeat=False)
+        texts = {
+            name: [b["text"] for _, _, b in srv.prompts()]
+            for name, srv in (("north", north), ("south", south))
+        }
+        assert sorted(texts["north"]) == sorted(f"{s}-{i}" for s in ("n1", "n2") for i in range(3))
+        assert texts["south"] == ["s1-0", "s1-1", "s1-2"]
+        await outbox.aclose()
+        await http.aclose()
+    finally:
+        north.stop()
+        south.stop()
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"SEND_URL": None}, "SEND_URL'] must be an http(s) URL template"),
+        ({"SEND_URL": "ftp://x/{session_id}"}, "must be an http(s) URL template"),
+        ({"SEND_URL": "http://x/{sesion_id}"}, "unknown placeholders ['sesion_id']"),
+        ({"BODY": {"t": "{txt}"}}, "unknown placeholders ['txt']"),
+        ({"BODY": {"t": object()}}, "must be JSON"),
+        ({"HEADERS": {"Idempotency-Key": "x"}}, "must not set 'Idempotency-Key'"),
+        ({"HEADERS": {"X": 1}}, "dict of str to str"),
+        ({"TIMEOUT": 0}, "TIMEOUT'] must be positive"),
+        ({"MAX_RESPONSE_BYTES": 0}, "MAX_RESPONSE_BYTES'] must be an integer >= 1"),
+        ({"SEND_URLS": "x"}, "unknown keys ['SEND_URLS']"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_key(server, extra, message):
+    with pytest.raises(ImproperlyConfigured) as raised:
+        http.HttpAgentSettings.parse("web", options(server, **extra))
+    assert message in str(raised.value) and "OUTBOX['AGENTS']['web']" in str(raised.value)
+
+
+def test_the_verifier_and_the_aborter_need_their_urls(server):
+    bare = {"SEND_URL": server.url + "/p"}
+    http.deliver.validate_agent_options("web", bare)
+    with pytest.raises(ImproperlyConfigured, match="VERIFY_URL'] is required"):
+        http.verify.validate_agent_options("web", bare)
+    with pytest.raises(ImproperlyConfigured, match="ABORT_URL'] is required"):
+        http.abort.validate_agent_options("web", bare)
+
+
+def test_retry_after_is_read_as_seconds_or_a_date():
+    assert http.parse_retry_after("120") == 120
+    assert http.parse_retry_after(None) is None
+    assert http.parse_retry_after("soon") is None
+    assert http.parse_retry_after("-3") is None
+    now = 1_800_000_000
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert http.parse_retry_after(date, now=now) == 30
+    assert http.parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0
+
+
+async def test_members_read_the_http_agents_status_and_kind(server, outbox_with):
+    from django_outbox.core.rules import ErrorKind, summarize_error
+
+    server.plan = [
+        ("status", 422, {}, b"nope"),
+        ("status", 429, {"Retry-After": "0"}, b""),
+        ("status", 502, {}, b""),
+    ]
+    outbox = outbox_with(options(server), max_attempts=10)
+    await accept(outbox)
+    kinds = []
+    for _ in range(3):
+        assert await outbox.adeliver_once(WS, "s1")
+        summary = summarize_error((await only(outbox)).last_error)
+        kinds.append((summary.kind, summary.status))
+        await asyncio.sleep(0.1)
+    assert kinds == [
+        (ErrorKind.REJECTED, 422),
+        (ErrorKind.HELD, None),
+        (ErrorKind.AGENT_ERROR, 502),
+    ]

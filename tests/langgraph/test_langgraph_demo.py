@@ -1,0 +1,63 @@
+"""``make demo AGENT=langgraph ARGS=--smoke`` end to end: the demo stack delivering to a real
+``langgraph dev`` (the echo graph of tests/support/langgraph_app), a scripted client that
+resends a duplicate, vanishes mid-POST and SIGKILLs the worker while a run is going, then
+reads every session's thread: each prompt there exactly once, in order
+(docs/howto/langgraph.md#try-it)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.demo import demo_env, stop_group
+from tests.support.langgraph_server import ensure_installed
+from tests.support.paths import ROOT
+
+SMOKE_DEADLINE = 180.0  # seconds for the whole smoke subprocess (it takes ~40 s)
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_smoke_run_on_langgraph(tmp_path):
+    ensure_installed()  # skips, with the reason, when the server cannot be installed
+    log_path = tmp_path / "smoke.log"
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "example_project.run",
+                "--agent",
+                "langgraph",
+                "--smoke",
+                "--data-dir",
+                str(tmp_path / "smoke"),
+            ],
+            cwd=ROOT,
+            env=demo_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(SMOKE_DEADLINE)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            stop_group(proc)
+    output = log_path.read_text("utf-8", errors="replace")
+    print(output)
+    assert code is not None, f"the smoke run did not finish within {SMOKE_DEADLINE}s"
+    assert code == 0, output
+    assert "smoke: OK" in output
+    # The SIGKILLed delivery: its run was found on the thread, not sent again.
+    assert re.search(r"^A3\s.*delivered \(verified\); worker \d+ SIGKILLed", output, re.M)
+    for label in ("A2", "B2", "B4"):  # the duplicate and the vanished POSTs
+        assert re.search(rf"^{label}\s.*delivered", output, re.M), label
+    print(f"smoke on langgraph: {time.monotonic() - started:.1f}s")
