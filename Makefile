@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-cluster test-redis7 lint demo venv clean opencode chaos bench docs mutate screenshot langgraph
+.PHONY: test test-cluster test-redis7 test-django6 lint demo venv clean opencode chaos bench docs mutate screenshot langgraph
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,34 @@ test-cluster: $(STAMP)
 # it; none needs what only Valkey has. About 1.5 minutes.
 test-redis7: $(STAMP)
 	OUTBOX_TEST_SERVER=redis-server $(BIN)/python -m pytest $(CLUSTER_RERUN) $(PYTEST_ARGS)
+
+# Django 6.0 on Python 3.12 (README "Install": the tested matrix is Django 5.2 on Python 3.11,
+# the project's .venv, and Django 6.0 on 3.12, this one): its own venv, .venv-django6, from the
+# newest pyenv 3.12 (DJANGO6_PYTHON=... picks another 3.12+ interpreter). It runs what Django
+# renders or serves: the REST API, admin, WebSocket, checks, CLI and transactions
+# (tests/django), the demo and the quickstart (tests/acceptance), the architecture rules, and
+# the browser tests of pages Django renders (the queue page, the admin's list and dashboard).
+# The core's folders (tests/core, operations, delivery, cluster, faults) import nothing of
+# Django (tests/test_architecture.py), and outbox.js's own logic (the other browser tests)
+# and the opencode deliverer do not depend on it: they run on 5.2 only.
+DJANGO6_PYTHON ?= $(or $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python))),python3.12)
+DJANGO6_VENV := .venv-django6
+DJANGO6_STAMP := $(DJANGO6_VENV)/.installed
+DJANGO6_SUITES = tests/django tests/acceptance tests/test_architecture.py \
+	tests/browser/test_browser.py tests/browser/test_browser_csrf.py \
+	tests/browser/test_browser_worker.py tests/browser/test_browser_admin_layout.py \
+	tests/browser/test_browser_dashboard.py
+
+$(DJANGO6_STAMP): pyproject.toml
+	$(DJANGO6_PYTHON) -m venv $(DJANGO6_VENV)
+	$(DJANGO6_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DJANGO6_VENV)/bin/python -m pip install --quiet -e '.[test,demo]' 'Django>=6.0,<6.1'
+	touch $(DJANGO6_STAMP)
+
+test-django6: $(DJANGO6_STAMP)
+	$(DJANGO6_VENV)/bin/python -c "import django, sys; assert django.VERSION[:2] == (6, 0), \
+		django.__version__; print('Django', django.__version__, 'on Python', sys.version.split()[0])"
+	$(DJANGO6_VENV)/bin/python -m pytest $(DJANGO6_SUITES) $(PYTEST_ARGS)
 
 # Types: strict on django_outbox/core, django-stubs / djangorestframework-stubs for the
 # rest (pyproject.toml [tool.mypy]).

@@ -64,7 +64,13 @@ _WORKSPACE = "api/workspaces/<str:workspace_id>/"
 #: need ``view``; the admin never accepts prompts.
 ACCESS_TABLE: tuple[AccessRow, ...] = (
     AccessRow(
-        "view", "view_outboxentry", rest=(f"GET {_SESSION}",), websocket=("connect", "resync")
+        "view",
+        "view_outboxentry",
+        rest=(
+            f"GET {_SESSION}",
+            "GET api/workspaces/<str:workspace_id>/sessions/<str:session_id>/worker/",
+        ),
+        websocket=("connect", "resync"),
     ),
     AccessRow("accept", "add_outboxentry", rest=(f"POST {_SESSION}",)),
     AccessRow(

@@ -94,9 +94,10 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
-# The queue page reads the CSRF token from this cookie (outbox.js's default), so it must
-# stay readable by JavaScript (Django's default).
-CSRF_COOKIE_HTTPONLY = False
+# outbox.js reads the CSRF token from this cookie, or, when the cookie is HttpOnly (as in
+# cookiecutter-django), from the page's {% csrf_token %} input (docs/howto/frontend.md).
+# DEMO_CSRF_COOKIE_HTTPONLY=1 tries the latter.
+CSRF_COOKIE_HTTPONLY = os.environ.get("DEMO_CSRF_COOKIE_HTTPONLY") == "1"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -237,6 +237,20 @@ def _per_workspace(
             modeladmin.message_user(request, nothing.format(ws=ws), messages.WARNING)
 
 
+def park_message(workspace_id: str, reason: str, parked: int) -> str:
+    """What parking ``workspace_id`` with ``reason`` did, ``parked`` entries held: the
+    workspace is paused whether or not anything was queued (docs/reference/admin.md)."""
+    held = (
+        f"{entries_text(parked)} parked"
+        if parked
+        else "no entry was pending, verifying or delivering"
+    )
+    return (
+        f"Parked workspace {workspace_id} with reason {reason!r}: {held}; prompts accepted "
+        "into it are held until it is unparked."
+    )
+
+
 @admin.action(description="Park the workspaces of selected entries…", permissions=["park"])
 def park_workspaces(
     modeladmin: ActionAdmin, request: HttpRequest, refs: list[str], workspaces: list[str]
@@ -248,16 +262,10 @@ def park_workspaces(
     outbox = get_outbox()
     if form.is_bound and form.is_valid():
         reason = form.cleaned_data["reason"]
-        _per_workspace(
-            modeladmin,
-            request,
-            ids,
-            lambda ws: outbox.park_workspace(ws, reason),
-            "Parked",
-            detail=f", reason {reason!r}",
-            nothing="Nothing to park in workspace {ws}: no pending, verifying or delivering "
-            "entries.",
-        )
+        for ws in ids:
+            said = park_message(ws, reason, outbox.park_workspace(ws, reason))
+            _log(request, [OutboxEntry.for_workspace(ws)], CHANGE, f"From the admin: {said}")
+            modeladmin.message_user(request, said, messages.SUCCESS)
         return None
     context = modeladmin.page_context(
         request,

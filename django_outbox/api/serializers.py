@@ -2,7 +2,8 @@
 
 Request serializers check *shapes* (types, required members, lengths) and the
 model rule of :mod:`django_outbox.core.rules`, and answer 400 with field errors.
-The byte limit on ``text`` is the core's (``ContentTooLarge``, answered 413), and
+The byte limits on ``text`` and ``model`` are the core's (``ContentTooLarge``, answered
+413), and
 everything the service decides (duplicates, conflicts, the cap) is translated by
 :mod:`django_outbox.api.errors`. Response serializers are documentation:
 responses are rendered from :meth:`Entry.to_dict`, the one source of the
@@ -26,7 +27,6 @@ from ..core.rules import (
     ERROR_TEXTS,
     IDENTIFIER_RE,
     MAX_EXPIRES_AFTER,
-    MAX_MODEL_BYTES,
     MAX_MODEL_DEPTH,
     MAX_REASON_CHARS,
     UNPRINTABLE_REASON,
@@ -72,13 +72,14 @@ class ModelField(serializers.Field):
     ``null`` means "no model". The rule is the core's
     (:func:`~django_outbox.core.rules.check_model`): a compact UTF-8 encoding of at
     most 16 KiB, finite numbers only, nested at most ``MAX_MODEL_DEPTH`` (32) deep.
-    A break answers 400 with a field error here rather than the core's 413 for size.
+    A break answers 400 with a field error, except the size: a model over 16 KiB is the
+    core's ``ContentTooLarge``, answered 413 ``too_large`` like a text over its limit
+    (docs/reference/rest.md).
     """
 
     default_error_messages = {
         "invalid": "Must be a JSON object.",
         "not_json": "Must be plain JSON with finite numbers and valid Unicode.",
-        "too_large": "Must be at most {limit} bytes encoded as JSON.",
         "too_deep": "Must be nested at most {limit} levels deep.",
     }
 
@@ -88,7 +89,7 @@ class ModelField(serializers.Field):
         try:
             check_model(data)
         except ContentTooLarge:
-            self.fail("too_large", limit=MAX_MODEL_BYTES)
+            raise  # 413 too_large, as for text: a size, not a shape
         except InvalidContent:
             # check_model tests depth before encoding; json_depth stops past the limit.
             if json_depth(data, MAX_MODEL_DEPTH) > MAX_MODEL_DEPTH:
@@ -402,4 +403,18 @@ class UnavailableSerializer(ErrorSerializer):
         help_text="True when the message WAS stored but not yet acknowledged by the "
         "required replicas/AOF: retry with the same clientMessageID (it answers 200 with "
         "the entry's ID). False: nothing was stored; retry with the same key."
+    )
+
+
+class WorkerPresenceSerializer(serializers.Serializer):
+    """Result of ``worker/``: whether a worker is alive to deliver this session's prompts
+    (docs/howto/frontend.md, "Is a worker running?")."""
+
+    alive = serializers.BooleanField(
+        help_text="Some worker's heartbeat is fresh (it beat less than 15 s ago)."
+    )
+    lastSeen = serializers.DateTimeField(
+        allow_null=True,
+        help_text="The most recent heartbeat of any worker seen in the last 150 s "
+        "(server clock), or null.",
     )

@@ -15,6 +15,7 @@ from .views import (
     MessageRetryView,
     MessagesView,
     MessageView,
+    WorkerView,
     WorkspaceParkView,
     WorkspaceUnparkView,
     WorkspaceView,
@@ -57,4 +58,5 @@ urlpatterns = [
         MessageSendNowView.as_view(),
         name="api-message-send-now",
     ),
+    path(f"{_SESSION}worker/", WorkerView.as_view(), name="api-worker"),
 ]

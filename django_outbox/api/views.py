@@ -28,6 +28,7 @@ from ..core.entry import (
     MoveResult,
     RetryResult,
     Snapshot,
+    format_time,
 )
 from ..core.rules import entry_for_viewer
 from ..errors import Duplicate, InvalidContent
@@ -65,6 +66,7 @@ from .serializers import (
     SnapshotSerializer,
     UnparkedSerializer,
     UnparkRequestSerializer,
+    WorkerPresenceSerializer,
 )
 from .throttling import UserAcceptThrottle
 
@@ -127,11 +129,16 @@ class MessagesView(OutboxAPIView):
                 200: OpenApiResponse(
                     DuplicateSerializer, "Already accepted with this key and content."
                 ),
-                202: OpenApiResponse(EntrySerializer, "Accepted (status pending)."),
+                202: OpenApiResponse(
+                    EntrySerializer,
+                    "Accepted (status pending, or parked with the park's reason while the "
+                    "workspace is parked).",
+                ),
                 413: OpenApiResponse(
                     ErrorSerializer,
-                    "text is larger than MAX_TEXT_BYTES UTF-8 bytes, or the body larger than "
-                    "DATA_UPLOAD_MAX_MEMORY_SIZE (too_large).",
+                    "text is larger than MAX_TEXT_BYTES UTF-8 bytes, model larger than 16 KiB "
+                    "encoded as JSON, or the body larger than DATA_UPLOAD_MAX_MEMORY_SIZE "
+                    "(too_large).",
                 ),
                 415: BODY_ERRORS[415],
                 422: OpenApiResponse(
@@ -517,3 +524,30 @@ class WorkspaceUnparkView(WorkspaceBulkView):
 
     def run(self, workspace_id: str, data: dict[str, Any]) -> int:
         return get_outbox().unpark_workspace(workspace_id, data.get("reason"))
+
+
+class WorkerView(OutboxAPIView):
+    """``api/workspaces/<ws>/sessions/<ses>/worker/``: is a worker alive to deliver?"""
+
+    actions = {"GET": "view"}
+
+    @documented(
+        operation_id="outbox_worker_presence",
+        summary="Is a worker running?",
+        description="Whether any worker is alive (its heartbeat, written every 5 s, is "
+        "less than 15 s old) and when one last beat, so that a page can say why prompts "
+        "stay queued. Nothing else about the workers (hosts, PIDs, counts) is shown. "
+        "Needs the `view` action on the session.",
+        parameters=[WORKSPACE_PARAM, SESSION_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
+        responses=with_common_errors({200: WorkerPresenceSerializer}),
+        tags=["outbox"],
+    )
+    def get(self, request: Request, workspace_id: str, session_id: str) -> Response:
+        presence = get_outbox().worker_presence()
+        seen = presence.last_seen
+        return Response(
+            {
+                "alive": presence.alive,
+                "lastSeen": None if seen is None else format_time(int(seen * 1_000_000)),
+            }
+        )

@@ -86,6 +86,29 @@ class WorkerHeartbeat:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerPresence:
+    """Whether any worker is alive, as an end user's page may see it (no host, PID or
+    count: docs/howto/frontend.md, "Is a worker running?").
+
+    ``alive``: some worker's heartbeat key exists (it beat less than
+    :data:`HEARTBEAT_TTL` seconds ago); ``last_seen``: epoch seconds of the most recent
+    beat of any worker seen lately, None when none was seen in ``10 * HEARTBEAT_TTL``.
+    """
+
+    alive: bool
+    last_seen: float | None = None
+
+
+def presence_of(workers: list[WorkerHeartbeat]) -> WorkerPresence:
+    """The :class:`WorkerPresence` that ``workers`` (as :func:`workers_plan` reads them)
+    add up to."""
+    return WorkerPresence(
+        alive=any(w.live for w in workers),
+        last_seen=max((w.last_seen for w in workers), default=None),
+    )
+
+
 def workers_plan(keys: KeySpace) -> ReadPlan:
     """A read plan of every worker seen lately, live ones first, then most recently seen
     first (``list[WorkerHeartbeat]``, two round trips: the ZSET, then the records)."""
@@ -115,6 +138,11 @@ class Heartbeats(Transport):
         workers: list[WorkerHeartbeat]
         (workers,) = read_side_by_side(self.execute_many, workers_plan(self.keys))
         return workers
+
+    def worker_presence(self) -> WorkerPresence:
+        """Whether any worker is alive and when one last beat (two round trips, as
+        :meth:`workers`); what the REST API's ``worker/`` answers."""
+        return presence_of(self.workers())
 
     def live_workers(self) -> list[WorkerHeartbeat]:
         """The workers whose heartbeat key exists, most recently seen first."""

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .entry import Entry, parse_time
+from .errors import OutboxUnavailable
 from .keys import KeySpace
 from .paging import as_text
 from .plans import Cmd, Pipe, iter_once
@@ -190,8 +191,7 @@ class HistoryCounter:
         """Count ``n`` of field ``name`` for ``workspace_id`` in the minute of ``at_us``
         (Valkey-clock microseconds; None: now). Counts older than
         :data:`MAX_PENDING_MINUTES` are dropped when a new minute starts, so a process
-        that settles without a worker writing its counts (``adeliver_once`` in a loop of
-        its own) holds at most that many minutes."""
+        whose writes keep failing (Valkey away) holds at most that many minutes."""
         if not self.enabled or n <= 0:
             return
         key = (self._minute(at_us), workspace_id)
@@ -444,6 +444,15 @@ class HistoryReads(Transport):
             return float(self.clock())
         seconds, micros = time_reply
         return int(seconds) + int(micros) / 1_000_000
+
+    async def aflush_own_history(self, counter: HistoryCounter) -> None:
+        """Write what this process counted itself (``adeliver_once``, no worker's history
+        duty to write it); a failed write keeps the counts for the next one, and is logged,
+        never raised."""
+        try:
+            await self.aflush_history(counter)
+        except OutboxUnavailable:
+            logger.info("the history write after adeliver_once failed; kept for the next one")
 
     async def aflush_history(self, counter: HistoryCounter) -> int:
         """Write what ``counter`` holds in one pipeline, after a ``TIME`` that updates

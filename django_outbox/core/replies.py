@@ -42,7 +42,8 @@ class AcceptReply:
     stored before: a replay), ``duplicate``/``conflict`` (another entry holds the key:
     ``existing_id``), ``full``, ``user_full`` or ``rate_limited`` (``retry_after``
     seconds). ``version``, ``watched``, ``accepted_at`` (server time, ISO) and ``seq``
-    are set for ``ok``/``own``."""
+    are set for ``ok``/``own``; ``held`` is the park reason when the entry is stored
+    parked (its workspace is parked: docs/explanation/lifecycle.md), else ""."""
 
     status: str
     version: int = 0
@@ -51,16 +52,24 @@ class AcceptReply:
     seq: int = 0
     existing_id: str = ""
     retry_after: int = 0
+    held: str = ""
 
     @classmethod
     def parse(cls, answer: Sequence[Any]) -> AcceptReply:
         status = _text(answer[0])
         if status == "ok":
             version = int(answer[1])
-            return cls(status, version, bool(answer[2]), _text(answer[3] or ""), version)
+            held = _text(answer[4] or "") if len(answer) > 4 else ""
+            return cls(status, version, bool(answer[2]), _text(answer[3] or ""), version, held=held)
         if status == "own":
+            held = _text(answer[5] or "") if len(answer) > 5 else ""
             return cls(
-                status, int(answer[1]), bool(answer[2]), _text(answer[4] or ""), int(answer[3])
+                status,
+                int(answer[1]),
+                bool(answer[2]),
+                _text(answer[4] or ""),
+                int(answer[3]),
+                held=held,
             )
         if status in ("duplicate", "conflict"):
             return cls(status, existing_id=_text(answer[1]))

@@ -81,6 +81,12 @@ UNPAUSE_PASSES = 10
 WATCH_TTL = 24 * 3600
 
 
+def parked_fields(reason: str) -> dict[str, Any]:
+    """The fields of an entry accept stored parked with ``reason`` (its workspace is
+    parked: docs/explanation/lifecycle.md, "Parking a workspace")."""
+    return {"status": Status.PARKED, "parked_from": "pending", "reason": reason}
+
+
 class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
     """The outbox service: one per process, safe for concurrent use.
 
@@ -165,13 +171,15 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
                 traceparent=traceparent,
                 expires_at=format_time(parse_time(stamped) + expires_us) if expires_us else None,
                 mode=mode,
+                # Stored parked (its workspace is parked): say so, not "pending".
+                **(parked_fields(reply.held) if reply.held else {}),
             )
             if unacknowledged is not None:
                 raise unacknowledged
             if self.listening("updated", reply.watched):
                 event = OutboxEvent(
                     "updated",
-                    "queued",
+                    "parked" if reply.held else "queued",
                     entry,
                     workspace_id,
                     session_id,

@@ -43,6 +43,7 @@ from .errors import (
     PriorAttemptPendingError,
     TransientDeliveryError,
 )
+from .history import HistoryReads
 from .keys import SessionKeys
 from .owed import OwedSignals
 from .plans import Emit, Eval, Pipe, Plan, iter_once
@@ -203,12 +204,18 @@ class DeliveryStep(OwedSignals):
         (:meth:`~django_outbox.core.agents.AgentRouting.agent_for`); raises
         ``ValueError`` if neither is set, :class:`OutboxUnavailable` if Valkey cannot
         be reached.
+
+        The step's outcome is written to the per-minute history before this returns (a
+        worker batches that write), so ``manage.py outbox status`` and the dashboard count
+        it (docs/howto/observe.md); a failed write is kept for the next, never raised.
         """
         if deliverer is None and self.deliverer is None and not self.agents:
             raise ValueError("no deliverer: pass one or configure DELIVERER or AGENTS")
         took, carry = await self.astep(workspace_id, session_id, deliverer)
         if carry is not None:
             await self.arelease(workspace_id, session_id, carry)
+        if self.history_counter.pending and isinstance(self, HistoryReads):  # the Outbox is
+            await self.aflush_own_history(self.history_counter)  # both; no worker writes it
         return took
 
     async def astep(

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar, cast
+from urllib.parse import parse_qs, urlsplit
 
 import redis
 import redis.asyncio
@@ -146,6 +147,20 @@ async def awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
+def url_read_timeout_only(url: str) -> float | None:
+    """The ``socket_timeout`` of ``url``'s query when it sets no ``socket_connect_timeout``
+    (then connecting waits as long, as redis-py documents it: docs/howto/valkey.md,
+    "Timeouts in the URL"), else None. A value that is not a number is None here, and
+    redis-py refuses it when the client is made."""
+    query = parse_qs(urlsplit(url).query)
+    if "socket_connect_timeout" in query or not query.get("socket_timeout"):
+        return None
+    try:
+        return float(query["socket_timeout"][0])
+    except ValueError:
+        return None
+
+
 class Transport:
     """Clients and drivers for one outbox (see the module docstring).
 
@@ -182,6 +197,12 @@ class Transport:
             "timeout": 20.0,
         }
         options.update(client_options or {})
+        read_timeout = url_read_timeout_only(url)
+        if read_timeout is not None and "socket_connect_timeout" not in (client_options or {}):
+            # A URL's options win over these keywords, but one that sets only
+            # socket_timeout would still connect within our 2 s (or redis-py 8's 5 s):
+            # connecting waits as long as a read, as a redis-py URL means it.
+            options["socket_connect_timeout"] = read_timeout
         self._client_options = options
         self._explicit_options = set(client_options or ())
         self._client: redis.Redis | redis.cluster.RedisCluster | None = None

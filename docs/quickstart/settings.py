@@ -1,12 +1,16 @@
 # --- django-outbox: append this to mysite/settings.py ------------------------------------
 import os
 
-INSTALLED_APPS += ["rest_framework", "channels", "django_outbox"]
+# Additive: in a project that lists DRF, Channels or WhiteNoise already, nothing is doubled.
+INSTALLED_APPS += [
+    app for app in ("rest_framework", "channels", "django_outbox") if app not in INSTALLED_APPS
+]
 
 # WhiteNoise serves outbox.js and the admin's CSS from the ASGI server itself: from the
 # apps' folders while DEBUG is on, from STATIC_ROOT (collectstatic) in production.
-MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")  # after SecurityMiddleware
-STATIC_ROOT = BASE_DIR / "staticfiles"
+if "whitenoise.middleware.WhiteNoiseMiddleware" not in MIDDLEWARE:
+    MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")  # after SecurityMiddleware
+STATIC_ROOT = globals().get("STATIC_ROOT") or BASE_DIR / "staticfiles"
 
 ASGI_APPLICATION = "mysite.asgi.application"
 

@@ -96,6 +96,7 @@ class TestAccept:
             NOW,
             0,
             format_time(NOW),  # acceptedAt: stamped by the script, on its clock
+            "",  # not held: its workspace is not parked
         ]
         keys = outbox.keys.session(WS, SES)
         # seq: accept order; userDigest: counted for the accepting user until it leaves
@@ -139,11 +140,31 @@ class TestAccept:
             0,
             NOW,
             e.accepted_at,
+            "",
         ]
         full = other.evolve(client_message_id="k2")
         m2 = outbox.keys.dedupe(WS, SES, "k2")
         assert call(outbox, "accept", *accept_args(full, cap=1), extra_keys=[m2]) == ["full"]
         assert {k: r.dump(k) for k in r.keys("*")} == before
+
+    def test_an_entry_held_by_a_parked_workspace_is_answered_with_its_reason(self, outbox, r):
+        """The caller learns the stored state from the answer (docs/explanation/lifecycle.md,
+        "Parking a workspace"): the park reason, on the first answer and on a replay."""
+        outbox.park_workspace(WS, "maint")
+        e = Entry(
+            id=new_entry_id(),
+            client_message_id="k1",
+            user_id="u",
+            text="hi",
+            accepted_at=format_time(NOW),
+        )
+        marker = outbox.keys.dedupe(WS, SES, "k1")
+        first = call(outbox, "accept", *accept_args(e), extra_keys=[marker])
+        assert (first[0], first[-1]) == ("ok", "maint")
+        replay = call(outbox, "accept", *accept_args(e), extra_keys=[marker])
+        assert (replay[0], replay[-1]) == ("own", "maint")
+        stored = Entry.from_json(r.lindex(outbox.keys.session(WS, SES).queue, 0))
+        assert (stored.status, stored.reason) == ("parked", "maint")
 
 
 class TestClaim:

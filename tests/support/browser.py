@@ -72,3 +72,24 @@ def save_screenshot(driver, name: str) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(Path(folder) / f"{name}.png"))
+
+
+def artifacts_dir() -> Path:
+    """Where browser tests keep what CI saves after a run: ``$OUTBOX_TEST_ARTIFACTS`` or
+    ``build/test-artifacts/`` under the checkout (git-ignored), one folder per Django
+    version (``django-6.0``), so the matrix's runs do not overwrite each other."""
+    import django
+
+    from tests.support.paths import ROOT
+
+    base = Path(os.environ.get("OUTBOX_TEST_ARTIFACTS") or ROOT / "build" / "test-artifacts")
+    folder = base / f"django-{django.VERSION[0]}.{django.VERSION[1]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def save_artifact(driver, name: str) -> Path:
+    """Save a PNG of the current tab as ``<artifacts_dir()>/<name>.png``; return its path."""
+    path = artifacts_dir() / f"{name}.png"
+    driver.save_screenshot(str(path))
+    return path

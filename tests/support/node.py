@@ -123,6 +123,7 @@ const fast = {
   storageKey: "k",
   WebSocket: FakeWS,
   window: new EventTarget(),
+  workerCheck: 0, // the scripted answers are the POSTs' (a test of the check turns it on)
 };
 const make = (answers, log, extra = {}) =>
   createOutbox({ ...fast, storage: newStorage(), fetch: scriptedFetch(answers, log), ...extra });

@@ -10,8 +10,9 @@
 -- ARGV[15] HISTORY_WINDOW (ms; 0: no history is counted)
 -- ARGV[16] expires after (us from now on the server's clock; 0: never)
 -- ARGV[17] mode: 'queue', 'reject' or 'merge' (docs/howto/steering.md#busy-sessions)
--- Returns {'ok', version, watched, acceptedAt} | {'own', version, watched, seq, acceptedAt}
--- (this very entry was already written: a replay after a lost reply) | {'duplicate', id}
+-- Returns {'ok', version, watched, acceptedAt, held} | {'own', version, watched, seq,
+-- acceptedAt, held} (this very entry was already written: a replay after a lost reply),
+-- where held is the park reason when the entry is stored parked, else '' | {'duplicate', id}
 -- | {'conflict', id} | {'session_busy'} (mode 'reject' and the session has something
 -- pending, in flight or being verified) | {'full'} | {'user_full'} (the user's queued entries in the
 -- workspace reached USER_MAX_QUEUED) | {'rate_limited', seconds until an accept can
@@ -64,7 +65,8 @@ return hinted(function()
       local _, mine = find(Q, id)
       if not mine then _, mine = find(D, id) end
       local st = mine and split(mine) or {}
-      return {'own', current_version(), watched(), st.seq or 0, st.acceptedAt or ''}
+      local parked = st.status == 'parked' and st.reason or ''
+      return {'own', current_version(), watched(), st.seq or 0, st.acceptedAt or '', parked}
     end
     if mfp == fp then return {'duplicate', mid} end
     return {'conflict', mid or marker}
@@ -121,7 +123,7 @@ return hinted(function()
   end
   if held then
     reindex_and_wake()
-    return {'ok', version, watched(), st.acceptedAt}
+    return {'ok', version, watched(), st.acceptedAt, held}
   end
   -- The new entry is the last one, so it can only make the session due now when
   -- nothing else decides its due time: in strict order when the session has no
@@ -144,5 +146,5 @@ return hinted(function()
     wake()
   end
   if locked then set_attention(true) end  -- blocked behind the lease
-  return {'ok', version, watched(), st.acceptedAt}
+  return {'ok', version, watched(), st.acceptedAt, ''}
 end)

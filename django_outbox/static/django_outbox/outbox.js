@@ -70,6 +70,11 @@ const CLOSE_DETAILS = {
   4403: "the server refused the queue socket: you may not watch this session, or you " +
     "are not logged in (4403)",
 };
+/**
+ * How a prompt ended, by the state of the update that ended it (row.ended): "expired"
+ * is not here, since an expired prompt stays in the queue until dismissed or retried.
+ */
+const ENDINGS = { sent: "delivered", dismissed: "dismissed", cancelled: "cancelled" };
 /** Transient close codes after which the first reconnect waits longer (backoff step). */
 const SLOW_CLOSE_CODES = new Map([
   [4429, 3], // this user holds WS_MAX_SOCKETS_PER_USER sockets: wait for one to close
@@ -91,6 +96,13 @@ const HOLD_DETAILS = {
   other_user:
     "Another user logged in on this browser. Your prompts are kept here and are sent " +
     "when you log in again.",
+  csrf_missing:
+    "outbox.js found no CSRF token to send: the CSRF cookie is not readable by JavaScript " +
+    "(CSRF_COOKIE_HTTPONLY = True, CSRF_USE_SESSIONS = True, or a CSRF_COOKIE_NAME other " +
+    "than the csrfCookie option) and the page has no {% csrf_token %} input " +
+    "(name=\"csrfmiddlewaretoken\") or <meta name=\"csrf-token\">. Render {% csrf_token %} " +
+    "in the page, or pass createOutbox({csrfToken}) (docs/howto/frontend.md). Your prompts " +
+    "are kept in this browser.",
 };
 
 /** A final refusal of a send, or a failed retry/dismiss: HTTP status, code and detail. */
@@ -111,6 +123,20 @@ function readCookie(name) {
     if (item.startsWith(prefix)) return decodeURIComponent(item.slice(prefix.length));
   }
   return "";
+}
+
+/**
+ * The CSRF token the page itself rendered, for a cookie JavaScript cannot read
+ * (CSRF_COOKIE_HTTPONLY, CSRF_USE_SESSIONS): Django's `{% csrf_token %}` input, as
+ * Django's CSRF docs ("Setting the token on the AJAX request") read it, or a
+ * `<meta name="csrf-token" content="{{ csrf_token }}">`. "" when the page has neither.
+ */
+function pageToken() {
+  const doc = globalThis.document;
+  if (!doc?.querySelector) return "";
+  const input = doc.querySelector('input[name="csrfmiddlewaretoken"]');
+  if (input?.value) return input.value;
+  return doc.querySelector('meta[name="csrf-token"]')?.getAttribute("content") || "";
 }
 
 function randomID() {
@@ -187,7 +213,10 @@ function stateOf(entry) {
  *   baseURL       where django_outbox.urls is mounted (default "/outbox/")
  *   wsURL         origin of the WebSocket routes (default: this page's, ws: or wss:)
  *   csrfToken     a string or a function returning one (default: the CSRF cookie as it
- *                 is when the client is created; see docs/howto/frontend.md)
+ *                 is when the client is created, or, when JavaScript cannot read it
+ *                 (CSRF_COOKIE_HTTPONLY = True), the page's {% csrf_token %} input or
+ *                 <meta name="csrf-token">; with none of them a refused POST is held
+ *                 with code "csrf_missing" saying what to pass; docs/howto/frontend.md)
  *   csrfCookie    the CSRF cookie's name (default "csrftoken", Django's CSRF_COOKIE_NAME)
  *   csrfHeader    default "X-CSRFToken"
  *   storageKey    prefix of this client's localStorage keys (default "django-outbox:<user>")
@@ -196,6 +225,8 @@ function stateOf(entry) {
  *   reconnect     {initial, max} in ms for the WebSocket (default 500, 15000)
  *   gapWait       ms an out-of-order update waits for the versions before it (default 500)
  *   keepFinished  how many sent/dismissed entries a view keeps showing (default 50)
+ *   workerCheck   ms between two asks whether a worker is alive (view.worker; default
+ *                 10000, 0: never ask)
  *   onEvent       (event) => void for sends: {type: "queued"|"accepted"|"duplicate"|
  *                 "retrying"|"held"|"released"|"rejected"|"cancelled"|"storage-error",
  *                 item?, status?, id?, error?, retryIn?, hold?}
@@ -216,6 +247,7 @@ export function createOutbox(options = {}) {
     reconnect: { initial: 500, max: 15000 },
     gapWait: 500,
     keepFinished: 50,
+    workerCheck: 10000,
     onEvent: null,
     storage: globalThis.localStorage,
     fetch: null,
@@ -254,11 +286,17 @@ export function createOutbox(options = {}) {
   // marks that login, whichever token mode is used.
   let loginMark = readCookie(opts.csrfCookie);
   const cookieMode = !opts.csrfToken;
-  let token = cookieMode ? loginMark : typeof opts.csrfToken === "string" ? opts.csrfToken : "";
+  // An HttpOnly cookie is invisible here: the token the page rendered is the same login's.
+  let token = cookieMode
+    ? loginMark || pageToken()
+    : typeof opts.csrfToken === "string"
+      ? opts.csrfToken
+      : "";
 
   function csrf() {
     if (typeof opts.csrfToken === "function") return opts.csrfToken();
     if (cookieMode && !token) token = loginMark = readCookie(opts.csrfCookie); // none at start
+    if (cookieMode && !token) token = pageToken();
     return token;
   }
 
@@ -568,6 +606,7 @@ export function createOutbox(options = {}) {
     let retryAfter = 0;
     let redirected = false;
     let error = "";
+    const sentToken = csrf();
     state.sending = true;
     emit({ type: "sending", item });
     try {
@@ -577,7 +616,7 @@ export function createOutbox(options = {}) {
         headers: {
           "Content-Type": "application/json",
           Accept: "application/json",
-          [opts.csrfHeader]: csrf(),
+          [opts.csrfHeader]: sentToken,
         },
         body: JSON.stringify(body),
         signal: controller.signal,
@@ -593,7 +632,9 @@ export function createOutbox(options = {}) {
       inFlight.delete(key);
       state.sending = false;
     }
-    const hold = authHold(status, data, redirected);
+    let hold = authHold(status, data, redirected);
+    // Refused for want of a token we never had: not a login matter, a page to fix.
+    if (hold?.code === "csrf_failed" && !sentToken) hold = { ...hold, code: "csrf_missing" };
     // An acknowledgement names the entry; a 200 without one (an HTML page from a proxy,
     // say) proves nothing and is retried like a 5xx.
     const acked = !hold && (status === 202 || status === 200) && typeof data?.id === "string";
@@ -676,10 +717,11 @@ export function createOutbox(options = {}) {
     if (loginHold?.code === "login_changed" || loginHold?.code === "other_user") {
       throw new OutboxError(0, loginHold.code, loginHold.detail);
     }
+    const sentToken = csrf();
     const init = {
       method,
       credentials: "same-origin",
-      headers: { Accept: "application/json", [opts.csrfHeader]: csrf(), ...headers },
+      headers: { Accept: "application/json", [opts.csrfHeader]: sentToken, ...headers },
     };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
@@ -687,6 +729,9 @@ export function createOutbox(options = {}) {
     }
     const response = await doFetch(url, init);
     const data = response.status === 204 ? null : await response.json().catch(() => null);
+    if (!sentToken && response.status === 403 && /^CSRF Failed/i.test(data?.detail || "")) {
+      throw new OutboxError(403, "csrf_missing", HOLD_DETAILS.csrf_missing);
+    }
     if (response.redirected) {
       const detail = "the server redirected the request (to a login page?)";
       throw new OutboxError(response.status, "not_authenticated", detail);
@@ -765,10 +810,14 @@ export function createOutbox(options = {}) {
       cancel: (id) => cancelMessage(workspace, session, id),
       stop: () => stop(workspace, session),
       sendNow: (id) => sendNow(workspace, session, id),
+      workerURL: `${base}api/workspaces/${encodeURIComponent(workspace)}/sessions/` +
+        `${encodeURIComponent(session)}/worker/`,
+      fetch: doFetch,
       forget: () => subscriptions.delete(sub),
     });
     subscriptions.add(sub);
     sub._open();
+    sub._checkWorker();
     return sub;
   }
 
@@ -881,7 +930,11 @@ export function createOutbox(options = {}) {
  *    entries: [{id, clientMessageID, text, state, entry, blockedByInFlight, inFlightSince}],
  *    pending: [{clientMessageID, text, attempts, nextAt, lastError, sending, held}]}
  * entries are the server's (FIFO by acceptedAt), finished ones (state "sent",
- * "dismissed" or "finished" when it ended while we were disconnected) included;
+ * "dismissed", "cancelled", or "finished" when it ended while we were disconnected)
+ * included; a finished row's `ended` says how: "delivered", "dismissed", "cancelled", or
+ * null when it ended unseen (while the socket was down). worker is whether a worker is
+ * alive to deliver ({alive, lastSeen, checkedAt}, asked every workerCheck ms) or null
+ * while unknown;
  * pending are this browser's prompts not yet acknowledged. inFlightSince is a
  * Date.now()-style time: show "blocked behind an in-flight message for N s".
  * error is the socket's ({code: "forbidden"|"invalid"|"refused", detail} after a final
@@ -910,6 +963,36 @@ class Subscription {
     this.gapTimer = null;
     this.closed = false;
     this.stopped = null; // the final close code that stopped reconnecting
+    this.worker = null; // {alive, lastSeen, checkedAt} once asked (GET .../worker/)
+    this.workerTimer = null;
+    this.workerChecking = false;
+  }
+
+  /** Ask whether a worker is alive, then again every workerCheck ms while subscribed. */
+  async _checkWorker() {
+    // One check at a time: a wake-up during a check leaves that check to re-arm the timer.
+    if (this.workerChecking) return;
+    clearTimeout(this.workerTimer);
+    this.workerTimer = null;
+    if (this.closed || !this.opts.workerCheck) return;
+    this.workerChecking = true;
+    try {
+      const response = await this.ctx.fetch(this.ctx.workerURL, {
+        credentials: "same-origin",
+        headers: { Accept: "application/json" },
+      });
+      const data = response.ok ? await response.json().catch(() => null) : null;
+      if (data && typeof data.alive === "boolean") {
+        const was = this.worker?.alive;
+        this.worker = { alive: data.alive, lastSeen: data.lastSeen ?? null, checkedAt: Date.now() };
+        if (was !== data.alive) this._render();
+      }
+    } catch {
+      // Offline or refused: what we knew stands; the socket's state says the rest.
+    } finally {
+      this.workerChecking = false;
+    }
+    if (!this.closed) this.workerTimer = setTimeout(() => this._checkWorker(), this.opts.workerCheck);
   }
 
   retry(id) {
@@ -968,6 +1051,7 @@ class Subscription {
     this.closed = true;
     clearTimeout(this.reconnectTimer);
     clearTimeout(this.gapTimer);
+    clearTimeout(this.workerTimer);
     this.ctx.forget();
     if (this.ws) this.ws.close(1000);
   }
@@ -1044,6 +1128,7 @@ class Subscription {
 
   _wake() {
     if (this.closed || this.stopped) return;
+    this._checkWorker(); // a page that slept asks again now
     if (!this.ws) {
       clearTimeout(this.reconnectTimer);
       this._open();
@@ -1171,7 +1256,7 @@ class Subscription {
     }
     // What vanished while we were away has ended (sent, most likely, or dismissed).
     for (const [id, row] of this.entries) {
-      if (!next.has(id)) this._finish({ ...row, state: "finished" });
+      if (!next.has(id)) this._finish({ ...row, state: "finished", ended: null });
     }
     this.entries = next;
     this.leaseSince = inFlightFor === null ? null : now - inFlightFor * 1000;
@@ -1191,6 +1276,7 @@ class Subscription {
       clientMessageID: entry.clientMessageID,
       text: entry.text,
       state,
+      ended: Object.hasOwn(ENDINGS, state) ? ENDINGS[state] : null,
       status: entry.status,
       acceptedAt: entry.acceptedAt,
       entry,
@@ -1211,7 +1297,7 @@ class Subscription {
     if (state === "moved") this.resync();
     // A change that leaves the prompt where it was (an edit, a move) shows its status.
     if (state === "edited" || state === "moved") state = stateOf(entry);
-    if (state === "sent" || state === "dismissed" || state === "cancelled") {
+    if (Object.hasOwn(ENDINGS, state)) {
       this._finish(this._row(state, entry));
     } else if (!this.finished.has(entry.id)) {
       this.entries.set(entry.id, { ...this._row(state, entry), pos: this._placeOf(entry.id) });
@@ -1234,7 +1320,8 @@ class Subscription {
   /** A 202's entry, in case its queue.update has not arrived yet. */
   _adopt(entry) {
     if (this.entries.has(entry.id) || this.finished.has(entry.id)) return;
-    this.entries.set(entry.id, { ...this._row("queued", entry), pos: this._placeOf(entry.id) });
+    // The state it was stored in: "parked" in a parked workspace, else "queued".
+    this.entries.set(entry.id, { ...this._row(stateOf(entry), entry), pos: this._placeOf(entry.id) });
     this._render();
   }
 
@@ -1262,6 +1349,7 @@ class Subscription {
       hold: this.ctx.hold(),
       entries: [...done, ...live],
       pending: this.ctx.pending(),
+      worker: this.worker,
     };
     try {
       this.onChange(view);

@@ -363,7 +363,10 @@ def test_park_asks_for_a_reason_then_parks(operator, outbox):
     assert response.status_code == 200 and "This field is required" in response.content.decode()
 
     response = operator.post(CHANGELIST, {**form, "reason": "maintenance"}, follow=True)
-    assert any("Parked 2 entries of workspace ws" in m for m in texts(response))
+    assert texts(response) == [
+        "Parked workspace ws with reason 'maintenance': 2 entries parked; prompts accepted "
+        "into it are held until it is unparked."
+    ]
     assert {e.status for s in ("s1", "s2") for e in outbox.list("ws", s)} == {Status.PARKED}
     assert outbox.list("other", "s1")[0].status is Status.PENDING
     log = LogEntry.objects.get()
@@ -376,6 +379,23 @@ def test_park_asks_for_a_reason_then_parks(operator, outbox):
     response = post_action(operator, "unpark_workspaces", workspaces=["ws"])
     assert texts(response) == ["Nothing to unpark in workspace ws."]
     assert LogEntry.objects.count() == 2
+
+
+def test_parking_a_workspace_with_nothing_queued_says_it_paused_it(operator, outbox):
+    """Nothing to hold now, but the workspace is paused: the message says so (not "nothing
+    to park"), the LogEntry records it, and the next prompt is held."""
+    response = post_action(
+        operator, "park_workspaces", workspaces=["quiet"], post="yes", reason="deploy"
+    )
+    assert texts(response) == [
+        "Parked workspace quiet with reason 'deploy': no entry was pending, verifying or "
+        "delivering; prompts accepted into it are held until it is unparked."
+    ]
+    log = LogEntry.objects.get()
+    assert (log.object_id, log.action_flag) == ("quiet", CHANGE)
+    assert "deploy" in log.change_message
+    held = accept(outbox, "quiet", "s1", "after the park")
+    assert (held.status, held.reason) == (Status.PARKED, "deploy")
 
 
 def test_cleanup_confirms_what_it_deletes(operator, outbox, r):

@@ -22,7 +22,7 @@ from django_outbox.core.rules import ErrorKind
 pytestmark = pytest.mark.django_db
 
 SCHEMA_PATH = "/outbox/api/schema/?format=json"
-#: Examples per operation and generation mode: 9 operations x 2 modes x 50 = 900 cases.
+#: Examples per operation and generation mode: 10 operations x 2 modes x 50 = 1000 cases.
 MAX_EXAMPLES = 50
 
 OPERATIONS = {
@@ -68,6 +68,7 @@ OPERATIONS = {
         "post",
         "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/{entry_id}/send-now/",
     ): {200, 202, 404, 409},
+    ("get", "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/worker/"): {200},
 }
 COMMON = {400, 401, 403, 406, 503}
 

@@ -10,12 +10,13 @@ const LABELS = {
   pending: "waiting to retry",
   delivering: "delivering",
   verifying: "verifying",
-  sent: "sent",
+  sent: "delivered",
   error: "error",
   parked: "parked",
   dismissed: "dismissed",
   cancelled: "cancelled (never sent)",
-  finished: "finished",
+  finished: "ended",
+  expired: "expired",
   sending: "sending",
   retrying: "resending",
   held: "held",
@@ -42,11 +43,16 @@ function getCookie(name) {
   return found ? decodeURIComponent(found.slice(name.length + 1)) : "";
 }
 
+/** The CSRF cookie, or the page's {% csrf_token %} input when the cookie is HttpOnly. */
+function csrfToken() {
+  return getCookie("csrftoken") || document.querySelector("[name=csrfmiddlewaretoken]")?.value || "";
+}
+
 async function postJSON(url, body) {
   const response = await fetch(url, {
     method: "POST",
     credentials: "same-origin",
-    headers: { "Content-Type": "application/json", "X-CSRFToken": getCookie("csrftoken") },
+    headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
     body: JSON.stringify(body),
   });
   const data = await response.json().catch(() => ({}));
@@ -129,6 +135,8 @@ function entryDetails(row, now) {
   }
   if (e.reason && (row.state === "error" || row.state === "parked")) bits.push(`reason: ${e.reason}`);
   if (e.lastError && row.state !== "sent") bits.push(`last error: ${e.lastError}`);
+  if (row.state === "finished") bits.push("ended while this page was not connected: delivered or dismissed");
+  else if (row.ended && row.ended !== "delivered") bits.push("not delivered to the agent");
   return bits.join(" · ");
 }
 
@@ -152,7 +160,7 @@ function renderEntry(row, now) {
   }
   return el(
     "li",
-    { class: `entry state-${row.state}`, dataset: { id: row.id, state: row.state, blocked: row.blockedByInFlight ? "1" : "0" } },
+    { class: `entry state-${row.state}`, dataset: { id: row.id, state: row.state, ended: row.ended || "", blocked: row.blockedByInFlight ? "1" : "0" } },
     el("div", { class: "text" }, row.text),
     el("div", { class: "meta" },
       el("span", { class: `badge state-${state}` }, row.blockedByInFlight ? "blocked" : LABELS[row.state] || row.state),
@@ -201,12 +209,29 @@ function renderHold(hold) {
   let action = null;
   if (hold.reason === "forbidden") {
     action = el("button", { type: "button", class: "link", onclick: () => outbox.resume() }, "Try again");
-  } else if (hold.code === "login_changed" || hold.code === "csrf_failed") {
+  } else if (["login_changed", "csrf_failed", "csrf_missing"].includes(hold.code)) {
     action = el("button", { type: "button", class: "link", onclick: () => location.reload() }, "Reload the page");
   } else {
     action = el("a", { href: `${box.dataset.loginUrl}?next=${encodeURIComponent(here)}` }, "Log in again");
   }
   box.replaceChildren(el("span", {}, hold.detail + " "), action);
+}
+
+/** Say so when no worker is alive: queued prompts would otherwise just wait, unexplained. */
+function renderWorker(worker, entries) {
+  const box = $("worker-status");
+  if (!box) return;
+  const down = Boolean(worker) && !worker.alive;
+  box.hidden = !down;
+  if (!down) {
+    box.textContent = "";
+    return;
+  }
+  const waiting = entries.filter((r) => !r.ended && r.state !== "finished").length;
+  const since = worker.lastSeen ? ` (last seen ${new Date(worker.lastSeen).toLocaleTimeString()})` : "";
+  box.textContent =
+    `No worker is running${since}: ${waiting ? `${waiting} prompt(s) wait` : "prompts will wait"} ` +
+    "here until one starts (manage.py outbox_worker). Nothing is lost.";
 }
 
 let transcriptTimer = null;
@@ -234,6 +259,7 @@ function render(view) {
   badge.className = `badge ${view.connected ? "live" : "offline"}`;
   if (view.error && !paused) showError(view.error.detail);
   renderHold(view.hold);
+  renderWorker(view.worker, view.entries);
   const sent = view.entries.filter((r) => r.state === "sent").length;
   if (sent !== sentSeen) {
     sentSeen = sent;
