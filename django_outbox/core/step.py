@@ -204,10 +204,7 @@ class DeliveryStep(OwedSignals):
         (:meth:`~django_outbox.core.agents.AgentRouting.agent_for`); raises
         ``ValueError`` if neither is set, :class:`OutboxUnavailable` if Valkey cannot
         be reached.
-
-        The step's outcome is written to the per-minute history before this returns (a
-        worker batches that write), so ``manage.py outbox status`` and the dashboard count
-        it (docs/howto/observe.md); a failed write is kept for the next, never raised.
+        Its outcome reaches the per-minute history before it returns (docs/howto/observe.md).
         """
         if deliverer is None and self.deliverer is None and not self.agents:
             raise ValueError("no deliverer: pass one or configure DELIVERER or AGENTS")
