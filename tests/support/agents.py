@@ -164,10 +164,24 @@ async def deliver_until_aborted(entry, *, workspace_id, session_id, attempt):
 
 async def abort(entry, *, workspace_id, session_id):
     """OUTBOX["ABORTER"] of the test agent: ends the session's turn and records
-    ``"<pid> <entry>"`` in ``test:aborts``."""
+    ``"<pid> <entry>"`` in ``test:aborts`` (and the entry ID in ``test:aborted-ids``)."""
     r = _client()
     await r.set(f"test:aborted:{session_id}", 1)
     await r.rpush("test:aborts", f"{os.getpid()} {entry.id}")
+    await r.sadd("test:aborted-ids", entry.id)
+
+
+#: What :func:`deliver_abortable` persists, atomically: ARGV[2] (the entry ID) in
+#: ``test:sent``, ``"<ses> <entry ID>"`` in ``test:received``, and the same in
+#: ``test:after-cut`` when :func:`abort` was called for that entry before (a cut entry
+#: sent again).
+_RECEIVE = """
+redis.call('SADD', 'test:sent', ARGV[2])
+redis.call('RPUSH', 'test:received', ARGV[1] .. ' ' .. ARGV[2])
+if redis.call('SISMEMBER', 'test:aborted-ids', ARGV[2]) == 1 then
+  redis.call('RPUSH', 'test:after-cut', ARGV[1] .. ' ' .. ARGV[2])
+end
+"""
 
 
 async def deliver_abortable(entry, *, workspace_id, session_id, attempt):
@@ -175,10 +189,11 @@ async def deliver_abortable(entry, *, workspace_id, session_id, attempt):
     suite's steering row, docs/howto/cutting.md), after a random 0 to
     ``OUTBOX_TEST_SEND_DELAY`` seconds of "connecting" (a cut then stops the send). Persists
     before the turn, as :func:`deliver` does: the entry ID in ``test:sent`` and
-    ``"<ses> <entry ID>"`` in ``test:received`` (every message the agent got, in order), and
-    checks one in flight per session the same way (``test:violations``). It answers as an
-    honest agent whose store is restarting: transient before anything is taken, ambiguous
-    when the persisting write's answer is lost; once persisted, the turn goes on."""
+    ``"<ses> <entry ID>"`` in ``test:received`` (every message the agent got, in order; in
+    ``test:after-cut`` too when its turn was aborted before), and checks one in flight per
+    session the same way (``test:violations``). It answers as an honest agent whose store
+    is restarting: transient before anything is taken, ambiguous when the persisting
+    write's answer is lost; once persisted, the turn goes on."""
     r = _client()
     key = f"test:inflight:{session_id}"
     me = f"{os.getpid()} {entry.id}"
@@ -197,10 +212,7 @@ async def deliver_abortable(entry, *, workspace_id, session_id, attempt):
         delay = float(os.environ.get("OUTBOX_TEST_SEND_DELAY", "0"))
         await asyncio.sleep(random.uniform(0, delay))
         try:
-            async with r.pipeline(transaction=True) as persist:
-                persist.sadd("test:sent", entry.id)
-                persist.rpush("test:received", f"{session_id} {entry.id}")
-                await persist.execute()
+            await r.eval(_RECEIVE, 0, session_id, entry.id)
         except redis.exceptions.RedisError as exc:
             raise AmbiguousError(f"agent store: {exc}") from exc
         deadline = asyncio.get_running_loop().time() + float(os.environ["OUTBOX_TEST_TURN"])

@@ -1650,7 +1650,9 @@ def _steering_figures(row: Row, driver: _Steering, r, left: dict[str, str]) -> N
     * duplicated: an entry the agent received more than once;
     * misordered: a session whose entries never moved reached the agent out of accept order;
     * unverified cuts (failures): an entry delivered that the agent never received, or one
-      the agent received that left without ``entry_delivered`` (a cut guessed "cancelled").
+      the agent received that left without ``entry_delivered`` (a cut guessed "cancelled");
+      resent cuts (failures): an entry the agent received after its turn was aborted
+      (``test:after-cut``).
     """
     everything = {i for per in driver.ids.values() for i in per}
     received = [tuple(x.split()) for x in r.lrange("test:received", 0, -1)]
@@ -1685,6 +1687,9 @@ def _steering_figures(row: Row, driver: _Steering, r, left: dict[str, str]) -> N
             f"{len(guessed)} received by the agent but ended without delivery "
             f"({sorted(guessed)[0]}, {'cut' if guessed & cut else 'not cut'})"
         )
+    again = r.lrange("test:after-cut", 0, -1)
+    if again:
+        problems.append(f"{len(again)} sent again after their turn was cut: {again[0]}")
     violations = r.lrange("test:violations", 0, -1)
     if violations:
         problems.append(f"two in flight: {violations[0]}")
