@@ -164,11 +164,20 @@ async def deliver_until_aborted(entry, *, workspace_id, session_id, attempt):
 
 async def abort(entry, *, workspace_id, session_id):
     """OUTBOX["ABORTER"] of the test agent: ends the session's turn and records
-    ``"<pid> <entry>"`` in ``test:aborts`` (and the entry ID in ``test:aborted-ids``)."""
+    ``"<pid> <entry>"`` in ``test:aborts`` (and the entry ID in ``test:aborted-ids``), in
+    one transaction; while the store restarts it tries again for up to 5 s, then fails."""
     r = _client()
-    await r.set(f"test:aborted:{session_id}", 1)
-    await r.rpush("test:aborts", f"{os.getpid()} {entry.id}")
-    await r.sadd("test:aborted-ids", entry.id)
+    for _ in range(100):
+        try:
+            async with r.pipeline(transaction=True) as record:
+                record.set(f"test:aborted:{session_id}", 1)
+                record.rpush("test:aborts", f"{os.getpid()} {entry.id}")
+                record.sadd("test:aborted-ids", entry.id)
+                await record.execute()
+            return
+        except redis.exceptions.ConnectionError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError("the agent's store is unavailable: the turn was not aborted")
 
 
 #: What :func:`deliver_abortable` persists, atomically: ARGV[2] (the entry ID) in

@@ -1558,6 +1558,7 @@ class _Steering:
     rng: random.Random
     ids: dict[str, list[str]]
     removed: set[str] = field(default_factory=set)
+    #: entries marked cut by this driver (by ID, or named by a Stop's or send-now's event)
     cut: set[str] = field(default_factory=set)
     moved: set[str] = field(default_factory=set)
     ops: Counter[str] = field(default_factory=Counter)
@@ -1730,8 +1731,18 @@ def steering(tmp: Path, short: bool) -> Row:
     def never_here(entry, *, workspace_id, session_id):  # the workers' aborter is called
         raise AssertionError("the aborter runs in the lease holder's process")
 
-    outbox = CoreOutbox(url=server.url, aborter=never_here, verify_delay=0, **NO_USER_BOUNDS)
-    driver = _Steering(outbox, random.Random(11), {f"s{i}": [] for i in range(sessions)})
+    marked: set[str] = set()
+
+    class Marking(CoreOutbox):
+        """Notes the entries a Stop or a send-now marked cut (their events say which)."""
+
+        def emit(self, event):
+            if event.entry.interrupted:
+                marked.add(event.entry.id)
+
+    outbox = Marking(url=server.url, aborter=never_here, verify_delay=0, **NO_USER_BOUNDS)
+    sessions_ids = {f"s{i}": [] for i in range(sessions)}
+    driver = _Steering(outbox, random.Random(11), sessions_ids, cut=marked)
     w = Workers(
         server.url,
         tmp,
