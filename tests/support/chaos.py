@@ -1763,8 +1763,10 @@ def steering(tmp: Path, short: bool) -> Row:
         next_kill = time.monotonic() + rng.uniform(0.5, 2.0)
         restart_at = time.monotonic() + window / 2
         while time.monotonic() < deadline:
-            # accepts spread over the window, so the queues stay busy while it runs
-            due = prompts * (1 - (deadline - time.monotonic()) / window)
+            # a backlog of four a session first (moves and send-nows have queues to
+            # reorder), the rest spread over the window, so the queues stay busy while it runs
+            backlog = 4 * sessions
+            due = backlog + (prompts - backlog) * (1 - (deadline - time.monotonic()) / window)
             try:
                 if driver.accepted < due and rng.random() < 0.6:
                     driver.accept(interrupting=rng.random() < 0.05)
