@@ -111,11 +111,27 @@ async def verify(entry, *, workspace_id, session_id):
 
 
 def record_delivered(sender, entry, **kwargs):
+    """Records ``"<entry ID> <deliveredAt>"`` in ``test:delivered`` (and the ID in
+    ``test:interrupted`` for an entry whose turn was cut). While the recording Valkey
+    restarts (the steering row restarts it) it tries again for up to 10 s."""
+    import time
+
     import redis as sync_redis
 
     client = sync_redis.Redis.from_url(_recorder_url())
-    client.rpush("test:delivered", f"{entry.id} {entry.delivered_at}")
-    client.close()
+    try:
+        for _ in range(200):
+            try:
+                with client.pipeline(transaction=True) as record:
+                    record.rpush("test:delivered", f"{entry.id} {entry.delivered_at}")
+                    if getattr(entry, "interrupted", False):  # delivered, its turn cut
+                        record.rpush("test:interrupted", entry.id)
+                    record.execute()
+                return
+            except sync_redis.ConnectionError:
+                time.sleep(0.05)
+    finally:
+        client.close()
 
 
 async def noop(entry, *, workspace_id, session_id, attempt):
@@ -148,7 +164,79 @@ async def deliver_until_aborted(entry, *, workspace_id, session_id, attempt):
 
 async def abort(entry, *, workspace_id, session_id):
     """OUTBOX["ABORTER"] of the test agent: ends the session's turn and records
-    ``"<pid> <entry>"`` in ``test:aborts``."""
+    ``"<pid> <entry>"`` in ``test:aborts`` (and the entry ID in ``test:aborted-ids``), in
+    one transaction; while the store restarts it tries again for up to 5 s, then fails."""
     r = _client()
-    await r.set(f"test:aborted:{session_id}", 1)
-    await r.rpush("test:aborts", f"{os.getpid()} {entry.id}")
+    for _ in range(100):
+        try:
+            async with r.pipeline(transaction=True) as record:
+                record.set(f"test:aborted:{session_id}", 1)
+                record.rpush("test:aborts", f"{os.getpid()} {entry.id}")
+                record.sadd("test:aborted-ids", entry.id)
+                await record.execute()
+            return
+        except redis.exceptions.ConnectionError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError("the agent's store is unavailable: the turn was not aborted")
+
+
+#: What :func:`deliver_abortable` persists, atomically: ARGV[2] (the entry ID) in
+#: ``test:sent``, ``"<ses> <entry ID>"`` in ``test:received``, and the same in
+#: ``test:after-cut`` when :func:`abort` was called for that entry before (a cut entry
+#: sent again).
+_RECEIVE = """
+redis.call('SADD', 'test:sent', ARGV[2])
+redis.call('RPUSH', 'test:received', ARGV[1] .. ' ' .. ARGV[2])
+if redis.call('SISMEMBER', 'test:aborted-ids', ARGV[2]) == 1 then
+  redis.call('RPUSH', 'test:after-cut', ARGV[1] .. ' ' .. ARGV[2])
+end
+"""
+
+
+async def deliver_abortable(entry, *, workspace_id, session_id, attempt):
+    """A turn of ``OUTBOX_TEST_TURN`` seconds that :func:`abort` ends early (the fault
+    suite's steering row, docs/howto/cutting.md), after a random 0 to
+    ``OUTBOX_TEST_SEND_DELAY`` seconds of "connecting" (a cut then stops the send). Persists
+    before the turn, as :func:`deliver` does: the entry ID in ``test:sent`` and
+    ``"<ses> <entry ID>"`` in ``test:received`` (every message the agent got, in order; in
+    ``test:after-cut`` too when its turn was aborted before), and checks one in flight per
+    session the same way (``test:violations``). It answers as an honest agent whose store
+    is restarting: transient before anything is taken, ambiguous when the persisting
+    write's answer is lost; once persisted, the turn goes on."""
+    r = _client()
+    key = f"test:inflight:{session_id}"
+    me = f"{os.getpid()} {entry.id}"
+    try:
+        holder = await r.get(key)
+        if holder is not None:
+            pid = int(holder.split()[0])
+            if pid != os.getpid() and _alive(pid):
+                await r.rpush("test:violations", f"{session_id}: {me} while {holder.decode()}")
+        await r.set(key, me)
+        await r.delete(f"test:aborted:{session_id}")
+    except redis.exceptions.RedisError as exc:
+        raise TransientDeliveryError(f"agent store unavailable: {exc}") from exc
+    try:
+        # Connecting: a cut that lands here stops the send; the agent never has the message.
+        delay = float(os.environ.get("OUTBOX_TEST_SEND_DELAY", "0"))
+        await asyncio.sleep(random.uniform(0, delay))
+        try:
+            await r.eval(_RECEIVE, 0, session_id, entry.id)
+        except redis.exceptions.RedisError as exc:
+            raise AmbiguousError(f"agent store: {exc}") from exc
+        deadline = asyncio.get_running_loop().time() + float(os.environ["OUTBOX_TEST_TURN"])
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                if await r.exists(f"test:aborted:{session_id}"):
+                    return  # the turn ended by the abort: the agent has the message
+            except redis.exceptions.RedisError:
+                pass  # the turn goes on
+            await asyncio.sleep(0.01)
+    finally:  # the turn ends when the in-flight mark is gone (the store may be restarting)
+        for _ in range(200):
+            try:
+                if (await r.get(key) or b"").decode() == me:
+                    await r.delete(key)
+                break
+            except redis.exceptions.RedisError:
+                await asyncio.sleep(0.05)

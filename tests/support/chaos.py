@@ -1543,6 +1543,270 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
     return row
 
 
+# -- scenario 11: steering and cutting under worker SIGKILLs and a Valkey restart -----------
+
+
+@dataclass
+class _Steering:
+    """The steering row's driver: accepts prompts into ``sessions`` and, in between, steers
+    them at random (docs/howto/steering.md, docs/howto/cutting.md) — Stop, cancel (a queued
+    prompt is removed, the one in flight has its turn cut), edit, move, send-now and accepts
+    that cut (``ifBusy: "interrupt"``). Keeps what it knows: every accepted ID in accept
+    order, the IDs it removed, asked to cut, and moved (their order is theirs to break)."""
+
+    outbox: object  # a core Outbox with an aborter configured (it only requests cuts)
+    rng: random.Random
+    ids: dict[str, list[str]]
+    removed: set[str] = field(default_factory=set)
+    #: entries marked cut by this driver (by ID, or named by a Stop's or send-now's event)
+    cut: set[str] = field(default_factory=set)
+    moved: set[str] = field(default_factory=set)
+    ops: Counter[str] = field(default_factory=Counter)
+    accepted: int = 0
+
+    def accept(self, interrupting: bool = False) -> None:
+        """Accept prompt ``accepted`` into a random session, with its key until stored."""
+        from django_outbox.errors import Duplicate, OutboxUnavailable
+
+        ses, n = self.rng.choice(list(self.ids)), self.accepted
+        self.accepted += 1
+        fields = dict(user_id="u", client_message_id=f"k{n}", text=str(n))
+        for _ in range(100):
+            try:
+                if interrupting:
+                    entry, _ = self.outbox.accept_interrupting("w1", ses, **fields)
+                    self.moved.add(entry.id)
+                    self.ops["accept-interrupting"] += 1
+                else:
+                    entry = self.outbox.accept("w1", ses, **fields)
+                    self.ops["accept"] += 1
+                self.ids[ses].append(entry.id)
+                return
+            except Duplicate as dup:  # stored by a try whose reply was lost
+                self.ids[ses].append(dup.accepted_id)
+                return
+            except OutboxUnavailable:  # Valkey restarting: the same key again
+                time.sleep(0.05)
+        raise RuntimeError(f"{ses}/k{n} never stored")
+
+    def steer(self) -> None:
+        """One operation at random on a random session (a queued entry picked from its
+        list); an answer saying it no longer applies (NOT_FOUND, BUSY, IDLE) changes
+        nothing and is only counted."""
+        from django_outbox.core.entry import CancelResult, InterruptResult, MoveResult
+
+        what = self.rng.choice(["interrupt", "cancel", "cancel", "edit", "move", "send-now"])
+        queues = {ses: self.outbox.list("w1", ses) for ses in self.ids}
+        # Stop and cancel aim at a turn being delivered when there is one
+        busy = [s for s, q in queues.items() if q and str(q[0].status) == "delivering"]
+        if what in ("interrupt", "cancel") and busy and self.rng.random() < 0.7:
+            ses = self.rng.choice(busy)
+        else:
+            ses = self.rng.choice(list(self.ids))
+        entries = queues[ses]
+        if what == "interrupt" or not entries:
+            self.ops[f"interrupt:{self.outbox.interrupt('w1', ses).value}"] += 1
+            return
+        # half the cancels aim at the session's first entry: in flight, if anything is
+        entry = entries[0] if what == "cancel" and self.rng.random() < 0.5 else None
+        entry = entry or self.rng.choice(entries)
+        if what == "cancel":
+            result = self.outbox.cancel("w1", ses, entry.id)
+            if result is CancelResult.REMOVED:
+                self.removed.add(entry.id)
+            elif result is CancelResult.IN_FLIGHT:
+                cut = self.outbox.cut("w1", ses, entry.id)
+                if cut in (InterruptResult.CUT, InterruptResult.ALREADY):
+                    self.cut.add(entry.id)
+                self.ops[f"cancel-in-flight:{cut.value}"] += 1
+                return
+            self.ops[f"cancel:{result.value}"] += 1
+        elif what == "edit":
+            text = f"{entry.text.split()[0]} edited"
+            self.ops[f"edit:{self.outbox.edit('w1', ses, entry.id, text=text).value}"] += 1
+        elif what == "move":
+            others = [e.id for e in entries if e.id != entry.id]
+            where = self.rng.choice(["next", "last", "before"] if others else ["next", "last"])
+            if where == "before":
+                result = self.outbox.move("w1", ses, entry.id, before=self.rng.choice(others))
+            else:
+                result = self.outbox.move("w1", ses, entry.id, to=where)
+            if result is MoveResult.MOVED:
+                self.moved.add(entry.id)
+            self.ops[f"move:{result.value}"] += 1
+        else:
+            result = self.outbox.send_now("w1", ses, entry.id)
+            if result.value in ("cut", "already", "moved"):
+                self.moved.add(entry.id)
+            self.ops[f"send-now:{result.value}"] += 1
+
+
+def _steering_figures(row: Row, driver: _Steering, r, left: dict[str, str]) -> None:
+    """Judge the steering row from what the agent received (``test:received``), the
+    ``entry_delivered`` receivers (``test:delivered``, ``test:interrupted``), the aborter's
+    calls (``test:aborts``) and what the sessions still list (``left``: ID -> status).
+
+    * lost: an accepted entry that is neither delivered, nor still listed, nor removed by
+      the driver, nor cut (asked to, or aborted by a worker);
+    * duplicated: an entry the agent received more than once;
+    * misordered: a session whose entries never moved reached the agent out of accept order;
+    * unverified cuts (failures): an entry delivered that the agent never received, or one
+      the agent received that left without ``entry_delivered`` (a cut guessed "cancelled");
+      resent cuts (failures): an entry the agent received after its turn was aborted
+      (``test:after-cut``).
+    """
+    everything = {i for per in driver.ids.values() for i in per}
+    received = [tuple(x.split()) for x in r.lrange("test:received", 0, -1)]
+    got = Counter(i for _, i in received)
+    delivered = Counter(x.split()[0] for x in r.lrange("test:delivered", 0, -1))
+    interrupted = set(r.lrange("test:interrupted", 0, -1))
+    aborted = {x.split()[1] for x in r.lrange("test:aborts", 0, -1)}
+    # asked to cut by ID, aborted by a worker, or marked cut by a Stop or a send-now (a
+    # turn that returned before its holder saw the cut is delivered, with no abort)
+    cut = driver.cut | aborted | interrupted
+    row.messages = len(everything)
+    row.duplicated = sum(c - 1 for c in got.values() if c > 1)
+    twice = [i for i, c in got.items() if c > 1]
+    row.replays = sum(c - 1 for c in delivered.values() if c > 1)
+    row.max_in_flight = 2 if r.llen("test:violations") else 1
+    gone = everything - set(delivered) - set(left)
+    lost = gone - driver.removed - cut
+    row.lost = len(lost)
+    row.signal_anomalies = len(set(delivered) - everything)
+    position = {i: n for per in driver.ids.values() for n, i in enumerate(per)}
+    for ses in driver.ids:
+        kept = [i for s, i in dict.fromkeys(received) if s == ses and i not in driver.moved]
+        if [position[i] for i in kept] != sorted(position[i] for i in kept):
+            row.misordered += 1
+    problems = [f"sent twice: {i}" for i in twice[:1]] + [f"lost: {i}" for i in sorted(lost)[:1]]
+    unsent = set(delivered) - set(got)
+    if unsent:
+        problems.append(f"{len(unsent)} delivered that the agent never received")
+    guessed = (gone & set(got)) - set(left)
+    if guessed:
+        problems.append(
+            f"{len(guessed)} received by the agent but ended without delivery "
+            f"({sorted(guessed)[0]}, {'cut' if guessed & cut else 'not cut'})"
+        )
+    again = r.lrange("test:after-cut", 0, -1)
+    if again:
+        problems.append(f"{len(again)} sent again after their turn was cut: {again[0]}")
+    violations = r.lrange("test:violations", 0, -1)
+    if violations:
+        problems.append(f"two in flight: {violations[0]}")
+    pending = [i for i, status in left.items() if status in ("pending", "delivering", "verifying")]
+    if pending:
+        problems.append(f"{len(pending)} entries never settled ({left[pending[0]]})")
+    row.failures += problems
+    cut_cancelled = len(cut & gone - set(got))
+    row.notes.append(
+        f"{len(cut)} turns cut: {len(interrupted)} delivered interrupted, {cut_cancelled} "
+        f"cancelled unsent; {len(driver.removed)} queued prompts cancelled, "
+        f"{len(driver.moved)} moved; still listed: {dict(Counter(left.values()))}; "
+        f"operations: {dict(sorted(driver.ops.items()))}"
+    )
+    if not (interrupted or cut_cancelled):
+        row.failures.append("no cut took effect: the row tested no cut")
+
+
+def steering(tmp: Path, short: bool) -> Row:
+    """Steering and cutting under faults (docs/howto/steering.md, docs/howto/cutting.md):
+    three outbox_worker processes deliver to an agent whose turns last 0.3 s unless its
+    aborter ends them (tests.support.agents.deliver_abortable), while one driver accepts
+    prompts and, between them, stops turns, cancels queued and in-flight prompts, edits,
+    moves and sends now at random; a worker is SIGKILLed every 0.5-2 s and Valkey
+    (appendfsync always) is SIGKILLed and restarted once, half-way. Every accepted entry
+    must end delivered, removed by a cancel or a cut, or still listed; none reaches the
+    agent twice; entries never moved reach it in accept order; a cut entry is delivered
+    only if the agent has it and leaves unsent only if it does not."""
+    from django_outbox.core.service import Outbox as CoreOutbox
+    from django_outbox.errors import OutboxUnavailable
+    from tests.support.workers import Workers
+
+    sessions, prompts, window = (4, 50, 5) if short else (12, 600, 60)
+    row = Row("11 steering (cut, cancel, edit, move, send-now), worker SIGKILLs, Valkey restart")
+    server = _valkey(tmp / "valkey", appendonly="yes", appendfsync="always")
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+
+    def never_here(entry, *, workspace_id, session_id):  # the workers' aborter is called
+        raise AssertionError("the aborter runs in the lease holder's process")
+
+    marked: set[str] = set()
+
+    class Marking(CoreOutbox):
+        """Notes the entries a Stop or a send-now marked cut (their events say which)."""
+
+        def emit(self, event):
+            if event.entry.interrupted:
+                marked.add(event.entry.id)
+
+    outbox = Marking(url=server.url, aborter=never_here, verify_delay=0, **NO_USER_BOUNDS)
+    sessions_ids = {f"s{i}": [] for i in range(sessions)}
+    driver = _Steering(outbox, random.Random(11), sessions_ids, cut=marked)
+    w = Workers(
+        server.url,
+        tmp,
+        OUTBOX_TEST_DELIVERER="tests.support.agents.deliver_abortable",
+        OUTBOX_TEST_ABORTER="tests.support.agents.abort",
+        OUTBOX_TEST_TURN="0.3",
+        OUTBOX_TEST_SEND_DELAY="0.4",
+        OUTBOX_TEST_LOCK_TTL="1",
+    )
+    started = time.monotonic()
+    try:
+        for _ in range(3):
+            w.start("--tick", "0.1")
+        if not _until(lambda: len(outbox.live_workers()) >= 3, 60):
+            raise RuntimeError(f"the workers did not start:\n{w.logs()}")
+        rng = driver.rng
+        deadline = time.monotonic() + window
+        next_kill = time.monotonic() + rng.uniform(0.5, 2.0)
+        restart_at = time.monotonic() + window / 2
+        while time.monotonic() < deadline:
+            # a backlog of four a session first (moves and send-nows have queues to
+            # reorder), the rest spread over the window, so the queues stay busy while it runs
+            backlog = 4 * sessions
+            due = backlog + (prompts - backlog) * (1 - (deadline - time.monotonic()) / window)
+            try:
+                if driver.accepted < due and rng.random() < 0.6:
+                    driver.accept(interrupting=rng.random() < 0.05)
+                else:
+                    driver.steer()
+            except OutboxUnavailable:  # Valkey restarting: counted, not hidden
+                driver.ops["unavailable"] += 1
+            if time.monotonic() > next_kill:
+                victim = rng.choice(w.live())
+                victim.kill()
+                victim.wait(5)
+                row.faults += 1
+                w.start("--tick", "0.1")
+                next_kill = time.monotonic() + rng.uniform(0.5, 2.0)
+            if restart_at and time.monotonic() > restart_at:
+                server.kill()
+                server.start()
+                row.faults += 1
+                restart_at = 0.0
+            time.sleep(rng.uniform(0.005, 0.03))
+
+        def left() -> dict[str, str]:
+            return {e.id: str(e.status) for ses in driver.ids for e in outbox.list("w1", ses)}
+
+        def settled() -> bool:
+            statuses = set(left().values())
+            return not statuses & {"pending", "delivering", "verifying"}
+
+        _until(settled, 120)
+        w.stop_all()
+        _steering_figures(row, driver, r, left())
+    finally:
+        w.stop_all()
+        outbox.close()
+        r.close()
+        server.stop()
+    row.seconds = time.monotonic() - started
+    return row
+
+
 SCENARIOS = [
     ("kill", kill_workers),
     ("restart-always", lambda tmp, short: valkey_restart(tmp, short, "always")),
@@ -1559,6 +1823,7 @@ SCENARIOS = [
     ("clock-skew", clock_skew),
     ("maxmemory", full_valkey),
     ("mixed-agents", mixed_agents),
+    ("steering", steering),
 ]
 
 
