@@ -91,7 +91,12 @@ ACCESS_TABLE: tuple[AccessRow, ...] = (
     # permission rows, so no migration.
     AccessRow("edit", "add_outboxentry", rest=(f"PATCH {_ENTRY}",)),
     AccessRow("move", "retry_outboxentry", rest=(f"POST {_ENTRY}move/",)),
-    AccessRow("cancel", "dismiss_outboxentry", rest=(f"POST {_ENTRY}cancel/",)),
+    AccessRow(
+        "cancel",
+        "dismiss_outboxentry",
+        rest=(f"POST {_ENTRY}cancel/",),
+        admin_actions=("cancel_entries",),
+    ),
     AccessRow(
         "park",
         "park_workspace",
@@ -113,6 +118,7 @@ ACCESS_TABLE: tuple[AccessRow, ...] = (
             "POST api/workspaces/<str:workspace_id>/sessions/<str:session_id>/interrupt/",
             f"POST {_ENTRY}send-now/",
         ),
+        admin_actions=("cut_entries",),
     ),
 )
 

@@ -49,8 +49,9 @@ from django.db import connections, router, transaction
 from django.db.models import Count, F
 from django.db.models.functions import Now
 
+from .core.agents import UnknownAgent
 from .core.duties import Duty
-from .core.errors import Duplicate, IdempotencyConflict, RateLimited
+from .core.errors import CutNotSupported, Duplicate, IdempotencyConflict, RateLimited
 from .core.rules import (
     check_identifier,
     check_model_allowed,
@@ -112,12 +113,16 @@ def accept_on_commit(
     the router's database for writing :class:`~django_outbox.models.PendingAccept`) and its
     move registered with that database's ``on_commit``; returns the row.
     Raises what ``accept`` raises for bad input (``InvalidIdentifier``, ``InvalidContent``,
-    ``ContentTooLarge``), ``TypeError`` for an option ``accept`` does not take or a value
-    that is not JSON, and what the database raises."""
+    ``ContentTooLarge``), ``CutNotSupported`` for ``if_busy="interrupt"`` in a session
+    whose agent cannot cut a turn (docs/howto/cutting.md), ``TypeError`` for an option
+    ``accept`` does not take or a value that is not JSON, and what the database raises."""
     from .models import PendingAccept
 
     check_identifier("workspace ID", workspace_id)
     check_identifier("session ID", session_id)
+    if options.get("if_busy") == "interrupt" and not _can_cut(outbox, workspace_id, session_id):
+        # The move would be refused for good: say so inside the caller's transaction.
+        raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
     validate_content(text, model, client_message_id, outbox.config.max_text_bytes)
     check_model_allowed(model, outbox.config.models)
     user_id = check_user_id(user_id)
@@ -139,6 +144,14 @@ def accept_on_commit(
     )
     transaction.on_commit(lambda: move(outbox, pending, using=db), using=db, robust=True)
     return pending
+
+
+def _can_cut(outbox: Outbox, workspace_id: str, session_id: str) -> bool:
+    """Whether the session's agent has an aborter (an unroutable session has none)."""
+    try:
+        return outbox.aborter_for(workspace_id, session_id) is not None
+    except UnknownAgent:
+        return False
 
 
 def move(outbox: Outbox, pending: PendingAccept, *, using: str) -> Move:
@@ -164,7 +177,7 @@ def move(outbox: Outbox, pending: PendingAccept, *, using: str) -> Move:
     except Duplicate as dup:
         rows.delete()
         return Move(Moved.ALREADY, dup.accepted_id)
-    except (IdempotencyConflict, ValueError, TypeError, KeyError) as exc:
+    except (IdempotencyConflict, CutNotSupported, ValueError, TypeError, KeyError) as exc:
         # The key holds another prompt, or the prompt breaks today's rules: no retry helps.
         return _refused(rows, pending, exc, final=True)
     except Exception as exc:

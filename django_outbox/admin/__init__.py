@@ -55,7 +55,9 @@ from . import (
     pending,  # noqa: F401  (registers Outbox → Pending accepts)
 )
 from .actions import (
+    cancel_entries,
     cleanup_workspaces,
+    cut_entries,
     dismiss_entries,
     park_workspaces,
     retry_entries,
@@ -95,6 +97,8 @@ class OutboxEntryAdmin(admin.ModelAdmin):
     actions: list[Any] = [
         retry_entries,
         dismiss_entries,
+        cancel_entries,
+        cut_entries,
         park_workspaces,
         unpark_workspaces,
         cleanup_workspaces,
@@ -126,6 +130,12 @@ class OutboxEntryAdmin(admin.ModelAdmin):
 
     def has_park_permission(self, request: HttpRequest) -> bool:
         return has_outbox_permission(request.user, "park")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return has_outbox_permission(request.user, "cancel")
+
+    def has_interrupt_permission(self, request: HttpRequest) -> bool:
+        return has_outbox_permission(request.user, "interrupt")
 
     def has_cleanup_permission(self, request: HttpRequest) -> bool:
         return has_outbox_permission(request.user, "cleanup")

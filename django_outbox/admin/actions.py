@@ -1,4 +1,5 @@
-"""The outbox admin's actions: retry, dismiss, park, unpark and clean up.
+"""The outbox admin's actions: retry, dismiss, cancel, Stop (cut a turn), park, unpark
+and clean up.
 
 Each is an admin action (``@admin.action``) called as ``action(modeladmin, request,
 refs, workspaces)`` by ``OutboxEntryAdmin.run_action`` after a CSRF-protected POST:
@@ -21,7 +22,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
-from ..core.entry import DismissResult, RetryResult
+from ..core.entry import CancelResult, DismissResult, InterruptResult, RetryResult
 from ..core.errors import InvalidIdentifier
 from ..core.rules import check_identifier, has_unprintable
 from ..models import OutboxEntry
@@ -206,6 +207,73 @@ def dismiss_entries(
         "Dismissed {entries}: {refs}.",
         "Busy, not dismissed ({n}): {refs} — being delivered or verified under a live lease.",
     )
+
+
+@admin.action(description="Cancel selected queued prompts", permissions=["cancel"])
+def cancel_entries(
+    modeladmin: ActionAdmin, request: HttpRequest, refs: list[str], workspaces: list[str]
+) -> None:
+    """Cancel each selected prompt that waits in the queue (docs/howto/steering.md#cancel):
+    removed, never sent, watchers see ``cancelled``. One in flight is left alone and named
+    (Stop cuts its turn)."""
+    per_entry(
+        modeladmin,
+        request,
+        refs,
+        get_outbox().cancel,
+        CancelResult.REMOVED,
+        CancelResult.IN_FLIGHT,
+        DELETION,
+        "Cancelled from the admin: removed from the queue, never sent.",
+        "Cancelled {entries}, never sent: {refs}.",
+        "In flight, not cancelled ({n}): {refs} — being delivered or verified; Stop cuts its turn.",
+    )
+
+
+#: What a Stop from the admin reports per :class:`InterruptResult` (level, message); the
+#: entries cut are also logged. docs/howto/cutting.md.
+CUT_MESSAGES = {
+    InterruptResult.CUT: (
+        messages.SUCCESS,
+        "Cutting the turn of {entries}: {refs} — each ends sent (interrupted) or cancelled, "
+        "as the verifier finds.",
+    ),
+    InterruptResult.ALREADY: (messages.INFO, "Already being cut ({n}): {refs}."),
+    InterruptResult.QUEUED: (
+        messages.WARNING,
+        "Waiting in the queue, never sent, nothing to cut ({n}): {refs} — cancel it instead.",
+    ),
+    InterruptResult.IDLE: (messages.WARNING, "Not in flight, nothing to cut ({n}): {refs}."),
+    InterruptResult.NOT_SUPPORTED: (
+        messages.ERROR,
+        "Not cut ({n}): {refs} — no aborter is configured (OUTBOX['ABORTER']), so a "
+        "running turn cannot be cut.",
+    ),
+    InterruptResult.NOT_FOUND: (
+        messages.ERROR,
+        "Not found ({n}): {refs} — delivered, dismissed or cleaned up meanwhile.",
+    ),
+}
+
+
+@admin.action(
+    description="Stop: cut the turn of selected prompts in flight", permissions=["interrupt"]
+)
+def cut_entries(
+    modeladmin: ActionAdmin, request: HttpRequest, refs: list[str], workspaces: list[str]
+) -> None:
+    """Cut the running turn of each selected prompt in flight (``Outbox.cut``,
+    docs/howto/cutting.md): its outcome is then verified, never guessed. Reports each
+    :class:`InterruptResult` apart (``CUT_MESSAGES``) and logs the entries cut."""
+    found: dict[InterruptResult, list[str]] = {}
+    outbox = get_outbox()
+    for ws, ses, entry_id in entry_refs(modeladmin, request, refs):
+        result = outbox.cut(ws, ses, entry_id)
+        found.setdefault(result, []).append(f"{ws}/{ses}/{entry_id}")
+    cut = found.get(InterruptResult.CUT, [])
+    _log(request, [OutboxEntry(ref=r) for r in cut], CHANGE, "Stopped from the admin: turn cut.")
+    for result, (level, template) in CUT_MESSAGES.items():
+        _report(modeladmin, request, level, template, found.get(result, []))
 
 
 def _per_workspace(

@@ -302,6 +302,8 @@ def tiles(history: History, depth: dict[str, int] | None = None) -> list[tuple[s
             else NONE,
         ),
         ("in error now", f"{depth.get('error', 0):,}" if depth is not None else NONE),
+        # Prompts that expired unsent wait for a person as errors do (docs/howto/steering.md).
+        ("expired now", f"{depth.get('expired', 0):,}" if depth is not None else NONE),
     ]
 
 

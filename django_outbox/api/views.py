@@ -150,7 +150,8 @@ class MessagesView(OutboxAPIView):
                 ),
                 409: OpenApiResponse(
                     ErrorSerializer,
-                    "ifBusy reject and the session is busy (session_busy); nothing stored.",
+                    "ifBusy reject and the session is busy (session_busy); ifBusy interrupt "
+                    "and no aborter is configured (not_supported). Nothing stored.",
                 ),
             }
         ),

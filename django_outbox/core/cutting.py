@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from .agents import Agent, UnknownAgent
 from .entry import Entry, InterruptResult, OutboxEvent, SendNowResult
-from .errors import CutNotSupported
+from .errors import CutNotSupported, InvalidContent
 from .plans import Cmd, Emit, Pipe, Plan, iter_once
 from .replies import OperatorReply
 from .rules import check_identifier, describe_error
@@ -42,6 +42,14 @@ CUT_POLL = 0.25
 ENDED_BEFORE_THE_CUT = frozenset({"delivered", "failed", "transient", "prior_pending", "held"})
 #: Seconds an aborter may take before the cut goes on without it (logged).
 ABORT_TIMEOUT = 10.0
+
+
+def _interrupting(accept: dict[str, Any]) -> dict[str, Any]:
+    """``accept`` (keyword arguments of ``Outbox.accept``) with ``if_busy="interrupt"``;
+    raises ``InvalidContent`` when it asks for another ``if_busy``."""
+    if accept.get("if_busy", "interrupt") != "interrupt":
+        raise InvalidContent("accept_interrupting takes ifBusy interrupt only")
+    return {**accept, "if_busy": "interrupt"}
 
 
 class CutWatch:
@@ -209,19 +217,23 @@ class TurnCuts(DeliveryStep):
         :meth:`send_now` did with it (``BUSY``: a worker claimed it first, so it runs
         already). Raises :class:`~django_outbox.core.errors.CutNotSupported` without an
         aborter, before anything is stored (no idempotency marker either), and whatever
-        ``accept`` raises (a resend of the same key raises ``Duplicate`` and cuts nothing)."""
+        ``accept`` raises (a resend of the same key raises ``Duplicate`` and cuts nothing).
+        ``accept(if_busy="interrupt")`` comes here; the entry's ``mode`` is ``interrupt``;
+        an ``if_busy`` other than ``"interrupt"`` raises ``InvalidContent``."""
+        accept = _interrupting(accept)
         if self._aborter(workspace_id, session_id) is None:
             raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
-        entry: Entry = cast(Any, self).accept(workspace_id, session_id, **accept)
+        entry: Entry = cast(Any, self)._accept_stored(workspace_id, session_id, **accept)
         return entry, self.send_now(workspace_id, session_id, entry.id)
 
     async def aaccept_interrupting(
         self, workspace_id: str, session_id: str, **accept: Any
     ) -> tuple[Entry, SendNowResult]:
         """Async :meth:`accept_interrupting`."""
+        accept = _interrupting(accept)
         if self._aborter(workspace_id, session_id) is None:
             raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
-        entry: Entry = await cast(Any, self).aaccept(workspace_id, session_id, **accept)
+        entry: Entry = await cast(Any, self)._aaccept_stored(workspace_id, session_id, **accept)
         return entry, await self.asend_now(workspace_id, session_id, entry.id)
 
     # -- the holder: watch the attempt, abort, let the verifier decide -------------------

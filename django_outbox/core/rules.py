@@ -404,9 +404,9 @@ def min_snapshot_frame_bytes(max_text_bytes: int) -> int:
     return max_entry_json_bytes(max_text_bytes) + SNAPSHOT_ENVELOPE_BYTES
 
 
-#: What ``accept`` may be asked to do while the session is busy (``if_busy``); qccut's
-#: ``interrupt`` joins when the cut exists (docs/howto/steering.md#busy-sessions).
-ACCEPT_IF_BUSY = ("queue", "reject", "merge")
+#: What ``accept`` may be asked to do while the session is busy (``if_busy``;
+#: docs/howto/steering.md#busy-sessions, ``interrupt``: docs/howto/cutting.md).
+ACCEPT_IF_BUSY = ("queue", "reject", "interrupt", "merge")
 #: The longest ``expires_after`` accept takes, seconds (30 days).
 MAX_EXPIRES_AFTER = 30 * 24 * 3600
 

@@ -115,7 +115,7 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
         user_id: Any,
         client_message_id: Any,
         text: Any,
-        model: Any,
+        model: Any = None,
         if_busy: Any = "queue",
         expires_after: Any = None,
     ) -> Plan[Entry]:
@@ -219,7 +219,10 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
         Options (docs/howto/steering.md): ``if_busy`` ``"queue"`` (the default),
         ``"reject"`` (raise :class:`SessionBusy`, storing nothing and writing no marker,
         while the session has something pending, in flight or being verified; decided in
-        the accept script, atomically) or ``"merge"``; ``expires_after`` seconds (None:
+        the accept script, atomically), ``"merge"`` or ``"interrupt"`` (the prompt becomes
+        the session's next and the running turn is cut: :meth:`accept_interrupting`, whose
+        ``SendNowResult`` this drops; raises :class:`CutNotSupported` without an aborter,
+        nothing stored, docs/howto/cutting.md); ``expires_after`` seconds (None:
         never): a prompt not handed to the agent by then, on Valkey's clock, is never sent
         and ends ``expired`` (``expires_at`` on the entry).
 
@@ -245,19 +248,16 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
         With a ``key_space_owner``, the process's first accept claims the key space, and
         raises :class:`KeySpaceClaimed` (nothing stored) while another project holds it.
         """
+        options: dict[str, Any] = {"user_id": user_id, "client_message_id": client_message_id}
+        options.update(text=text, model=model, expires_after=expires_after)
+        if if_busy == "interrupt":
+            return self.accept_interrupting(workspace_id, session_id, **options)[0]
+        return self._accept_stored(workspace_id, session_id, if_busy=if_busy, **options)
+
+    def _accept_stored(self, workspace_id: str, session_id: str, **accept: Any) -> Entry:
+        """Store the prompt (``accept``: :meth:`accept`'s keyword arguments); no cut."""
         with accept_span(workspace_id, session_id) as span:
-            entry = self._run(
-                self._accept_plan(
-                    workspace_id,
-                    session_id,
-                    user_id,
-                    client_message_id,
-                    text,
-                    model,
-                    if_busy,
-                    expires_after,
-                )
-            )
+            entry = self._run(self._accept_plan(workspace_id, session_id, **accept))
             record(span, entry_id=entry.id)
             return entry
 
@@ -274,19 +274,16 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
         expires_after: float | None = None,
     ) -> Entry:
         """Async :meth:`accept`. The write is one script, so a cancelled caller cannot split it."""
+        options: dict[str, Any] = {"user_id": user_id, "client_message_id": client_message_id}
+        options.update(text=text, model=model, expires_after=expires_after)
+        if if_busy == "interrupt":
+            return (await self.aaccept_interrupting(workspace_id, session_id, **options))[0]
+        return await self._aaccept_stored(workspace_id, session_id, if_busy=if_busy, **options)
+
+    async def _aaccept_stored(self, workspace_id: str, session_id: str, **accept: Any) -> Entry:
+        """Async :meth:`_accept_stored`."""
         with accept_span(workspace_id, session_id) as span:
-            entry = await self._arun(
-                self._accept_plan(
-                    workspace_id,
-                    session_id,
-                    user_id,
-                    client_message_id,
-                    text,
-                    model,
-                    if_busy,
-                    expires_after,
-                )
-            )
+            entry = await self._arun(self._accept_plan(workspace_id, session_id, **accept))
             record(span, entry_id=entry.id)
             return entry
 

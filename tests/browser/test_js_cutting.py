@@ -70,3 +70,50 @@ def test_outbox_js_stops_sends_now_and_follows_a_cut(tmp_path):
     view = r["view"]
     assert view["entries"] == [["e1", "cancelled"], ["e2", "queued"]]  # the ended one first
     assert view["resyncs"] == 1  # a moved prompt's new place comes with a snapshot
+
+
+INTERRUPTING_SEND = r"""
+{
+  const log = [];
+  const answers = [
+    { status: 202, body: { id: "e1", text: "now", status: "pending", mode: "interrupt" } },
+    { status: 409, body: { code: "not_supported", detail: "no aborter is configured" } },
+  ];
+  const fetch = async (url, init) => {
+    log.push([init.method, url, JSON.parse(init.body)]);
+    const a = answers.shift() || { status: 500, body: {} };
+    return {
+      status: a.status, ok: a.status < 300, redirected: false,
+      headers: { get: () => null },
+      json: async () => a.body,
+    };
+  };
+  const events = [];
+  const ob = createOutbox({ ...fast, storage: newStorage(), fetch,
+    onEvent: (e) => events.push(e.type) });
+  const sent = await ob.send("w", "s", "now", { ifBusy: "interrupt" });
+  let refused = null;
+  try {
+    await ob.send("w", "s", "again", { ifBusy: "interrupt" });
+  } catch (e) {
+    refused = [e.status, e.code];
+  }
+  await new Promise((r) => setTimeout(r, 30)); // a resend would come within the backoff
+  results.sent = [sent.status, sent.id];
+  results.refused = refused;
+  results.calls = log.map(([m, u, b]) => [m, u, b.ifBusy, b.text]);
+  results.events = events;
+  ob.close();
+}
+console.log(JSON.stringify(results));
+process.exit(0);
+"""
+
+
+def test_an_interrupting_send_posts_if_busy_and_a_409_not_supported_is_final(tmp_path):
+    r = run_node(tmp_path, INTERRUPTING_SEND)
+    base = "/outbox/api/workspaces/w/sessions/s/messages/"
+    assert r["sent"][1] == "e1"
+    assert r["refused"] == [409, "not_supported"]
+    assert r["calls"] == [["POST", base, "interrupt", "now"], ["POST", base, "interrupt", "again"]]
+    assert "rejected" in r["events"]

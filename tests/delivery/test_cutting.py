@@ -13,7 +13,7 @@ import pytest
 
 from django_outbox import InterruptResult, SendNowResult, Verdict
 from django_outbox.core.cutting import CUT_POLL
-from django_outbox.errors import AmbiguousError, CutNotSupported, Duplicate
+from django_outbox.errors import AmbiguousError, CutNotSupported, Duplicate, InvalidContent
 from tests.support.helpers import aaccept, wait_for
 
 WS, SES = "w1", "s1"
@@ -260,6 +260,52 @@ async def test_accept_interrupting_puts_the_prompt_next_and_cuts_the_turn(cuttin
         await plain.aaccept_interrupting(WS, SES, user_id="u", client_message_id="k4", text="x")
     assert len(await outbox.alist(WS, SES)) == 3  # nothing stored
     assert (await plain.aaccept(WS, SES, user_id="u", client_message_id="k4", text="x")).id
+    await outbox.aclose()
+    await plain.aclose()
+
+
+async def test_accept_if_busy_interrupt_is_accept_interrupting(cutting_outbox, agent):
+    outbox = cutting_outbox(agent)
+    running = await aaccept(outbox, "k1", "running")
+    queued = await aaccept(outbox, "k2", "queued")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    entry = await outbox.aaccept(
+        WS, SES, user_id="u", client_message_id="k3", text="now", if_busy="interrupt"
+    )
+    assert entry.mode == "interrupt"
+    await asyncio.wait_for(step, 5)  # the turn was cut
+    assert agent.aborts == 1
+    listed = await outbox.alist(WS, SES)
+    assert [(e.id, e.interrupted) for e in listed] == [
+        (running.id, True),
+        (entry.id, False),
+        (queued.id, False),
+    ]
+    assert listed[1].mode == "interrupt"
+    # The sync twin with nothing in flight: next in the queue, nothing to cut.
+    later = outbox.accept(
+        WS, SES, user_id="u", client_message_id="k4", text="later", if_busy="interrupt"
+    )
+    assert [e.id for e in await outbox.alist(WS, SES)][:2] == [running.id, later.id]
+    with pytest.raises(Duplicate):
+        outbox.accept(
+            WS, SES, user_id="u", client_message_id="k4", text="later", if_busy="interrupt"
+        )
+    with pytest.raises(InvalidContent):
+        outbox.accept_interrupting(
+            WS, SES, user_id="u", client_message_id="k5", text="x", if_busy="merge"
+        )
+    plain = cutting_outbox(agent, aborter=None)
+    with pytest.raises(CutNotSupported):
+        plain.accept(WS, SES, user_id="u", client_message_id="k5", text="x", if_busy="interrupt")
+    with pytest.raises(CutNotSupported):
+        await plain.aaccept(
+            WS, SES, user_id="u", client_message_id="k5", text="x", if_busy="interrupt"
+        )
+    assert len(await outbox.alist(WS, SES)) == 4  # nothing stored, the key stays free
+    assert (await plain.aaccept(WS, SES, user_id="u", client_message_id="k5", text="x")).id
+    assert agent.aborts == 1
     await outbox.aclose()
     await plain.aclose()
 

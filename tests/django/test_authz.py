@@ -37,7 +37,9 @@ DEFAULT = "django_outbox.policy.staff_only"
 DEMO = "example_project.demo.policy.workspace_members"
 POLICIES = {"default": DEFAULT, "demo": DEMO}
 ROLES = ("anonymous", "nonmember", "member", "staff", "viewer", "parker", "superuser")
-EVERYTHING = frozenset({"view", "accept", "retry", "dismiss", "park", "cleanup"})
+EVERYTHING = frozenset(
+    {"view", "accept", "retry", "dismiss", "park", "cleanup", "cancel", "interrupt"}
+)
 MEMBER = frozenset({"view", "accept", "retry", "dismiss"})
 
 #: policy -> role -> the actions it allows on (WS, SES); None: not authenticated.
@@ -237,6 +239,8 @@ ADMIN_ACTIONS = {
     "park_workspaces": "park",
     "unpark_workspaces": "park",
     "cleanup_workspaces": "cleanup",
+    "cancel_entries": "cancel",
+    "cut_entries": "interrupt",
 }
 
 
@@ -298,7 +302,7 @@ def test_the_default_policy_answers_what_the_admin_answers(people, role):
     request = RequestFactory().get(CHANGELIST)
     request.user = user
     model_admin = OutboxEntryAdmin(OutboxEntry, None)
-    for action in ("view", "retry", "dismiss", "park", "cleanup"):
+    for action in ("view", "retry", "dismiss", "park", "cleanup", "cancel", "interrupt"):
         in_admin = getattr(model_admin, f"has_{action}_permission")(request)
         assert policy.staff_only(user, WS, None, action) is in_admin, action
         assert policy.staff_only(user, WS, SES, action) is in_admin, action

@@ -22,7 +22,12 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_outbox import transactional
-from django_outbox.errors import ContentTooLarge, InvalidContent, InvalidIdentifier
+from django_outbox.errors import (
+    ContentTooLarge,
+    CutNotSupported,
+    InvalidContent,
+    InvalidIdentifier,
+)
 from django_outbox.metrics import WorkerMetrics
 from django_outbox.models import PendingAccept
 from django_outbox.outbox import get_outbox
@@ -178,6 +183,7 @@ def test_any_text_and_model_round_trip_through_the_row(outbox):
         ({"client_message_id": "\n"}, InvalidContent),
         ({"user_id": None}, InvalidContent),
         ({"ifBusy": "reject"}, TypeError),  # an option accept() does not take
+        ({"if_busy": "interrupt"}, CutNotSupported),  # this outbox cannot cut a turn
     ],
 )
 def test_bad_input_raises_inside_the_transaction_and_writes_nothing(outbox, call, error):
@@ -525,3 +531,20 @@ def test_deleting_a_row_needs_the_dismiss_permission(django_user_model, refused)
     assert len(rows()) == 2
     dismisser.post(PENDING, data)
     assert rows() == []
+
+
+def test_an_interrupting_accept_on_commit_goes_next_after_the_commit(make_outbox):
+    """docs/howto/cutting.md: the move runs accept with ifBusy interrupt."""
+
+    async def abort(entry, **kwargs):
+        return None
+
+    outbox = make_outbox(aborter=abort)
+    first = accept(outbox, "k0", "queued first")
+    with transaction.atomic():
+        outbox.accept_on_commit(
+            WS, SES, user_id="u", client_message_id="k1", text="now", if_busy="interrupt"
+        )
+        assert [e.id for e in outbox.list(WS, SES)] == [first.id]
+    listed = outbox.list(WS, SES)
+    assert [(e.text, e.mode) for e in listed] == [("now", "interrupt"), ("queued first", "queue")]

@@ -9,7 +9,8 @@
 -- ARGV[13] USER_MAX_QUEUED  ARGV[14] USER_ACCEPTS_PER_MINUTE (0: that bound is off)
 -- ARGV[15] HISTORY_WINDOW (ms; 0: no history is counted)
 -- ARGV[16] expires after (us from now on the server's clock; 0: never)
--- ARGV[17] mode: 'queue', 'reject' or 'merge' (docs/howto/steering.md#busy-sessions)
+-- ARGV[17] mode: 'queue', 'reject', 'interrupt' (queued as 'queue' is; the caller moves
+--   it next and cuts) or 'merge' (docs/howto/steering.md#busy-sessions)
 -- Returns {'ok', version, watched, acceptedAt, held} | {'own', version, watched, seq,
 -- acceptedAt, held} (this very entry was already written: a replay after a lost reply),
 -- where held is the park reason when the entry is stored parked, else '' | {'duplicate', id}

@@ -12,6 +12,7 @@
  *     sub.edit(entryID, { text: "better words" }); sub.move(entryID, { to: "next" });
  *     sub.cancel(entryID);
  *     sub.stop(); sub.sendNow(entryID);   // cut the running turn (docs/howto/cutting.md)
+ *     outbox.send("ws1", "ses_1", "Do this instead", { ifBusy: "interrupt" }); // next, and cut
  *   </script>
  *
  * send() is the client's half of "a disconnect never loses a message": it gives the

@@ -165,3 +165,27 @@ def test_the_chart_escapes_and_breaks_lines_at_gaps():
     assert "<b>" not in svg and "&lt;b&gt;" in svg
     empty = str(line_chart([Series("p50", [None, None])], ["a", "b"], title="t", log=True))
     assert "<polyline" not in empty and "<svg" in empty
+
+
+def test_prompts_that_expired_unsent_are_counted(make_outbox, monkeypatch, admin_client):
+    now = [1_900_000_020.0]
+    outbox = make_outbox(clock=lambda: now[0], **NO_USER_BOUNDS)
+    outbox.accept("w1", "s1", user_id="u", client_message_id="k1", text="stale", expires_after=1)
+    outbox.accept("w1", "s2", user_id="u", client_message_id="k2", text="fresh")
+    now[0] += 5
+
+    async def never(entry, **kwargs):
+        raise AssertionError("an expired prompt was sent")
+
+    async def run():
+        try:
+            await outbox.adeliver_once("w1", "s1", deliverer=never)  # the claim expires it
+            await outbox.asample_history("test-sampler")
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(run())
+    monkeypatch.setattr("django_outbox.admin.get_outbox", lambda: outbox)
+    assert dict(admin_client.get(DASHBOARD).context["tiles"])["expired now"] == "1"
+    one = dict(admin_client.get(DASHBOARD + "?workspace=w1").context["tiles"])
+    assert (one["expired now"], one["queued now"]) == ("1", "1")

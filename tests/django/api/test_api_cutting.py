@@ -77,6 +77,35 @@ def test_interrupt_needs_the_interrupt_action_in_the_workspace(django_user_model
     assert bob.post(f"{BASE}messages/x/send-now/").status_code == 403
 
 
+def _interrupting(client, cmid: str, text: str):
+    body = {"clientMessageID": cmid, "text": text, "ifBusy": "interrupt"}
+    return client.post(f"{BASE}messages/", body, format="json")
+
+
+@override_settings(OUTBOX=OWN)
+def test_an_interrupting_accept_without_an_aborter_is_409_and_stores_nothing(alice):
+    first = _accept(alice, "k1", "one")
+    response = _interrupting(alice, "k2", "now")
+    assert (response.status_code, response.json()["code"]) == (409, "not_supported")
+    assert [e.id for e in get_outbox().list("alice", "s1")] == [first]
+    assert _accept(alice, "k2", "now")  # no marker was written: the key is free
+
+
+@override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})
+def test_an_interrupting_accept_goes_ahead_of_the_queued_prompts(alice):
+    first, second = _accept(alice, "k1", "one"), _accept(alice, "k2", "two")
+    response = _interrupting(alice, "k3", "now")
+    assert response.status_code == 202, response.content
+    entry = response.json()
+    assert (entry["status"], entry["mode"]) == ("pending", "interrupt")
+    assert [e.id for e in get_outbox().list("alice", "s1")] == [entry["id"], first, second]
+    again = _interrupting(alice, "k3", "now")  # a client's retry: the same entry
+    assert (again.status_code, again.json()) == (200, {"id": entry["id"], "duplicate": True})
+    assert [e.id for e in get_outbox().list("alice", "s1")] == [entry["id"], first, second]
+    response = _interrupting(alice, "k4", "")  # bad input is a 400 before anything
+    assert response.status_code == 400, response.content
+
+
 def test_a_refused_interrupting_accept_is_409_not_supported_never_a_500():
     from django_outbox.api.errors import outbox_exception_handler
     from django_outbox.errors import CutNotSupported
@@ -118,6 +147,47 @@ def test_stop_and_send_now_through_a_live_server_cut_the_worker_s_turn(valkey, t
             workers.stop_all()
         assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
         assert len(r.lrange("test:aborts", 0, -1)) >= 3
+        listed = http.get("messages/").json()
+        http.close()
+        assert listed["entries"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.standalone
+def test_an_interrupting_accept_through_a_live_server_cuts_the_worker_s_turn(valkey, tmp_path, r):
+    workers = Workers(
+        valkey,
+        tmp_path / "workers",
+        OUTBOX_TEST_DELIVERER="tests.support.agents.deliver_until_aborted",
+        OUTBOX_TEST_ABORTER=ABORTER,
+    )
+    (tmp_path / "workers").mkdir()
+    with asgi_server(valkey, tmp_path / "web", OUTBOX_TEST_ABORTER=ABORTER) as server:
+        http = httpx.Client(base_url=server.base + BASE, headers={"Authorization": AUTH})
+        ids = []
+        for key, text in (("k1", "one"), ("k2", "two")):
+            answer = http.post("messages/", json={"clientMessageID": key, "text": text})
+            assert answer.status_code == 202, answer.text
+            ids.append(answer.json()["id"])
+        try:
+            workers.start("--tick", "0.2")
+            wait_until(lambda: r.sismember("test:sent", ids[0]), 30, message="no turn")
+            body = {"clientMessageID": "k3", "text": "three", "ifBusy": "interrupt"}
+            answer = http.post("messages/", json=body)
+            assert answer.status_code == 202, answer.text
+            ids.append(answer.json()["id"])
+            assert answer.json()["mode"] == "interrupt"
+            # The turn of "one" is cut and "three" goes before "two".
+            wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs())
+            resent = http.post("messages/", json=body)  # a retry cuts nothing more
+            assert (resent.status_code, resent.json()) == (200, {"id": ids[2], "duplicate": True})
+            assert http.post("interrupt/").status_code == 202  # Stop "three"
+            wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs())
+            assert http.post("interrupt/").status_code == 202  # Stop "two"
+            wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs())
+        finally:
+            workers.stop_all()
+        assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
         listed = http.get("messages/").json()
         http.close()
         assert listed["entries"] == []

@@ -110,6 +110,17 @@ def test_the_entry_schema_documents_what_a_viewer_reads_of_an_error():
     assert not {"errorKind", "errorStatus", "lastError"} & set(entry["required"])
 
 
+def test_the_accept_schema_offers_every_if_busy_and_documents_not_supported():
+    document = Client().get(SCHEMA_PATH).json()
+    schemas = document["components"]["schemas"]
+    field = schemas["AcceptRequest"]["properties"]["ifBusy"]
+    choices = schemas[field["allOf"][0]["$ref"].rsplit("/", 1)[1]] if "allOf" in field else field
+    assert set(choices["enum"]) == {"queue", "reject", "interrupt", "merge"}
+    assert "cut the running turn" in field["description"]
+    path = "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/"
+    assert "not_supported" in document["paths"][path]["post"]["responses"]["409"]["description"]
+
+
 def test_schema_yaml_by_default():
     response = Client().get("/outbox/api/schema/")
     assert response.status_code == 200

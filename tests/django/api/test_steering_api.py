@@ -73,7 +73,7 @@ def test_reject_while_busy_is_409_session_busy_and_stores_nothing(staff):
     "extra",
     [
         {"ifBusy": "later"},
-        {"ifBusy": "interrupt"},
+        {"ifBusy": "interrupt-now"},
         {"ifBusy": 1},
         {"expiresAfter": "10"},
         {"expiresAfter": True},

@@ -15,8 +15,8 @@ const LABELS = {
   parked: "parked",
   dismissed: "dismissed",
   cancelled: "cancelled (never sent)",
+  expired: "expired (never sent)",
   finished: "ended",
-  expired: "expired",
   sending: "sending",
   retrying: "resending",
   held: "held",
@@ -105,16 +105,127 @@ const ACTIONS = {
   dismiss: (id) => subscription.dismiss(id),
   stop: () => subscription.stop(),
   "send now": (id) => subscription.sendNow(id),
+  // Steering (docs/howto/steering.md): cancel a queued prompt, or cut the one in flight.
+  cancel: (id) => subscription.cancel(id),
+  move: (id, place) => subscription.move(id, place),
 };
 
-async function act(what, id) {
+async function act(what, id, ...args) {
   try {
-    await ACTIONS[what](id);
+    await ACTIONS[what](id, ...args);
     showError("");
   } catch (err) {
     const why = err.status === 409 && err.code === "busy" ? "busy: it is being delivered or verified right now" : err.detail || err.message;
     showError(`Could not ${what}: ${why}`);
   }
+}
+
+// -- steering: inline edit, and what changed lately ------------------------------------------
+
+// States whose prompt may still be edited (docs/howto/steering.md#edit).
+const EDITABLE = ["queued", "pending", "error", "parked", "expired"];
+// How long a row says "edited" or "moved" after the change reached this page.
+const CHANGE_SHOWN_MS = 8000;
+// The prompt being edited: {id, version, node}. Its row keeps its DOM node across renders
+// (a fresh node would take the text box, its caret and its focus away mid-typing).
+let editing = null;
+const changes = new Map(); // id -> {what: "edited" | "moved", until: ms}
+let lastTexts = new Map();
+let lastOrder = [];
+
+/** Note which rows were edited or moved since the last render (from anyone, any tab). */
+function noteChanges(rows, now) {
+  for (const r of rows) {
+    const before = lastTexts.get(r.id);
+    if (before !== undefined && before !== r.text) changes.set(r.id, { what: "edited", until: now + CHANGE_SHOWN_MS });
+  }
+  // A move: the rows that passed the most others (for one move, the row that was moved).
+  const order = rows.map((r) => r.id);
+  const kept = new Set(order.filter((id) => lastOrder.includes(id)));
+  const current = order.filter((id) => kept.has(id));
+  const was = lastOrder.filter((id) => kept.has(id));
+  if (current.join("\n") !== was.join("\n")) {
+    const rank = new Map(was.map((id, i) => [id, i]));
+    const passed = current.map((id, i) => current.filter((other, j) => j !== i && (j < i) !== (rank.get(other) < rank.get(id))).length);
+    const most = Math.max(...passed);
+    current.forEach((id, i) => passed[i] === most && changes.set(id, { what: "moved", until: now + CHANGE_SHOWN_MS }));
+  }
+  for (const [id, change] of changes) if (change.until <= now) changes.delete(id);
+  lastTexts = new Map(rows.map((r) => [r.id, r.text]));
+  lastOrder = order;
+}
+
+function startEdit(row) {
+  editing = { id: row.id, version: lastView?.version, node: null, text: row.text };
+  render(lastView);
+  const box = editing?.node?.querySelector("textarea");
+  if (box) {
+    box.focus();
+    box.setSelectionRange(box.value.length, box.value.length);
+  }
+}
+
+function stopEdit() {
+  editing = null;
+  if (lastView) render(lastView);
+}
+
+async function saveEdit() {
+  const box = editing?.node?.querySelector("textarea");
+  const text = box?.value.trim();
+  if (!text) return showError("Could not edit: the text is empty");
+  try {
+    // If-Match: the queue's version when the edit began (412 if it changed meanwhile).
+    await subscription.edit(editing.id, { text }, { version: editing.version });
+    showError("");
+    stopEdit();
+  } catch (err) {
+    if (err.status === 412) {
+      // Saving again means: yes, this text, on the queue as it is now.
+      editing.version = lastView?.version;
+      showError("Could not edit: the queue changed since you began; check it and save again.");
+    } else {
+      const why = err.status === 409 ? "it is being delivered or verified now" : err.detail || err.message;
+      showError(`Could not edit: ${why}`);
+      stopEdit();
+    }
+  }
+}
+
+/** The row of the prompt being edited: a text box with Save and Discard. */
+function editorRow(row) {
+  if (editing.node) return editing.node;
+  const box = el("textarea", { class: "edit-text", rows: "3", "aria-label": "New text of the prompt" });
+  box.value = editing.text;
+  box.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) saveEdit();
+    else if (event.key === "Escape") stopEdit();
+  });
+  editing.node = el(
+    "li",
+    { class: `entry editing state-${row.state}`, dataset: { id: row.id, state: "editing" } },
+    box,
+    el("div", { class: "meta" },
+      el("span", { class: "detail" }, "Editing: Save replaces the text (Ctrl+Enter), Discard keeps it (Esc)."),
+      el("span", { class: "actions" },
+        el("button", { type: "button", class: "save", onclick: saveEdit }, "Save"),
+        el("button", { type: "button", class: "discard", onclick: stopEdit }, "Discard"),
+      ),
+    ),
+  );
+  return editing.node;
+}
+
+/** Put rows into the list, leaving `keep` (the row being edited) where it is in the DOM. */
+function placeRows(list, rows, keep) {
+  if (!keep || keep.parentNode !== list || !rows.includes(keep)) {
+    list.replaceChildren(...rows);
+    return;
+  }
+  for (const child of [...list.children]) if (child !== keep) child.remove();
+  const at = rows.indexOf(keep);
+  for (const node of rows.slice(0, at)) list.insertBefore(node, keep);
+  list.append(...rows.slice(at + 1));
 }
 
 function entryDetails(row, now) {
@@ -149,21 +260,41 @@ function renderEntry(row, now) {
   if (live && row.state === "delivering" && !row.entry.interrupted) {
     buttons.append(el("button", { type: "button", class: "stop", title: "Cut the agent's running turn", onclick: () => act("stop", row.id) }, "Stop"));
   }
-  if (live && row.state === "queued") {
+  const waiting = row.state === "queued" || row.state === "pending";
+  if (live && waiting) {
     buttons.append(el("button", { type: "button", class: "send-now", title: "Send this next and cut the running turn", onclick: () => act("send now", row.id) }, "Send now"));
   }
-  if (live && ["error", "pending", "verifying"].includes(row.state)) {
+  // Reordering (docs/howto/steering.md): ↑ before the previous waiting prompt, ↓ after the next.
+  if (live && waiting && row.prev) {
+    buttons.append(el("button", { type: "button", class: "move-up", title: "Move before the previous prompt", "aria-label": "Move up", onclick: () => act("move", row.id, { before: row.prev }) }, "↑"));
+  }
+  if (live && waiting && row.next) {
+    const place = row.afterNext ? { before: row.afterNext } : { to: "last" };
+    buttons.append(el("button", { type: "button", class: "move-down", title: "Move after the next prompt", "aria-label": "Move down", onclick: () => act("move", row.id, place) }, "↓"));
+  }
+  if (live && EDITABLE.includes(row.state)) {
+    buttons.append(el("button", { type: "button", class: "edit", title: "Change the text before it is sent", onclick: () => startEdit(row) }, "Edit"));
+  }
+  if (live && ["error", "pending", "verifying", "expired"].includes(row.state)) {
     buttons.append(el("button", { type: "button", class: "retry", onclick: () => act("retry", row.id) }, "Retry"));
   }
-  if (live && row.state !== "delivering") {
+  // Cancel: a queued prompt is never sent; the one in flight has its turn cut.
+  const inFlight = row.state === "delivering" || row.state === "verifying";
+  if (live && (waiting || (inFlight && !row.entry.interrupted))) {
+    const title = waiting ? "Remove it: it is never sent" : "Cut its turn: it ends sent (interrupted) or cancelled";
+    buttons.append(el("button", { type: "button", class: "cancel", title, onclick: () => act("cancel", row.id) }, "Cancel"));
+  }
+  if (live && !waiting && row.state !== "delivering") {
     buttons.append(el("button", { type: "button", class: "dismiss", onclick: () => act("dismiss", row.id) }, "Dismiss"));
   }
+  const change = changes.get(row.id);
   return el(
     "li",
-    { class: `entry state-${row.state}`, dataset: { id: row.id, state: row.state, ended: row.ended || "", blocked: row.blockedByInFlight ? "1" : "0" } },
+    { class: `entry state-${row.state}`, dataset: { id: row.id, state: row.state, ended: row.ended || "", blocked: row.blockedByInFlight ? "1" : "0", change: change?.what } },
     el("div", { class: "text" }, row.text),
     el("div", { class: "meta" },
       el("span", { class: `badge state-${state}` }, row.blockedByInFlight ? "blocked" : LABELS[row.state] || row.state),
+      change ? el("span", { class: `badge change change-${change.what}` }, change.what) : null,
       el("span", { class: "detail" }, entryDetails(row, now)),
       buttons,
     ),
@@ -249,8 +380,18 @@ function render(view) {
     if (["pending", "verifying", "delivering"].includes(r.state)) head = true;
     return { ...r, behind };
   });
-  const rows = [...entries.map((r) => renderEntry(r, now)), ...view.pending.map((p) => renderPending(p, now))];
-  list.replaceChildren(...rows);
+  // Neighbours for ↑/↓: the waiting prompts in queue order (finished rows are not queued).
+  const waiting = entries.filter((r) => r.state === "queued" || r.state === "pending");
+  waiting.forEach((r, i) => Object.assign(r, { prev: waiting[i - 1]?.id, next: waiting[i + 1]?.id, afterNext: waiting[i + 2]?.id }));
+  const queued = entries.filter((r) => !["sent", "dismissed", "finished", "cancelled"].includes(r.state));
+  noteChanges(queued, now);
+  const edited = editing && queued.find((r) => r.id === editing.id && EDITABLE.includes(r.state));
+  if (editing && !edited) editing = null; // sent, cancelled or being delivered meanwhile
+  const rows = [
+    ...entries.map((r) => (edited && r.id === edited.id ? editorRow(r) : renderEntry(r, now))),
+    ...view.pending.map((p) => renderPending(p, now)),
+  ];
+  placeRows(list, rows, editing?.node);
   $("queue-empty").hidden = rows.length > 0;
   const badge = $("connection");
   // "other_user": paused until this page's user logs in again (the hold below says so).
