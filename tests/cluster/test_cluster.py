@@ -68,6 +68,7 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(cluster_outbox, monk
         verify_backoff=0,
         lock_ttl=0.3,
         verifier=lambda entry, **kwargs: None,
+        aborter=lambda entry, **kwargs: None,
     )
     real = outbox._aevalsha
 
@@ -101,6 +102,13 @@ async def test_every_script_call_keeps_its_keys_in_one_slot(cluster_outbox, monk
     await outbox.adeliver_once("wb", "s1", unsure)
     [first, *_] = await outbox.alist("wa", "s1")
     await outbox.aretry("wa", "s1", first.id)
+    # Steering (docs/howto/steering.md, docs/howto/cutting.md) on wb's queue.
+    queued = [e.id for e in await outbox.alist("wb", "s1")]
+    await outbox.aedit("wb", "s1", queued[-1], text="edited")
+    await outbox.amove("wb", "s1", queued[-1], to="next")
+    await outbox.asend_now("wb", "s1", queued[-1])
+    await outbox.ainterrupt("wb", "s1")
+    await outbox.acancel("wb", "s1", queued[-2])
     await outbox.apark_workspace("wc", "mode_transition")
     await outbox.aunpark_workspace("wc")
     await outbox.adismiss("wc", "s1", (await outbox.alist("wc", "s1"))[0].id)
