@@ -241,6 +241,23 @@ async def test_send_now_with_nothing_running_only_moves_and_without_an_aborter_i
     await plain.aclose()
 
 
+async def test_send_now_of_a_parked_prompt_is_busy_and_moves_nothing(cutting_outbox, agent):
+    """Send-now is for a queued prompt waiting its turn: a prompt parked by its workspace
+    is held by staff, so it answers BUSY and stays where it is, parked
+    (docs/howto/cutting.md)."""
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    assert await outbox.apark_workspace(WS, "maintenance") == 2
+    assert await outbox.asend_now(WS, SES, second.id) is SendNowResult.BUSY
+    listed = await outbox.alist(WS, SES)
+    assert [(e.id, str(e.status)) for e in listed] == [
+        (first.id, "parked"),
+        (second.id, "parked"),
+    ]
+    await outbox.aclose()
+
+
 async def test_accept_interrupting_puts_the_prompt_next_and_cuts_the_turn(cutting_outbox, agent):
     outbox = cutting_outbox(agent)
     running = await aaccept(outbox, "k1", "running")

@@ -542,3 +542,19 @@ def test_a_session_action_without_a_session_or_a_workspace_action_with_one_is_re
         assert policy.is_allowed(root, WS, None, "view") is False
         assert policy.is_allowed(root, WS, SES, "park") is False
         assert policy.is_allowed(root, WS, SES, "cleanup") is False
+
+
+@pytest.mark.parametrize("action", ["view", "retry", "park", "cleanup", "operate"])
+def test_an_inactive_staff_account_holds_no_outbox_permission_whatever_its_backend_grants(action):
+    """The admin's own gate is an *active* staff account: a backend that grants
+    permissions to inactive users too (a rules backend, a token scheme) does not let a
+    deactivated account act (docs/howto/access-policy.md)."""
+    from types import SimpleNamespace
+
+    def grants_all(perm: str) -> bool:
+        return True
+
+    active = SimpleNamespace(is_active=True, is_staff=True, has_perm=grants_all)
+    inactive = SimpleNamespace(is_active=False, is_staff=True, has_perm=grants_all)
+    assert policy.has_outbox_permission(active, action) is True
+    assert policy.has_outbox_permission(inactive, action) is False

@@ -861,3 +861,18 @@ def test_a_handler_formatting_the_exception_itself_sees_no_secret():
     text = "\n".join(handler.seen)
     assert "ConnectionError" in text and "valkey.internal" in text  # still useful
     assert_hidden(text, pw)
+
+
+def test_a_remembered_password_of_four_characters_is_removed_everywhere():
+    """The module's floor: a configured password of 4 characters or more is removed
+    wherever it appears, not only where it stands as a credential; a shorter one would
+    mangle ordinary words, so it is removed only as a credential (docs/explanation/security.md)."""
+    from django_outbox.core.redaction import redact, remember_secret
+
+    four = "Q7" + secrets.token_hex(1)  # 4 characters no other text holds
+    three = "Z" + secrets.token_hex(1)  # 3
+    remember_secret(four)
+    remember_secret(three)
+    assert four not in redact(f"the agent echoed {four} back")
+    assert redact(f"the agent echoed {three} back") == f"the agent echoed {three} back"
+    assert three not in redact(f"password={three}")

@@ -336,6 +336,24 @@ async def test_verify_our_id_with_other_text_is_inconclusive(fake, client):
     assert await verify(client, entry.evolve(text="two"), sid) is Verdict.INCONCLUSIVE
 
 
+async def test_verify_does_not_take_the_agent_s_own_words_for_the_prompt(fake, client):
+    """Only a *user* message is a prompt the session received: an assistant message that
+    says the prompt's text word for word, inside the send window, does not make a prompt
+    never sent delivered (docs/howto/deliverer.md)."""
+    fake.honour_message_id = False
+    sid = fake.create_session()
+    await deliver(client, make_entry("hello"), sid)
+    entry = make_entry("say it back")
+    reply = next(m for m in fake.messages(sid) if m["info"]["role"] == "assistant")
+    text_part = {"type": "text", "text": entry.text}
+    echo = {
+        "info": {**reply["info"], "id": "msg_echo", "time": {"created": int(time.time() * 1000)}},
+        "parts": [text_part],
+    }
+    fake.messages(sid).append(echo)
+    assert await verify(client, entry, sid) is Verdict.ABSENT
+
+
 async def test_verify_server_down_is_inconclusive(fake, client):
     sid = fake.create_session()
     await fake.stop()

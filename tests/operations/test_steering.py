@@ -215,6 +215,15 @@ def test_edit_with_a_stale_version_changes_nothing(outbox):
     assert outbox.list(WS, SES)[0].text == "a"
 
 
+def test_an_edit_naming_version_0_is_a_version_mismatch_not_invalid_input(outbox):
+    """``if_version`` is any session version, an integer >= 0 (docs/howto/steering.md#edit):
+    0, the smallest, is one the session is not at, so the edit is refused as stale
+    (VERSION_MISMATCH, 412 over REST), not as malformed input."""
+    entry = accept(outbox, "a")
+    assert outbox.edit(WS, SES, entry.id, text="x", if_version=0) is EditResult.VERSION_MISMATCH
+    assert outbox.list(WS, SES)[0].text == "a"
+
+
 def test_edit_of_a_prompt_being_delivered_or_verified_is_busy(outbox):
     entry = accept(outbox, "a")
     blocking = BlockingDeliverer()

@@ -282,6 +282,19 @@ def test_a_dismissed_entry_frees_its_count(make_outbox, r):
     accept(outbox, "over")
 
 
+def test_a_cancelled_prompt_frees_its_count(make_outbox, r):
+    """Cancel takes a queued prompt out as dismiss does: it stops counting towards
+    ``USER_MAX_QUEUED``, once, and the user may queue another (docs/howto/steering.md#cancel)."""
+    from django_outbox import CancelResult
+
+    outbox = make_outbox(user_max_queued=2, user_accepts_per_minute=0)
+    first, _ = fill_to_bound(outbox, r)
+    assert outbox.cancel(WS, SES, first.id) is CancelResult.REMOVED
+    assert outbox.cancel(WS, SES, first.id) is CancelResult.NOT_FOUND  # counted out once
+    assert count(r, "u") == 1
+    accept(outbox, "over")
+
+
 def test_cleanup_frees_every_count_and_the_rate(make_outbox, r):
     _, clock = frozen()
     outbox = make_outbox(user_max_queued=2, user_accepts_per_minute=3, clock=clock)

@@ -69,6 +69,24 @@ def test_with_nothing_in_flight_stop_is_idle_and_send_now_only_moves(alice):
 
 
 @override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})
+def test_a_turn_cut_before_answers_202_already_and_send_now_of_the_prompt_in_flight_409(alice):
+    """A second Stop of the same turn is still being cut: 202 ``already`` (not 200, which
+    says nothing was cut). Send-now of the prompt in flight is no queued prompt: 409
+    ``busy``, not 404 (it is there)."""
+    first, second = _accept(alice, "k1", "one"), _accept(alice, "k2", "two")
+    outbox = get_outbox()
+    kind, claimed, _ = outbox._run(outbox._claim_plan("alice", "s1", "holder", []))
+    assert (kind, claimed.id) == ("deliver", first)  # in flight under a live lease
+    response = alice.post(f"{BASE}interrupt/")
+    assert (response.status_code, response.json()) == (202, {"result": "cut"})
+    response = alice.post(f"{BASE}interrupt/")
+    assert (response.status_code, response.json()) == (202, {"result": "already"})
+    response = alice.post(f"{BASE}messages/{first}/send-now/")
+    assert (response.status_code, response.json()["code"]) == (409, "busy")
+    assert [e.id for e in outbox.list("alice", "s1")] == [first, second]
+
+
+@override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})
 def test_interrupt_needs_the_interrupt_action_in_the_workspace(django_user_model):
     bob = APIClient()
     bob.force_login(django_user_model.objects.create_user("bob"))

@@ -117,6 +117,18 @@ def test_edit_with_the_lists_etag_then_a_stale_one(staff):
     assert texts() == ["edited"]
 
 
+def test_if_match_takes_the_etag_as_a_weak_validator_too(staff):
+    """A proxy or a client library may send the list's ``ETag`` back weakened
+    (``W/"<version>"``); it names the same session version (docs/howto/steering.md#edit)."""
+    entry_id = accept(staff, "c1", "original").json()["id"]
+    weak = "W/" + staff.get(MESSAGES)["ETag"]
+    response = patch_json(staff, message_url(entry_id), {"text": "edited"}, HTTP_IF_MATCH=weak)
+    assert response.status_code == 200, response.content
+    stale = patch_json(staff, message_url(entry_id), {"text": "again"}, HTTP_IF_MATCH=weak)
+    assert_error(stale, 412, "version_mismatch")
+    assert texts() == ["edited"]
+
+
 @pytest.mark.parametrize(
     ("data", "headers"),
     [

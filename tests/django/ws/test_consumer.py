@@ -139,6 +139,25 @@ async def test_binary_and_oversized_frames_close_only_that_socket(layers):
     await close_all(other)
 
 
+async def test_a_frame_of_exactly_the_bound_is_read_and_one_byte_more_closes_1009(layers):
+    """The client frame bound is MAX_FRAME_BYTES bytes of UTF-8, inclusive: a resync padded
+    to exactly the bound is answered, the same frame one byte longer closes with 1009."""
+    from django_outbox.ws.consumer import MAX_FRAME_BYTES
+
+    head, tail = '{"type": "resync"', "}"
+    at_bound = head + " " * (MAX_FRAME_BYTES - len(head) - len(tail)) + tail
+    assert len(at_bound.encode()) == MAX_FRAME_BYTES
+    fits, over = communicator(), communicator()
+    for comm in (fits, over):
+        await comm.connect()
+        await receive(comm)
+    await fits.send_to(text_data=at_bound)
+    assert (await receive(fits))["type"] == "queue.current"  # read and answered
+    await over.send_to(text_data=at_bound[:-1] + " }")
+    assert (await over.receive_output(5)) == {"type": "websocket.close", "code": 1009}
+    await close_all(fits)
+
+
 async def refused_with(comm) -> int | None:
     """Connect; the close code if the socket is accepted and then closed at once (a
     refusal as a real server carries it), else None."""

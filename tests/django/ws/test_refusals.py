@@ -333,3 +333,27 @@ async def test_a_refused_origin_carrying_credentials_is_logged_redacted(origin, 
     (line,) = [r.getMessage() for r in caplog.records if "refused (4403)" in r.getMessage()]
     assert "u:***@evil.example" in line and "is not allowed" in line
     assert password not in line
+
+
+@pytest.mark.parametrize(("debug", "admitted"), [(True, True), (False, False)])
+async def test_with_no_allowed_hosts_only_debug_lets_localhost_origins_in(debug, admitted):
+    """``AllowedHostsOriginValidator`` with ``ALLOWED_HOSTS = []`` follows Django: under
+    ``DEBUG`` the local hosts are allowed; in production an empty list allows no Origin at
+    all, localhost included (docs/howto/deploy.md)."""
+    from django_outbox.ws.origin import AllowedHostsOriginValidator
+
+    async def app(scope, receive, send):
+        await send({"type": "websocket.accept"})
+
+    with override_settings(DEBUG=debug, ALLOWED_HOSTS=[]):
+        validator = AllowedHostsOriginValidator(app)
+    comm = WebsocketCommunicator(
+        validator, "/ws/x/", headers=[(b"origin", b"http://localhost:8000")]
+    )
+    connected, _ = await comm.connect()
+    assert connected  # accepted either way; a refusal is closed at once with 4403
+    if admitted:
+        assert await comm.receive_nothing(0.2)
+    else:
+        assert await comm.receive_output(5) == {"type": "websocket.close", "code": 4403}
+    await comm.disconnect()

@@ -245,6 +245,48 @@ async def test_a_logged_out_watcher_is_closed(server, how):
         db.close()
 
 
+async def test_a_watcher_whose_session_now_logs_in_someone_else_is_closed(server):
+    """A socket stays the user's it connected as: when its session comes to log in another
+    account (here a staff one, which may watch any workspace), the socket is closed 4403 at
+    the next check, not carried on under the new account (README "Live updates")."""
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.auth.models import User
+    from django.contrib.sessions.backends.db import SessionStore
+
+    view = await opened(server, ses="s-someone-else")
+    db = sqlite3.connect(server.db)
+    key = server.session_key
+    session = db.execute(
+        "SELECT session_data, expire_date FROM django_session WHERE session_key = ?", (key,)
+    ).fetchone()
+    (password,) = db.execute("SELECT password FROM auth_user WHERE username = 'alice'").fetchone()
+    staff_pk = db.execute(
+        "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name, email,"
+        " is_staff, is_active, date_joined) VALUES (?, 1, 'root', '', '', '', 1, 1, '2026-01-01')",
+        (password,),
+    ).lastrowid
+    staff = User(pk=staff_pk, username="root", password=password)
+    data = SessionStore().encode(
+        {
+            SESSION_KEY: str(staff_pk),
+            BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend",
+            HASH_SESSION_KEY: staff.get_session_auth_hash(),
+        }
+    )
+    try:
+        db.execute("UPDATE django_session SET session_data = ? WHERE session_key = ?", (data, key))
+        db.commit()
+        code, _, _ = await close_code(view)
+        assert code == 4403
+    finally:  # alice's login back, for the module's other tests
+        db.execute(
+            "UPDATE django_session SET session_data = ? WHERE session_key = ?", (session[0], key)
+        )
+        db.execute("DELETE FROM auth_user WHERE id = ?", (staff_pk,))
+        db.commit()
+        db.close()
+
+
 # -- resyncs: throttled, coalesced, bounded --------------------------------------------------
 
 
