@@ -3,8 +3,8 @@ headless Chromium on a live demo stack (docs/howto/frontend.md, "Is a worker run
 
 The demo's worker is frozen (SIGSTOP: its process stays, its heartbeat stops, as a worker
 that hangs or a host that sleeps): within the heartbeat's 15 s and one check the page says
-no worker is running and how many prompts wait; a prompt dismissed meanwhile says it
-ended dismissed. Thawed (SIGCONT), the worker beats again, the notice goes, and the waiting
+no worker is running and how many prompts wait; a prompt cancelled meanwhile (its
+Cancel button: a waiting prompt is never sent) says it ended cancelled. Thawed (SIGCONT), the worker beats again, the notice goes, and the waiting
 prompt ends delivered.
 """
 
@@ -91,9 +91,9 @@ def test_the_page_says_no_worker_is_running_and_how_each_prompt_ended(tmp_path):
         assert rows()[waits]["state"] == "queued"
 
         row = driver.find_element(By.XPATH, f'//ol[@id="queue"]/li[div[@class="text"]="{dropped}"]')
-        row.find_element(By.CSS_SELECTOR, "button.dismiss").click()
-        wait.until(lambda _: rows()[dropped]["ended"] == "dismissed")
-        assert rows()[dropped]["badge"] == "dismissed"
+        row.find_element(By.CSS_SELECTOR, "button.cancel").click()
+        wait.until(lambda _: rows()[dropped]["ended"] == "cancelled")
+        assert rows()[dropped]["badge"] == "cancelled (never sent)"
         save_screenshot(driver, "queue-no-worker")
 
         os.kill(frozen, signal.SIGCONT)
