@@ -97,8 +97,7 @@ ERROR_TEXT = {
     "unavailable": "the queue store is unavailable right now; ask again with a resync",
     "internal": "the server could not handle this frame",
 }
-#: A client that sends more than ``WS_RESYNC_BUDGET`` resyncs a minute (same code as
-#: too many sockets: "slow down").
+#: A client sending more than ``WS_RESYNC_BUDGET`` resyncs a minute ("slow down", as 4429).
 CLOSE_TOO_MANY_RESYNCS = CLOSE_TOO_MANY
 #: The client did not read what was sent (a slow or stopped reader,
 #: docs/explanation/security.md#slow-readers): it may reconnect for a fresh snapshot.
@@ -127,6 +126,7 @@ class OutboxConsumer(AsyncWebsocketConsumer):
     #: :data:`LAYER_RETRY_DELAY` seconds.
     LAYER_RECEIVE_ATTEMPTS = 5
     LAYER_RETRY_DELAY = 0.1
+    RETRY_PAUSE = 0.2  #: seconds before a failed step of connect is tried again
     #: Bytes sent and not acknowledged (:class:`~django_outbox.ws.truth.ReadReceipts`)
     #: past which the next frame closes the socket with 4408 instead; a snapshot sent
     #: when everything before it was acknowledged always goes, whatever its size.
@@ -534,12 +534,13 @@ class OutboxConsumer(AsyncWebsocketConsumer):
         await self.close(code=code)
 
     async def _retry_once(self, what: str, step: Callable[[], Awaitable[Any]]) -> Any:
-        """``step()``, once more if it fails (a pooled connection may be stale after a
-        Valkey restart); the second failure is logged and raised."""
+        """``step()``, once more RETRY_PAUSE s later if it fails (a stale pooled connection, a
+        pool a burst exhausted: MaxConnectionsError); the second failure is logged, raised."""
         try:
             return await step()
         except Exception as exc:
             logger.info("outbox: cannot %s (%s); trying once more", what, redact(str(exc)))
+        await asyncio.sleep(self.RETRY_PAUSE)
         try:
             return await step()
         except Exception as exc:

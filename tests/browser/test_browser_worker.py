@@ -4,8 +4,8 @@ headless Chromium on a live demo stack (docs/howto/frontend.md, "Is a worker run
 The demo's worker is frozen (SIGSTOP: its process stays, its heartbeat stops, as a worker
 that hangs or a host that sleeps): within the heartbeat's 15 s and one check the page says
 no worker is running and how many prompts wait; a prompt cancelled meanwhile (its
-Cancel button: a waiting prompt is never sent) says it ended cancelled. Thawed (SIGCONT), the worker beats again, the notice goes, and the waiting
-prompt ends delivered.
+Cancel button: a waiting prompt is never sent) says it ended cancelled. Thawed (SIGCONT),
+the worker beats again, the notice goes, and the waiting prompt ends delivered.
 """
 
 from __future__ import annotations

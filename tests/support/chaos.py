@@ -880,7 +880,16 @@ def websocket_readers(tmp: Path, short: bool) -> Row:
         if rss[-1] > rss[0] + 100:
             row.failures.append("server RSS grew by more than 100 MB")
         if closed < flooders:
-            row.failures.append(f"{flooders - closed} resync floods not closed with 4429")
+            codes = sorted(str(code) for _, code in floods if code != 4429)
+            why = [
+                line.strip()
+                for line in (tmp / "uvicorn.log").read_text(errors="replace").splitlines()
+                if "closed with" in line and "4429" not in line
+            ][:3]
+            row.failures.append(
+                f"{flooders - closed} resync floods not closed with 4429 (closed: {codes}; "
+                f"the server said: {why})"
+            )
         if growth >= 64:
             row.failures.append(f"server RSS grew {growth:.0f} MB under unread resync floods")
         if flood_figures["converged"] < watchers:

@@ -347,8 +347,10 @@ async def test_with_no_allowed_hosts_only_debug_lets_localhost_origins_in(debug,
 
     with override_settings(DEBUG=debug, ALLOWED_HOSTS=[]):
         validator = AllowedHostsOriginValidator(app)
-    comm = WebsocketCommunicator(
-        validator, "/ws/x/", headers=[(b"origin", b"http://localhost:8000")]
+    comm = WebsocketCommunicator(  # a page of this very server (same scheme, host, port)
+        validator,
+        "/ws/x/",
+        headers=[(b"origin", b"http://localhost:8000"), (b"host", b"localhost:8000")],
     )
     connected, _ = await comm.connect()
     assert connected  # accepted either way; a refusal is closed at once with 4403
