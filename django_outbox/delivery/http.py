@@ -53,7 +53,6 @@ import math
 import re
 import threading
 import time
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -68,6 +67,7 @@ from ..core.config import ConfigError, duration
 from ..core.entry import Entry, Verdict
 from ..core.redaction import redact, remember_secret, remember_url
 from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
+from ._httpx import LoopClients
 
 __all__ = [
     "DEFAULT_BODY",
@@ -356,40 +356,27 @@ class HttpAgent:
         self.name = name
         self.settings = settings
         self._transport = transport
-        self._lock = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients = LoopClients(self._new_client)
 
     def __repr__(self) -> str:
         return f"<HttpAgent {self.name}>"
 
+    def _new_client(self) -> httpx.AsyncClient:
+        s = self.settings
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(s.timeout, connect=s.connect_timeout),
+            transport=self._transport,
+            follow_redirects=False,
+            # identity: what is read is what is counted (no decompression bomb)
+            headers={"Accept": "application/json", "Accept-Encoding": "identity", **s.headers},
+        )
+
     def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            client = self._clients.get(loop)
-            if client is None or client.is_closed:
-                s = self.settings
-                client = httpx.AsyncClient(
-                    timeout=httpx.Timeout(s.timeout, connect=s.connect_timeout),
-                    transport=self._transport,
-                    follow_redirects=False,
-                    # identity: what is read is what is counted (no decompression bomb)
-                    headers={
-                        "Accept": "application/json",
-                        "Accept-Encoding": "identity",
-                        **s.headers,
-                    },
-                )
-                self._clients[loop] = client
-            return client
+        return self._clients.get()
 
     async def aclose(self) -> None:
         """Close the running loop's httpx client (a no-op if it has none)."""
-        with self._lock:
-            client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
+        await self._clients.aclose()
 
     async def _exchange(
         self, method: str, url: str, deadline: float, *, body: bytes | None = None, key: str = ""

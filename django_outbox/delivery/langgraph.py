@@ -46,12 +46,10 @@ most a 500-character excerpt of an answer, redacted.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import threading
 import uuid
-import weakref
 from typing import Any
 from urllib.parse import quote
 
@@ -69,6 +67,7 @@ from ..core.agents import Agent, current_agent
 from ..core.entry import Entry, Verdict
 from ..core.redaction import redact, remember_secret
 from ..errors import AmbiguousError, TransientDeliveryError
+from ._httpx import LoopClients, Unreadable, read_bounded
 
 __all__ = [
     "ENTRY_KEY",
@@ -107,10 +106,6 @@ class LangGraphHTTPError(LangGraphError):
         self.url = url
         excerpt = f": {body}" if body else ""
         super().__init__(f"LangGraph answered HTTP {status} for {url}{excerpt}")
-
-
-class _Unreadable(Exception):
-    """An answer not read: too large, compressed though none was asked for, or not JSON."""
 
 
 def thread_id_for(
@@ -168,45 +163,35 @@ class LangGraphClient:
         self.max_response_bytes = int(max_response_bytes)
         self.thread_namespace = str(uuid.UUID(thread_namespace))
         self._transport = transport
-        self._lock = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients = LoopClients(self._new_client)
 
     def __repr__(self) -> str:
         return f"<LangGraphClient {self.url} {self.assistant_id}>"
 
     # -- the httpx client of the running loop ------------------------------------
 
+    def _new_client(self) -> httpx.AsyncClient:
+        headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
+        if self.api_key is not None:
+            headers["X-Api-Key"] = self.api_key
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
+            transport=self._transport,
+            headers=headers,
+            follow_redirects=False,  # the key goes to this origin only
+        )
+
     def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            client = self._clients.get(loop)
-            if client is None or client.is_closed:
-                headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
-                if self.api_key is not None:
-                    headers["X-Api-Key"] = self.api_key
-                client = httpx.AsyncClient(
-                    timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
-                    transport=self._transport,
-                    headers=headers,
-                    follow_redirects=False,  # the key goes to this origin only
-                )
-                self._clients[loop] = client
-            return client
+        return self._clients.get()
 
     async def aclose(self) -> None:
         """Close the running loop's httpx client (a no-op if it has none)."""
-        with self._lock:
-            client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
+        await self._clients.aclose()
 
     @property
     def has_clients(self) -> bool:
         """True while some event loop still holds an open httpx client of this object."""
-        with self._lock:
-            return any(not c.is_closed for c in self._clients.values())
+        return self._clients.any_open
 
     def thread_id(self, workspace_id: str, session_id: str) -> str:
         """:func:`thread_id_for` under this client's namespace."""
@@ -216,19 +201,8 @@ class LangGraphClient:
 
     async def _read(self, response: httpx.Response, limit: int) -> bytes:
         """The body of ``response``, at most ``limit`` bytes (raw: no decompression).
-        Raises :class:`_Unreadable` for a larger or compressed one, httpx errors as is."""
-        encoding = response.headers.get("content-encoding", "").strip().lower()
-        if encoding not in ("", "identity"):
-            raise _Unreadable(f"a {encoding}-compressed answer, though none was asked for")
-        declared = response.headers.get("content-length", "").strip()
-        if declared.isdigit() and int(declared) > limit:
-            raise _Unreadable(f"an answer of {declared} bytes; the limit is {limit}")
-        body = bytearray()
-        async for chunk in response.aiter_raw():
-            body += chunk
-            if len(body) > limit:
-                raise _Unreadable(f"an answer over {limit} bytes")
-        return bytes(body)
+        Raises :class:`Unreadable` for a larger or compressed one, httpx errors as is."""
+        return bytes(await read_bounded(response, limit))
 
     async def _error_body(self, response: httpx.Response) -> str:
         """A redacted excerpt of an error answer (at most 2,000 bytes are read)."""
@@ -243,7 +217,7 @@ class LangGraphClient:
     async def _json(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any, str]:
         """``(status, parsed JSON or None, error excerpt)`` of one request to the server.
         A 2xx body is parsed (up to ``max_response_bytes``); another status gives its
-        excerpt. Raises httpx errors and :class:`_Unreadable` (a 2xx that is not JSON)."""
+        excerpt. Raises httpx errors and :class:`Unreadable` (a 2xx that is not JSON)."""
         client = self._client()
         async with client.stream(method, self.url + path, **kwargs) as response:
             if not 200 <= response.status_code < 300:
@@ -254,7 +228,7 @@ class LangGraphClient:
         try:
             return response.status_code, json.loads(raw), ""
         except ValueError as exc:
-            raise _Unreadable(f"an answer that is not JSON: {exc}") from exc
+            raise Unreadable(f"an answer that is not JSON: {exc}") from exc
 
     # -- deliver -------------------------------------------------------------------
 
@@ -296,7 +270,7 @@ class LangGraphClient:
             status, _, excerpt = await self._json("POST", "/threads", json=body)
         except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise LangGraphError(f"invalid request to {self.url}/threads: {exc}") from exc
-        except (httpx.HTTPError, _Unreadable) as exc:
+        except (httpx.HTTPError, Unreadable) as exc:
             raise TransientDeliveryError(
                 f"could not create the LangGraph thread at {self.url}: "
                 f"{type(exc).__name__}: {redact(str(exc))}",
@@ -331,7 +305,7 @@ class LangGraphClient:
             ) from exc
         except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise LangGraphError(f"invalid request to {self.url}{path}: {exc}") from exc
-        except (httpx.HTTPError, _Unreadable) as exc:
+        except (httpx.HTTPError, Unreadable) as exc:
             raise AmbiguousError(
                 f"sent a run to LangGraph at {self.url} but got no usable answer: "
                 f"{type(exc).__name__}: {redact(str(exc))}".rstrip(": "),
@@ -376,7 +350,7 @@ class LangGraphClient:
         (or no thread at all: 404).
 
         Pages through ``GET {url}/threads/{thread_id}/runs`` (newest first, 100 a page,
-        at most 50 pages). Raises httpx errors, :class:`_Unreadable` (an answer too
+        at most 50 pages). Raises httpx errors, :class:`Unreadable` (an answer too
         large or not JSON), ``ValueError`` (an unexpected shape, another status, or
         more pages than that)."""
         path = f"/threads/{quote(self.thread_id(workspace_id, session_id), safe='')}/runs"
@@ -412,7 +386,7 @@ class LangGraphClient:
         """
         try:
             run = await self.find_run(entry, workspace_id=workspace_id, session_id=session_id)
-        except (httpx.HTTPError, _Unreadable, ValueError, RecursionError):
+        except (httpx.HTTPError, Unreadable, ValueError, RecursionError):
             return Verdict.INCONCLUSIVE
         return Verdict.ABSENT if run is None else Verdict.DELIVERED
 
@@ -429,7 +403,7 @@ class LangGraphClient:
         """
         try:
             run = await self.find_run(entry, workspace_id=workspace_id, session_id=session_id)
-        except (httpx.HTTPError, _Unreadable, ValueError, RecursionError) as exc:
+        except (httpx.HTTPError, Unreadable, ValueError, RecursionError) as exc:
             raise LangGraphError(
                 f"could not find the run to cut on LangGraph at {self.url}: "
                 f"{type(exc).__name__}: {redact(str(exc))}"
@@ -440,7 +414,7 @@ class LangGraphClient:
         path = f"/threads/{thread}/runs/{quote(str(run.get('run_id')), safe='')}/cancel"
         try:
             status, _, excerpt = await self._json("POST", path, params={"action": "interrupt"})
-        except (httpx.HTTPError, _Unreadable) as exc:
+        except (httpx.HTTPError, Unreadable) as exc:
             raise LangGraphError(
                 f"could not cancel run {run.get('run_id')} on LangGraph at {self.url}: "
                 f"{type(exc).__name__}: {redact(str(exc))}"

@@ -54,7 +54,6 @@ import hashlib
 import json
 import re
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
@@ -66,6 +65,7 @@ from ..conf import DEFAULT_MAX_RESPONSE_BYTES, OpencodeSettings, outbox_settings
 from ..core.entry import Entry, Verdict, parse_time
 from ..core.redaction import remember_credentials
 from ..errors import AmbiguousError, TransientDeliveryError
+from ._httpx import LoopClients, Unreadable, read_bounded
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -177,10 +177,6 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(scheme)
 
 
-class _Unreadable(Exception):
-    """An answer the verifier will not read (too large, compressed, or a link elsewhere)."""
-
-
 def _json_array(text: str) -> Iterator[Any]:
     """The elements of the JSON array ``text``, parsed one at a time (so only one is held
     at once). Raises ``ValueError`` when ``text`` is not exactly one JSON array."""
@@ -269,44 +265,34 @@ class OpencodeClient:
         self.verify_timeout = float(verify_timeout)
         self.clock_skew = float(clock_skew)
         self._transport = transport
-        self._lock = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients = LoopClients(self._new_client)
 
     def __repr__(self) -> str:
         return f"<OpencodeClient {self.base_url}>"
 
     # -- the httpx client of the running loop ------------------------------------
 
+    def _new_client(self) -> httpx.AsyncClient:
+        auth = None if self.password is None else (self.username, self.password)
+        return httpx.AsyncClient(
+            auth=auth,
+            timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+            transport=self._transport,
+            # identity: what is read is what is counted (no decompression bomb)
+            headers={"Accept": "application/json", "Accept-Encoding": "identity"},
+        )
+
     def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            client = self._clients.get(loop)
-            if client is None or client.is_closed:
-                auth = None if self.password is None else (self.username, self.password)
-                client = httpx.AsyncClient(
-                    auth=auth,
-                    timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
-                    transport=self._transport,
-                    # identity: what is read is what is counted (no decompression bomb)
-                    headers={"Accept": "application/json", "Accept-Encoding": "identity"},
-                )
-                self._clients[loop] = client
-            return client
+        return self._clients.get()
 
     async def aclose(self) -> None:
         """Close the running loop's httpx client (a no-op if it has none)."""
-        with self._lock:
-            client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
+        await self._clients.aclose()
 
     @property
     def has_clients(self) -> bool:
         """True while some event loop still holds an open httpx client of this object."""
-        with self._lock:
-            return any(not c.is_closed for c in self._clients.values())
+        return self._clients.any_open
 
     # -- deliver -------------------------------------------------------------------
 
@@ -510,7 +496,7 @@ class OpencodeClient:
                 return await self._judge_transcript(
                     client, entry, mid, f"{self.base_url}/session/{sid}/message", timeout
                 )
-        except (httpx.HTTPError, _Unreadable, ValueError, RecursionError, TimeoutError):
+        except (httpx.HTTPError, Unreadable, ValueError, RecursionError, TimeoutError):
             return Verdict.INCONCLUSIVE
 
     async def _get(
@@ -520,33 +506,22 @@ class OpencodeClient:
 
         Reads at most ``max_response_bytes`` of the body (raw: the client asks for no
         compression). With ``paged``, the next page is ``Link: rel=next`` resolved
-        against ``url``. Raises ``httpx.HTTPError``, or :class:`_Unreadable` for a body
+        against ``url``. Raises ``httpx.HTTPError``, or :class:`Unreadable` for a body
         too large or compressed anyway, and for a next link to another origin (scheme,
         host, port) or with credentials in it: the agent's credentials go to the agent
         only.
         """
-        limit = self.max_response_bytes
         async with client.stream("GET", url, timeout=limits) as response:
-            encoding = response.headers.get("content-encoding", "").strip().lower()
-            if encoding not in ("", "identity"):
-                raise _Unreadable(f"a {encoding}-compressed answer, though none was asked for")
-            declared = response.headers.get("content-length", "").strip()
-            if declared.isdigit() and int(declared) > limit:
-                raise _Unreadable(f"an answer of {declared} bytes; the limit is {limit}")
-            body = bytearray()
-            async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
-                body += chunk
-                if len(body) > limit:
-                    raise _Unreadable(f"an answer over {limit} bytes")
+            body = await read_bounded(response, self.max_response_bytes)
             link = response.links.get("next", {}).get("url") if paged else None
             if not link:
                 return response.status_code, body, None
             try:
                 next_url = httpx.URL(urljoin(str(response.url), link))
             except httpx.InvalidURL as exc:  # not an httpx.HTTPError
-                raise _Unreadable(f"an invalid next link: {exc}") from exc
+                raise Unreadable(f"an invalid next link: {exc}") from exc
             if next_url.userinfo or _origin(next_url) != _origin(httpx.URL(self.base_url)):
-                raise _Unreadable("a next link to another origin")
+                raise Unreadable("a next link to another origin")
             return response.status_code, body, str(next_url)
 
     async def _judge_transcript(
