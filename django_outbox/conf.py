@@ -143,17 +143,7 @@ class OutboxSettings:
         Raises ``ImproperlyConfigured`` if the dotted path does not import or the
         object is not callable.
         """
-        value = getattr(self, key.lower())
-        if value is None:
-            return None
-        if isinstance(value, str):
-            try:
-                value = import_string(value)
-            except ImportError as exc:
-                raise ImproperlyConfigured(f"OUTBOX[{key!r}] cannot be imported: {exc}") from exc
-        if not callable(value):
-            raise ImproperlyConfigured(f"OUTBOX[{key!r}] must be callable, got {value!r}")
-        return value
+        return _import_callable(f"OUTBOX[{key!r}]", getattr(self, key.lower()))
 
     def resolve_agents(self) -> dict[str, Agent]:
         """The ``AGENTS`` entries as :class:`~django_outbox.core.agents.Agent` objects, their
