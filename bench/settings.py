@@ -20,6 +20,7 @@ OUTBOX = {
     # One synthetic user sends the whole load: no per-user bounds.
     "USER_MAX_QUEUED": 0,
     "USER_ACCEPTS_PER_MINUTE": 0,
+    "USER_ACCEPTS_PER_MINUTE_ALL": 0,
     "CONCURRENCY": int(os.environ.get("BENCH_CONCURRENCY", "64")),
     "CLUSTER": cluster,
 }

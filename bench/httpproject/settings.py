@@ -27,6 +27,7 @@ OUTBOX = {
     # One synthetic user sends the whole load: no per-user bounds.
     "USER_MAX_QUEUED": 0,
     "USER_ACCEPTS_PER_MINUTE": 0,
+    "USER_ACCEPTS_PER_MINUTE_ALL": 0,
 }
 SILENCED_SYSTEM_CHECKS = ["django_outbox.W001"]
 LOGGING = {"version": 1, "root": {"level": "WARNING"}}
