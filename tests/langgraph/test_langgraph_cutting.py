@@ -286,5 +286,67 @@ async def test_a_run_created_after_its_stop_is_cut_by_the_verification(
     ]
 
 
+# --- a Stop while the run waits its turn on the server ---------------------------------------
+
+
+async def test_a_run_cut_while_it_waits_its_turn_ends_cancelled_never_sent(
+    server, make_outbox, signals_log, tmp_path
+):
+    """Another run holds the thread (one of an earlier prompt whose wait timed out and that
+    was verified delivered, or a run started from elsewhere), so the prompt's run waits
+    behind it, ``pending``, when Stop cuts it. LangGraph marks that run ``interrupted``,
+    but the graph never took its prompt (no checkpoint carries the entry ID): verified
+    absent, the entry ends ``cancelled``, never sent, and the next prompt runs."""
+    client = LangGraphClient(server.url, ASSISTANT, timeout=30)
+    outbox = _stepping_outbox(make_outbox, client)
+    ses = "lg-cut-pending"
+    thread = thread_id_for(WS, ses)
+    gate = tmp_path / "gate"
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        (await http.post("/threads", json={"thread_id": thread})).raise_for_status()
+        body = {
+            "assistant_id": ASSISTANT,
+            "input": {"messages": [{"role": "user", "content": f"hold {gate}"}]},
+        }
+        (await http.post(f"/threads/{thread}/runs", json=body)).raise_for_status()
+    try:
+        await wait_for(
+            lambda: asyncio.to_thread(status_on_server, server, WS, ses, None),
+            timeout=20,
+            message="the run that holds the thread",
+        )
+        cut = await aaccept(outbox, "k1", "cut while waiting", ses=ses)
+        after = await aaccept(outbox, "k2", "after", ses=ses)
+        step = asyncio.ensure_future(outbox.adeliver_once(WS, ses))
+        await wait_for(
+            lambda: _is(asyncio.to_thread(status_on_server, server, WS, ses, cut.id), "pending"),
+            timeout=20,
+            message="the prompt's run waiting its turn",
+        )
+        assert await outbox.ainterrupt(WS, ses) is InterruptResult.CUT
+        assert await asyncio.wait_for(step, 20)
+        gate.touch()
+        while await outbox.alist(WS, ses):
+            assert await outbox.adeliver_once(WS, ses)
+    finally:
+        gate.touch()
+        await outbox.aclose()
+        await client.aclose()
+    assert cut.id not in signals_log.ids("delivered")
+    states = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == cut.id]
+    assert states[-1] == "cancelled"
+    assert runs_of(server, WS, ses) == [
+        (None, "success"),
+        (cut.id, "interrupted"),
+        (after.id, "success"),
+    ]
+    assert server.messages(thread) == [
+        ("human", f"hold {gate}"),
+        ("ai", f"echo: hold {gate}"),
+        ("human", "after"),
+        ("ai", "echo: after"),
+    ]
+
+
 async def _is(value, expected) -> bool:
     return await value == expected
