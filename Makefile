@@ -161,8 +161,9 @@ screenshot: $(STAMP)
 mutate: $(STAMP)
 	$(BIN)/python tools/mutate/run.py $(ARGS)
 
-# The fault suite, long run (a short run is part of make test).
-chaos: $(STAMP)
+# The fault suite, long run (a short run is part of make test). Its mixed-agents row runs a
+# LangGraph server from .venv-langgraph, as make test does.
+chaos: $(STAMP) $(LG_STAMP)
 	$(BIN)/python -m tests.support.chaos
 
 # The real opencode server (npm opencode-ai, pinned) for the integration tests,
