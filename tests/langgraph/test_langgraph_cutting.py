@@ -311,7 +311,7 @@ async def test_a_run_cut_while_it_waits_its_turn_ends_cancelled_never_sent(
         (await http.post(f"/threads/{thread}/runs", json=body)).raise_for_status()
     try:
         await wait_for(
-            lambda: asyncio.to_thread(status_on_server, server, WS, ses, None),
+            lambda: _is(asyncio.to_thread(status_on_server, server, WS, ses, None), "running"),
             timeout=20,
             message="the run that holds the thread",
         )
