@@ -136,6 +136,7 @@ if AGENT_KIND == "langgraph":
     OUTBOX.update(
         DELIVERER="django_outbox.delivery.langgraph.deliver",
         VERIFIER="django_outbox.delivery.langgraph.verify",
+        ABORTER="django_outbox.delivery.langgraph.abort",  # Stop cancels the run
         LANGGRAPH={"URL": AGENT_URL, "ASSISTANT_ID": "echo"},
     )
 OUTBOX.update(json.loads(os.environ.get("DEMO_OUTBOX") or "{}"))

@@ -61,3 +61,26 @@ def test_the_smoke_run_on_langgraph(tmp_path):
     for label in ("A2", "B2", "B4"):  # the duplicate and the vanished POSTs
         assert re.search(rf"^{label}\s.*delivered", output, re.M), label
     print(f"smoke on langgraph: {time.monotonic() - started:.1f}s")
+
+
+def test_the_demo_on_langgraph_cuts_turns_with_the_langgraph_aborter():
+    """``make demo AGENT=langgraph``: Stop and Send now on the queue page call the LangGraph
+    aborter, which cancels the run (docs/howto/langgraph.md#stop-and-interrupt); the
+    opencode one would ask the LangGraph server for an opencode session and cut nothing."""
+    code = (
+        "import django; django.setup()\n"
+        "from django_outbox import get_outbox\n"
+        "aborter = get_outbox().aborter_for('w', 's')\n"
+        "print(aborter.__module__ + '.' + aborter.__name__)\n"
+    )
+    env = {
+        **demo_env(),
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "DEMO_AGENT_KIND": "langgraph",
+        "DEMO_AGENT_URL": "http://127.0.0.1:9",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["django_outbox.delivery.langgraph.abort"]
