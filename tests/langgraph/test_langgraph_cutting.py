@@ -65,6 +65,16 @@ def status_on_server(server, ws: str, ses: str, entry_id: str) -> str | None:
     return statuses[-1] if statuses else None
 
 
+def took_its_prompt(server, ws: str, ses: str, entry_id: str) -> bool:
+    """Whether the graph took the prompt of ``entry_id``: a checkpoint of the session's thread
+    carries its entry ID (a run that is ``running`` may not have written it yet)."""
+    response = httpx.post(
+        f"{server.url}/threads/{thread_id_for(ws, ses)}/history",
+        json={"limit": 1, "metadata": {ENTRY_KEY: entry_id}},
+    )
+    return response.status_code == 200 and bool(response.json())
+
+
 def delivered(r) -> list[str]:
     return [line.split()[0] for line in r.lrange("test:delivered", 0, -1)]
 
@@ -94,19 +104,19 @@ def test_stop_cancel_and_an_interrupting_prompt_cut_real_runs_through_rest(
                 assert answer.status_code == 202, answer.text
                 ids.append(answer.json()["id"])
 
-            def running(entry_id: str) -> bool:
-                return status_on_server(server, "alice", ses, entry_id) == "running"
+            def took(entry_id: str) -> bool:
+                return took_its_prompt(server, "alice", ses, entry_id)
 
             workers.start("--tick", "0.2")
-            wait_until(lambda: running(ids[0]), 60, message=workers.logs())
+            wait_until(lambda: took(ids[0]), 60, message=workers.logs())
             answer = http.post("interrupt/")  # Stop
             assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
-            wait_until(lambda: running(ids[1]), 30, message=workers.logs())
+            wait_until(lambda: took(ids[1]), 30, message=workers.logs())
             assert status_on_server(server, "alice", ses, ids[0]) == "interrupted"
 
             answer = http.post(f"messages/{ids[1]}/cancel/")  # the prompt in flight
             assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
-            wait_until(lambda: running(ids[2]), 30, message=workers.logs())
+            wait_until(lambda: took(ids[2]), 30, message=workers.logs())
 
             body = {"clientMessageID": "k4", "text": "now", "ifBusy": "interrupt"}
             answer = http.post("messages/", json=body)
@@ -152,7 +162,7 @@ def test_outbox_interrupt_stops_real_runs_and_how_long_it_takes(server, make_out
             ses = f"lg-stop-{i}"
             entry = accept(outbox, f"k{i}", LONG, ses=ses)
             wait_until(
-                lambda: status_on_server(server, WS, ses, entry.id) == "running",  # noqa: B023
+                lambda: took_its_prompt(server, WS, ses, entry.id),  # noqa: B023
                 60,
                 message=workers.logs(),
             )
@@ -268,9 +278,9 @@ async def test_a_run_created_after_its_stop_is_cut_by_the_verification(
         cut, after = await _stop_while_the_run_request_is_held(outbox, proxy, ses)
         proxy.release_held(forward=True)
         await wait_for(
-            lambda: _is(asyncio.to_thread(status_on_server, server, WS, ses, cut.id), "running"),
+            lambda: asyncio.to_thread(took_its_prompt, server, WS, ses, cut.id),
             timeout=20,
-            message="the late run to start",
+            message="the late run to take its prompt",
         )
         while await outbox.alist(WS, ses):
             assert await outbox.adeliver_once(WS, ses)
@@ -311,7 +321,7 @@ async def test_a_run_cut_while_it_waits_its_turn_ends_cancelled_never_sent(
         (await http.post(f"/threads/{thread}/runs", json=body)).raise_for_status()
     try:
         await wait_for(
-            lambda: _is(asyncio.to_thread(status_on_server, server, WS, ses, None), "running"),
+            lambda: asyncio.to_thread(server.messages, thread),
             timeout=20,
             message="the run that holds the thread",
         )
