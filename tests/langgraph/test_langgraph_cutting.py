@@ -194,6 +194,33 @@ def _never_here(entry, *, workspace_id, session_id):
     raise AssertionError("the aborter runs in the lease holder's process")
 
 
+def test_a_stop_after_its_holder_died_is_carried_out_by_the_next_worker(
+    server, make_outbox, r, workers
+):
+    """The worker waiting for a running run is SIGKILLed, then Stop marks the staged entry.
+    The next worker recovers it as verifying, aborts first (the run still goes on on the
+    server) and verifies: delivered, ``interrupted: true``, one run, the next prompt after."""
+    outbox = make_outbox(aborter=_never_here, verify_delay=0.5)
+    ses = "lg-stop-after-kill"
+    entry = accept(outbox, "k1", LONG, ses=ses)
+    after = accept(outbox, "k2", "after the kill", ses=ses)
+    workers.env["OUTBOX_TEST_LOCK_TTL"] = "2"  # the dead holder's lease ends soon
+    first = workers.start("--tick", "0.2")
+    try:
+        wait_until(lambda: took_its_prompt(server, WS, ses, entry.id), 60, message=workers.logs())
+        first.kill()
+        first.wait(10)
+        assert outbox.interrupt(WS, ses) is InterruptResult.CUT
+        assert [e.interrupted for e in outbox.list(WS, ses)] == [True, False]
+        workers.start("--tick", "0.2")
+        wait_until(lambda: len(delivered(r)) == 2, 60, message=workers.logs())
+    finally:
+        workers.stop_all()
+    assert runs_of(server, WS, ses) == [(entry.id, "interrupted"), (after.id, "success")]
+    assert r.lrange("test:interrupted", 0, -1) == [entry.id]
+    assert outbox.list(WS, ses) == []
+
+
 # --- a Stop before the run exists: this process holds the lease, step by step --------------
 
 
