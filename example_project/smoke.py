@@ -518,6 +518,8 @@ class Smoke:
                 if m.entry_id not in watcher.interrupted:
                     self.problems.append(f"{m.label}: never seen with interrupted: true")
                 turn = self.turn_seconds.get(m.label)
+                if turn is not None and "turn ended" not in m.note:
+                    m.note += f"; turn ended after {turn:.1f}s of its 30"
                 if turn is None or turn >= 25:
                     self.problems.append(
                         f"{m.label}: the agent's turn was not cut by the Stop (it took {turn}s "
