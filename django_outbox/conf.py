@@ -79,7 +79,9 @@ OWN_SETTINGS: dict[str, Setting] = {
         DEFAULT_ACCESS_POLICY, kind=_callable_or_path, doc="who may use which workspace"
     ),
     "CONNECTION_ALIAS": Setting(
-        None, kind=None, doc="a django-redis cache whose LOCATION is the URL (wins)"
+        None,
+        kind=None,
+        doc="a Redis cache (Django's or django-redis) whose LOCATION is the URL (wins)",
     ),
     "VALKEY_URL": Setting(
         "redis://127.0.0.1:6379/0",

@@ -282,8 +282,8 @@ ERROR_TEXTS = {
     ErrorKind.FAILED: "the delivery failed",
 }
 
-# The stored texts' openings, as the delivery step writes them (core/step.py); a
-# test drives each through a real delivery.
+# The stored texts' openings, as the delivery step writes them (core/step.py and
+# core/calling.py); a test drives each through a real delivery.
 _KIND_BY_OPENING = (
     ("cancelled", ErrorKind.INTERRUPTED),
     ("timed out after ", ErrorKind.TIMEOUT),

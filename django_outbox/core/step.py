@@ -7,8 +7,10 @@ the step a worker takes for one session (docs/explanation/lifecycle.md):
    entry, or answers that the session is busy, has nothing due, or owes an
    ``entry_delivered`` that a dead holder could not acknowledge;
 2. the deliverer (or, for an entry whose last outcome is unknown, the
-   verifier) is called while :class:`LeaseKeeper` renews the lease every third
-   of ``LOCK_TTL``; its ending is classified into an outcome;
+   verifier) is called while the
+   :class:`~django_outbox.core.leases.LeaseKeeper` renews the lease every third
+   of ``LOCK_TTL``; its ending is classified into an outcome
+   (:class:`~django_outbox.core.calling.AgentCalls`);
 3. ``settle.lua`` records the outcome and releases the lease in one script; a
    delivered entry stays staged until ``entry_delivered`` ran, and is
    acknowledged by the release (or by the next claim, which reuses the lease:
@@ -24,7 +26,6 @@ the three outcome errors of :mod:`~django_outbox.core.errors`.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import secrets
@@ -35,31 +36,26 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .agents import Agent, UnknownAgent, current_agent
-from .entry import Entry, OutboxEvent, Verdict
-from .errors import (
-    AmbiguousError,
-    HoldDeliveryError,
-    PriorAttemptPendingError,
-    TransientDeliveryError,
-)
+from .agents import current_agent
+from .calling import AgentCalls
+from .entry import Entry, OutboxEvent
 from .history import HistoryReads
 from .keys import SessionKeys
+from .leases import LeaseKeeper
 from .owed import OwedSignals
 from .plans import Emit, Eval, Pipe, Plan, iter_once
 from .replies import ClaimReply, OperatorReply, SettleNextReply, SettleReply
-from .rules import MAX_ERROR_CHARS, clean_text, describe_error
+from .rules import MAX_ERROR_CHARS, clean_text
 from .scripts import (
     claim_argv,
     due_argv,
     hold_argv,
     release_argv,
-    renew_call,
     settle_argv,
     settle_next_argv,
 )
 from .tracing import record, settle_span, step_span
-from .transport import as_text, is_async_callable
+from .transport import as_text
 from .unavailable import retry_unavailable
 
 logger = logging.getLogger("django_outbox")
@@ -88,77 +84,10 @@ class Claimed:
     answer: tuple[str, Any, int]
 
 
-class LeaseKeeper:
-    """Renews every lease held on one event loop, in one script call per round.
-
-    A lease is renewed every third of ``LOCK_TTL`` (docs/reference/commands.md,
-    "outbox_worker"); one background task serves all deliveries of the loop and ends when
-    none is held.
-    """
-
-    def __init__(self, outbox: DeliveryStep, loop: asyncio.AbstractEventLoop) -> None:
-        self.outbox = outbox
-        self.loop = loop
-        self.held: dict[str, tuple[SessionKeys, str, str]] = {}
-        self.lost: set[str] = set()
-        self.task: asyncio.Task[None] | None = None
-
-    def hold(self, token: str, keys: SessionKeys, workspace_id: str, session_id: str) -> None:
-        self.held[token] = (keys, workspace_id, session_id)
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._run())
-
-    def drop(self, token: str) -> bool:
-        """Stop renewing; return True if the lease was seen lost meanwhile."""
-        self.held.pop(token, None)
-        if token in self.lost:
-            self.lost.discard(token)
-            return True
-        return False
-
-    async def _run(self) -> None:
-        interval = self.outbox.config.lock_ttl / 3
-        while self.held:
-            await asyncio.sleep(interval)
-            if not self.held:
-                return
-            try:
-                await self.renew_now()
-            except Exception:  # keep renewing: a lost round only shortens the lease
-                logger.warning("outbox: lease renewal failed", exc_info=True)
-
-    async def renew_now(self) -> None:
-        batch = list(self.held.items())
-        if not batch:
-            return
-        outbox = self.outbox
-        # One script call for all leases on a standalone server; on a cluster one
-        # per workspace (its keys share a slot), all in one pipeline.
-        groups: dict[str, list[tuple[str, tuple[SessionKeys, str, str]]]] = {}
-        for item in batch:
-            groups.setdefault(item[1][1] if outbox.cluster else "", []).append(item)
-        global_keys = [] if outbox.cluster else [outbox.keys.workspaces_due]
-        calls = []
-        for items in groups.values():
-            leases = [
-                (skeys.lock, skeys.due, token, session_id, workspace_id)
-                for token, (skeys, workspace_id, session_id) in items
-            ]
-            keys, argv = renew_call(global_keys, outbox._now_us(), outbox._lock_ttl_ms, leases)
-            calls.append(Eval("renew", keys, argv))
-        results = await outbox._arun(iter_once(Pipe(calls)))
-        for items, result in zip(groups.values(), results, strict=True):
-            if isinstance(result, Exception):
-                raise result
-            for (token, _), ok in zip(items, result, strict=True):
-                if not ok and token in self.held:
-                    self.lost.add(token)
-                    logger.warning("outbox: lease %s lost before the delivery ended", token)
-
-
-class DeliveryStep(OwedSignals):
+class DeliveryStep(AgentCalls, OwedSignals):
     """The delivery step and recovery (see the module docstring); constructed like
-    :class:`~django_outbox.core.base.OutboxBase`."""
+    :class:`~django_outbox.core.base.OutboxBase`. The agent's calls come from
+    :class:`~django_outbox.core.calling.AgentCalls`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -399,138 +328,6 @@ class DeliveryStep(OwedSignals):
         if events:
             yield Emit(events)
         return (kind, entry, len(recovered))
-
-    def _route(
-        self, ws: str, ses: str, deliverer: Callable[..., Any] | None
-    ) -> tuple[Agent | None, str]:
-        """``(the session's agent, "")``, its deliverer replaced by ``deliverer`` when one
-        is given, or ``(None, why not)`` when the router fails or names no agent."""
-        try:
-            agent = self.agent_for(ws, ses)
-        except UnknownAgent as exc:
-            logger.warning("outbox: %s/%s: %s", ws, ses, describe_error(exc, with_type=False))
-            return None, f"no agent: {describe_error(exc, with_type=False)}"
-        if deliverer is not None and deliverer is not agent.deliverer:
-            agent = Agent(agent.name, deliverer, agent.verifier, agent.aborter, agent.options)
-        return agent, ""
-
-    async def _deliver(
-        self, agent: Agent, entry: Entry, ws: str, ses: str
-    ) -> tuple[str, str, float]:
-        """Call the agent's deliverer; classify its ending as ``(outcome, error text,
-        hold seconds)`` (the hold only for ``held``: a
-        :class:`~django_outbox.core.errors.HoldDeliveryError`, the agent's ``Retry-After``).
-
-        Once ``DELIVERY_TIMEOUT`` has passed, the call's outcome is unknown whatever
-        the deliverer does next — returns, raises, or swallows the cancellation —
-        so any ending after the deadline is ambiguous and the verifier decides
-        (docs/explanation/lifecycle.md, "What happens to a message"). A cancellation of the
-        step that the deliverer swallowed is raised again here, after the fact, so the step
-        records the attempt as ambiguous. The error text is built by
-        :func:`~django_outbox.core.rules.describe_error`, which no exception's
-        ``__str__`` can break.
-        """
-        deliverer = agent.deliverer
-        if deliverer is None:
-            return "transient", f"transient: agent {agent.name!r} has no deliverer", 0.0
-        timeout = self.config.delivery_timeout
-        task = asyncio.current_task()
-        cancelling = task.cancelling() if task is not None else 0
-        deadline = time.monotonic() + timeout
-        unknown = "ambiguous" if agent.verifier is not None else "unverifiable"
-        try:
-            if is_async_callable(deliverer):
-                async with asyncio.timeout(timeout):
-                    await deliverer(
-                        entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
-                    )
-            else:
-                await self._invoke_sync_deliverer(deliverer, entry, ws, ses)
-        except AmbiguousError as exc:
-            return unknown, f"ambiguous: {describe_error(exc, with_type=False)}", 0.0
-        except TimeoutError as exc:
-            return unknown, self._timed_out(exc), 0.0
-        except Exception as exc:
-            if time.monotonic() >= deadline:
-                return unknown, self._timed_out(exc), 0.0
-            if isinstance(exc, TransientDeliveryError):
-                return "transient", f"transient: {describe_error(exc, with_type=False)}", 0.0
-            if isinstance(exc, PriorAttemptPendingError):
-                text = describe_error(exc, with_type=False)
-                return "prior_pending", f"prior attempt pending: {text}", 0.0
-            if isinstance(exc, HoldDeliveryError):
-                text = describe_error(exc, with_type=False)
-                return "held", f"held for {exc.retry_after:g}s: {text}", exc.retry_after
-            return "failed", describe_error(exc), 0.0
-        if task is not None and task.cancelling() > cancelling:
-            raise asyncio.CancelledError("the deliverer swallowed a cancellation")
-        if time.monotonic() >= deadline:
-            return unknown, self._timed_out(None), 0.0
-        return "delivered", "", 0.0
-
-    def _timed_out(self, exc: BaseException | None) -> str:
-        text = f"timed out after {self.config.delivery_timeout}s"
-        if exc is None or isinstance(exc, TimeoutError):
-            return text
-        return f"{text}, then {describe_error(exc)}"
-
-    async def _invoke_sync_deliverer(
-        self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
-    ) -> None:
-        """Run a sync deliverer in a thread and wait for it to *finish*.
-
-        A thread cannot be interrupted: abandoning it at ``DELIVERY_TIMEOUT``
-        would release the lease while it still sends, and a verification that
-        finds nothing yet would send the message again alongside it. So the
-        lease is kept (renewed) until the call returns, and its real outcome is
-        recorded; overstaying the timeout is logged. Sync deliverers must bound
-        their own I/O (e.g. an HTTP client timeout).
-        """
-        call = asyncio.ensure_future(
-            asyncio.to_thread(
-                deliverer, entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
-            )
-        )
-        done, _ = await asyncio.wait({call}, timeout=self.config.delivery_timeout)
-        if not done:
-            logger.warning(
-                "outbox: sync deliverer for %s/%s %s exceeded DELIVERY_TIMEOUT (%ss); waiting for "
-                "it to return (a thread cannot be interrupted)",
-                ws,
-                ses,
-                entry.id,
-                self.config.delivery_timeout,
-            )
-        result = await asyncio.shield(call)
-        if inspect.isawaitable(result):
-            async with asyncio.timeout(self.config.delivery_timeout):
-                await result
-
-    async def _verify(
-        self, entry: Entry, ws: str, ses: str, verifier: Callable[..., Any] | None
-    ) -> tuple[str, str]:
-        if verifier is None:
-            return "unverifiable", "outcome unknown and no verifier is configured"
-        try:
-            async with asyncio.timeout(self.config.delivery_timeout):
-                verdict = await self._invoke(verifier, entry, workspace_id=ws, session_id=ses)
-        except Exception as exc:
-            return "inconclusive", f"verifier failed: {describe_error(exc)}"
-        if verdict is Verdict.DELIVERED:
-            return "delivered", ""
-        if verdict is Verdict.ABSENT:
-            return "absent", "verifier: the agent does not have it (absent)"
-        if verdict is not Verdict.INCONCLUSIVE:
-            logger.warning("outbox: verifier returned a %s, not a Verdict", type(verdict).__name__)
-        return "inconclusive", "verifier: inconclusive"
-
-    async def _invoke(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if is_async_callable(fn):
-            return await fn(*args, **kwargs)
-        result = await asyncio.to_thread(fn, *args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
 
     async def _asettle(
         self,

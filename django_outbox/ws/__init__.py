@@ -2,6 +2,8 @@
 
 - :mod:`django_outbox.ws.consumer`: ``OutboxConsumer``, one client watching one
   session's queue (a snapshot on connect, then every ``queue.update``);
+- :mod:`django_outbox.ws.snapshots`: what that socket sends and when (snapshot pages,
+  ``queue.current``, read receipts and slow readers), the consumer's base class;
 - :mod:`django_outbox.ws.routing`: ``websocket_urlpatterns`` for your ``URLRouter``;
 - :mod:`django_outbox.ws.publish`: the channel-layer publisher of ``queue.update``
   messages, subscribed to :class:`django_outbox.outbox.Outbox`'s events from

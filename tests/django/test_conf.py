@@ -206,6 +206,20 @@ def test_a_caches_change_alone_rebuilds_the_outbox():
             assert get_outbox().url == "redis://127.0.0.1:1/4"
 
 
+def test_connection_alias_reads_djangos_own_redis_cache_too():
+    """CONNECTION_ALIAS reads only the cache's LOCATION (docs/reference/settings.md), so a
+    project using Django's built-in RedisCache, without django-redis, works as well."""
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "valkey": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": ["redis://127.0.0.1:1/6", "redis://127.0.0.1:2/6"],
+        },
+    }
+    with override_settings(OUTBOX={"CONNECTION_ALIAS": "valkey"}, CACHES=caches):
+        assert get_outbox().url == "redis://127.0.0.1:1/6"
+
+
 def test_conf_imports_nothing_it_configures():
     """conf.py sits below the outbox and the deliverers built from it (no import circle);
     it uses only the core's leaf modules for config values, credential redaction and the
