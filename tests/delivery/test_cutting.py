@@ -13,7 +13,13 @@ import pytest
 
 from django_outbox import InterruptResult, SendNowResult, Verdict
 from django_outbox.core.cutting import CUT_POLL
-from django_outbox.errors import AmbiguousError, CutNotSupported, Duplicate, InvalidContent
+from django_outbox.errors import (
+    AmbiguousError,
+    CutNotSupported,
+    Duplicate,
+    HoldDeliveryError,
+    InvalidContent,
+)
 from tests.support.helpers import aaccept, wait_for
 
 WS, SES = "w1", "s1"
@@ -347,4 +353,32 @@ async def test_send_now_stays_behind_a_prompt_whose_outcome_is_being_verified(
         (second.id, "pending", False),
     ]
     assert listed[0].next_attempt_at is None  # due now: its turn is aborted at once
+    await outbox.aclose()
+
+
+async def test_a_cut_prompt_the_agent_asked_to_hold_ends_cancelled_never_sent_later(
+    cutting_outbox, agent, signals_log
+):
+    """The agent answers "come back later" (429/503 with Retry-After: nothing taken) just as
+    the turn is cut: the prompt provably never reached it, so it leaves as cancelled (not
+    held for a later send: a cut never causes one) and the next prompt goes."""
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    calls, cuts = [], []
+
+    async def holds_while_cut(entry, **kwargs):
+        calls.append(entry.id)
+        if calls == [first.id]:
+            cuts.append(await outbox.acut(WS, SES, entry.id))
+            raise HoldDeliveryError("HTTP 429: busy", retry_after=0.05)
+
+    await outbox.adeliver_once(WS, SES, holds_while_cut)
+    assert cuts == [InterruptResult.CUT]
+    states = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == first.id]
+    assert states[-1] == "cancelled"
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id]
+    await outbox.adeliver_once(WS, SES, holds_while_cut)
+    assert calls == [first.id, second.id]
+    assert first.id not in signals_log.ids("delivered")
     await outbox.aclose()

@@ -105,3 +105,20 @@ def test_the_http_agents_settings_are_checked_at_start_up(valkey):
     with override_settings(OUTBOX={"AGENTS": {"web": typo}}):
         with pytest.raises(ImproperlyConfigured, match=r"\['VERIFY_URL'\] uses unknown"):
             get_outbox()
+
+
+def test_an_http_aborter_without_its_url_is_e008_naming_the_key(valkey):
+    """The ABORTER of an entry checks the entry's settings as its DELIVERER and VERIFIER do:
+    the HTTP agent's abort needs ABORT_URL, said by ``check``, not by the first cut."""
+    entry = {
+        "DELIVERER": "django_outbox.delivery.http.deliver",
+        "VERIFIER": "django_outbox.delivery.http.verify",
+        "ABORTER": "django_outbox.delivery.http.abort",
+        "SEND_URL": "http://127.0.0.1:9/{session_id}",
+        "VERIFY_URL": "http://127.0.0.1:9/{entry_id}",
+    }
+    with_url = {**entry, "ABORT_URL": "http://127.0.0.1:9/{session_id}/abort"}
+    assert ids(AGENTS={"web": with_url}) == []
+    with override_settings(OUTBOX={"ACCESS_POLICY": POLICY, "AGENTS": {"web": entry}}):
+        errors = [m for m in checks.run_checks(tags=["outbox"]) if m.id == "django_outbox.E008"]
+    assert len(errors) == 1 and "ABORT_URL" in errors[0].msg

@@ -796,6 +796,18 @@ def test_redact_leaves_text_without_credentials_alone(text):
     assert redact(text) == text
 
 
+def test_a_lowercase_word_after_basic_is_a_token_from_sixteen_letters_on():
+    """After ``Basic``, a word of letters only in one case is prose below 16 characters and
+    a credential from 16 on (the module's rule): both sides of the bound."""
+    from django_outbox.core.redaction import redact
+
+    token = "qwertyuiopasdfgh"  # 16 letters, one case: what a token may look like
+    assert redact(f"proxy sent Basic {token} upstream") == "proxy sent Basic *** upstream"
+    assert redact(f"proxy sent Basic {token[:15]} upstream") == (
+        f"proxy sent Basic {token[:15]} upstream"
+    )
+
+
 def test_a_remembered_password_is_removed_wherever_it_appears():
     from django_outbox.core.redaction import redact, remember_url
 

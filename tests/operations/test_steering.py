@@ -155,6 +155,27 @@ def test_reject_ignores_entries_waiting_for_a_person(make_outbox):
     assert accept(outbox, "k2", if_busy="reject").mode == "reject"
 
 
+def test_reject_sees_a_prompt_whose_outcome_is_being_verified(make_outbox):
+    """A prompt being verified may be with the agent (its turn may still run): the session
+    is busy for ``ifBusy: reject`` although nothing is pending and no lease is held."""
+    from django_outbox import Verdict
+    from django_outbox.errors import AmbiguousError
+
+    async def verify(entry, **kwargs):
+        return Verdict.INCONCLUSIVE
+
+    async def cut(entry, **kwargs):
+        raise AmbiguousError("connection cut")
+
+    outbox = make_outbox(verifier=verify, verify_delay=60)
+    accept(outbox, "a")
+    step(outbox, cut)
+    assert [str(e.status) for e in outbox.list(WS, SES)] == ["verifying"]
+    with pytest.raises(SessionBusy):
+        accept(outbox, "k2", "second", if_busy="reject")
+    assert [e.text for e in outbox.list(WS, SES)] == ["a"]
+
+
 def test_a_resend_of_a_rejected_mode_prompt_is_still_a_duplicate(outbox):
     entry = accept(outbox, "k1", if_busy="reject")
     with pytest.raises(Duplicate) as caught:
@@ -450,6 +471,21 @@ def test_merge_prompts_behind_a_turn_go_as_one_message(outbox, signals_log):
     assert parts.messages == [["b", "c", "d"], ["e"]]
     assert outbox.list(WS, SES) == []
     assert sorted(signals_log.ids("delivered")) == sorted([a.id, *ids.values()])
+
+
+def test_a_merge_prompt_past_its_expiry_is_not_merged_and_ends_the_run(make_outbox):
+    """A merge prompt that expired while it waited is never sent, not even inside another
+    prompt's message: the run behind the head stops at it, and it ends expired."""
+    clock = Clock()
+    outbox = make_outbox(clock=clock)
+    accept(outbox, "b", if_busy="merge")
+    late = accept(outbox, "c", if_busy="merge", expires_after=1)
+    accept(outbox, "d", if_busy="merge")
+    clock.now = T0 + 5
+    parts = Parts()
+    drain(outbox, parts)
+    assert parts.messages == [["b"], ["d"]]
+    assert [(e.id, str(e.status)) for e in outbox.list(WS, SES)] == [(late.id, "expired")]
 
 
 def test_a_queue_prompt_is_never_merged_and_order_holds(outbox):

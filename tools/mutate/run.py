@@ -32,8 +32,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = Path(__file__).resolve().parent / "mutants.toml"
-#: What the copy holds: the package, its tests and what they load.
-COPIED = ("django_outbox", "tests", "example_project", "deploy", "pyproject.toml")
+#: What the copy holds: the package, its tests and what they load (the docs, README and
+#: Makefile too: tests that read them would otherwise fail on every mutant and "kill" it).
+COPIED = (
+    "django_outbox",
+    "tests",
+    "example_project",
+    "deploy",
+    "docs",
+    "README.md",
+    "Makefile",
+    "pyproject.toml",
+)
 PYTEST_FLAGS = ["-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
 
 
@@ -96,7 +106,7 @@ def load(path: Path = MUTANTS) -> list[Mutant]:
 
 
 def copy_tree(dest: Path) -> None:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "db.sqlite3")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "db.sqlite3", "_build")
     for name in COPIED:
         src = ROOT / name
         if src.is_dir():

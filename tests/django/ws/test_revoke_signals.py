@@ -133,6 +133,20 @@ def test_a_login_and_a_creation_push_nothing(inbox, users):
     assert box.received(alice) == []
 
 
+def test_a_save_of_last_login_with_another_field_pushes_one(inbox, users):
+    """Only a save of ``last_login`` alone is harmless: one that deactivates the user in the
+    same save (a login hook that locks an account, say) is a revocation."""
+    from django.utils import timezone
+
+    alice, bob, *_ = users
+    box = inbox(alice, bob)
+    alice.last_login = timezone.now()
+    alice.is_active = False
+    alice.save(update_fields=["last_login", "is_active"])
+    assert box.received(alice) == [REVOKE]
+    assert box.received(bob) == []
+
+
 def test_a_change_rolled_back_pushes_nothing_and_a_committed_one_after_commit(inbox, users):
     alice, *_ = users
     box = inbox(alice)
