@@ -95,6 +95,7 @@ lint: $(STAMP)
 # The whole stack on one machine (README "The demo"): embedded Valkey, a fake opencode
 # agent, uvicorn and a worker under one parent; Ctrl-C stops it all. Data in var/demo/.
 #   make demo                  http://127.0.0.1:8000/, log in as demo / demo
+#   make demo AGENT=http       the fake agent behind an in-house HTTP API (delivery.http)
 #   make demo AGENT=opencode   the real `opencode serve` instead of the fake agent
 #   make demo AGENT=langgraph  a LangGraph Agent Server (`langgraph dev`, a graph that echoes)
 #   make demo ARGS=--smoke     a scripted run that prints a table and exits 0/1
@@ -161,8 +162,9 @@ screenshot: $(STAMP)
 mutate: $(STAMP)
 	$(BIN)/python tools/mutate/run.py $(ARGS)
 
-# The fault suite, long run (a short run is part of make test).
-chaos: $(STAMP)
+# The fault suite, long run (a short run is part of make test). Its mixed-agents row runs a
+# LangGraph server from .venv-langgraph, as make test does.
+chaos: $(STAMP) $(LG_STAMP)
 	$(BIN)/python -m tests.support.chaos
 
 # The real opencode server (npm opencode-ai, pinned) for the integration tests,

@@ -16,14 +16,17 @@ Behaviour knobs (not opencode's; for the demo and its smoke run):
 - environment defaults: ``DEMO_AGENT_LATENCY`` (seconds a turn takes, default 2),
   ``DEMO_AGENT_CUT_RATE`` (probability of dropping the connection after storing a prompt:
   an ambiguous outcome), ``DEMO_AGENT_ERROR_RATE`` (probability of answering 500 before
-  storing: the verifier then finds nothing and the outbox resends)
+  storing: the verifier then finds nothing and the outbox resends),
+  ``DEMO_AGENT_BUSY_RATE`` (probability of answering 429 with ``Retry-After: 1`` before
+  storing: the HTTP agent's "busy, come back then", ``example_project/http_agent.py``)
 - ``GET /_fake/control`` → the knobs, the rules and ``posts`` (how many POSTs each prompt
   text received); ``POST /_fake/control`` with any of ``{"latency", "cutRate",
-  "errorRate", "rules": [rule, ...], "clearRules": true}``. A rule is ``{"match": text
-  substring ("" matches any prompt), "action": "cut_after_store" | "cut_before_store" |
-  "error" | "delay", "seconds"?, "status"?, "times"?: N (default 1; 0 = forever),
-  "session"?: a session ID (default "": any session)}``; the first rule that matches a
-  prompt applies.
+  "errorRate", "busyRate", "rules": [rule, ...], "clearRules": true}``. A rule is
+  ``{"match": text substring ("" matches any prompt), "action": "cut_after_store" |
+  "cut_before_store" | "error" | "delay" | "busy", "seconds"?, "status"?, "times"?: N
+  (default 1; 0 = forever), "session"?: a session ID (default "": any session)}``; the
+  first rule that matches a prompt applies. ``busy`` answers 429 with ``Retry-After:
+  <seconds>`` (whole seconds, at least 1) before storing.
 
 HTTP Basic auth on every route when ``--password`` (or ``OPENCODE_SERVER_PASSWORD``) is set,
 user ``opencode``, like opencode.
@@ -35,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -55,7 +59,7 @@ from example_project.fake_server import (
     not_found,
 )
 
-ACTIONS = ("cut_after_store", "cut_before_store", "error", "delay")
+ACTIONS = ("cut_after_store", "cut_before_store", "error", "delay", "busy")
 
 
 @dataclass
@@ -64,7 +68,7 @@ class Rule:
 
     match: str
     action: str  #: one of ACTIONS
-    seconds: float = 0.0  #: "delay": how long the turn takes
+    seconds: float = 0.0  #: "delay": how long the turn takes; "busy": the Retry-After
     status: int = 500  #: "error": the status answered
     times: int = 1  #: prompts it applies to, then it is dropped (0 = forever)
     session: str = ""  #: the only session it applies to ("" = any)
@@ -100,7 +104,10 @@ class Rule:
 
 class FakeAgent(FakeOpencodeServer):
     """The demo's agent: the fake opencode server with a transcript file and the demo's
-    knobs (``latency`` in seconds; ``cut_rate`` and ``error_rate``, probabilities 0-1)."""
+    knobs (``latency`` in seconds; ``cut_rate``, ``error_rate`` and ``busy_rate``,
+    probabilities 0-1)."""
+
+    label = "fake agent"  #: how its log lines name it
 
     def __init__(
         self,
@@ -110,12 +117,14 @@ class FakeAgent(FakeOpencodeServer):
         latency: float,
         cut_rate: float = 0.0,
         error_rate: float = 0.0,
+        busy_rate: float = 0.0,
     ) -> None:
         super().__init__(password=password, directory=os.getcwd())
         self.state_path = state_path
         self.latency = latency
         self.cut_rate = cut_rate
         self.error_rate = error_rate
+        self.busy_rate = busy_rate
         self.rules: list[Rule] = []
         self.posts: dict[str, int] = {}  #: prompt text -> POSTs received
         self._load()
@@ -175,6 +184,7 @@ class FakeAgent(FakeOpencodeServer):
             "latency": self.latency,
             "cutRate": self.cut_rate,
             "errorRate": self.error_rate,
+            "busyRate": self.busy_rate,
             "rules": [r.as_dict() for r in self.rules],
             "posts": self.posts,
         }
@@ -190,7 +200,7 @@ class FakeAgent(FakeOpencodeServer):
             if not isinstance(body, dict):
                 raise ValueError("send a JSON object")
             values = {}
-            for key in ("latency", "cutRate", "errorRate"):
+            for key in ("latency", "cutRate", "errorRate", "busyRate"):
                 if key in body:
                     value = float(body[key])
                     if value < 0 or (key != "latency" and value > 1):
@@ -202,6 +212,7 @@ class FakeAgent(FakeOpencodeServer):
         self.latency = values.get("latency", self.latency)
         self.cut_rate = values.get("cutRate", self.cut_rate)
         self.error_rate = values.get("errorRate", self.error_rate)
+        self.busy_rate = values.get("busyRate", self.busy_rate)
         if body.get("clearRules"):
             self.rules.clear()
         self.rules.extend(rules)
@@ -218,11 +229,13 @@ class FakeAgent(FakeOpencodeServer):
         return None
 
     def plan_turn(self, session_id: str, text: str) -> Turn | Reply:
-        """Count the post; the first matching rule, else a random error or cut, else a turn
-        of ``latency`` seconds."""
+        """Count the post; the first matching rule, else a random busy answer, error or cut,
+        else a turn of ``latency`` seconds."""
         self.posts[text] = self.posts.get(text, 0) + 1
         rule = self._rule_for(session_id, text)
         action = rule.action if rule else None
+        if action is None and random.random() < self.busy_rate:
+            action = "busy"
         if action is None and random.random() < self.error_rate:
             action = "error"
         if action is None and random.random() < self.cut_rate:
@@ -233,6 +246,12 @@ class FakeAgent(FakeOpencodeServer):
         if action == "error":
             self.save()
             return injected_error(rule.status if rule else 500)
+        if action == "busy":
+            self.save()
+            wait = max(1, math.ceil(rule.seconds)) if rule else 1
+            busy = json_reply(429, {"name": "Busy", "data": {"retryAfter": wait}})
+            busy.headers.append(("retry-after", str(wait)))
+            return busy
         return Turn(
             seconds=rule.seconds if rule and action == "delay" else self.latency,
             answer=f"Done thinking about {text[:60]!r}.",
@@ -245,31 +264,34 @@ def _env_float(name: str, default: float) -> float:
     return float(raw) if raw else default
 
 
-async def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+async def main(argv: list[str] | None = None, agent_class: type[FakeAgent] = FakeAgent) -> int:
+    """Serve ``agent_class`` (the fake opencode agent, or a layer of it such as the demo's
+    HTTP agent) until SIGTERM or SIGINT; 2 when the port cannot be bound."""
+    parser = argparse.ArgumentParser(description=(agent_class.__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=4096)
     parser.add_argument("--state", type=Path, default=None, help="JSON file for the transcript")
     parser.add_argument("--password", default=os.environ.get("OPENCODE_SERVER_PASSWORD") or None)
     parser.add_argument("--latency", type=float, default=_env_float("DEMO_AGENT_LATENCY", 2.0))
     args = parser.parse_args(argv)
-    agent = FakeAgent(
+    agent = agent_class(
         state_path=args.state,
         password=args.password,
         latency=args.latency,
         cut_rate=_env_float("DEMO_AGENT_CUT_RATE", 0.0),
         error_rate=_env_float("DEMO_AGENT_ERROR_RATE", 0.0),
+        busy_rate=_env_float("DEMO_AGENT_BUSY_RATE", 0.0),
     )
     try:
         server = await asyncio.start_server(agent.serve, args.host, args.port)
     except OSError as exc:
-        print(f"fake agent: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"{agent.label}: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    print(f"fake agent listening on http://{args.host}:{args.port}", flush=True)
+    print(f"{agent.label} listening on http://{args.host}:{args.port}", flush=True)
     await stop.wait()
     server.close()
     await agent.close_connections()

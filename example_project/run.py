@@ -1,6 +1,7 @@
 """``python -m example_project.run``: the whole demo stack under one parent (``make demo``).
 
     python -m example_project.run                    # fake agent, http://127.0.0.1:8000/
+    python -m example_project.run --agent http       # an in-house agent behind HTTP
     python -m example_project.run --agent opencode   # the real `opencode serve`
     python -m example_project.run --agent langgraph  # a LangGraph Agent Server (langgraph dev)
     python -m example_project.run --smoke            # scripted run, a table, exit 0/1
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .stack import DEFAULT_DATA_DIR, Stack, StackError, pid_alive
+from .stack import AGENTS, DEFAULT_DATA_DIR, Stack, StackError, pid_alive
 
 #: Timings for the smoke run: short leases and backoffs so a killed worker's session is
 #: recovered in seconds, and verification starts soon after an ambiguous outcome.
@@ -48,10 +49,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--agent",
-        choices=("fake", "opencode", "langgraph"),
+        choices=AGENTS,
         default="fake",
-        help="the fake opencode-compatible agent (default), the real `opencode serve`, or a "
-        "LangGraph Agent Server (`langgraph dev`, a graph that echoes)",
+        help="the fake opencode-compatible agent (default), an in-house agent behind HTTP "
+        "(django_outbox.delivery.http), the real `opencode serve`, or a LangGraph Agent "
+        "Server (`langgraph dev`, a graph that echoes)",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="drive the stack with a scripted client and exit"
@@ -96,6 +98,9 @@ def banner(stack: Stack) -> str:
     agent = (
         f"fake opencode agent {stack.agent_url} (fault knobs on the page)"
         if stack.agent == "fake"
+        else f"in-house HTTP agent {stack.agent_url} (Idempotency-Key, verify and abort URLs; "
+        "fault knobs on the page)"
+        if stack.agent == "http"
         else f"langgraph dev {stack.agent_url} (graph 'echo'; a prompt 'sleep 5' thinks 5 s)"
         if stack.agent == "langgraph"
         else f"opencode serve {stack.agent_url} (no LLM provider: every turn times out after "

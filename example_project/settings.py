@@ -11,6 +11,9 @@ Environment:
 - ``DEMO_AGENT_URL`` / ``DEMO_AGENT_PASSWORD``: the opencode(-compatible) server and its
   HTTP Basic password; ``DEMO_AGENT_KIND`` is ``fake`` or ``opencode`` (shown on the page;
   ``fake`` enables the page's fault-injection panel).
+- ``DEMO_AGENT_KIND=http``: deliver through ``django_outbox.delivery.http`` to the demo's
+  in-house HTTP agent at ``DEMO_AGENT_URL`` (``make demo AGENT=http``,
+  ``example_project/http_agent.py``, docs/howto/http-agent.md): one ``AGENTS`` entry.
 - ``DEMO_AGENT_KIND=langgraph``: deliver to the LangGraph Agent Server at ``DEMO_AGENT_URL``
   instead (``make demo AGENT=langgraph``; graph ``echo``, docs/howto/langgraph.md).
 - ``DEMO_OUTBOX``: a JSON object merged over ``OUTBOX`` (e.g. ``{"LOCK_TTL": 3}``), used by
@@ -19,6 +22,7 @@ Environment:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -136,8 +140,28 @@ if AGENT_KIND == "langgraph":
     OUTBOX.update(
         DELIVERER="django_outbox.delivery.langgraph.deliver",
         VERIFIER="django_outbox.delivery.langgraph.verify",
+        ABORTER="django_outbox.delivery.langgraph.abort",  # Stop cancels the run
         LANGGRAPH={"URL": AGENT_URL, "ASSISTANT_ID": "echo"},
     )
+if AGENT_KIND == "http":
+    # One named agent instead of the single DELIVERER/VERIFIER/ABORTER: the only entry
+    # of AGENTS serves every session (docs/howto/agents.md). Its password travels in
+    # HEADERS, so no error text or lastError ever shows it.
+    for single in ("DELIVERER", "VERIFIER", "ABORTER", "OPENCODE"):
+        OUTBOX.pop(single)
+    _session = AGENT_URL + "/agent/w/{workspace_id}/s/{session_id}"
+    _basic = base64.b64encode(f"opencode:{AGENT_PASSWORD or ''}".encode()).decode()
+    OUTBOX["AGENTS"] = {
+        "inhouse": {
+            "DELIVERER": "django_outbox.delivery.http.deliver",
+            "VERIFIER": "django_outbox.delivery.http.verify",
+            "ABORTER": "django_outbox.delivery.http.abort",  # Stop / Send now cut the turn
+            "SEND_URL": _session + "/prompts",
+            "VERIFY_URL": _session + "/prompts/{entry_id}",
+            "ABORT_URL": _session + "/abort",
+            "HEADERS": {"Authorization": f"Basic {_basic}"} if AGENT_PASSWORD else {},
+        }
+    }
 OUTBOX.update(json.loads(os.environ.get("DEMO_OUTBOX") or "{}"))
 
 LOGGING = {

@@ -4,7 +4,9 @@ It logs in as the demo user like a browser would (session cookie + CSRF token), 
 three agent sessions, watches each over the queue WebSocket, and sends prompts through
 the REST API — with one duplicate resend, one client that vanishes mid-POST, one prompt
 whose agent connection is cut after the agent stored it (fake agent), and a worker
-SIGKILLed in the middle of a delivery and started again. Then it waits until every
+SIGKILLed in the middle of a delivery and started again. With the in-house HTTP agent
+(``--agent http``) one prompt is also answered 429 with ``Retry-After`` (held, then sent)
+and one long turn is stopped over REST (the agent's abort URL). Then it waits until every
 queue is empty and checks the agent's transcripts: every prompt exactly once, in the
 order it was sent within its session. It prints a table and returns False on any
 loss, duplicate, misorder or unexpected answer.
@@ -43,6 +45,7 @@ class Message:
     label: str
     session: str  # "A", "B", "C"
     kind: str  # plain duplicate disconnect late-disconnect ambiguous worker-kill while-down
+    #            busy stop
     text: str
     cmid: str = field(default_factory=lambda: str(uuid.uuid4()))
     entry_id: str | None = None
@@ -66,6 +69,7 @@ class Watcher:
     seen_versions: set[int] = field(default_factory=set)
     resyncs: int = 0
     drops: list[str] = field(default_factory=list)
+    interrupted: set[str] = field(default_factory=set)  #: entries seen ``interrupted``
     snapshot: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -103,6 +107,8 @@ class Watcher:
                         self.record(self.version, entry["id"], state)
                 self.snapshot.set()
             elif kind == "queue.update" and self.version is not None:
+                if message["entry"].get("interrupted"):
+                    self.interrupted.add(message["entry"]["id"])
                 self.record(message["version"], message["entry"]["id"], message["state"])
                 self.seen_versions.add(message["version"])
             if self.version is None:
@@ -156,8 +162,13 @@ class Smoke:
         self.problems: list[str] = []
         self.transcripts: dict[str, list[str]] = {}
         self.agent_posts: dict[str, int] = {}
+        self.agent_replays: dict[str, int] = {}
+        self.turn_seconds: dict[str, float | None] = {}  #: a stopped prompt's label -> its turn
         self._tasks: list[asyncio.Task[None]] = []
-        self.fake = stack.agent == "fake"
+        #: One of the demo's own agents, with fault knobs: the fake opencode agent, or the
+        #: same behind an in-house agent's HTTP API (which honours Idempotency-Key).
+        self.fake = stack.agent in ("fake", "http")
+        self.http = stack.agent == "http"
         self.langgraph = stack.agent == "langgraph"
 
     async def close(self) -> None:
@@ -285,6 +296,24 @@ class Smoke:
         messages = (r.json().get("values") or {}).get("messages") or []
         return [m["content"] for m in messages if m.get("type") == "human"]
 
+    async def turn_length(self, message: Message) -> float | None:
+        """Seconds the agent's turn answering ``message`` ran (from its assistant message's
+        times; None while it runs or when there is none): a Stop ends a 30 s turn early."""
+        r = await self.agent.get(f"/session/{self.sessions[message.session]}/message")
+        r.raise_for_status()
+        texts = {
+            m["info"]["id"]: [p.get("text") for p in m["parts"]]
+            for m in r.json()
+            if m["info"]["role"] == "user"
+        }
+        asked = next((mid for mid, parts in texts.items() if message.text in parts), None)
+        for m in r.json():
+            info = m["info"]
+            times = info.get("time") or {}
+            if info.get("parentID") == asked and asked and "completed" in times:
+                return (times["completed"] - times["created"]) / 1000
+        return None
+
     async def wait_in_transcript(self, message: Message, within: float) -> None:
         deadline = time.monotonic() + within
         while True:
@@ -297,7 +326,13 @@ class Smoke:
     # -- the script -------------------------------------------------------------------
 
     def plan(self) -> dict[str, list[Message]]:
-        if self.fake:
+        if self.http:
+            kinds = {
+                "A": ["plain", "duplicate", "plain", "worker-kill", "while-down", "while-down"],
+                "B": ["plain", "disconnect", "plain", "late-disconnect", "plain"],
+                "C": ["plain", "ambiguous", "busy", "stop", "plain"],
+            }
+        elif self.fake:
             kinds = {
                 "A": ["plain", "duplicate", "plain", "worker-kill", "while-down", "while-down"],
                 "B": ["plain", "disconnect", "plain", "late-disconnect", "plain"],
@@ -351,6 +386,15 @@ class Smoke:
                     if r.status_code == 200
                     else "vanished POST not stored; resend → 202"
                 )
+            elif m.kind == "stop":
+                await self.accept(m)
+                await watcher.wait_state(m.entry_id or "", "delivering", 20)
+                await self.wait_in_transcript(m, 20)  # the agent runs its (long) turn
+                path = self.messages_path(m.session).removesuffix("messages/") + "interrupt/"
+                r = await self.web.post(path, headers={"X-CSRFToken": self.csrf})
+                if r.status_code != 202 or r.json().get("result") != "cut":
+                    raise SmokeFailure(f"{m.label}: Stop answered {r.status_code}: {r.text}")
+                m.note = "Stop mid-turn: cut through the abort URL"
             elif m.kind == "worker-kill":
                 await self.accept(m)
                 await watcher.wait_state(m.entry_id or "", "delivering", 20)
@@ -396,15 +440,17 @@ class Smoke:
         if self.fake:
             ambiguous = next(m for m in self.messages if m.kind == "ambiguous")
             slow = next(m for m in self.messages if m.kind == "worker-kill")
-            r = await self.agent.post(
-                "/_fake/control",
-                json={
-                    "rules": [
-                        {"match": ambiguous.text, "action": "cut_after_store"},
-                        {"match": slow.text, "action": "delay", "seconds": 30},
-                    ]
-                },
-            )
+            rules = [
+                {"match": ambiguous.text, "action": "cut_after_store"},
+                {"match": slow.text, "action": "delay", "seconds": 30},
+            ]
+            for m in self.messages:
+                if m.kind == "busy":
+                    rules.append({"match": m.text, "action": "busy", "seconds": 1})
+                    m.note = "agent answered 429, Retry-After: 1; held, then sent"
+                elif m.kind == "stop":
+                    rules.append({"match": m.text, "action": "delay", "seconds": 30})
+            r = await self.agent.post("/_fake/control", json={"rules": rules})
             r.raise_for_status()
             ambiguous.note = "agent cut the connection after storing it"
         await asyncio.gather(*(self.run_session(k, v) for k, v in plan.items()))
@@ -421,6 +467,10 @@ class Smoke:
         if self.fake:
             r = await self.agent.get("/_fake/control")
             self.agent_posts = r.json()["posts"]
+            self.agent_replays = r.json().get("replays", {})
+            for m in self.messages:
+                if m.kind == "stop":
+                    self.turn_seconds[m.label] = await self.turn_length(m)
         for key in self.sessions:
             expected = [m.text for m in self.messages if m.session == key]
             got = self.transcripts[key]
@@ -446,12 +496,35 @@ class Smoke:
                 )
         for m in self.messages:
             path = self.watchers[m.session].path(m.entry_id)
-            if m.kind in ("ambiguous", "worker-kill") and "verifying" not in path:
+            if m.kind in ("ambiguous", "worker-kill", "stop") and "verifying" not in path:
                 self.problems.append(f"{m.label}: expected a verification, saw {path}")
-            if self.fake and self.agent_posts.get(m.text, 0) > 1:
+            expected_posts = 2 if m.kind == "busy" else 1  # a 429 is answered, not taken
+            if self.fake and self.agent_posts.get(m.text, 0) > expected_posts:
                 self.problems.append(
                     f"{m.label}: the agent received it {self.agent_posts[m.text]} times (resent)"
                 )
+            if m.kind == "busy" and self.agent_posts.get(m.text, 0) != 2:
+                self.problems.append(
+                    f"{m.label}: expected a 429 then the prompt taken (2 POSTs), the agent "
+                    f"received {self.agent_posts.get(m.text, 0)}"
+                )
+            if self.agent_replays.get(m.text):
+                self.problems.append(
+                    f"{m.label}: sent again {self.agent_replays[m.text]} times with an "
+                    "Idempotency-Key the agent had stored (resent blindly)"
+                )
+            if m.kind == "stop":
+                watcher = self.watchers[m.session]
+                if m.entry_id not in watcher.interrupted:
+                    self.problems.append(f"{m.label}: never seen with interrupted: true")
+                turn = self.turn_seconds.get(m.label)
+                if turn is not None and "turn ended" not in m.note:
+                    m.note += f"; turn ended after {turn:.1f}s of its 30"
+                if turn is None or turn >= 25:
+                    self.problems.append(
+                        f"{m.label}: the agent's turn was not cut by the Stop (it took {turn}s "
+                        "of its 30)"
+                    )
 
     # -- the report --------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ INSTALL_OPENCODE = REPO / "scripts" / "install-opencode.sh"
 LANGGRAPH_BIN = REPO / ".venv-langgraph" / "bin" / "langgraph"
 LANGGRAPH_APP = REPO / "tests" / "support" / "langgraph_app"
 HOST = "127.0.0.1"
+#: The agents the demo can deliver to (``make demo AGENT=...``).
+AGENTS = ("fake", "http", "opencode", "langgraph")
 
 #: Seconds each child may take to stop after SIGTERM before it is killed.
 STOP_TIMEOUTS = {"worker": 10.0, "web": 6.0, "agent": 5.0, "valkey": 10.0}
@@ -143,10 +145,12 @@ class Child:
 class Stack:
     """The demo stack. ``quiet`` sends the children's output to ``<data_dir>/logs/``.
 
-    ``agent`` is ``"fake"`` or ``"opencode"``. ``port`` is the web server's (0: a free
-    one). ``outbox`` is merged over the project's ``OUTBOX`` settings (``DEMO_OUTBOX``).
-    ``agent_latency`` sets the fake agent's thinking time. ``valkey_url`` uses an
-    existing Valkey instead of starting one (default: ``OUTBOX_VALKEY_URL``).
+    ``agent`` is ``"fake"``, ``"http"`` (the fake agent behind an in-house agent's HTTP API,
+    ``example_project/http_agent.py``), ``"opencode"`` or ``"langgraph"``. ``port`` is the
+    web server's (0: a free one). ``outbox`` is merged over the project's ``OUTBOX``
+    settings (``DEMO_OUTBOX``). ``agent_latency`` sets the fake agent's thinking time.
+    ``valkey_url`` uses an existing Valkey instead of starting one (default:
+    ``OUTBOX_VALKEY_URL``).
     """
 
     data_dir: Path = DEFAULT_DATA_DIR
@@ -160,8 +164,8 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
-        if self.agent not in ("fake", "opencode", "langgraph"):
-            raise StackError(f"unknown agent {self.agent!r}: use fake, opencode or langgraph")
+        if self.agent not in AGENTS:
+            raise StackError(f"unknown agent {self.agent!r}: use {', '.join(AGENTS)}")
         if self.valkey_url is None:
             self.valkey_url = os.environ.get("OUTBOX_VALKEY_URL") or None
         self.children: dict[str, Child] = {}
@@ -352,11 +356,12 @@ class Stack:
     def start_agent(self) -> None:
         port = free_port()
         self.agent_url = f"http://{HOST}:{port}"
-        if self.agent == "fake":
+        if self.agent in ("fake", "http"):
             state = self.data_dir / "agent" / "transcript.json"
             state.parent.mkdir(parents=True, exist_ok=True)
+            module = f"example_project.{'fake' if self.agent == 'fake' else 'http'}_agent"
             args = [
-                sys.executable, "-m", "example_project.fake_agent",
+                sys.executable, "-m", module,
                 "--port", str(port), "--state", str(state),
             ]  # fmt: skip
             if self.agent_latency is not None:
@@ -364,7 +369,8 @@ class Stack:
             env = {**self.django_env(), "OPENCODE_SERVER_PASSWORD": self.agent_password}
             child = self.spawn("agent", args, env=env)
             timeout = 15.0
-            label = f"fake opencode agent {self.agent_url} (transcript in {state})"
+            kind = "fake opencode agent" if self.agent == "fake" else "in-house HTTP agent"
+            label = f"{kind} {self.agent_url} (transcript in {state})"
         elif self.agent == "langgraph":
             child = self._spawn_langgraph(port)
             self.wait_for(

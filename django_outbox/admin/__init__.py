@@ -300,6 +300,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             "django_outbox/admin/dashboard_body.html" if fragment else self.dashboard_template
         )
         workspace_id = request.GET.get("workspace", "").strip() or None
+        agent = request.GET.get("agent", "").strip() or None
         notes = []
         if workspace_id is not None:
             try:
@@ -309,6 +310,8 @@ class OutboxEntryAdmin(admin.ModelAdmin):
                 workspace_id = None
         title = "Outbox dashboard" if workspace_id is None else f"Workspace {workspace_id}"
         query = {"window": window, **({"workspace": workspace_id} if workspace_id else {})}
+        if agent is not None:
+            query["agent"] = agent
         links = {
             "window": window,
             "workspace_id": workspace_id,
@@ -320,11 +323,12 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             ],
         }
         try:
-            data = dashboard.context(get_outbox(), window, workspace_id)
+            data = dashboard.context(get_outbox(), window, workspace_id, agent)
         except OutboxUnavailable as exc:
             context = self.page_context(request, title, unavailable=str(exc), **links)
             response = TemplateResponse(request, template, context, status=503)
         else:
+            links["notes"] = [*notes, *data.pop("agent_notes")]
             context = self.page_context(request, title, **{**links, **data})
             response = TemplateResponse(request, template, context)
         if fragment:

@@ -5,7 +5,9 @@ It charts the per-minute history the scripts and workers keep in Valkey
 (:mod:`django_outbox.core.history`): throughput by outcome, accept → delivered latency
 (p50, p95, p99 from the per-minute buckets), entries by status and the most overdue
 wait (from the minute's sample), over the last hour (a point a minute) or day (a point
-every ten minutes), with the live workers and the sessions needing attention. Charts are
+every ten minutes), with the live workers and the sessions needing attention, and, with
+more than one agent, the steps of each agent by outcome (a table, and a chart of one agent
+picked with ``?agent=``; docs/howto/agents.md#metrics-per-agent). Charts are
 SVG drawn here, on the server (no charting library, no build step, no CDN); the page
 swaps in a fresh copy of its body every :data:`REFRESH_SECONDS` (``dashboard.js``).
 Reads: Valkey's TIME and one HGETALL per minute (two round trips), the workers' heartbeats,
@@ -23,7 +25,13 @@ from typing import Any
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from ..core.history import LATENCY_BUCKETS, History, HistoryMinute, summary
+from ..core.history import (
+    LATENCY_BUCKETS,
+    UNKNOWN_OUTCOMES,
+    History,
+    HistoryMinute,
+    summary,
+)
 
 #: Window name -> (minutes read, minutes per point).
 WINDOWS = {"hour": (60, 1), "day": (1440, 10)}
@@ -39,6 +47,16 @@ ATTENTION_ROWS = 10
 NONE = "\u2013"
 #: Latency shown for the open last bucket (more than an hour).
 LATENCY_CEILING = 2 * LATENCY_BUCKETS[-2]
+
+#: The per-agent table's columns (and the agent chart's lines): ``(name, the step outcomes
+#: it sums)``; steps of any other outcome count in the table's total only.
+AGENT_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("delivered", ("delivered",)),
+    ("failed", ("failed", "absent", "transient", "prior_pending", "unverifiable")),
+    ("held", ("held",)),
+    ("unknown", UNKNOWN_OUTCOMES),
+    ("lost", ("lost",)),
+)
 
 WIDTH, HEIGHT = 600, 170
 LEFT, RIGHT, TOP, BOTTOM = 52, 8, 10, 22
@@ -307,17 +325,54 @@ def tiles(history: History, depth: dict[str, int] | None = None) -> list[tuple[s
     ]
 
 
+def agent_rows(history: History, configured: Sequence[str]) -> list[dict[str, Any]]:
+    """The per-agent table over ``history`` (total history: the ``ag:`` fields): one row
+    per agent ``configured`` or seen in the window, by name, each ``{"name",
+    "configured", "cells": [steps per AGENT_COLUMNS column], "steps": all its steps}``."""
+    steps = history.agent_steps()
+    rows = []
+    for name in sorted({*configured, *steps}):
+        counts = steps.get(name, {})
+        rows.append(
+            {
+                "name": name,
+                "configured": name in configured,
+                "cells": [sum(counts.get(o, 0) for o in outcomes) for _, outcomes in AGENT_COLUMNS],
+                "steps": sum(counts.values()),
+            }
+        )
+    return rows
+
+
+def agent_chart(history: History, per_point: int, agent: str) -> SafeString:
+    """A chart of ``agent``'s steps per point, one line per :data:`AGENT_COLUMNS` column."""
+    groups = _groups(history, per_point)
+    per_group = [history.agent_steps(g).get(agent, {}) for g in groups]
+    series = [
+        Series(name, [float(sum(c.get(o, 0) for o in outcomes)) for c in per_group])
+        for name, outcomes in AGENT_COLUMNS
+    ]
+    unit = "minute" if per_point == 1 else f"{per_point} minutes"
+    labels = [_label(g[0].minute) for g in groups]
+    return line_chart(series, labels, title=f"Steps of agent {agent} per {unit}")
+
+
 def _workspace_sessions(outbox: Any, workspace_id: str) -> list[tuple[str, str]]:
     found = outbox.search(workspace_id)
     return [pair for pair in found.sessions or [] if pair[0] == workspace_id]
 
 
-def context(outbox: Any, window: str, workspace_id: str | None = None) -> dict[str, Any]:
+def context(
+    outbox: Any, window: str, workspace_id: str | None = None, agent: str | None = None
+) -> dict[str, Any]:
     """Everything the dashboard template shows for ``window`` (a key of :data:`WINDOWS`),
     over every workspace or one (a valid ID: its own history, its entries by status
     now and its sessions needing attention, among its first
     ``SEARCH_MAX_SESSIONS``; depth is sampled over every workspace only, so its charts
-    are left out). Raises :class:`~django_outbox.core.errors.OutboxUnavailable`."""
+    are left out). Over every workspace, with more than one agent configured or seen,
+    ``agents`` is the per-agent table (:func:`agent_rows`); ``agent`` (an agent
+    configured or seen; else a note in ``agent_notes`` and no chart) adds its chart
+    (:func:`agent_chart`). Raises :class:`~django_outbox.core.errors.OutboxUnavailable`."""
     minutes, per_point = WINDOWS[window]
     history = outbox.history(minutes, workspace_id)
     depth: dict[str, int] | None = None
@@ -358,6 +413,18 @@ def context(outbox: Any, window: str, workspace_id: str | None = None) -> dict[s
     drawn = charts(history, per_point)
     if workspace_id is not None:
         del drawn["depth"], drawn["overdue"]
+    rows = agent_rows(history, outbox.agent_names()) if workspace_id is None else []
+    agents = rows if len(rows) > 1 else []
+    agent_notes: list[str] = []
+    if agent is not None:
+        if workspace_id is not None:
+            agent_notes.append("Steps by agent are kept over every workspace only.")
+            agent = None
+        elif agent not in {row["name"] for row in rows}:
+            agent_notes.append(f"No agent named {agent[:64]!r} here. Showing every agent.")
+            agent = None
+        else:
+            drawn["agent"] = agent_chart(history, per_point, agent)
     return {
         "window": window,
         "windows": list(WINDOWS),
@@ -367,6 +434,10 @@ def context(outbox: Any, window: str, workspace_id: str | None = None) -> dict[s
         "workers": workers,
         "attention": attention,
         "attention_total": page.total if workspace_id is not None else page.totals.attention,
+        "agents": agents,
+        "agent": agent,
+        "agent_columns": [name for name, _ in AGENT_COLUMNS],
+        "agent_notes": agent_notes,
         "refresh_seconds": REFRESH_SECONDS,
         "read_at": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
     }

@@ -25,6 +25,11 @@ Fields (all counts, except the samples):
 ``oldest``      (total only) seconds the most overdue session had waited past its due
                 time then (0: none overdue)
 ``workers``     (total only) live workers then
+``ag:<a>:<o>``  (total only) deliver and verify steps that agent ``<a>`` served, by
+                outcome ``<o>``, as ``outbox_agent_steps_total`` counts them
+                (docs/howto/agents.md#metrics-per-agent): ``delivered``, ``failed``,
+                ``held``, ``ambiguous``, ... or ``lost`` (the lease was lost); a merged
+                delivery is one step; agent ``?``: it could not be resolved
 ==============  ========================================================================
 
 Who writes what, and what it costs:
@@ -39,6 +44,9 @@ Who writes what, and what it costs:
   them every :data:`FLUSH_EVERY` seconds in one pipeline, off the delivery path: no
   command per message. A worker killed with SIGKILL loses at most that much of its
   counts; a graceful stop writes them.
+* The agent steps (``ag:``) are counted the same way, in memory, by a listener of
+  ``Outbox.agent_step_listeners`` (:meth:`HistoryCounter.agent_step`), into the total
+  HASH only: the dashboard splits outcomes by agent over every workspace.
 * Once a minute one worker (whichever claims ``histsample:<minute>`` first) samples
   depth by status, the most overdue session and the live workers into the total.
   Depth by status walks every session's statuses (up to 50,000 sessions), so it is
@@ -113,6 +121,12 @@ CHANGES = ("a", "p", "d", "v", "vl", "e", "x")
 #: The depth sample walks every session's statuses at least this often, minutes (and
 #: whenever something changed since the last walk, see :meth:`asample_history`).
 DEPTH_REFRESH_MINUTES = 60
+#: The prefix of the per-agent step fields, ``ag:<agent>:<outcome>`` (an agent name has no
+#: colon: docs/howto/agents.md).
+AGENT_FIELD = "ag:"
+#: The workspace under which :class:`HistoryCounter` keeps counts for the total HASH only
+#: (no workspace ID is empty).
+TOTAL_ONLY = ""
 #: Workspaces whose accepts the cluster sampler adds into the total, at most.
 ROLLUP_MAX_WORKSPACES = 10_000
 
@@ -252,6 +266,15 @@ class HistoryCounter:
         for raw in members:
             self.settled(workspace_id, Entry.from_json(raw), outcome, kind, raw)
 
+    def agent_step(self, agent: str, step: str, outcome: str, result: str, seconds: float) -> None:
+        """An ``Outbox.agent_step_listeners`` listener: count one deliver or verify step
+        that ``agent`` served as ``ag:<agent>:<outcome>`` in the total of the minute now
+        (``lost`` when the settle's ``result`` says the lease was lost), as the worker's
+        ``outbox_agent_steps_total`` does (docs/howto/observe.md#the-dashboard)."""
+        if step in ("deliver", "verify"):
+            outcome = "lost" if result == "lost" else outcome
+            self.add(TOTAL_ONLY, f"{AGENT_FIELD}{agent}:{outcome}")
+
     def take(self) -> dict[tuple[int, str], Counter[str]]:
         """Everything counted since the last take (the counter starts empty again)."""
         counts, self._counts = self._counts, {}
@@ -269,14 +292,17 @@ class HistoryCounter:
 
     def flush_calls(self, counts: dict[tuple[int, str], Counter[str]]) -> list[Cmd]:
         """The commands that write ``counts`` (as :meth:`take` returns them): HINCRBY into
-        each workspace's and the total HASH of each minute, then a PEXPIRE of each key."""
+        each workspace's (not for :data:`TOTAL_ONLY`) and the total HASH of each minute,
+        then a PEXPIRE of each key."""
         calls: list[Cmd] = []
         totals: dict[int, Counter[str]] = {}
         for (minute, ws), found in sorted(counts.items()):
+            totals.setdefault(minute, Counter()).update(found)
+            if ws == TOTAL_ONLY:
+                continue
             key = self.keys.history(minute, ws)
             calls += [Cmd(("HINCRBY", key, name, n)) for name, n in sorted(found.items())]
             calls.append(Cmd(("PEXPIRE", key, self.ttl_ms)))
-            totals.setdefault(minute, Counter()).update(found)
         for minute, found in sorted(totals.items()):
             key = self.keys.history(minute)
             calls += [Cmd(("HINCRBY", key, name, n)) for name, n in sorted(found.items())]
@@ -330,6 +356,17 @@ class HistoryMinute:
         """Deliveries per bucket of :data:`LATENCY_BUCKETS`."""
         return [self.get(f"l{i}") for i in range(len(LATENCY_BUCKETS))]
 
+    def agent_steps(self) -> dict[str, dict[str, int]]:
+        """The minute's deliver and verify steps by agent and outcome (total only):
+        ``{agent: {outcome: steps}}``, ``{}`` when none was counted."""
+        out: dict[str, dict[str, int]] = {}
+        for name, n in self.fields.items():
+            if name.startswith(AGENT_FIELD):
+                agent, _, outcome = name[len(AGENT_FIELD) :].rpartition(":")
+                if agent and outcome:
+                    out.setdefault(agent, {})[outcome] = n
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class History:
@@ -352,6 +389,19 @@ class History:
             for i, n in enumerate(m.latency_counts()):
                 sums[i] += n
         return sums
+
+    def agent_steps(
+        self, minutes: Iterable[HistoryMinute] | None = None
+    ) -> dict[str, dict[str, int]]:
+        """Deliver and verify steps by agent and outcome over the window (or over
+        ``minutes``): ``{agent: {outcome: steps}}`` (total history only)."""
+        out: dict[str, dict[str, int]] = {}
+        for m in self.minutes if minutes is None else minutes:
+            for agent, steps in m.agent_steps().items():
+                mine = out.setdefault(agent, {})
+                for outcome, n in steps.items():
+                    mine[outcome] = mine.get(outcome, 0) + n
+        return out
 
     def latency_quantile(
         self, q: float, minutes: Iterable[HistoryMinute] | None = None
@@ -416,6 +466,15 @@ class HistoryReads(Transport):
     """Reading and writing the per-minute history (mixed into the core ``Outbox``)."""
 
     _history_ttl_ms: int  # set by OutboxBase from HISTORY_WINDOW
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The agents' steps reach the history as they reach the worker's metrics: the
+        # dashboard's split by agent (once the delivery step has made the listener list).
+        listeners = getattr(self, "agent_step_listeners", None)
+        counter = getattr(self, "history_counter", None)
+        if listeners is not None and counter is not None:
+            listeners.append(counter.agent_step)
 
     def history(self, minutes: int = 60, workspace_id: str | None = None) -> History:
         """The last ``minutes`` whole-or-current minutes of history (1 .. 31 days' worth),

@@ -1,5 +1,5 @@
 """The generic HTTP agent: POST each prompt to a URL with ``Idempotency-Key: <entry ID>``,
-verify an unknown outcome with a GET (docs/howto/agents.md#the-http-agent).
+verify an unknown outcome with a GET (docs/howto/http-agent.md).
 
 Configure it as an ``OUTBOX["AGENTS"]`` entry; its keys besides the callables are its
 settings (:class:`HttpAgentSettings`)::
@@ -193,7 +193,7 @@ def _check_headers(agent: str, value: Any) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class HttpAgentSettings:
-    """One HTTP agent's settings, validated (docs/howto/agents.md#the-http-agent).
+    """One HTTP agent's settings, validated (docs/howto/http-agent.md).
 
     ``send_url`` (required), ``verify_url``, ``abort_url``: URL templates with
     ``{workspace_id}``, ``{session_id}``, ``{entry_id}`` (percent-encoded whole);
@@ -563,7 +563,7 @@ def agent_for(agent: Agent | None = None) -> HttpAgent:
     if agent is None:
         raise ImproperlyConfigured(
             "django_outbox.delivery.http serves an OUTBOX['AGENTS'] entry: name it there "
-            "(docs/howto/agents.md#the-http-agent)"
+            "(docs/howto/http-agent.md)"
         )
     key = (agent.name, id(agent.options))
     with _state_lock:

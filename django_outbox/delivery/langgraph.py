@@ -29,7 +29,11 @@ or build a :class:`LangGraphClient` and pass its bound ``deliver`` / ``verify`` 
   DELIVERED, whatever its status — ``success``, and also ``error``/``timeout``
   (the agent's own turn failed after it received the prompt; sending it again
   would put it on the thread twice), ``interrupted`` (cut after it was received),
-  ``pending``/``running`` (the server holds it and will run it). No such run →
+  ``pending``/``running`` (the server holds it and will run it). One exception: an
+  ``interrupted`` run that never started (cut while it waited its turn: LangGraph
+  marks a cancelled pending run ``interrupted`` too) left the prompt off the thread;
+  the verifier tells them apart by the thread's history, where each checkpoint a run
+  writes carries the run's metadata — none with the entry ID → ABSENT. No such run →
   ABSENT. Anything unreadable → INCONCLUSIVE.
 * :func:`abort` **cancels that run** (``POST .../runs/{run_id}/cancel``,
   ``action=interrupt``: the thread keeps what the turn did so far).
@@ -374,21 +378,42 @@ class LangGraphClient:
                 return None
         raise ValueError(f"more than {MAX_PAGES * PAGE_SIZE} runs on the thread")
 
+    async def took_input(self, entry: Entry, *, workspace_id: str, session_id: str) -> bool:
+        """Whether a run of ``entry`` started, i.e. the graph took its prompt: the
+        session's thread has a checkpoint whose metadata carries the entry ID (LangGraph
+        copies a run's metadata into every checkpoint the run writes, the first as it
+        takes its input). ``POST {url}/threads/{thread_id}/history`` with ``{"limit": 1,
+        "metadata": {"outbox_entry_id": ...}}``. Raises httpx errors,
+        :class:`Unreadable`, ``ValueError`` (another status, an unexpected shape)."""
+        path = f"/threads/{quote(self.thread_id(workspace_id, session_id), safe='')}/history"
+        body = {"limit": 1, "metadata": {ENTRY_KEY: entry.id}}
+        status, states, _ = await self._json("POST", path, json=body)
+        if status != 200 or not isinstance(states, list):
+            raise ValueError(f"the thread history answered {status} with {type(states).__name__}")
+        return bool(states)
+
     async def verify(self, entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
         """Whether an attempt of ``entry`` whose outcome was unknown reached the server.
 
         A run carrying the entry ID on the session's thread → DELIVERED, in any status
-        (see the module docstring); none (or no thread) → ABSENT; anything else
-        (network error, timeout, another status, an answer too large or not JSON, an
-        unexpected shape, more than 5,000 runs) → INCONCLUSIVE. Never raises for
-        network or protocol problems. A run creation still on its way while we look
-        is missed: the outbox's ``VERIFY_DELAY`` must cover that.
+        (see the module docstring), except an ``interrupted`` run that never started
+        (:meth:`took_input` is False: cut while it waited its turn) → ABSENT; no run
+        (or no thread) → ABSENT; anything else (network error, timeout, another status,
+        an answer too large or not JSON, an unexpected shape, more than 5,000 runs) →
+        INCONCLUSIVE. Never raises for network or protocol problems. A run creation
+        still on its way while we look is missed: the outbox's ``VERIFY_DELAY`` must
+        cover that.
         """
+        where = {"workspace_id": workspace_id, "session_id": session_id}
         try:
-            run = await self.find_run(entry, workspace_id=workspace_id, session_id=session_id)
+            run = await self.find_run(entry, **where)
+            if run is None:
+                return Verdict.ABSENT
+            if run.get("status") == "interrupted" and not await self.took_input(entry, **where):
+                return Verdict.ABSENT  # cut before it started: the graph never had the prompt
         except (httpx.HTTPError, Unreadable, ValueError, RecursionError):
             return Verdict.INCONCLUSIVE
-        return Verdict.ABSENT if run is None else Verdict.DELIVERED
+        return Verdict.DELIVERED
 
     # -- abort -----------------------------------------------------------------------
 
@@ -398,8 +423,10 @@ class LangGraphClient:
         Returns True when a pending or running run was cancelled, False when there was
         nothing to cut (no such run, or it had finished). The run ends ``interrupted``
         and stays on the thread with what it did so far, so the verifier finds it
-        (DELIVERED). Raises :class:`LangGraphError` when the server cannot be asked
-        (network, an unreadable search) or refuses (:class:`LangGraphHTTPError`).
+        (DELIVERED); a run cut while still ``pending`` never took its prompt, and the
+        verifier calls it ABSENT (the cut prompt ends cancelled, never sent). Raises
+        :class:`LangGraphError` when the server cannot be asked (network, an unreadable
+        search) or refuses (:class:`LangGraphHTTPError`).
         """
         try:
             run = await self.find_run(entry, workspace_id=workspace_id, session_id=session_id)

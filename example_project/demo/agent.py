@@ -1,7 +1,10 @@
 """The demo's calls to the agent outside delivery: make sessions, read transcripts, knobs.
 
-Deliveries go through the outbox (``django_outbox.delivery.opencode``); these are the
-project's own, synchronous side calls, with the same base URL and credentials.
+Deliveries go through the outbox (``django_outbox.delivery.opencode``, or
+``django_outbox.delivery.http`` with ``AGENT=http``); these are the project's own,
+synchronous side calls, with the same base URL and credentials. The demo's HTTP agent
+(``example_project/http_agent.py``) answers the fake agent's routes too, so its sessions,
+transcripts and knobs are read here the same way.
 """
 
 from __future__ import annotations
@@ -20,8 +23,14 @@ class AgentError(Exception):
 
 
 def kind() -> str:
-    """``"fake"`` (the demo's fake agent, with fault knobs) or ``"opencode"``."""
+    """``"fake"`` (the demo's fake agent, with fault knobs), ``"http"`` (the same behind an
+    in-house agent's HTTP API, with the knobs), ``"opencode"`` or ``"langgraph"``."""
     return settings.AGENT_KIND
+
+
+def has_knobs() -> bool:
+    """Whether the agent is one of the demo's own, with fault knobs (``/_fake/control``)."""
+    return kind() in ("fake", "http")
 
 
 def _client() -> httpx.Client:
@@ -112,8 +121,8 @@ def _langgraph_transcript(workspace_id: str, session_id: str) -> list[dict[str, 
 
 def control(payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """The fake agent's knobs (``GET``), or change them (``POST``); see ``fake_agent.py``."""
-    if kind() != "fake":
-        raise AgentError("only the fake agent has knobs")
+    if not has_knobs():
+        raise AgentError("only the demo's own agents have knobs")
     if payload is None:
         response = _call("GET", "/_fake/control")
     else:

@@ -32,7 +32,7 @@ OUTBOX_MOUNT = "/outbox/"
 CONTROL_AGENT = "demo.control_agent"
 #: The fake agent's knobs that act on every session (only ``CONTROL_AGENT`` may change
 #: them); a member may only add rules for their own sessions.
-GLOBAL_KNOBS = ("latency", "cutRate", "errorRate", "clearRules")
+GLOBAL_KNOBS = ("latency", "cutRate", "errorRate", "busyRate", "clearRules")
 
 
 def _error(status: int, code: str, detail: str) -> JsonResponse:
@@ -166,8 +166,8 @@ def agent_api(request: HttpRequest) -> HttpResponse:
     names one of their sessions (``"session"``), so it fails only their own deliveries.
     Anyone else: 403.
     """
-    if agent.kind() != "fake":
-        return _error(404, "not_found", "The real opencode server has no knobs.")
+    if not agent.has_knobs():
+        return _error(404, "not_found", f"The {agent.kind()} agent has no knobs.")
     user = request.user
     operator = controls_agent(user)
     own = set() if operator else _own_sessions(user)
@@ -193,7 +193,7 @@ def agent_api(request: HttpRequest) -> HttpResponse:
         return JsonResponse(knobs)
     return JsonResponse(
         {
-            **{k: knobs.get(k) for k in ("latency", "cutRate", "errorRate")},
+            **{k: knobs.get(k) for k in ("latency", "cutRate", "errorRate", "busyRate")},
             "rules": [r for r in knobs.get("rules", []) if r.get("session") in own],
         }
     )

@@ -16,14 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from example_project.fake_agent import FakeAgent
 from example_project.stack import Stack, StackError, check_port
-from tests.support.demo import DemoProcess, children_of, demo_env, running, stop_group
+from tests.support.demo import DemoProcess, children_of, demo_env, run_smoke, running
 from tests.support.paths import ROOT
 from tests.support.valkey import wait_until
 
@@ -37,34 +36,7 @@ pytestmark = pytest.mark.slow
 
 def test_smoke_run(tmp_path):
     """`make demo ARGS=--smoke`: nothing lost, duplicated or misordered; well under 2 min."""
-    started = time.monotonic()
-    log_path = tmp_path / "smoke.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "example_project.run",
-                "--smoke",
-                "--data-dir",
-                str(tmp_path / "smoke"),
-            ],
-            cwd=ROOT,
-            env=demo_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            code = proc.wait(SMOKE_DEADLINE)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            stop_group(proc)
-    output = log_path.read_text("utf-8", errors="replace")
-    print(output)
-    took = time.monotonic() - started
+    code, output, took = run_smoke(tmp_path, deadline=SMOKE_DEADLINE)
     assert code is not None, f"the smoke run did not finish within {SMOKE_DEADLINE}s"
     assert code == 0, output
     assert "smoke: OK" in output
@@ -73,6 +45,28 @@ def test_smoke_run(tmp_path):
     # verified, then sent: seen as "sent", or as "finished" when the smoke's own dropped
     # event was that one and a resync found the entry gone (the smoke loses events on purpose)
     assert re.search(r"^C2\s.*verifying>(sent|finished)", output, re.M)
+    assert took < 120, f"the smoke run took {took:.0f}s"
+
+
+def test_smoke_run_on_the_http_agent(tmp_path):
+    """`make demo AGENT=http ARGS=--smoke`: the same run through django_outbox.delivery.http
+    to the demo's in-house agent (example_project/http_agent.py, docs/howto/http-agent.md),
+    plus a 429 with Retry-After and a Stop mid-turn through the abort URL: every prompt in
+    the agent's transcript once and in order, none sent again with a stored
+    Idempotency-Key."""
+    code, output, took = run_smoke(tmp_path, "--agent", "http", deadline=SMOKE_DEADLINE)
+    assert code is not None, f"the smoke run did not finish within {SMOKE_DEADLINE}s"
+    assert code == 0, output
+    assert "smoke: OK" in output
+    # the SIGKILLed delivery was found by the verifier's GET, not sent again
+    assert re.search(r"^A4\s.*delivered \(verified\); worker \d+ SIGKILLed", output, re.M)
+    for label in ("A2", "B2", "B4"):  # the duplicate and the vanished POSTs
+        assert re.search(rf"^{label}\s.*delivered", output, re.M), label
+    assert re.search(r"^C2\s.*verifying>(sent|finished)", output, re.M)  # cut after store
+    # held, then taken: two POSTs (verified first when a loaded worker lost its lease)
+    assert re.search(r"^C3\s.*delivered.*; agent answered 429.*\s2\s", output, re.M)
+    # stopped: its turn was cut through the abort URL, then verified delivered (interrupted)
+    assert re.search(r"^C4\s.*delivered \(verified\); Stop mid-turn", output, re.M)
     assert took < 120, f"the smoke run took {took:.0f}s"
 
 
@@ -239,3 +233,58 @@ async def test_fake_agent_rules_and_transcript(tmp_path):
     reborn = FakeAgent(state_path=state, password=None, latency=0.01)
     users = [m for m in reborn.transcripts[sid] if m["info"]["role"] == "user"]
     assert [[p["text"] for p in m["parts"]] for m in users] == [["one"], ["two", "two"]]
+
+
+async def test_the_http_agent_honours_the_key_verifies_and_aborts(tmp_path):
+    """The demo's in-house HTTP agent (example_project/http_agent.py): a key stored once is
+    answered 200 and not run again, the verify URL says 200/404, the abort URL ends the
+    running turn, a "busy" rule answers 429 with Retry-After before storing."""
+    from example_project.http_agent import HttpAgent
+
+    agent = HttpAgent(state_path=tmp_path / "t.json", password="pw", latency=0.01)
+    server, url = await _serve(agent)
+    base = "/agent/w/demo/s/ses_1"
+    try:
+        async with httpx.AsyncClient(base_url=url, auth=("opencode", "pw"), timeout=5) as c:
+            key = {"Idempotency-Key": "e1"}
+            first = await c.post(f"{base}/prompts", json={"text": "one"}, headers=key)
+            assert first.status_code == 201 and first.json() == {"id": "e1"}
+            again = await c.post(f"{base}/prompts", json={"text": "one"}, headers=key)
+            assert again.status_code == 200 and again.json()["duplicate"] is True
+            assert (await c.get(f"{base}/prompts/e1")).status_code == 200
+            assert (await c.get(f"{base}/prompts/e2")).status_code == 404
+            assert (await c.post(f"{base}/prompts", json={"text": "x"})).status_code == 400
+            await c.post(
+                "/_fake/control",
+                json={"rules": [{"match": "two", "action": "busy", "seconds": 3}]},
+            )
+            busy = await c.post(
+                f"{base}/prompts", json={"text": "two"}, headers={"Idempotency-Key": "e2"}
+            )
+            assert busy.status_code == 429 and busy.headers["retry-after"] == "3"
+            assert (await c.get(f"{base}/prompts/e2")).status_code == 404  # not stored
+            await c.post("/_fake/control", json={"latency": 30})
+            started = asyncio.get_running_loop().time()
+            turn = asyncio.create_task(
+                c.post(f"{base}/prompts", json={"text": "long"}, headers={"Idempotency-Key": "e3"})
+            )
+            await wait_for_status(c, f"{base}/prompts/e3", 200)  # stored, its turn runs
+            assert (await c.post(f"{base}/abort")).status_code == 202
+            assert (await turn).status_code == 201
+            assert asyncio.get_running_loop().time() - started < 10  # not its 30 s
+            knobs = (await c.get("/_fake/control")).json()
+            assert knobs["replays"] == {"one": 1} and knobs["posts"]["two"] == 1
+            users = [
+                m["parts"][0]["text"]
+                for m in (await c.get("/session/ses_1/message")).json()
+                if m["info"]["role"] == "user"
+            ]
+            assert users == ["one", "long"]
+    finally:
+        await _close(server, agent)
+
+
+async def wait_for_status(client: httpx.AsyncClient, path: str, status: int) -> None:
+    async with asyncio.timeout(10):
+        while (await client.get(path)).status_code != status:
+            await asyncio.sleep(0.02)

@@ -9,11 +9,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.support.demo import demo_env, stop_group
+from tests.support.demo import demo_env, run_smoke
 from tests.support.langgraph_server import ensure_installed
 from tests.support.paths import ROOT
 
@@ -24,35 +23,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_smoke_run_on_langgraph(tmp_path):
     ensure_installed()  # skips, with the reason, when the server cannot be installed
-    log_path = tmp_path / "smoke.log"
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "example_project.run",
-                "--agent",
-                "langgraph",
-                "--smoke",
-                "--data-dir",
-                str(tmp_path / "smoke"),
-            ],
-            cwd=ROOT,
-            env=demo_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            code = proc.wait(SMOKE_DEADLINE)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            stop_group(proc)
-    output = log_path.read_text("utf-8", errors="replace")
-    print(output)
+    code, output, took = run_smoke(tmp_path, "--agent", "langgraph", deadline=SMOKE_DEADLINE)
     assert code is not None, f"the smoke run did not finish within {SMOKE_DEADLINE}s"
     assert code == 0, output
     assert "smoke: OK" in output
@@ -60,4 +31,27 @@ def test_the_smoke_run_on_langgraph(tmp_path):
     assert re.search(r"^A3\s.*delivered \(verified\); worker \d+ SIGKILLed", output, re.M)
     for label in ("A2", "B2", "B4"):  # the duplicate and the vanished POSTs
         assert re.search(rf"^{label}\s.*delivered", output, re.M), label
-    print(f"smoke on langgraph: {time.monotonic() - started:.1f}s")
+    print(f"smoke on langgraph: {took:.1f}s")
+
+
+def test_the_demo_on_langgraph_cuts_turns_with_the_langgraph_aborter():
+    """``make demo AGENT=langgraph``: Stop and Send now on the queue page call the LangGraph
+    aborter, which cancels the run (docs/howto/langgraph.md#stop-and-interrupt); the
+    opencode one would ask the LangGraph server for an opencode session and cut nothing."""
+    code = (
+        "import django; django.setup()\n"
+        "from django_outbox import get_outbox\n"
+        "aborter = get_outbox().aborter_for('w', 's')\n"
+        "print(aborter.__module__ + '.' + aborter.__name__)\n"
+    )
+    env = {
+        **demo_env(),
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "DEMO_AGENT_KIND": "langgraph",
+        "DEMO_AGENT_URL": "http://127.0.0.1:9",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["django_outbox.delivery.langgraph.abort"]

@@ -188,3 +188,39 @@ async def test_a_run_search_without_the_entry_is_absent(scripted, scripted_clien
     scripted.answers[("GET", "runs")] = (200, json.dumps([{"metadata": {}}]).encode())
     verdict = await scripted_client.verify(make_entry(), workspace_id=WS, session_id="s")
     assert verdict is Verdict.ABSENT
+
+
+@pytest.mark.parametrize(
+    ("history", "verdict"),
+    [
+        ((200, b"[]"), Verdict.ABSENT),  # cut while pending: the graph never took it
+        ((200, b'[{"values": {}}]'), Verdict.DELIVERED),  # it started, then was cut
+        ((500, b"{}"), Verdict.INCONCLUSIVE),
+        ((200, b'{"not": "a list"}'), Verdict.INCONCLUSIVE),
+        ((200, b"not json"), Verdict.INCONCLUSIVE),
+    ],
+)
+async def test_an_interrupted_run_is_delivered_only_if_it_took_its_prompt(
+    scripted, scripted_client, history, verdict
+):
+    """An ``interrupted`` run may have been cut before it started; the thread's history
+    (checkpoints carry the run's metadata) says whether the graph took the prompt."""
+    entry = make_entry()
+    run = {"run_id": "r1", "status": "interrupted", "metadata": {ENTRY_KEY: entry.id}}
+    scripted.answers[("GET", "runs")] = (200, json.dumps([run]).encode())
+    scripted.answers[("POST", "history")] = history
+    assert await scripted_client.verify(entry, workspace_id=WS, session_id="s") is verdict
+    (asked,) = [path for method, path, _ in scripted.seen if path.endswith("/history")]
+    assert asked == f"/threads/{thread_id_for(WS, 's')}/history"
+
+
+async def test_a_run_in_another_status_is_delivered_without_reading_the_history(
+    scripted, scripted_client
+):
+    entry = make_entry()
+    for status in ("pending", "running", "success", "error", "timeout"):
+        run = {"run_id": "r1", "status": status, "metadata": {ENTRY_KEY: entry.id}}
+        scripted.answers[("GET", "runs")] = (200, json.dumps([run]).encode())
+        verdict = await scripted_client.verify(entry, workspace_id=WS, session_id="s")
+        assert verdict is Verdict.DELIVERED, status
+    assert not [path for _, path, _ in scripted.seen if path.endswith("/history")]

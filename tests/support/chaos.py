@@ -1466,19 +1466,70 @@ def _full_figures(
 # -- scenario 10: mixed agents, worker processes SIGKILLed ---------------------------------
 
 
+#: Seconds each LangGraph run of the mixed-agents row lasts (the echo graph's ``sleep``), so
+#: that some worker SIGKILLs land while a run is going.
+LG_TURN = 0.3
+
+
+def _langgraph_for_row(tmp: Path) -> tuple[object | None, str]:
+    """``(a started LangGraphServer, "")`` for the mixed-agents row, or ``(None, why not)``
+    where ``.venv-langgraph`` is missing (``make langgraph``; make chaos and make test build
+    it). A server that is installed but does not start raises."""
+    from tests.support import langgraph_server
+
+    if not any(b.exists() for b in (langgraph_server.LANGGRAPH, langgraph_server.BESIDE_VENV)):
+        return None, "LangGraph left out: .venv-langgraph is missing (make langgraph)"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return langgraph_server.LangGraphServer(tmp).start(), ""
+
+
+def _langgraph_log(server, ids: dict[str, list[str]]) -> tuple[list[tuple[str, int]], int]:
+    """``(session, prompt number)`` of every run on the LangGraph threads of the ``g``
+    sessions, in run order (a prompt with two runs appears twice), and how many runs carry
+    no entry ID of ours."""
+    from django_outbox.delivery.langgraph import ENTRY_KEY, thread_id_for
+
+    log, strangers = [], 0
+    for ses, per in ids.items():
+        if not ses.startswith("g"):
+            continue
+        for run in server.runs(thread_id_for("w1", ses)):
+            entry_id = (run.get("metadata") or {}).get(ENTRY_KEY)
+            if entry_id in per:
+                log.append((ses, per.index(entry_id)))
+            else:
+                strangers += 1
+    return log, strangers
+
+
+def _langgraph_running(server) -> bool:
+    """True while a thread of the row's LangGraph server is busy (a run pending or running
+    on it): one ``POST /threads/search``, so that looking does not slow the kills down."""
+    import httpx
+
+    body = {"status": "busy", "limit": 1, "select": ["thread_id"]}
+    try:
+        response = httpx.post(f"{server.url}/threads/search", json=body, timeout=5)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200 and bool(response.json())
+
+
 def mixed_agents(tmp: Path, short: bool) -> Row:
-    """Three backends behind a router (docs/howto/agents.md): two HTTP agents on loopback
+    """Four backends behind a router (docs/howto/agents.md): two HTTP agents on loopback
     (tests/support/http_agent.py, each POST drawing a fault: the prompt taken then the
     connection dropped, dropped before it was taken, 502, 429 with Retry-After, 400; one
-    verification in ten answered 500) and the recording agent as the default agent (with
-    its own faults). Three outbox_worker processes, one SIGKILLed every 0.5-2 s. A prompt
-    one of the HTTP agents ran twice is a duplicate."""
+    verification in ten answered 500), a real LangGraph server (``langgraph dev``, the echo
+    graph; runs of 0.3 s, checked on the server's own record of runs: the entry ID in each
+    run's metadata) and the recording agent as the default agent (with its own faults).
+    Three outbox_worker processes, one SIGKILLed every 0.5-2 s. A prompt one of the HTTP
+    agents, or the LangGraph server, ran twice is a duplicate. Without .venv-langgraph the
+    row runs without the LangGraph agent and says so."""
     from django_outbox.outbox import Outbox
     from tests.support.http_agent import AgentServer
     from tests.support.workers import Workers
 
     per_backend, per, window = (4, 4, 4) if short else (30, 10, 40)
-    row = Row("10 mixed agents (2 HTTP + default), worker SIGKILLs")
     server = _valkey(tmp / "valkey")
     r = redis.Redis.from_url(server.url, decode_responses=True)
     outbox = Outbox(url=server.url, **NO_USER_BOUNDS)
@@ -1486,15 +1537,23 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
     north.chaos, south.chaos = random.Random(1), random.Random(2)
     started = time.monotonic()
     w = None
+    graph = None
+    row = Row("10 mixed agents (2 HTTP + LangGraph + default), worker SIGKILLs")
     try:
+        graph, left_out = _langgraph_for_row(tmp / "langgraph")
+        if graph is None:
+            row.scenario = "10 mixed agents (2 HTTP + default), worker SIGKILLs"
+            row.notes.append(left_out)
+        lg_env = {} if graph is None else {"OUTBOX_TEST_LANGGRAPH_URL": graph.url}
+        prefixes = ("n", "s", "d") if graph is None else ("n", "s", "g", "d")
         ids: dict[str, list[str]] = {
-            f"{prefix}{i}": [] for prefix in ("n", "s", "d") for i in range(per_backend)
+            f"{prefix}{i}": [] for prefix in prefixes for i in range(per_backend)
         }
         for n in range(per):
             for ses in ids:
-                entry = outbox.accept(
-                    "w1", ses, user_id="u", client_message_id=f"k{n}", text=str(n)
-                )
+                # The echo graph sleeps LG_TURN s on "sleep <s> <n>"; the others take "<n>".
+                text = f"sleep {LG_TURN} {n}" if ses.startswith("g") else str(n)
+                entry = outbox.accept("w1", ses, user_id="u", client_message_id=f"k{n}", text=text)
                 ids[ses].append(entry.id)
         w = Workers(
             server.url,
@@ -1505,6 +1564,7 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
             OUTBOX_TEST_TURN="0.01",
             OUTBOX_TEST_LOCK_TTL="3",  # 1 s: a loaded machine stalls a worker past it
             OUTBOX_TEST_FAULTS="fail=0.05,ambiguous=0.05,transient=0.05",
+            **lg_env,
         )
         for _ in range(3):
             w.start("--tick", "0.1")
@@ -1513,12 +1573,18 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
         def done() -> bool:
             return not any(outbox.list("w1", ses) for ses in ids)
 
+        if graph is not None:  # the kills begin once the workers deliver (a run is going)
+            _until(lambda: _langgraph_running(graph), 60, 0.1)
         deadline = time.monotonic() + window
+        kills = kills_mid_run = 0
         while time.monotonic() < deadline and not done():
             time.sleep(rng.uniform(0.5, 2.0))
+            if graph is not None and _langgraph_running(graph):
+                kills_mid_run += 1
             victim = rng.choice(w.live())
             victim.kill()
             victim.wait(5)
+            kills += 1
             row.faults += 1
             w.start("--tick", "0.1")
         _until(done, 120)
@@ -1527,6 +1593,15 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
         for agent in (north, south):
             log += [(body["session_id"], int(body["text"])) for _, body in agent.processed]
             row.faults += sum(1 for m, *_ in agent.requests if m == "POST") - len(agent.runs)
+        if graph is not None:
+            graph_log, strangers = _langgraph_log(graph, ids)
+            log += graph_log
+            row.notes.append(
+                f"LangGraph: {len(graph_log)} runs, {kills_mid_run} of {kills} SIGKILLs "
+                "while one of its runs was pending or running"
+            )
+            if strangers:
+                row.failures.append(f"{strangers} LangGraph runs carry no entry ID of the row")
         signals = [x.split()[0] for x in r.lrange("test:delivered", 0, -1)]
         _judge(row, ids, log, signals)
         twice = sorted(k for k, c in Counter(log).items() if c > 1)
@@ -1543,6 +1618,8 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
     finally:
         if w is not None:
             w.stop_all()
+        if graph is not None:
+            graph.stop()
         north.stop()
         south.stop()
         outbox.close()

@@ -1,6 +1,7 @@
 """The demo launcher (``python -m example_project.run``) as a process for tests and tools:
 :class:`DemoProcess` starts it on a free port with its own embedded Valkey (or the caller's),
-and :func:`stop_group` stops it and everything it started."""
+:func:`run_smoke` runs its smoke client (``make demo ARGS=--smoke``) to the end, and
+:func:`stop_group` stops it and everything it started."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support.paths import ROOT
@@ -76,6 +78,42 @@ def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
     except ProcessLookupError:
         pass
     proc.wait(10)
+
+
+def run_smoke(tmp_path: Path, *args: str, deadline: float) -> tuple[int | None, str, float]:
+    """``python -m example_project.run --smoke [args]`` (what ``make demo ARGS=--smoke``
+    runs) as a subprocess with its own data folder under ``tmp_path``, stopped with its
+    whole process group after ``deadline`` seconds at most: ``(exit code, None past the
+    deadline; its output, also printed; seconds it took)``."""
+    log_path = tmp_path / "smoke.log"
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "example_project.run",
+                "--smoke",
+                *args,
+                "--data-dir",
+                str(tmp_path / "smoke"),
+            ],
+            cwd=ROOT,
+            env=demo_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = proc.wait(deadline)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            stop_group(proc)
+    output = log_path.read_text("utf-8", errors="replace")
+    print(output)
+    return code, output, time.monotonic() - started
 
 
 class DemoProcess:

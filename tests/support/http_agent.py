@@ -210,8 +210,11 @@ class AgentServer:
 
 def route(workspace_id: str, session_id: str) -> str:
     """The router of ``tests.support.settings.http_agents``: ``n...`` north, ``s...``
-    south, anything else the default agent (the recording agent of
+    south, ``g...`` the LangGraph agent ``graph`` (configured only with
+    ``OUTBOX_TEST_LANGGRAPH_URL``), anything else the default agent (the recording agent of
     ``tests/support/agents.py``)."""
+    if session_id.startswith("g"):
+        return "graph"
     if session_id.startswith("n"):
         return "north"
     return "south" if session_id.startswith("s") else "default"

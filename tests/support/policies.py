@@ -19,3 +19,11 @@ def own_workspace(user, workspace_id, session_id, action):
     if getattr(user, "is_staff", False):
         return True
     return action in MEMBER_ACTIONS and getattr(user, "username", None) == workspace_id
+
+
+@session_scoped(any_session)
+def own_workspace_steering(user, workspace_id, session_id, action):
+    """:func:`own_workspace`, and the steering actions (cancel, edit, move) there too."""
+    if action in ("cancel", "edit", "move"):
+        return own_workspace(user, workspace_id, session_id, "accept")
+    return own_workspace(user, workspace_id, session_id, action)

@@ -39,3 +39,15 @@ OUTBOX = {
     "MAX_ATTEMPTS": 50,
     "MAX_TRANSIENT_FAILURES": 50,
 }
+
+if os.environ.get("OUTBOX_TEST_LANGGRAPH_URL"):
+    OUTBOX["AGENTS"]["graph"] = {
+        "DELIVERER": "django_outbox.delivery.langgraph.deliver",
+        "VERIFIER": "django_outbox.delivery.langgraph.verify",
+        "ABORTER": "django_outbox.delivery.langgraph.abort",
+        "URL": os.environ["OUTBOX_TEST_LANGGRAPH_URL"],
+        "ASSISTANT_ID": "echo",
+    }
+    # A run creation still on its way is not yet in the run search: verify a bit later
+    # (docs/howto/langgraph.md#outcomes).
+    OUTBOX["VERIFY_DELAY"] = 0.5

@@ -478,6 +478,7 @@ if (panel) {
       // Scoped to this session: a member's rule may only fail their own deliveries.
       const rule = { match: "", action: button.dataset.rule, times: 1, session: page.session };
       if (rule.action === "delay") rule.seconds = 20;
+      if (rule.action === "busy") rule.seconds = 5; // the agent's Retry-After
       try {
         await postJSON(page.agentURL, { rules: [rule] });
         note.textContent = `Armed: the next prompt will be “${button.textContent}”.`;
