@@ -292,7 +292,7 @@ class OutboxBase(AgentRouting, Transport):
                 else e
                 for e in entries
             ]
-        return Snapshot(reply.version, entries, lease)
+        return Snapshot(reply.version, entries, lease, reply.endings)
 
     def snapshot(self, workspace_id: str, session_id: str) -> Snapshot:
         """The session's ``version``, entries (FIFO, staged ones included) and lease, read

@@ -557,11 +557,29 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class Ending:
+    """How an entry ended, as the session's record of recent endings keeps it for a page
+    that was not connected then (docs/reference/websocket.md#how-prompts-ended):
+    ``entry_id``; ``how``, one of ``delivered``, ``dismissed``, ``cancelled`` or
+    ``expired``; ``at``, when (RFC 3339, the server's clock)."""
+
+    entry_id: str
+    how: str
+    at: str
+
+    def to_dict(self) -> dict[str, str]:
+        """``{"id", "how", "at"}``, as the WebSocket snapshot carries it."""
+        return {"id": self.entry_id, "how": self.how, "at": self.at}
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """A session's queue at one instant: its ``version``, ``entries`` in FIFO order and
-    the ``lease`` if one is held.
+    the ``lease`` if one is held; ``endings``: how the session's recent entries ended,
+    newest first (the last 20 endings of the last hour; :class:`Ending`).
     """
 
     version: int
     entries: list[Entry]
     lease: Lease | None = None
+    endings: tuple[Ending, ...] = ()

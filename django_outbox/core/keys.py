@@ -36,6 +36,7 @@ class SessionKeys:
     attention: str  # ZSET of the workspace: session -> since (ms); kept on a cluster only
     pause: str  # STRING of the workspace: the reason it is parked (absent: not parked)
     users: str  # HASH of the workspace: user digest -> "<queued> <bucket full at>" (user bounds)
+    ended: str  # LIST: "<entry-id> <how> <ms>", how recent entries ended (lua/lib/endings.lua)
 
     def script_keys(self) -> list[str]:
         return [
@@ -51,6 +52,7 @@ class SessionKeys:
             self.attention,
             self.pause,
             self.users,
+            self.ended,
         ]
 
 
@@ -120,6 +122,7 @@ class KeySpace:
             attention=f"{p}attn:{{{ws}}}",
             pause=self.pause(ws),
             users=self.users(ws),
+            ended=f"{p}ended:{{{ws}}}:{ses}",
         )
 
     def dedupe(self, workspace_id: str, session_id: str, marker: str) -> str:

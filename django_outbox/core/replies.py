@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .entry import Entry
+from .entry import Ending, Entry, format_time
 
 #: One stored entry, as the script answered it (JSON).
 RawEntry = bytes | str
@@ -260,11 +260,21 @@ class CleanupReply:
         return cls(True, int(answer[1]), int(answer[2]), bool(answer[3]), _entries(answer[4:]))
 
 
+def _ending(value: Any) -> Ending | None:
+    """One item of the record of endings (``lua/lib/endings.lua``), ``"<entry-id> <how>
+    <ms>"``; None for an item that is not of that shape."""
+    parts = _text(value).split(" ")
+    if len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return Ending(parts[0], parts[1], format_time(int(parts[2]) * 1000))
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotReply:
     """``snapshot.lua``: the session's ``version``, ``queued`` and ``staged`` entries,
-    the lease's value (``lock``, None without one) and ``lock_pttl`` (ms), and the
-    server's ``now_us``, all read at one instant."""
+    the lease's value (``lock``, None without one) and ``lock_pttl`` (ms), the
+    server's ``now_us``, and how recent entries ended (``endings``, newest first), all
+    read at one instant."""
 
     version: int
     queued: tuple[RawEntry, ...]
@@ -272,9 +282,11 @@ class SnapshotReply:
     lock: str | None
     lock_pttl: int
     now_us: int
+    endings: tuple[Ending, ...] = ()
 
     @classmethod
     def parse(cls, answer: Sequence[Any]) -> SnapshotReply:
+        endings = (_ending(item) for item in (answer[6] if len(answer) > 6 else ()))
         return cls(
             int(answer[0]),
             _entries(answer[1]),
@@ -282,4 +294,5 @@ class SnapshotReply:
             None if not answer[3] else _text(answer[3]),
             int(answer[4]),
             int(answer[5]),
+            tuple(e for e in endings if e is not None),
         )

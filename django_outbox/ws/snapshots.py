@@ -151,6 +151,7 @@ class SnapshotSocket(AsyncWebsocketConsumer):
                 ),
                 outbox.config.ws_max_frame_bytes,
                 ack=token,
+                ended=[ending.to_dict() for ending in snapshot.endings],
             )
             if not await self._fits(sum(len(f.encode("utf-8", "surrogatepass")) for f in frames)):
                 return

@@ -118,6 +118,7 @@ def snapshot_frames(
     entries: Iterable[dict[str, Any]],
     max_bytes: int,
     ack: str | None = None,
+    ended: Iterable[dict[str, Any]] | None = None,
 ) -> list[str]:
     """The ``queue.snapshot`` frames (JSON text) of one snapshot, each at most
     ``max_bytes`` UTF-8 bytes unless one entry alone is larger (it then has a page of
@@ -125,13 +126,18 @@ def snapshot_frames(
     ``page`` (1-based) and ``pages``; entries keep their order. A snapshot that fits
     in one frame is one page, ``{"type", "workspaceID", "sessionID", "version",
     "page": 1, "pages": 1, "entries"}``. ``ack``: a token the last page carries as
-    ``"ack"`` (:class:`ReadReceipts`; counted in every page's size)."""
+    ``"ack"`` (:class:`ReadReceipts`; counted in every page's size). ``ended``: how the
+    session's recent entries ended (``[{"id", "how", "at"}]``, newest first,
+    docs/reference/websocket.md#how-prompts-ended), which the last page carries as
+    ``"ended"`` (counted in every page's size too; None: not carried)."""
     head = (
         f'{{"type":"queue.snapshot","workspaceID":{_encode(workspace_id)},'
         f'"sessionID":{_encode(session_id)},"version":{int(version)},'
     )
     # The page numbers are not known yet: count them at their widest.
     tail = "" if ack is None else f'"ack":{_encode(ack)},'
+    if ended is not None:
+        tail += f'"ended":{_encode(list(ended))},'
     envelope = len(head.encode()) + len('"page":,"pages":,"entries":[]}') + 2 * 20 + len(tail)
     pages: list[list[str]] = []
     current: list[str] = []

@@ -505,8 +505,8 @@ class TestRenewAndRelease:
 class TestSnapshotAndOperate:
     def test_snapshot(self, outbox):
         e = seed(outbox)
-        version, queued, staged, lock, pttl, now = call(outbox, "snapshot")
-        assert (version, staged, lock, pttl, now) == (NOW, [], None, -2, NOW)
+        version, queued, staged, lock, pttl, now, ended = call(outbox, "snapshot")
+        assert (version, staged, lock, pttl, now, ended) == (NOW, [], None, -2, NOW, [])
         assert Entry.from_json(queued[0]).id == e.id
 
     def test_retry_and_dismiss_busy_vs_missing(self, outbox):
@@ -587,7 +587,7 @@ class TestStatuses:
 
 class TestSnapshotPreview:
     def texts(self, outbox, preview):
-        _, queued, _, _, _, _ = call(outbox, "snapshot", preview)
+        _, queued, *_ = call(outbox, "snapshot", preview)
         return [Entry.from_json(raw) for raw in queued]
 
     @pytest.mark.parametrize(
@@ -614,7 +614,7 @@ class TestSnapshotPreview:
     def test_staged_entries_are_cut_too(self, outbox):
         outbox.accept(WS, SES, user_id="u", client_message_id="k1", text="x" * 50)
         assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"
-        _, _, staged, _, _, _ = call(outbox, "snapshot", 10)
+        _, _, staged, *_ = call(outbox, "snapshot", 10)
         assert Entry.from_json(staged[0]).text == "x" * 10
 
 

@@ -49,6 +49,22 @@ def running(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def worker_pid(root: int) -> int:
+    """The ``outbox_worker`` process under the demo launcher ``root`` (a test may stop it
+    with SIGSTOP to hold prompts in the queue, and let it go on with SIGCONT)."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"outbox_worker" in cmdline:
+            return pid
+        todo.extend(children_of(pid))
+    raise AssertionError("no outbox_worker under the demo")
+
+
 def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
     """SIGTERM the launcher, then SIGKILL its whole process group if it lingers."""
     if proc.poll() is None:

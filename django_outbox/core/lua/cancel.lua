@@ -1,10 +1,11 @@
 #!lua flags=allow-oom
 -- cancel: remove one queued prompt, as dismiss does (docs/howto/steering.md#cancel); its
 -- dedupe marker stays. A prompt in flight or being verified is not removed: cancelling
--- it means cutting the agent's turn, and its outcome must be verified first.
+-- it means cutting the agent's turn, and its outcome must be verified first. A removed
+-- prompt's ending, cancelled, is recorded for the pages (lib/endings.lua).
 -- ARGV[6] entry ID  ARGV[7] HISTORY_WINDOW (ms; 0: not counted)
 -- Returns {'removed' | 'not_found' | 'in_flight', version, count, watched, removed entry}.
---@include entry users operator steering hinted
+--@include entry users operator steering endings hinted
 local id, history_ttl = ARGV[6], tonumber(ARGV[7])
 
 return hinted(function()
@@ -19,5 +20,6 @@ return hinted(function()
   if pinned(st, lock_entry) then return unchanged_reply('in_flight') end
   redis.call('LREM', Q, 1, raw)
   uncount(st)
+  record_ending(id, 'cancelled')
   return operator_reply('removed', 1, {raw}, history_ttl)
 end)

@@ -33,7 +33,7 @@ return hinted(function()
   local version = bump()
   local shared_before = redis.call('EXISTS', SESSIONS, DUE, USERS)
   for _, st in ipairs(gone_states) do uncount(st) end
-  removed = removed + had_markers + redis.call('DEL', Q, D, LOCK, VER, RECEIPT)
+  removed = removed + had_markers + redis.call('DEL', Q, D, LOCK, VER, RECEIPT, ENDED)
   redis.call('ZREM', WS_ATTENTION, SES)
   redis.call('SREM', SESSIONS, SES)
   redis.call('ZREM', DUE, SES)

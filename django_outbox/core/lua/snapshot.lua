@@ -4,8 +4,10 @@
 -- first ARGV[6] characters, so a page of previews never moves whole texts (README
 -- "Admin"); the rest of each entry is as stored.
 -- Returns {version, queue entries, staged entries, lock value or false, lock PTTL (ms),
--- now (us, the server's clock: how long the lease has been held is judged on it)}.
---@include entry lease
+-- now (us, the server's clock: how long the lease has been held is judged on it),
+-- how recent entries ended (lib/endings.lua recent_endings: "<entry-id> <how> <ms>"
+-- items, newest first)}.
+--@include entry lease endings
 local PREVIEW = tonumber(ARGV[6] or '0') or 0
 local TEXT_MARK, MODEL_MARK = ',"text":"', ',"model":'
 
@@ -59,4 +61,5 @@ return {
   redis.call('GET', LOCK),
   redis.call('PTTL', LOCK),
   NOW,
+  recent_endings(),
 }

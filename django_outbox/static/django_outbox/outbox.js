@@ -76,6 +76,12 @@ const CLOSE_DETAILS = {
  * is not here, since an expired prompt stays in the queue until dismissed or retried.
  */
 const ENDINGS = { sent: "delivered", dismissed: "dismissed", cancelled: "cancelled" };
+/**
+ * The state a row takes when the snapshot's record of endings (message.ended: [{id, how,
+ * at}], newest first) says how a prompt that left the queue while we were not connected
+ * ended: the state its update would have had.
+ */
+const ENDED_STATES = { delivered: "sent", dismissed: "dismissed", cancelled: "cancelled" };
 /** Transient close codes after which the first reconnect waits longer (backoff step). */
 const SLOW_CLOSE_CODES = new Map([
   [4429, 3], // this user holds WS_MAX_SOCKETS_PER_USER sockets: wait for one to close
@@ -931,9 +937,13 @@ export function createOutbox(options = {}) {
  *    entries: [{id, clientMessageID, text, state, entry, blockedByInFlight, inFlightSince}],
  *    pending: [{clientMessageID, text, attempts, nextAt, lastError, sending, held}]}
  * entries are the server's (FIFO by acceptedAt), finished ones (state "sent",
- * "dismissed", "cancelled", or "finished" when it ended while we were disconnected)
- * included; a finished row's `ended` says how: "delivered", "dismissed", "cancelled", or
- * null when it ended unseen (while the socket was down). worker is whether a worker is
+ * "dismissed", "cancelled", or "finished" when it ended unseen) included; a finished
+ * row's `ended` says how: "delivered", "dismissed", "cancelled", or null when it ended
+ * unseen. A row that ended while the socket was down is told by the next snapshot's
+ * record of recent endings (the last 20 of the last hour): it gets the state and `ended`
+ * it would have had, and `endedAt` (when, ISO); only one the record no longer holds is
+ * "finished" with `ended` null. An expired row (it stays in the queue until dismissed or
+ * retried) has `ended` "expired". worker is whether a worker is
  * alive to deliver ({alive, lastSeen, checkedAt}, asked every workerCheck ms) or null
  * while unknown;
  * pending are this browser's prompts not yet acknowledged. inFlightSince is a
@@ -1255,9 +1265,22 @@ class Subscription {
         if (!Number.isNaN(started)) inFlightFor = Math.max(0, (now - started) / 1000);
       }
     }
-    // What vanished while we were away has ended (sent, most likely, or dismissed).
+    // What vanished while we were away has ended: the record of recent endings says how
+    // (newest first: an entry's first item is its last ending), else it ended unseen.
+    const endings = new Map();
+    for (const ending of Array.isArray(message.ended) ? message.ended : []) {
+      if (ending && typeof ending.id === "string" && !endings.has(ending.id)) {
+        endings.set(ending.id, ending);
+      }
+    }
     for (const [id, row] of this.entries) {
-      if (!next.has(id)) this._finish({ ...row, state: "finished", ended: null });
+      if (next.has(id)) continue;
+      const ending = endings.get(id);
+      const known = ending && Object.hasOwn(ENDED_STATES, ending.how);
+      const state = known ? ENDED_STATES[ending.how] : null;
+      this._finish(state
+        ? { ...row, state, ended: ending.how, endedAt: ending.at ?? null }
+        : { ...row, state: "finished", ended: null });
     }
     this.entries = next;
     this.leaseSince = inFlightFor === null ? null : now - inFlightFor * 1000;
@@ -1277,7 +1300,8 @@ class Subscription {
       clientMessageID: entry.clientMessageID,
       text: entry.text,
       state,
-      ended: Object.hasOwn(ENDINGS, state) ? ENDINGS[state] : null,
+      // An expired prompt ended without being sent, though it stays in the queue.
+      ended: Object.hasOwn(ENDINGS, state) ? ENDINGS[state] : state === "expired" ? state : null,
       status: entry.status,
       acceptedAt: entry.acceptedAt,
       entry,

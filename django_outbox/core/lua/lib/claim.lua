@@ -1,6 +1,6 @@
 -- claim: take the session's lease and its next piece of work
 -- (docs/explanation/lifecycle.md, "What happens to a message").
---@include layout entry time lease indices staging reclaim
+--@include layout entry time lease indices staging reclaim endings
 
 -- Has a pending entry passed its expiresAt (server clock)? Then it is never sent
 -- (docs/howto/steering.md#expiry). Entries being verified may already be with the agent:
@@ -39,7 +39,7 @@ end
 --                                 fire it, then acknowledge with release.lua
 -- deliver/verify/idle answers are followed by the JSON of entries recovered
 -- from a dead holder's staging (now verifying) and of the entries this claim found
--- past their expiresAt (now expired).
+-- past their expiresAt (now expired; each ending is recorded, lib/endings.lua).
 -- Replay-safe: a holder that calls again gets its staged entry back.
 local function claim(token, ttl, acknowledge, carried)
   local owner = carried and carried.owner or lock_parts()
@@ -107,6 +107,7 @@ local function claim(token, ttl, acknowledge, carried)
   -- over, so no claim in the same millisecond can send it; the next one is looked at.
   while idx ~= nil and expired_now(st) do
     st.status, st.nextAttemptAt = 'expired', nil
+    record_ending(st.id, 'expired')
     local new = join(st, content)
     redis.call('LSET', Q, idx, new)
     items[idx + 1] = new

@@ -18,7 +18,9 @@
 --                     (us; see accept.lua). An entry carries the digest in its state
 --                     ("userDigest"), so each path that removes one counts it out in the
 --                     same script (lib/users.lua uncount)
---   KEYS[13..17]      (standalone servers only) global keys: workspaces-due ZSET,
+--   KEYS[13] ended    LIST   how the session's recent entries ended, newest first
+--                     (lib/endings.lua)
+--   KEYS[14..18]      (standalone servers only) global keys: workspaces-due ZSET,
 --                     workspaces SET, wake LIST ("<ws> <ses>" items workers BLMPOP),
 --                     all-sessions ZSET ("<ws> <ses>" -> first accept, ms) and
 --                     attention ZSET ("<ws> <ses>" -> since, ms: sessions holding
@@ -38,10 +40,10 @@
 --@include now
 
 local Q, D, LOCK, VER, MARKERS, RECEIPT, DUE, SESSIONS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local WATCH, WS_ATTENTION, PAUSE, USERS = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local WATCH, WS_ATTENTION, PAUSE, USERS, ENDED = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local G = tonumber(ARGV[1])
-local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17]
-local EXTRA = 13 + G
+local WSDUE, WORKSPACES, WAKE, ALL_SESSIONS, ATTENTION = KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
+local EXTRA = 14 + G
 -- Cluster only: what the global indices need, reported to the client.
 --   [1] the workspace's earliest due time (ms) when it moved earlier, else -1
 --   [2] 1: wake a worker for this session   [3] attention: 1 in, 0 out, -1 unchanged

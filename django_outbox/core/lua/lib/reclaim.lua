@@ -7,7 +7,7 @@
 --@include layout indices
 
 local function reclaim()
-  redis.call('DEL', VER, MARKERS, RECEIPT)
+  redis.call('DEL', VER, MARKERS, RECEIPT, ENDED)
   redis.call('SREM', SESSIONS, SES)
   redis.call('ZREM', DUE, SES)
   set_attention(false)

@@ -1,6 +1,6 @@
 -- settle: record the outcome of the holder's delivery or verification, then release
 -- the lease (docs/explanation/lifecycle.md, "What happens to a message").
---@include layout entry time lease indices users staging
+--@include layout entry time lease indices users staging endings
 
 local function backoff(base, cap, n)
   local delay = base * (2 ^ (n - 1))
@@ -127,7 +127,8 @@ end
 -- removed, with the other entries of its merged message),
 -- {'replayed', 'removed'|'updated'|'cancelled'} (this settle already ran, reply lost),
 -- {'lost'} (the lease is not ours: touch nothing, the outcome is left to verification)
--- or {'gone'}.
+-- or {'gone'}. 'removed' and 'cancelled' record how the entry and its members ended
+-- (lib/endings.lua).
 local function settle(token, id, outcome, err, policy, acknowledged)
   local receipt = token .. ' ' .. id
   local owner = lock_parts()
@@ -203,6 +204,8 @@ local function settle(token, id, outcome, err, policy, acknowledged)
       redis.call('RPUSH', D, done)
     end
     redis.call('SET', RECEIPT, receipt .. ' removed', 'PX', policy.receipt_ttl)
+    record_ending(id, 'delivered')
+    for _, m in ipairs(members) do record_ending(m[3].id, 'delivered') end
     -- An LSET in staging changes nothing the indices look at (the queue, the staging
     -- list's length, the lease, still held): they are exact as the claim left them.
     -- (Acknowledged, the staging list shrinks; settle_next.lua's claim reindexes before
@@ -227,6 +230,8 @@ local function settle(token, id, outcome, err, policy, acknowledged)
     end
     redis.call('DEL', LOCK)
     redis.call('SET', RECEIPT, receipt .. ' cancelled', 'PX', policy.receipt_ttl)
+    record_ending(id, 'cancelled')
+    for _, m in ipairs(members) do record_ending(m[3].id, 'cancelled') end
     reindex()
     out[3], out[4] = bump(), watched()
     return out

@@ -246,8 +246,10 @@ function entryDetails(row, now) {
   }
   if (e.reason && (row.state === "error" || row.state === "parked")) bits.push(`reason: ${e.reason}`);
   if (e.lastError && row.state !== "sent") bits.push(`last error: ${e.lastError}`);
-  if (row.state === "finished") bits.push("ended while this page was not connected: delivered or dismissed");
+  if (row.state === "finished") bits.push("ended while this page was not connected: delivered, dismissed or cancelled");
   else if (row.ended && row.ended !== "delivered") bits.push("not delivered to the agent");
+  // Told by the reconnect's snapshot (its record of recent endings): when it ended.
+  if (row.endedAt) bits.push(`ended at ${new Date(row.endedAt).toLocaleTimeString()}, while this page was not connected`);
   return bits.join(" · ");
 }
 
