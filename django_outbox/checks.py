@@ -38,6 +38,9 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``W011`` the origin validator in front of the outbox WebSocket consumer admits every
   ``Origin`` (``"*"`` among its origins, e.g. ``ALLOWED_HOSTS = ["*"]`` under
   ``AllowedHostsOriginValidator``): cross-site WebSocket hijacking with the session cookie
+- ``W014`` ``USER_ACCEPTS_PER_MINUTE_ALL`` is on but the default cache counts nothing
+- ``W015`` ``LOCK_TTL`` is below 7.5 s: a worker stalled for two thirds of it loses the
+  lease of the delivery it is making, and the prompt may be sent twice
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -622,5 +625,48 @@ def check_accept_throttle(app_configs: Any = None, **kwargs: Any) -> list[checks
             "set OUTBOX['USER_ACCEPTS_PER_MINUTE_ALL'] = 0 to say you bound users otherwise "
             "(docs/explanation/idempotency.md#per-user-bounds).",
             id="django_outbox.W014",
+        )
+    ]
+
+
+#: Seconds of stall a delivery's lease must outlive between two renewals: one Valkey call
+#: at the client's default socket timeout (5 s), or a worker process starved of CPU on a
+#: loaded host for as long (docs/explanation/ordering.md#leases).
+LEASE_STALL_ALLOWANCE = 5.0
+
+
+@checks.register("outbox")
+def check_lease(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W015: ``LOCK_TTL`` is too short for the stalls a worker may see.
+
+    The lease keeper renews a delivery's lease every ``LOCK_TTL / 3`` seconds, so a worker
+    that stalls (its event loop blocked, its process descheduled, one renewal call waiting
+    on a slow Valkey) keeps its lease for at most ``2 * LOCK_TTL / 3`` seconds past its last
+    renewal. Warns when that is under :data:`LEASE_STALL_ALLOWANCE`, i.e. ``LOCK_TTL``
+    below 7.5 s: another worker may then take the session over while the first is still
+    sending, and a verifier that sees the prompt "absent" sends it again
+    (docs/explanation/ordering.md#leases). Returns ``[]`` on invalid settings (E001).
+    """
+    try:
+        conf = outbox_settings()
+    except ImproperlyConfigured:
+        return []  # E001 says so
+    lock_ttl = conf.config.lock_ttl
+    survives = lock_ttl * 2 / 3
+    if survives >= LEASE_STALL_ALLOWANCE:
+        return []
+    floor = LEASE_STALL_ALLOWANCE * 3 / 2
+    return [
+        checks.Warning(
+            f"OUTBOX['LOCK_TTL'] is {lock_ttl:g} s: renewed every "
+            f"{lock_ttl / 3:.3g} s, a delivery's lease is lost when a stall of its worker "
+            f"(a busy host, a slow Valkey call) delays a renewal by {survives:.3g} s. "
+            "Another worker then takes the session over while the first may still be "
+            "sending, and a prompt can reach the agent twice.",
+            hint=f"Set OUTBOX['LOCK_TTL'] to {floor:g} s or more (default 30 s), above one "
+            "and a half times the longest stall a worker may see; a longer lease only "
+            "delays taking over a crashed worker's session "
+            "(docs/explanation/ordering.md#leases).",
+            id="django_outbox.W015",
         )
     ]

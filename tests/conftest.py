@@ -204,3 +204,38 @@ def cluster_outbox(cluster_node_url, make_outbox):
         return make_outbox(url=cluster_node_url, cluster=True, **kwargs)
 
     return make
+
+
+# --- database connections left in asgiref's shared thread ----------------------------
+
+
+@pytest.fixture(autouse=True)
+def _close_shared_thread_connections(request):
+    """After a test with database access, close the connections its async code opened in
+    asgiref's shared thread (``sync_to_async(thread_sensitive=True)`` outside any
+    ``async_to_sync``: the worker's on-commit mover, receipts, the consumer's ORM calls).
+
+    pytest-django tidies the test's own thread only, and Django never closes an in-memory
+    SQLite connection (``close()`` is a no-op there), so such a connection outlived its test;
+    the next test *without* database access whose code ran in that thread (Channels'
+    consumer calls ``close_old_connections`` there before each message) then met pytest-
+    django's "Database access not allowed". Closing this thread's connection drops only it:
+    the test database lives on in the main thread's.
+    """
+    yield
+    if "_django_db_helper" not in request.fixturenames:  # the django_db mark, db, ...
+        return
+    from asgiref.sync import SyncToAsync
+
+    executor = SyncToAsync.single_thread_executor
+    if executor._threads:  # the shared thread was started
+        executor.submit(_close_this_threads_connections).result(timeout=30)
+
+
+def _close_this_threads_connections() -> None:
+    from django.db import connections
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None:
+            BaseDatabaseWrapper.close(connection)  # the in-memory SQLite one too

@@ -269,19 +269,22 @@ async def test_many_concurrent_deliveries_share_a_bounded_pool(make_outbox, sign
 
 
 async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
-    # BLMPOP must block for less than the client's 5 s socket timeout, whatever the tick.
+    # BLMPOP must block for less than the client's socket timeout (5 s by default; 3 s here,
+    # so the wait below is shorter), whatever the tick.
     delivered = asyncio.Event()
 
     async def deliver(entry, **kwargs):
         delivered.set()
 
-    worker_box, client_box = make_outbox(deliverer=deliver), make_outbox()
+    socket_timeout = 3.0
+    worker_box = make_outbox(deliverer=deliver, client_options={"socket_timeout": socket_timeout})
+    client_box = make_outbox()
     stop = asyncio.Event()
     from django_outbox.core.worker import Worker
 
     worker = Worker(worker_box, None, concurrency=4, tick=30, stop=stop, heartbeat=False)
     run = asyncio.create_task(worker.run())
-    await asyncio.sleep(6)  # longer than the socket timeout
+    await asyncio.sleep(socket_timeout + 0.5)  # longer than the socket timeout
     await client_box.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
     await asyncio.wait_for(delivered.wait(), 5)
     stop.set()

@@ -182,3 +182,26 @@ def test_a_cache_that_counts_nothing_leaves_users_unbounded_over_workspaces():
         with override_settings(OUTBOX={"USER_ACCEPTS_PER_MINUTE_ALL": 0}):
             assert "django_outbox.W014" not in ids()
     assert "django_outbox.W014" not in ids()  # the default LocMemCache counts per process
+
+
+@pytest.mark.parametrize(
+    "lock_ttl, warned",
+    [(1, True), (3, True), (7.4, True), (7.5, False), (30, False)],
+)
+def test_a_lease_shorter_than_a_workers_stall_warns(valkey, lock_ttl, warned):
+    """Renewed every LOCK_TTL / 3, a lease outlives a stall of two thirds of it: under 5 s
+    of that (LOCK_TTL below 7.5 s) a loaded host loses leases mid-delivery
+    (docs/explanation/ordering.md#leases)."""
+    with override_settings(OUTBOX={**GOOD, "LOCK_TTL": lock_ttl}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == (["django_outbox.W015"] if warned else [])
+    if warned:
+        (message,) = messages
+        assert message.level == checks.WARNING
+        assert f"OUTBOX['LOCK_TTL'] is {lock_ttl:g} s" in message.msg
+        assert "7.5 s or more" in message.hint and "ordering.md#leases" in message.hint
+
+
+def test_a_lease_check_leaves_invalid_settings_to_e001():
+    with override_settings(OUTBOX={**GOOD, "LOCK_TTL": -1}):
+        assert ids() == ["django_outbox.E001"]
