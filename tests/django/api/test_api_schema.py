@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import time
 
 import pytest
 import schemathesis
@@ -170,15 +169,12 @@ def test_fuzzed_requests_get_no_5xx_and_conforming_responses(django_user_model, 
     root.user_permissions.add(*Permission.objects.filter(content_type__app_label="django_outbox"))
     auth = {"Authorization": "Basic " + base64.b64encode(b"root:pw").decode()}
     schema = schemathesis.openapi.from_wsgi(SCHEMA_PATH, wsgi_app)
-    started = time.monotonic()
     seen: dict[str, set[int]] = {}
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) == len(OPERATIONS)
     for operation in operations:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             fuzz(operation, mode, auth, seen.setdefault(operation.label, set()))
-    elapsed = time.monotonic() - started
-    assert elapsed < 90, f"schemathesis run took {elapsed:.1f}s"
     assert all(code < 500 for codes in seen.values() for code in codes), seen
     # every operation was driven past validation (retry/dismiss of random IDs: 404)
     assert all(codes & {200, 202, 204, 404} for codes in seen.values()), seen
