@@ -19,6 +19,8 @@ from django_outbox.errors import (
     Duplicate,
     HoldDeliveryError,
     InvalidContent,
+    PriorAttemptPendingError,
+    TransientDeliveryError,
 )
 from tests.support.helpers import aaccept, wait_for
 
@@ -353,6 +355,44 @@ async def test_send_now_stays_behind_a_prompt_whose_outcome_is_being_verified(
         (second.id, "pending", False),
     ]
     assert listed[0].next_attempt_at is None  # due now: its turn is aborted at once
+    await outbox.aclose()
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        TransientDeliveryError("connection refused: nothing sent"),
+        PriorAttemptPendingError("the previous attempt is still owned downstream"),
+        RuntimeError("HTTP 400: refused"),
+    ],
+    ids=["transient", "prior_pending", "failed"],
+)
+async def test_a_cut_prompt_that_provably_never_reached_the_agent_ends_cancelled(
+    cutting_outbox, agent, signals_log, refusal
+):
+    """The send fails in a way that proves nothing reached the agent (nothing sent, a prior
+    attempt still owned downstream, a definitive refusal) just as the turn is cut: the
+    prompt leaves as cancelled, never retried later (a cut never causes a send:
+    docs/howto/cutting.md), and the next prompt goes."""
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    calls, cuts = [], []
+
+    async def refuses_while_cut(entry, **kwargs):
+        calls.append(entry.id)
+        if calls == [first.id]:
+            cuts.append(await outbox.acut(WS, SES, entry.id))
+            raise refusal
+
+    await outbox.adeliver_once(WS, SES, refuses_while_cut)
+    assert cuts == [InterruptResult.CUT]
+    states = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == first.id]
+    assert states[-1] == "cancelled"
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id]
+    await outbox.adeliver_once(WS, SES, refuses_while_cut)
+    assert calls == [first.id, second.id]
+    assert first.id not in signals_log.ids("delivered")
     await outbox.aclose()
 
 

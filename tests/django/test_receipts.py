@@ -257,6 +257,24 @@ async def test_a_failing_once_receiver_is_retried_by_the_next_claim_then_recorde
     assert len(plain_calls) == 3
 
 
+async def test_an_owed_signal_fired_at_last_leaves_no_failure_count(amake_outbox):
+    """A receiver that failed (below MAX_RECEIVER_ATTEMPTS) and then ran: once its owed
+    signal is fired and acknowledged, the session owes nothing, so it shows no failed
+    firings either (docs/reference/signals.md#a-receiver-that-keeps-failing)."""
+    entry_delivered.connect(meter, once=True)
+    failures_left["meter"] = 2
+    outbox = amake_outbox(deliverer=delivered, lock_ttl=0.3, max_receiver_attempts=5)
+    m1 = await aaccept(outbox, "m1")
+
+    assert await outbox.adeliver_once(WS, SES)  # delivered; its receiver raised
+    await wait_for(lambda: outbox.adeliver_once(WS, SES), 5, 0.05, "an owed firing")
+    assert await outbox.aowed_failures(WS, SES) == {m1.id: 2}  # both firings failed
+    await wait_for(lambda: outbox.adeliver_once(WS, SES), 5, 0.05, "the owed signal fired")
+    assert await aeffects(m1.id) == 1 and failures_left["meter"] == 0  # ran once, at last
+    assert await outbox.aowed_failures(WS, SES) == {}
+    assert outbox.owed_failures(WS, SES) == {}
+
+
 async def test_a_permanently_failing_receiver_holds_its_session_visibly(amake_outbox, caplog):
     # Decision (README "Signals"): never given up by itself (its effect would be lost),
     # retried every LOCK_TTL, each failure logged at ERROR and counted in
