@@ -10,7 +10,17 @@ it, a subset that passes lets it survive, a subset that outlasts ``--timeout`` s
 kills it too (a planted hang). Mutants marked ``equivalent`` (with the reason) are
 listed but not run, and left out of the kill rate.
 
-Usage: python tools/mutate/run.py [--only ID ...] [--list] [--no-baseline] [--timeout S]
+Every kill is confirmed afterwards: the killing tests run together on the unmutated copy,
+and a mutant whose killing test fails there too is reported ``error``, not killed (a test
+broken on its own kills nothing). A whole run first runs the union of the mapped tests on
+the unmutated copy (the baseline) so a broken suite stops it before an hour is spent;
+``--only`` skips that (the confirmation covers its kills), ``--baseline`` asks for it.
+The test that killed each mutant is remembered in ``build/mutate/killers.json`` and run
+first the next time (the order only: the mutant still has to pass all its tests to
+survive), so a kill costs one test rather than the file up to it.
+
+Usage: python tools/mutate/run.py [--only ID ...] [--list] [--baseline | --no-baseline]
+                                  [--timeout S]
 Exit status: 0 when the kill rate reaches ``--target`` percent (default 95), else 1;
 2 when the list is broken or the unmutated tree fails its tests.
 """
@@ -18,6 +28,7 @@ Exit status: 0 when the kill rate reaches ``--target`` percent (default 95), els
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -45,6 +56,19 @@ COPIED = (
     "pyproject.toml",
 )
 PYTEST_FLAGS = ["-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+#: Each mutant's last killing test (node ID), run first next time; not in git.
+KILLERS = ROOT / "build" / "mutate" / "killers.json"
+#: A pytest plugin written into the copy: the test named by ``MUTATE_FIRST`` runs first.
+FIRST_PLUGIN = "_mutate_first"
+FIRST_PLUGIN_SOURCE = '''"""Written by tools/mutate/run.py: MUTATE_FIRST's test runs first."""
+import os
+
+
+def pytest_collection_modifyitems(items):
+    first = os.environ.get("MUTATE_FIRST")
+    if first:
+        items.sort(key=lambda item: item.nodeid != first)
+'''
 
 
 @dataclass
@@ -113,14 +137,20 @@ def copy_tree(dest: Path) -> None:
             shutil.copytree(src, dest / name, ignore=ignore)
         else:
             shutil.copy2(src, dest / name)
+    (dest / f"{FIRST_PLUGIN}.py").write_text(FIRST_PLUGIN_SOURCE)
 
 
-def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[str, str, str]:
-    """Run ``tests`` in ``tree``; return (result, first failing test, output tail)."""
+def run_tests(
+    tree: Path, tests: list[str], timeout: float, first: str = "", flags: list[str] | None = None
+) -> tuple[str, str, str]:
+    """Run ``tests`` in ``tree`` (``first``, a node ID among them, before the others);
+    return (result, first failing test, output)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("OUTBOX_TEST_VALKEY_URL", None)  # every run starts its own server
+    env["MUTATE_FIRST"] = first
+    flags = PYTEST_FLAGS if flags is None else flags
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *tests, *PYTEST_FLAGS],
+        [sys.executable, "-m", "pytest", *tests, *flags, "-p", FIRST_PLUGIN],
         cwd=tree,
         env=env,
         stdout=subprocess.PIPE,
@@ -137,11 +167,11 @@ def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[str, str, s
         stop(proc)
         raise
     if proc.returncode == 0:
-        return "survived", "", out[-2000:]
+        return "survived", "", out
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
     if proc.returncode == 1 and failed:
-        return "killed", failed[0], out[-2000:]
-    return "error", f"(pytest exit {proc.returncode})", out[-4000:]
+        return "killed", failed[0], out
+    return "error", f"(pytest exit {proc.returncode})", out
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -156,6 +186,51 @@ def stop(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def covers(tests: list[str], node: str) -> bool:
+    """Whether ``node`` (a pytest node ID) is one of ``tests`` or inside one of them."""
+    return any(node == t or node.startswith(t + "::") or node.startswith(t + "[") for t in tests)
+
+
+def load_killers() -> dict[str, str]:
+    try:
+        return json.loads(KILLERS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_killers(mutants: list[Mutant]) -> None:
+    killers = load_killers()
+    for m in mutants:
+        if m.result == "killed" and "::" in m.killer:
+            killers[m.id] = m.killer
+    KILLERS.parent.mkdir(parents=True, exist_ok=True)
+    KILLERS.write_text(json.dumps(killers, indent=1, sort_keys=True) + "\n")
+
+
+def confirm(tree: Path, mutants: list[Mutant], timeout: float) -> None:
+    """Run every killing test on the unmutated copy (together, no ``-x``); a mutant whose
+    killing test fails there too, or whose tests time out there too, becomes ``error``."""
+    killed = [m for m in mutants if m.result == "killed"]
+    nodes = sorted({m.killer for m in killed if "::" in m.killer})
+    failing: set[str] = set()
+    if nodes:
+        flags = [f for f in PYTEST_FLAGS if f != "-x"]
+        result, _, out = run_tests(tree, nodes, timeout * 3, flags=flags)
+        if result == "killed":
+            failing = set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M))
+        elif result != "survived":
+            failing = set(nodes)  # could not tell: none of them is confirmed
+    for m in killed:
+        if m.killer in failing:
+            m.result, m.killer = "error", f"(fails unmutated too: {m.killer})"
+    for m in killed:
+        if "::" not in m.killer and m.result == "killed":  # a timeout kill
+            result, _, _ = run_tests(tree, m.tests, timeout)
+            if result != "survived":
+                m.result, m.killer = "error", f"(unmutated: {result})"
+    print(f"confirmed {sum(m.result == 'killed' for m in killed)}/{len(killed)} kills", flush=True)
 
 
 def plant(tree: Path, m: Mutant) -> str:
@@ -211,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", default=None, help="mutant IDs to run")
     parser.add_argument("--list", action="store_true", help="print the list and exit")
+    parser.add_argument(
+        "--baseline", action="store_true", help="run the clean baseline even with --only"
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the clean run")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per mutant")
     parser.add_argument("--target", type=float, default=95.0, help="kill rate to reach (%%)")
@@ -226,25 +304,31 @@ def main(argv: list[str] | None = None) -> int:
         print(table(mutants))
         return 0
     runnable = [m for m in mutants if not m.equivalent]
+    killers = load_killers()
+    baseline = (args.baseline or not args.only) and not args.no_baseline
     with tempfile.TemporaryDirectory(prefix="outbox-mutate-") as tmp:
         tree = Path(tmp)
         copy_tree(tree)
         try:
-            if not args.no_baseline:
+            if baseline:
                 union = sorted({t for m in runnable for t in m.tests})
                 print(f"baseline: {len(union)} test targets on the unmutated tree ...", flush=True)
                 started = time.monotonic()
                 result, killer, out = run_tests(tree, union, args.timeout * 3)
                 if result != "survived":
-                    print(out, file=sys.stderr)
+                    print(out[-4000:], file=sys.stderr)
                     print(f"baseline failed ({killer}): fix the suite first", file=sys.stderr)
                     return 2
                 print(f"baseline green in {time.monotonic() - started:.0f}s", flush=True)
             for n, m in enumerate(runnable, 1):
                 original = plant(tree, m)
                 started = time.monotonic()
+                first = killers.get(m.id, "")
                 try:
-                    m.result, m.killer, m.output = run_tests(tree, m.tests, args.timeout)
+                    m.result, m.killer, out = run_tests(
+                        tree, m.tests, args.timeout, first if covers(m.tests, first) else ""
+                    )
+                    m.output = out[-4000:]
                 finally:
                     (tree / m.file).write_text(original)
                 m.seconds = time.monotonic() - started
@@ -254,8 +338,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if m.result == "error" or (args.verbose and m.result == "survived"):
                     print(m.output, flush=True)
+            confirm(tree, runnable, args.timeout)
         except KeyboardInterrupt:
             print("\ninterrupted: the table below is partial", file=sys.stderr)
+        save_killers(runnable)
     print()
     print(table(mutants))
     rate, text = summary(mutants)
