@@ -290,7 +290,9 @@ class OutboxConsumer(SnapshotSocket):
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Channels' entry point, noting the server's ``websocket.disconnect`` as soon as
         it is handed over (before the running handler ends): nothing is sent after it,
-        not even a close, which uvicorn would raise on ("Unexpected ASGI message")."""
+        not even a close, which uvicorn would raise on ("Unexpected ASGI message").
+        Cancelled (a server stopping, a connection dropped without a disconnect), it
+        cancels this socket's tasks too and re-raises: nothing of the socket runs on."""
 
         async def receive_noting_disconnect() -> Any:
             message = await receive()
@@ -298,7 +300,13 @@ class OutboxConsumer(SnapshotSocket):
                 self._live.closing = True
             return message
 
-        await super().__call__(scope, receive_noting_disconnect, send)
+        try:
+            await super().__call__(scope, receive_noting_disconnect, send)
+        finally:
+            # The server cancels the application at shutdown or when the connection
+            # drops without a disconnect message: this socket's own tasks (its checks,
+            # a coalesced snapshot) end with it (docs/howto/deploy.md#stopping-the-server).
+            self._live.cancel()
 
     # -- staying true (docs/reference/websocket.md#staying-true) --------------------
 
@@ -311,7 +319,13 @@ class OutboxConsumer(SnapshotSocket):
 
     async def _checks(self) -> None:
         interval = get_outbox().config.ws_check_interval
+        task = asyncio.current_task()
         while not self._live.closing:
+            if task is not None and task.cancelling():
+                # A cancellation a library swallowed (Python 3.11's wait_for, in
+                # redis-py's send, returns a result that arrived with the cancel): the
+                # checks end anyway instead of running on unowned.
+                raise asyncio.CancelledError()
             await asyncio.sleep(interval)
             try:
                 await self.check(grace=min(PUBLISH_GRACE, interval / 2))

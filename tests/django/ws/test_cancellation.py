@@ -1,0 +1,128 @@
+"""A queue socket whose application task is cancelled ends whole, in process: an ASGI
+server cancels it at shutdown or when a connection drops without a disconnect message,
+and nothing of the socket (its periodic check above all) may run on after it
+(docs/howto/deploy.md#stopping-the-server). Real channels-redis layer, real Valkey."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from channels.layers import get_channel_layer
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.test import override_settings
+
+from django_outbox.outbox import get_outbox
+from django_outbox.ws.consumer import OutboxConsumer
+from django_outbox.ws.routing import websocket_urlpatterns
+from tests.support.helpers import aaccept
+
+POLICY = "tests.support.policies.own_workspace"
+CHECK_INTERVAL = 0.2
+
+
+@pytest.fixture
+def layers(valkey):
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
+        }
+    }
+    outbox = {"ACCESS_POLICY": POLICY, "WS_CHECK_INTERVAL": CHECK_INTERVAL}
+    with override_settings(CHANNEL_LAYERS=config, OUTBOX=outbox):
+        yield
+
+
+def communicator():
+    comm = WebsocketCommunicator(
+        URLRouter(websocket_urlpatterns), "/ws/outbox/workspaces/alice/sessions/s1/"
+    )
+    comm.scope["user"] = SimpleNamespace(
+        is_authenticated=True, is_active=True, is_staff=False, username="alice"
+    )
+    return comm
+
+
+def socket_checks() -> list[asyncio.Task]:
+    """The running periodic checks of queue sockets in this event loop."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "OutboxConsumer._checks"
+    ]
+
+
+async def ended_within(seconds: float) -> bool:
+    """Whether every socket check has ended within ``seconds`` (polled)."""
+    deadline = time.monotonic() + seconds
+    while socket_checks():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def tidy() -> None:
+    await get_outbox().aclose()
+    layer = get_channel_layer()
+    await layer.flush()
+    await layer.close_pools()
+
+
+async def connected() -> WebsocketCommunicator:
+    await aaccept(get_outbox(), "k1", ws="alice")
+    comm = communicator()
+    connected, _ = await comm.connect()
+    assert connected
+    assert json.loads(await comm.receive_from(5))["type"] == "queue.snapshot"
+    deadline = time.monotonic() + 5
+    while not socket_checks():
+        assert time.monotonic() < deadline, "the socket's periodic check never started"
+        await asyncio.sleep(0.02)
+    return comm
+
+
+async def test_a_cancelled_socket_stops_its_periodic_check(layers):
+    """The server cancels the application task (no disconnect message): the socket's
+    check ends with it instead of re-joining its group and refreshing its counts on."""
+    comm = await connected()
+    comm.future.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await comm.future
+    try:
+        assert await ended_within(3 * CHECK_INTERVAL + 1)
+    finally:
+        for task in socket_checks():
+            task.cancel()
+        await tidy()
+
+
+async def test_a_check_ends_even_when_its_cancellation_was_swallowed(layers, monkeypatch):
+    """A library that swallows the cancellation (Python 3.11's wait_for inside redis-py's
+    send returns a result that arrived with the cancel) must not leave the check looping:
+    it ends at its next turn."""
+    entered = asyncio.Event()
+
+    async def swallowing_check(self, grace=0.0):
+        entered.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass  # what the race in wait_for amounts to
+
+    monkeypatch.setattr(OutboxConsumer, "check", swallowing_check)
+    comm = await connected()
+    try:
+        await asyncio.wait_for(entered.wait(), 5)
+        (task,) = socket_checks()
+        task.cancel()
+        assert await ended_within(3 * CHECK_INTERVAL + 1)
+        assert task.cancelled()
+    finally:
+        await comm.disconnect()
+        await tidy()
