@@ -73,7 +73,9 @@ class CutWatch:
         event is set once the signal ``key`` names the entry."""
         event = asyncio.Event()
         self.watched[token] = (key, entry_id, event)
-        if self.task is None or self.task.done():
+        # A task that :meth:`unwatch` has just asked to stop ends at its next await, even
+        # though it now has something to watch: start another.
+        if self.task is None or self.task.done() or self.task.cancelling():
             self.task = self.loop.create_task(self._run())
         return event
 

@@ -422,3 +422,24 @@ async def test_a_cut_prompt_the_agent_asked_to_hold_ends_cancelled_never_sent_la
     assert calls == [first.id, second.id]
     assert first.id not in signals_log.ids("delivered")
     await outbox.aclose()
+
+
+async def test_an_attempt_watched_right_after_the_last_one_ended_still_sees_its_cut(
+    cutting_outbox, agent, r
+):
+    """One event loop's cut watch stops its background look when the last attempt is
+    unwatched; an attempt watched in that same moment (one delivery ends as the next
+    begins) must still be looked at, or its cut goes unseen until DELIVERY_TIMEOUT."""
+    outbox = cutting_outbox(agent)
+    watch = outbox._cut_watch()
+    watch.watch("attempt-1", outbox.keys.cut(WS, "s1"), "e1")
+    await asyncio.sleep(0)  # the background look is running (asleep until its first round)
+    watch.unwatch("attempt-1")
+    cut = watch.watch("attempt-2", outbox.keys.cut(WS, "s2"), "e2")
+    r.set(outbox.keys.cut(WS, "s2"), "e2")
+    try:
+        await asyncio.wait_for(cut.wait(), 20 * CUT_POLL)
+    finally:
+        watch.unwatch("attempt-2")
+        await asyncio.gather(watch.task, return_exceptions=True)  # its last look ends here
+        await outbox.aclose()
