@@ -143,31 +143,30 @@ def test_stop_and_send_now_through_a_live_server_cut_the_worker_s_turn(valkey, t
     )
     (tmp_path / "workers").mkdir()
     with asgi_server(valkey, tmp_path / "web", OUTBOX_TEST_ABORTER=ABORTER) as server:
-        http = httpx.Client(base_url=server.base + BASE, headers={"Authorization": AUTH})
-        ids = []
-        for key, text in (("k1", "one"), ("k2", "two"), ("k3", "three")):
-            answer = http.post("messages/", json={"clientMessageID": key, "text": text})
-            assert answer.status_code == 202, answer.text
-            ids.append(answer.json()["id"])
-        try:
-            workers.start("--tick", "0.2")
-            wait_until(lambda: r.sismember("test:sent", ids[0]), 30, message="no turn")
-            # Send "three" now: the turn of "one" is cut, "three" goes before "two".
-            answer = http.post(f"messages/{ids[2]}/send-now/")
-            assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
-            wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs())
-            answer = http.post("interrupt/")  # Stop "three"
-            assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
-            wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs())
-            assert http.post("interrupt/").status_code == 202  # Stop "two"
-            wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs())
-        finally:
-            workers.stop_all()
-        assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
-        assert len(r.lrange("test:aborts", 0, -1)) >= 3
-        listed = http.get("messages/").json()
-        http.close()
-        assert listed["entries"] == []
+        with httpx.Client(base_url=server.base + BASE, headers={"Authorization": AUTH}) as http:
+            ids = []
+            for key, text in (("k1", "one"), ("k2", "two"), ("k3", "three")):
+                answer = http.post("messages/", json={"clientMessageID": key, "text": text})
+                assert answer.status_code == 202, answer.text
+                ids.append(answer.json()["id"])
+            try:
+                workers.start("--tick", "0.2")
+                wait_until(lambda: r.sismember("test:sent", ids[0]), 30, message="no turn")
+                # Send "three" now: the turn of "one" is cut, "three" goes before "two".
+                answer = http.post(f"messages/{ids[2]}/send-now/")
+                assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
+                wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs())
+                answer = http.post("interrupt/")  # Stop "three"
+                assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
+                wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs())
+                assert http.post("interrupt/").status_code == 202  # Stop "two"
+                wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs())
+            finally:
+                workers.stop_all()
+            assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
+            assert len(r.lrange("test:aborts", 0, -1)) >= 3
+            listed = http.get("messages/").json()
+            assert listed["entries"] == []
 
 
 @pytest.mark.slow
@@ -181,31 +180,33 @@ def test_an_interrupting_accept_through_a_live_server_cuts_the_worker_s_turn(val
     )
     (tmp_path / "workers").mkdir()
     with asgi_server(valkey, tmp_path / "web", OUTBOX_TEST_ABORTER=ABORTER) as server:
-        http = httpx.Client(base_url=server.base + BASE, headers={"Authorization": AUTH})
-        ids = []
-        for key, text in (("k1", "one"), ("k2", "two")):
-            answer = http.post("messages/", json={"clientMessageID": key, "text": text})
-            assert answer.status_code == 202, answer.text
-            ids.append(answer.json()["id"])
-        try:
-            workers.start("--tick", "0.2")
-            wait_until(lambda: r.sismember("test:sent", ids[0]), 30, message="no turn")
-            body = {"clientMessageID": "k3", "text": "three", "ifBusy": "interrupt"}
-            answer = http.post("messages/", json=body)
-            assert answer.status_code == 202, answer.text
-            ids.append(answer.json()["id"])
-            assert answer.json()["mode"] == "interrupt"
-            # The turn of "one" is cut and "three" goes before "two".
-            wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs())
-            resent = http.post("messages/", json=body)  # a retry cuts nothing more
-            assert (resent.status_code, resent.json()) == (200, {"id": ids[2], "duplicate": True})
-            assert http.post("interrupt/").status_code == 202  # Stop "three"
-            wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs())
-            assert http.post("interrupt/").status_code == 202  # Stop "two"
-            wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs())
-        finally:
-            workers.stop_all()
-        assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
-        listed = http.get("messages/").json()
-        http.close()
-        assert listed["entries"] == []
+        with httpx.Client(base_url=server.base + BASE, headers={"Authorization": AUTH}) as http:
+            ids = []
+            for key, text in (("k1", "one"), ("k2", "two")):
+                answer = http.post("messages/", json={"clientMessageID": key, "text": text})
+                assert answer.status_code == 202, answer.text
+                ids.append(answer.json()["id"])
+            try:
+                workers.start("--tick", "0.2")
+                wait_until(lambda: r.sismember("test:sent", ids[0]), 30, message="no turn")
+                body = {"clientMessageID": "k3", "text": "three", "ifBusy": "interrupt"}
+                answer = http.post("messages/", json=body)
+                assert answer.status_code == 202, answer.text
+                ids.append(answer.json()["id"])
+                assert answer.json()["mode"] == "interrupt"
+                # The turn of "one" is cut and "three" goes before "two".
+                wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs())
+                resent = http.post("messages/", json=body)  # a retry cuts nothing more
+                assert (resent.status_code, resent.json()) == (
+                    200,
+                    {"id": ids[2], "duplicate": True},
+                )
+                assert http.post("interrupt/").status_code == 202  # Stop "three"
+                wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs())
+                assert http.post("interrupt/").status_code == 202  # Stop "two"
+                wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs())
+            finally:
+                workers.stop_all()
+            assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
+            listed = http.get("messages/").json()
+            assert listed["entries"] == []
