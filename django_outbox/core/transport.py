@@ -318,6 +318,21 @@ class Transport:
         setattr(self, last, value)
         return value
 
+    @property
+    def read_timeout(self) -> float | None:
+        """Seconds a reply may take on this outbox's connections: the URL's
+        ``socket_timeout`` (a URL's options win over client options, docs/howto/valkey.md
+        "Timeouts in the URL"), else the client option (5 s by default); None for no
+        limit. A blocking wait must stay under it."""
+        raw = parse_qs(urlsplit(self.url).query).get("socket_timeout")
+        if raw:
+            try:
+                return float(raw[0])
+            except ValueError:  # redis-py refuses it when the client is made
+                return None
+        value = self._client_options.get("socket_timeout")
+        return float(value) if value else None
+
     def _abatcher(self) -> Batcher:
         return self._loop_local("_last_batcher", self._batchers, lambda loop: Batcher(self, loop))
 

@@ -104,6 +104,9 @@ class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, 
     ledger_probe: Callable[..., Any] | None
     duties: list[Duty]
 
+    @property
+    def read_timeout(self) -> float | None: ...
+
     async def astep(
         self,
         workspace_id: str,
@@ -213,9 +216,13 @@ class Worker:
     async def _wake_loop(self, key: str) -> None:
         """Wait on one wake list; BLMPOP hands each item to exactly one worker. (A
         cluster has one wake list per shard and every worker waits on each.)"""
-        # Block for less than the client's socket timeout (5 s), whatever the tick:
-        # a longer BLMPOP would time out on the socket and count as an error.
+        # Block for less than the client's socket timeout (5 s unless the URL or the
+        # client options say otherwise), whatever the tick: a longer BLMPOP would time
+        # out on the socket, be retried, and count as an error.
         block = min(max(self.tick, 0.01), WAKE_WAIT_MAX)
+        read_timeout = self.outbox.read_timeout
+        if read_timeout:
+            block = min(block, read_timeout / 2)
         while not self.stop.is_set():
             # Take only what a free slot can start: an item left in the list goes to
             # a worker with room (several workers share one backlog evenly).

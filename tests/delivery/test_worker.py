@@ -294,6 +294,44 @@ async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
     await client_box.aclose()
 
 
+@pytest.mark.parametrize("where", ["url", "client_options"])
+async def test_an_idle_worker_with_a_short_socket_timeout_counts_no_errors(
+    make_outbox, valkey, where
+):
+    """A socket_timeout shorter than the wake wait's 2 s block (in the URL, docs/howto/
+    valkey.md "Timeouts in the URL", or in the client options): the idle worker's waits
+    must not time out on the socket and count as errors, and an accept still wakes it."""
+    delivered = asyncio.Event()
+
+    async def deliver(entry, **kwargs):
+        delivered.set()
+
+    socket_timeout = 0.8
+    if where == "url":
+        sep = "&" if "?" in valkey else "?"
+        worker_box = make_outbox(
+            url=f"{valkey}{sep}socket_timeout={socket_timeout}", deliverer=deliver
+        )
+    else:
+        worker_box = make_outbox(
+            deliverer=deliver, client_options={"socket_timeout": socket_timeout}
+        )
+    client_box = make_outbox()
+    stop = asyncio.Event()
+    from django_outbox.core.worker import Worker
+
+    worker = Worker(worker_box, None, concurrency=4, tick=30, stop=stop, heartbeat=False)
+    run = asyncio.create_task(worker.run())
+    await asyncio.sleep(10 * socket_timeout)  # several waits, and their retries, idle
+    await client_box.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
+    await asyncio.wait_for(delivered.wait(), 5)
+    stop.set()
+    await run
+    assert worker.stats.errors == 0
+    await worker_box.aclose()
+    await client_box.aclose()
+
+
 @pytest.mark.standalone
 async def test_start_up_waits_for_valkey_to_come_back(tmp_path, make_outbox):
     from tests.support.valkey import ValkeyProcess
