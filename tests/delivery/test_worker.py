@@ -306,7 +306,7 @@ async def test_an_idle_worker_with_a_short_socket_timeout_counts_no_errors(
     async def deliver(entry, **kwargs):
         delivered.set()
 
-    socket_timeout = 0.8
+    socket_timeout = 0.5
     if where == "url":
         sep = "&" if "?" in valkey else "?"
         worker_box = make_outbox(
