@@ -44,9 +44,9 @@ Who writes what, and what it costs:
   them every :data:`FLUSH_EVERY` seconds in one pipeline, off the delivery path: no
   command per message. A worker killed with SIGKILL loses at most that much of its
   counts; a graceful stop writes them.
-* The agent steps (``ag:``) are counted the same way, in memory, by a listener of
-  ``Outbox.agent_step_listeners`` (:meth:`HistoryCounter.agent_step`), into the total
-  HASH only: the dashboard splits outcomes by agent over every workspace.
+* The agent steps (``ag:``) are counted the same way, in memory, by the delivery step
+  as it tells ``Outbox.agent_step_listeners`` (:meth:`HistoryCounter.agent_step`), into
+  the total HASH only: the dashboard splits outcomes by agent over every workspace.
 * Once a minute one worker (whichever claims ``histsample:<minute>`` first) samples
   depth by status, the most overdue session and the live workers into the total.
   Depth by status walks every session's statuses (up to 50,000 sessions), so it is
@@ -267,7 +267,7 @@ class HistoryCounter:
             self.settled(workspace_id, Entry.from_json(raw), outcome, kind, raw)
 
     def agent_step(self, agent: str, step: str, outcome: str, result: str, seconds: float) -> None:
-        """An ``Outbox.agent_step_listeners`` listener: count one deliver or verify step
+        """Count one deliver or verify step (told with ``Outbox.agent_step_listeners``)
         that ``agent`` served as ``ag:<agent>:<outcome>`` in the total of the minute now
         (``lost`` when the settle's ``result`` says the lease was lost), as the worker's
         ``outbox_agent_steps_total`` does (docs/howto/observe.md#the-dashboard)."""
@@ -466,15 +466,6 @@ class HistoryReads(Transport):
     """Reading and writing the per-minute history (mixed into the core ``Outbox``)."""
 
     _history_ttl_ms: int  # set by OutboxBase from HISTORY_WINDOW
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # The agents' steps reach the history as they reach the worker's metrics: the
-        # dashboard's split by agent (once the delivery step has made the listener list).
-        listeners = getattr(self, "agent_step_listeners", None)
-        counter = getattr(self, "history_counter", None)
-        if listeners is not None and counter is not None:
-            listeners.append(counter.agent_step)
 
     def history(self, minutes: int = 60, workspace_id: str | None = None) -> History:
         """The last ``minutes`` whole-or-current minutes of history (1 .. 31 days' worth),

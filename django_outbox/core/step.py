@@ -541,6 +541,8 @@ class DeliveryStep(AgentCalls, OwedSignals):
     def _tell_agent_listeners(
         self, agent: str, step: str, outcome: str, result: str, seconds: float
     ) -> None:
+        # The dashboard's split by agent, counted as the settles are (core/history.py).
+        self.history_counter.agent_step(agent, step, outcome, result, seconds)
         for listener in self.agent_step_listeners:
             try:
                 listener(agent, step, outcome, result, seconds)
