@@ -147,18 +147,26 @@ async def awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
+def url_socket_timeout(url: str) -> float | None:
+    """The ``socket_timeout`` of ``url``'s query (docs/howto/valkey.md, "Timeouts in the
+    URL"), None without one. A value that is not a number is None here, and redis-py
+    refuses it when the client is made."""
+    raw = parse_qs(urlsplit(url).query).get("socket_timeout")
+    if not raw:
+        return None
+    try:
+        return float(raw[0])
+    except ValueError:
+        return None
+
+
 def url_read_timeout_only(url: str) -> float | None:
     """The ``socket_timeout`` of ``url``'s query when it sets no ``socket_connect_timeout``
     (then connecting waits as long, as redis-py documents it: docs/howto/valkey.md,
-    "Timeouts in the URL"), else None. A value that is not a number is None here, and
-    redis-py refuses it when the client is made."""
-    query = parse_qs(urlsplit(url).query)
-    if "socket_connect_timeout" in query or not query.get("socket_timeout"):
+    "Timeouts in the URL"), else None."""
+    if "socket_connect_timeout" in parse_qs(urlsplit(url).query):
         return None
-    try:
-        return float(query["socket_timeout"][0])
-    except ValueError:
-        return None
+    return url_socket_timeout(url)
 
 
 class Transport:
@@ -324,12 +332,9 @@ class Transport:
         ``socket_timeout`` (a URL's options win over client options, docs/howto/valkey.md
         "Timeouts in the URL"), else the client option (5 s by default); None for no
         limit. A blocking wait must stay under it."""
-        raw = parse_qs(urlsplit(self.url).query).get("socket_timeout")
-        if raw:
-            try:
-                return float(raw[0])
-            except ValueError:  # redis-py refuses it when the client is made
-                return None
+        from_url = url_socket_timeout(self.url)
+        if from_url is not None:
+            return from_url
         value = self._client_options.get("socket_timeout")
         return float(value) if value else None
 
