@@ -81,7 +81,9 @@ const ENDINGS = { sent: "delivered", dismissed: "dismissed", cancelled: "cancell
  * at}], newest first) says how a prompt that left the queue while we were not connected
  * ended: the state its update would have had.
  */
-const ENDED_STATES = { delivered: "sent", dismissed: "dismissed", cancelled: "cancelled" };
+const ENDED_STATES = Object.fromEntries(
+  Object.entries(ENDINGS).map(([state, ended]) => [ended, state]),
+);
 /** Transient close codes after which the first reconnect waits longer (backoff step). */
 const SLOW_CLOSE_CODES = new Map([
   [4429, 3], // this user holds WS_MAX_SOCKETS_PER_USER sockets: wait for one to close
