@@ -30,9 +30,11 @@ from .policy import workspace_members
 OUTBOX_MOUNT = "/outbox/"
 #: The permission to read every prompt count and change the fake agent's shared knobs.
 CONTROL_AGENT = "demo.control_agent"
+#: The fake agent's values that act on every session (anyone may read them).
+SHARED_VALUES = ("latency", "cutRate", "errorRate", "busyRate")
 #: The fake agent's knobs that act on every session (only ``CONTROL_AGENT`` may change
 #: them); a member may only add rules for their own sessions.
-GLOBAL_KNOBS = ("latency", "cutRate", "errorRate", "busyRate", "clearRules")
+GLOBAL_KNOBS = (*SHARED_VALUES, "clearRules")
 
 
 def _error(status: int, code: str, detail: str) -> JsonResponse:
@@ -193,7 +195,7 @@ def agent_api(request: HttpRequest) -> HttpResponse:
         return JsonResponse(knobs)
     return JsonResponse(
         {
-            **{k: knobs.get(k) for k in ("latency", "cutRate", "errorRate", "busyRate")},
+            **{k: knobs.get(k) for k in SHARED_VALUES},
             "rules": [r for r in knobs.get("rules", []) if r.get("session") in own],
         }
     )
