@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from pathlib import Path
 
 import pytest
 
 from tests.support.browser import browser_or_skip, save_screenshot, start_chrome
-from tests.support.demo import DemoProcess, children_of
+from tests.support.demo import DemoProcess, worker_pid
 
 pytestmark = pytest.mark.slow
 
@@ -31,21 +30,6 @@ return [...document.querySelectorAll('#queue li')].map((li) => ({
   text: li.querySelector('.text')?.textContent, state: li.dataset.state,
   ended: li.dataset.ended || '', badge: li.querySelector('.badge')?.textContent}));
 """
-
-
-def worker_pid(root: int) -> int:
-    """The ``outbox_worker`` process under the demo launcher ``root``."""
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"outbox_worker" in cmdline:
-            return pid
-        todo.extend(children_of(pid))
-    raise AssertionError("no outbox_worker under the demo")
 
 
 def test_the_page_says_no_worker_is_running_and_how_each_prompt_ended(tmp_path):
