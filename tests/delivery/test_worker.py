@@ -268,30 +268,38 @@ async def test_many_concurrent_deliveries_share_a_bounded_pool(make_outbox, sign
     await outbox.aclose()
 
 
-async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
-    # BLMPOP must block for less than the client's socket timeout (5 s by default; 3 s here,
-    # so the wait below is shorter), whatever the tick.
+async def _idle_then_woken(make_outbox, idle: float, **worker_options) -> int:
+    """A worker (tick 30 s) on an outbox made with ``worker_options`` idles ``idle`` seconds,
+    then an accept must wake it within 5 s; returns the errors it counted."""
     delivered = asyncio.Event()
 
     async def deliver(entry, **kwargs):
         delivered.set()
 
-    socket_timeout = 3.0
-    worker_box = make_outbox(deliverer=deliver, client_options={"socket_timeout": socket_timeout})
+    worker_box = make_outbox(deliverer=deliver, **worker_options)
     client_box = make_outbox()
     stop = asyncio.Event()
     from django_outbox.core.worker import Worker
 
     worker = Worker(worker_box, None, concurrency=4, tick=30, stop=stop, heartbeat=False)
     run = asyncio.create_task(worker.run())
-    await asyncio.sleep(socket_timeout + 0.5)  # longer than the socket timeout
+    await asyncio.sleep(idle)
     await client_box.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
     await asyncio.wait_for(delivered.wait(), 5)
     stop.set()
     await run
-    assert worker.stats.errors == 0
     await worker_box.aclose()
     await client_box.aclose()
+    return worker.stats.errors
+
+
+async def test_a_long_tick_does_not_time_out_the_wake_wait(make_outbox):
+    # BLMPOP must block for less than the client's socket timeout (5 s by default; 3 s here,
+    # so the wait below is shorter), whatever the tick.
+    socket_timeout = 3.0
+    # Idle longer than the socket timeout.
+    options = {"client_options": {"socket_timeout": socket_timeout}}
+    assert await _idle_then_woken(make_outbox, socket_timeout + 0.5, **options) == 0
 
 
 @pytest.mark.parametrize("where", ["url", "client_options"])
@@ -301,35 +309,14 @@ async def test_an_idle_worker_with_a_short_socket_timeout_counts_no_errors(
     """A socket_timeout shorter than the wake wait's 2 s block (in the URL, docs/howto/
     valkey.md "Timeouts in the URL", or in the client options): the idle worker's waits
     must not time out on the socket and count as errors, and an accept still wakes it."""
-    delivered = asyncio.Event()
-
-    async def deliver(entry, **kwargs):
-        delivered.set()
-
     socket_timeout = 0.5
     if where == "url":
         sep = "&" if "?" in valkey else "?"
-        worker_box = make_outbox(
-            url=f"{valkey}{sep}socket_timeout={socket_timeout}", deliverer=deliver
-        )
+        options = {"url": f"{valkey}{sep}socket_timeout={socket_timeout}"}
     else:
-        worker_box = make_outbox(
-            deliverer=deliver, client_options={"socket_timeout": socket_timeout}
-        )
-    client_box = make_outbox()
-    stop = asyncio.Event()
-    from django_outbox.core.worker import Worker
-
-    worker = Worker(worker_box, None, concurrency=4, tick=30, stop=stop, heartbeat=False)
-    run = asyncio.create_task(worker.run())
-    await asyncio.sleep(10 * socket_timeout)  # several waits, and their retries, idle
-    await client_box.aaccept(WS, "s1", user_id="u", client_message_id="k", text="t")
-    await asyncio.wait_for(delivered.wait(), 5)
-    stop.set()
-    await run
-    assert worker.stats.errors == 0
-    await worker_box.aclose()
-    await client_box.aclose()
+        options = {"client_options": {"socket_timeout": socket_timeout}}
+    # Several waits, and their retries, idle.
+    assert await _idle_then_woken(make_outbox, 10 * socket_timeout, **options) == 0
 
 
 @pytest.mark.standalone
