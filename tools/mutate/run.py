@@ -60,7 +60,9 @@ PYTEST_FLAGS = ["-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
 KILLERS = ROOT / "build" / "mutate" / "killers.json"
 #: A pytest plugin written into the copy: the test named by ``MUTATE_FIRST`` runs first.
 FIRST_PLUGIN = "_mutate_first"
-FIRST_PLUGIN_SOURCE = '''"""Written by tools/mutate/run.py: MUTATE_FIRST's test runs first."""
+FIRST_PLUGIN_SOURCE = '''"""Written by tools/mutate/run.py: MUTATE_FIRST's test runs first; the node
+ID of every failing test is appended to the file MUTATE_FAILED (a line each: IDs of
+parametrized rows may hold spaces, which pytest's summary line cannot show unambiguously)."""
 import os
 
 
@@ -68,6 +70,17 @@ def pytest_collection_modifyitems(items):
     first = os.environ.get("MUTATE_FIRST")
     if first:
         items.sort(key=lambda item: item.nodeid != first)
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get("MUTATE_FAILED")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as failed:
+            failed.write(report.nodeid + "\\n")
+
+
+def pytest_collectreport(report):
+    pytest_runtest_logreport(report)
 '''
 
 
@@ -148,6 +161,9 @@ def run_tests(
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("OUTBOX_TEST_VALKEY_URL", None)  # every run starts its own server
     env["MUTATE_FIRST"] = first
+    failed_file = tree / f"{FIRST_PLUGIN}.failed"
+    failed_file.unlink(missing_ok=True)
+    env["MUTATE_FAILED"] = str(failed_file)
     flags = PYTEST_FLAGS if flags is None else flags
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", *tests, *flags, "-p", FIRST_PLUGIN],
@@ -168,10 +184,19 @@ def run_tests(
         raise
     if proc.returncode == 0:
         return "survived", "", out
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
+    failed = failing_nodes(failed_file)
     if proc.returncode == 1 and failed:
         return "killed", failed[0], out
     return "error", f"(pytest exit {proc.returncode})", out
+
+
+def failing_nodes(path: Path) -> list[str]:
+    """The node IDs the plugin recorded as failing in ``path``, first failure first."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    return list(dict.fromkeys(line for line in lines if line))
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -217,9 +242,9 @@ def confirm(tree: Path, mutants: list[Mutant], timeout: float) -> None:
     failing: set[str] = set()
     if nodes:
         flags = [f for f in PYTEST_FLAGS if f != "-x"]
-        result, _, out = run_tests(tree, nodes, timeout * 3, flags=flags)
+        result, _, _ = run_tests(tree, nodes, timeout * 3, flags=flags)
         if result == "killed":
-            failing = set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M))
+            failing = set(failing_nodes(tree / f"{FIRST_PLUGIN}.failed"))
         elif result != "survived":
             failing = set(nodes)  # could not tell: none of them is confirmed
     for m in killed:
