@@ -180,11 +180,11 @@ class Row:
 
 
 ROWS = {
-    "one receiver that succeeds": Row(
+    "succeeds": Row(
         once=["ok"],
         expected=[(0, ["ok"], {"ok": 1}, {"ok": 1})],
     ),
-    "one that fails once then succeeds": Row(
+    "fails-once-then-succeeds": Row(
         once=["flaky"],
         raising={"flaky": 1},
         expected=[
@@ -192,7 +192,7 @@ ROWS = {
             (0, ["flaky"], {"flaky": 2}, {"flaky": 1}),
         ],
     ),
-    "one that fails twice then succeeds": Row(
+    "fails-twice-then-succeeds": Row(
         once=["flaky"],
         raising={"flaky": 2},
         expected=[
@@ -201,7 +201,7 @@ ROWS = {
             (0, ["flaky"], {"flaky": 3}, {"flaky": 1}),
         ],
     ),
-    "a worker restarted between the failure and the owed firing": Row(
+    "worker-restarted-before-the-owed-firing": Row(
         once=["flaky"],
         raising={"flaky": 1},
         restart=True,
@@ -210,12 +210,12 @@ ROWS = {
             (0, ["flaky"], {"flaky": 2}, {"flaky": 1}),
         ],
     ),
-    "a plain receiver that fails owes nothing": Row(
+    "plain-receiver-fails-owes-nothing": Row(
         once=[],
         plain=["plain_broken"],
         expected=[(0, [], {"plain_broken": 1}, {})],
     ),
-    "several: the one that ran is skipped, the plain one runs again": Row(
+    "several-the-one-that-ran-skipped-plain-runs-again": Row(
         once=["ok", "flaky"],
         plain=["plain"],
         raising={"flaky": 1},
@@ -470,20 +470,24 @@ def test_prune_deletes_what_is_old_enough_up_to_the_batch(older_than, batch, del
     assert _left() == left
 
 
+BAD_PRUNES = [
+    (-0.001, 10, "older_than must be a finite number"),
+    (receipts.MAX_PRUNE_AGE + 1, 10, "older_than must be a finite number"),
+    (float("nan"), 10, "older_than must be a finite number"),
+    (False, 10, "older_than must be a finite number"),
+    (5, 0, "batch must be a whole number"),
+    (5, -1, "batch must be a whole number"),
+    (5, receipts.MAX_PRUNE_BATCH + 1, "batch must be a whole number"),
+    (5, 2.0, "batch must be a whole number"),
+    (5, True, "batch must be a whole number"),
+    (5, "2", "batch must be a whole number"),
+]
+
+
 @pytest.mark.parametrize(
     ("older_than", "batch", "error"),
-    [
-        (-0.001, 10, "older_than must be a finite number"),
-        (receipts.MAX_PRUNE_AGE + 1, 10, "older_than must be a finite number"),
-        (float("nan"), 10, "older_than must be a finite number"),
-        (False, 10, "older_than must be a finite number"),
-        (5, 0, "batch must be a whole number"),
-        (5, -1, "batch must be a whole number"),
-        (5, receipts.MAX_PRUNE_BATCH + 1, "batch must be a whole number"),
-        (5, 2.0, "batch must be a whole number"),
-        (5, True, "batch must be a whole number"),
-        (5, "2", "batch must be a whole number"),
-    ],
+    BAD_PRUNES,
+    ids=[f"older_than={a!r}-batch={b!r}" for a, b, _ in BAD_PRUNES],  # no spaces: mutate's node IDs
 )
 def test_prune_refuses_bad_arguments_and_deletes_nothing(older_than, batch, error):
     _aged(AGES)
