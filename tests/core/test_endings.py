@@ -171,7 +171,7 @@ def test_the_record_goes_with_an_idle_session_and_with_cleanup(make_outbox, r):
 @pytest.mark.standalone
 def test_the_record_is_trimmed_back_to_20_only_once_it_holds_more_than_40(make_outbox, r):
     """Exact lengths at the trim's edges: 40 endings are all kept, the 41st trims the list
-    back to the newest 20 (one LTRIM in 21 endings after that), and a reader is given 20 throughout."""
+    back to the newest 20 (then one LTRIM in 21 endings), and a reader is given 20 throughout."""
     outbox = make_outbox(deliverer=noop, user_accepts_per_minute=0)
     key = outbox.keys.session(WS, SES).ended
     lengths = {}
