@@ -494,3 +494,31 @@ def test_prune_refuses_bad_arguments_and_deletes_nothing(older_than, batch, erro
     with pytest.raises(ValueError, match=error):
         receipts.prune(older_than=older_than, batch=batch)
     assert len(_left()) == len(AGES)
+
+
+async def test_a_slow_owed_firing_keeps_its_lease_too(amake_outbox):
+    """The owed firing of a slow receiver that failed once holds the session's lease while
+    it runs: a second worker polling meanwhile fires nothing, and the effect is kept once."""
+    entry_delivered.connect(slow, once=True)
+    raising["slow"] = 1
+    first, second = amake_outbox(), amake_outbox()
+    m1 = await aaccept(first, "m1")
+    assert await first.adeliver_once(WS, SES)  # delivered; the receiver failed
+    assert calls == {"slow": 1} and await first.aowed_failures(WS, SES) == {m1.id: 1}
+
+    async def owed_firing_started() -> asyncio.Task | None:
+        step = asyncio.create_task(first.adeliver_once(WS, SES))
+        await asyncio.sleep(0.05)
+        if step.done():  # the lease had not expired yet: nothing claimed
+            assert not await step
+            return None
+        return step
+
+    step = await wait_for(owed_firing_started, 5, 0.05, "the owed firing began")
+    while not step.done():
+        assert not await second.adeliver_once(WS, SES)
+        await asyncio.sleep(0.05)
+    assert await step
+    assert calls == {"slow": 2}
+    assert await sync_to_async(kept_effects)(m1.id) == {"slow": 1}
+    assert await second.aowed_failures(WS, SES) == {}
