@@ -118,7 +118,8 @@ async def amake_outbox(make_outbox):
 
     def make(**kwargs):
         kwargs.setdefault("lock_ttl", LOCK_TTL)
-        made.append(make_outbox(deliverer=delivered, **kwargs))
+        kwargs.setdefault("deliverer", delivered)
+        made.append(make_outbox(**kwargs))
         return made[-1]
 
     yield make
@@ -275,6 +276,44 @@ async def test_a_slow_once_receiver_runs_once_though_a_second_worker_polls(amake
     assert await second.aowed_failures(WS, SES) == {}
     assert not await second.adeliver_once(WS, SES)
     assert calls == {"slow": 1}
+
+
+async def test_a_delivery_the_ledger_confirms_owes_its_signal_to_the_next_claim(amake_outbox):
+    """An entry the ledger probe confirms delivered is staged with its signal owed; the next
+    claim fires it, a failure there is counted like any other, and the receiver's effect is
+    kept once, keyed on the deliveredAt the confirmation stamped
+    (docs/explanation/lifecycle.md, "The ledger probe")."""
+    from django_outbox.core.entry import LEDGER_STATE_TURN_ENDED
+    from django_outbox.errors import AmbiguousError
+
+    async def lost_reply(entry, **kwargs):
+        raise AmbiguousError("injected: the reply was lost")
+
+    entry_delivered.connect(flaky, once=True)
+    entry_delivered.connect(plain)
+    raising["flaky"] = 1
+    outbox = amake_outbox(
+        deliverer=lost_reply, ledger_probe=lambda **kwargs: LEDGER_STATE_TURN_ENDED
+    )
+    m1 = await aaccept(outbox, "m1")
+    assert await outbox.adeliver_once(WS, SES)  # unverifiable: an error entry
+    assert calls == {} and await outbox.asweep_workspace_parked_errors(WS) == 1
+    owed = outbox.owed_entry(WS, SES, m1.id)
+    assert owed is not None and owed.delivered_at
+    assert [(e.entry_id, e.how) for e in (await outbox.asnapshot(WS, SES)).endings] == [
+        (m1.id, "delivered")
+    ]
+
+    assert await outbox.adeliver_once(WS, SES)  # the owed firing: the receiver fails
+    assert calls == {"flaky": 1, "plain": 1}
+    assert await outbox.aowed_failures(WS, SES) == {m1.id: 1}
+    await wait_for(partial(outbox.adeliver_once, WS, SES), 5, 0.05, "the owed firing")
+    assert calls == {"flaky": 2, "plain": 2}
+    assert await outbox.aowed_failures(WS, SES) == {}
+    rows = DeliveryReceipt.objects.values_list("entry_id", "delivered_at", "receiver")
+    assert [tuple(x) async for x in rows] == [(m1.id, owed.delivered_at, f"{HERE}.flaky")]
+    assert await sync_to_async(kept_effects)(m1.id) == {"flaky": 1}
+    assert not await outbox.adeliver_once(WS, SES) and calls == {"flaky": 2, "plain": 2}
 
 
 async def _held(outbox, caplog, times: int) -> None:
