@@ -166,3 +166,21 @@ def test_the_record_goes_with_an_idle_session_and_with_cleanup(make_outbox, r):
     assert r.exists(ended[0]) == 0
     assert outbox.cleanup_workspace(WS) > 0
     assert r.exists(ended[1]) == 0
+
+
+@pytest.mark.standalone
+def test_the_record_is_trimmed_back_to_20_only_once_it_holds_more_than_40(make_outbox, r):
+    """Exact lengths at the trim's edges: 40 endings are all kept, the 41st trims the list
+    back to the newest 20 (then one LTRIM in 21 endings), and a reader is given 20 throughout."""
+    outbox = make_outbox(deliverer=noop, user_accepts_per_minute=0)
+    key = outbox.keys.session(WS, SES).ended
+    lengths = {}
+    ids = []
+    for i in range(62):
+        ids.append(accept(outbox, f"k{i}").id)
+        outbox.dismiss(WS, SES, ids[-1])
+        lengths[i + 1] = r.llen(key)
+        assert len(endings(outbox)) == min(i + 1, 20)
+    # after 41: 20; 20 more endings later it holds 40 again, and the next trims it
+    assert [lengths[n] for n in (1, 20, 40, 41, 42, 61, 62)] == [1, 20, 40, 20, 21, 40, 20]
+    assert endings(outbox) == [(i, "dismissed") for i in reversed(ids[-20:])]

@@ -548,3 +548,32 @@ def test_an_interrupting_accept_on_commit_goes_next_after_the_commit(make_outbox
         assert [e.id for e in outbox.list(WS, SES)] == [first.id]
     listed = outbox.list(WS, SES)
     assert [(e.text, e.mode) for e in listed] == [("now", "interrupt"), ("queued first", "queue")]
+
+
+def test_a_move_whose_row_cannot_be_deleted_leaves_the_callers_commit_alone(outbox, caplog):
+    """The move runs as a robust ``on_commit`` callback: when the database refuses to delete
+    the moved row (here a trigger), the caller's committed transaction raises nothing, the
+    prompt is in the outbox once, the failure is logged, and the row left behind is settled
+    by a later move as already moved (docs/howto/transactions.md)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TRIGGER outbox_test_keep_rows BEFORE DELETE ON django_outbox_pendingaccept "
+            "BEGIN SELECT RAISE(ABORT, 'injected: the row cannot be deleted'); END"
+        )
+    try:
+        with caplog.at_level(logging.ERROR, "django.db.backends.base"), transaction.atomic():
+            Group.objects.create(name="order 1")
+            on_commit(outbox, "k1")
+        assert Group.objects.count() == 1  # the caller's own rows are committed
+        assert texts(outbox) == ["work on k1"]
+        assert rows() == [("k1", "waiting", 0)]
+        assert "injected: the row cannot be deleted" in caplog.text
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER outbox_test_keep_rows")
+    come_due()
+    transactional.move_due(outbox)
+    assert rows() == []
+    assert texts(outbox) == ["work on k1"]
