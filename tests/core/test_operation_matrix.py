@@ -747,6 +747,7 @@ ROWS_SESSION = [
             ("while_only_an_error_waits", only_error),
             ("while_only_an_expired_prompt_waits", only_expired),
             ("into_an_empty_session", empty),
+            ("while_only_a_delivered_entry_whose_signal_is_owed_stays", only_owed),
         )
     ),
     Row(
