@@ -357,9 +357,10 @@ ROWS = [(op, state) for op in OPS for state in STATES]
 
 
 @pytest.mark.parametrize(("op", "state"), ROWS, ids=[f"{op}-{state}" for op, state in ROWS])
-def test_an_operation_on_an_entry_in_a_state(ob, r, op, state):
+def test_an_operation_on_an_entry_in_a_state(ob, r, signals_log, op, state):
     ids = build(state, ob, r)
     before, version = keyspace(r), _version(ob, r)
+    signals_log.calls["updated"].clear()
 
     answer = OPS[op](ob, ids)
 
@@ -368,8 +369,10 @@ def test_an_operation_on_an_entry_in_a_state(ob, r, op, state):
         assert _version(ob, r) > version
         _check_allowed(op, state, ob, r, ids)
         assert_indices_agree(r, ob, WS, SES)
+        assert ids["x"] in signals_log.ids("updated")  # watchers are told
     else:
         assert keyspace_diff(before, keyspace(r)) == []
+        assert signals_log.ids("updated") == []
 
 
 def test_every_state_has_an_answer_for_every_operation():
@@ -532,6 +535,7 @@ class Row:
     expect: Any
     check: Any = None  # (outbox, r, ids) -> None, for an answer that changes something
     aborter: bool = True
+    told: tuple[str, ...] = ()  # the entries whose change watchers are told of
 
 
 def _is(expected):
@@ -630,6 +634,7 @@ ROWS_SESSION = [
             and _interrupted(ob, ids, "y")
             and r.get(ob.keys.cut(WS, SES)) == ids["y"]
         ),
+        told=("x", "y"),
     ),
     Row(
         "send_now-behind_a_verifying_head",
@@ -637,6 +642,7 @@ ROWS_SESSION = [
         lambda ob, ids: ob.send_now(WS, SES, ids["x"]),
         SendNowResult.CUT,
         lambda ob, r, ids: _order_with(ob, ids) == ["v", "x", "b"] and _interrupted(ob, ids, "v"),
+        told=("x", "v"),
     ),
     Row(
         "send_now-when_the_turn_was_cut_before",
@@ -810,6 +816,14 @@ ROWS_SESSION = [
         ),
     ),
     Row(
+        "park-a_session_of_pending_prompts",
+        three_pending,
+        lambda ob, ids: ob.park_workspace(WS, REASON),
+        3,  # nothing left to deliver: the session leaves the due index
+        lambda ob, r, ids: set(_statuses(ob, r, ids).values()) == {"parked/pending"},
+        told=("b", "x", "c"),
+    ),
+    Row(
         "unpark-every_waiting_state",
         every_waiting_state_parked,
         lambda ob, ids: ob.unpark_workspace(WS, REASON),
@@ -851,10 +865,11 @@ def _answer(row: Row, outbox, ids):
 
 
 @pytest.mark.parametrize("row", ROWS_SESSION, ids=[row.id for row in ROWS_SESSION])
-def test_an_operation_in_a_session(make_outbox, r, row):
+def test_an_operation_in_a_session(make_outbox, r, signals_log, row):
     outbox = make_outbox(history_window=3600, **({"aborter": _abort} if row.aborter else {}))
     ids = row.setup(outbox, r)
     before, version = keyspace(r), _version(outbox, r)
+    signals_log.calls["updated"].clear()
 
     answer = _answer(row, outbox, ids)
 
@@ -862,8 +877,11 @@ def test_an_operation_in_a_session(make_outbox, r, row):
         assert isinstance(answer, row.expect), answer
     else:
         assert answer == row.expect
+    told = {v: k for k, v in ids.items()}
+    assert {told.get(i, "new") for i in signals_log.ids("updated")} >= set(row.told)
     if row.check is None:
         assert keyspace_diff(before, keyspace(r)) == []
+        assert signals_log.ids("updated") == []
     else:
         assert row.check(outbox, r, ids)
         assert _version(outbox, r) > version or row.id.startswith(("park", "unpark"))
