@@ -447,6 +447,10 @@ def only_pending(outbox, r):
     return _pending(outbox, "b")
 
 
+def only_verifying(outbox, r):
+    return _seeded(outbox, "v", status=Status.VERIFYING)
+
+
 def only_error(outbox, r):
     return _seeded(outbox, "e", status=Status.ERROR, reason="max_attempts")
 
@@ -738,6 +742,7 @@ ROWS_SESSION = [
             ("while_a_turn_runs", turn_in_flight),
             ("while_a_staged_entry_is_orphaned", only_orphaned),
             ("while_the_head_is_verified", verifying_head),
+            ("while_only_a_verification_waits", only_verifying),
             ("while_the_head_is_verified_under_the_lease", verifying_head_leased),
         )
     ),
