@@ -99,7 +99,8 @@ def build(state: str, outbox, r) -> dict[str, str]:
         return ids
     now = _now_us()
     seeds: dict[str, dict[str, Any]] = {
-        "verifying": {"status": Status.VERIFYING},
+        # Verified again after a backoff: due a minute from now.
+        "verifying": {"status": Status.VERIFYING, "next_attempt_at": format_time(now + 60_000_000)},
         "being_verified": {"status": Status.VERIFYING},
         "parked_verifying": {"status": Status.VERIFYING},
         "error": {"status": Status.ERROR, "reason": "max_attempts"},
@@ -344,6 +345,8 @@ def _check_allowed(op: str, state: str, outbox, r, ids) -> None:
         assert r.get(outbox.keys.cut(WS, SES)) == x
         in_staging = state in ("in_flight", "orphaned", "parked_in_flight")
         assert (x in _staged_ids(outbox, r)) == in_staging
+        if state == "verifying":  # due now, so its turn is aborted without waiting
+            assert entries[x].next_attempt_at is None
     elif op == "retry":
         after = {"orphaned": "verifying", "verifying": "verifying"}.get(state, "pending")
         assert str(entries[x].status) == after
@@ -451,6 +454,12 @@ def only_verifying(outbox, r):
     return _seeded(outbox, "v", status=Status.VERIFYING)
 
 
+def past_expiry(outbox, r):
+    """x pending past its expiresAt, never claimed; b pending."""
+    ago = format_time(_now_us() - 60_000_000)
+    return {**_seeded(outbox, "x", status=Status.PENDING, expires_at=ago), **_pending(outbox, "b")}
+
+
 def only_error(outbox, r):
     return _seeded(outbox, "e", status=Status.ERROR, reason="max_attempts")
 
@@ -483,8 +492,9 @@ def empty(outbox, r):
 
 
 def every_waiting_state(outbox, r):
-    """v verifying, e error, ex expired, o delivered and owed, p pending."""
-    ids = _seeded(outbox, "v", status=Status.VERIFYING)
+    """v verifying (after a backoff), e error, ex expired, o delivered and owed, p pending."""
+    later = format_time(_now_us() + 60_000_000)
+    ids = _seeded(outbox, "v", status=Status.VERIFYING, next_attempt_at=later)
     ids.update(_seeded(outbox, "e", status=Status.ERROR, reason="max_attempts"))
     ids.update(_seeded(outbox, "ex", status=Status.EXPIRED))
     ids.update(only_owed(outbox, r))
@@ -525,6 +535,10 @@ def _statuses(outbox, r, ids) -> dict[str, str]:
 def _order_with(outbox, ids, new=None) -> list[str]:
     names = {v: k for k, v in ids.items()}
     return [names.get(e.id, e.text) for e in outbox.list(WS, SES)]
+
+
+def _entry(outbox, ids, name):
+    return {e.id: e for e in outbox.list(WS, SES)}[ids[name]]
 
 
 def _interrupted(outbox, ids, name) -> bool:
@@ -685,6 +699,14 @@ ROWS_SESSION = [
         lambda ob, r, ids: _interrupted(ob, ids, "y"),
     ),
     Row(
+        "interrupt-only_a_verification",
+        only_verifying,
+        lambda ob, ids: ob.interrupt(WS, SES),
+        InterruptResult.CUT,
+        lambda ob, r, ids: _interrupted(ob, ids, "v"),
+        told=("v",),
+    ),
+    Row(
         "interrupt-a_turn_cut_before",
         turn_cut,
         lambda ob, ids: ob.interrupt(WS, SES),
@@ -726,6 +748,18 @@ ROWS_SESSION = [
         turn_cut,
         lambda ob, ids: ob.cut(WS, SES, ids["y"]),
         InterruptResult.ALREADY,
+    ),
+    # expire: the claim that reaches a prompt past its expiry marks it, never sends it
+    # (claim.lua as a worker runs it: run_script emits no events)
+    Row(
+        "claim-a_prompt_past_its_expiry",
+        past_expiry,
+        lambda ob, ids: ob.run_script("claim", WS, SES, claim_argv(HOLDER, 600_000))[0],
+        b"deliver",
+        lambda ob, r, ids: (
+            _statuses(ob, r, ids) == {"x": "expired", "b": "delivering"}
+            and _endings(ob, r)[0] == f"{ids['x']} expired"
+        ),
     ),
     # edit: compare-and-set on the session's version
     Row(
@@ -837,6 +871,7 @@ ROWS_SESSION = [
             _statuses(ob, r, ids)
             == {"v": "verifying", "e": "error", "ex": "expired", "o": "delivering", "p": "pending"}
             and not r.exists(ob.keys.pause(WS))
+            and _entry(ob, ids, "v").next_attempt_at is None  # unparked entries are due now
         ),
     ),
     Row(
