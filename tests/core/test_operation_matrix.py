@@ -37,7 +37,7 @@ from django_outbox import (
 )
 from django_outbox.core.entry import format_time
 from django_outbox.core.scripts import claim_argv
-from django_outbox.errors import SessionBusy
+from django_outbox.errors import CutNotSupported, SessionBusy
 from tests.support.helpers import accept, make_entry
 from tests.support.keyspace import assert_indices_agree, keyspace, keyspace_diff
 
@@ -824,6 +824,24 @@ ROWS_SESSION = [
         lambda ob, r, ids: (
             _order_with(ob, ids) == ["y", "new", "b", "x"] and _interrupted(ob, ids, "y")
         ),
+    ),
+    Row(
+        "accept_interrupt-into_a_paused_workspace",
+        in_flight_parked,
+        _accept("interrupt"),
+        Status.PARKED,  # held like every accept: it is no queued prompt, so nothing is cut
+        lambda ob, r, ids: (
+            _order_with(ob, ids) == ["y", "b", "new"]
+            and not _interrupted(ob, ids, "y")
+            and not r.exists(ob.keys.cut(WS, SES))
+        ),
+    ),
+    Row(
+        "accept_interrupt-without_an_aborter",
+        turn_in_flight,
+        _accept("interrupt"),
+        CutNotSupported,  # nothing stored, no marker
+        aborter=False,
     ),
     # park / unpark: pending, verifying and delivering park; error, expired and delivered
     # entries stay; unpark returns each to where it was parked from
