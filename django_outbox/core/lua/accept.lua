@@ -39,11 +39,21 @@ local function held_reason()
   return nil
 end
 
+-- Is an entry staged and not yet delivered? (One whose delivery is confirmed and whose
+-- signal alone is owed is done: lib/entry.lua is_done.)
+local function staged_undelivered()
+  for _, raw in ipairs(redis.call('LRANGE', D, 0, -1)) do
+    if not is_done((split(raw))) then return true end
+  end
+  return false
+end
+
 -- Does the session have something pending, in flight or being verified? (A lease or a
--- staged entry, or a queued entry in one of those states; error, parked and expired
--- entries wait for a person, not for the agent.)
+-- staged entry not yet delivered, or a queued entry in one of those states; error, parked
+-- and expired entries wait for a person, not for the agent, and a delivered entry whose
+-- signal is owed is done.)
 local function session_busy()
-  if redis.call('EXISTS', LOCK) == 1 or redis.call('LLEN', D) > 0 then return true end
+  if redis.call('EXISTS', LOCK) == 1 or staged_undelivered() then return true end
   for _, raw in ipairs(redis.call('LRANGE', Q, 0, -1)) do
     local state = string.sub(raw, 1, string.find(raw, MARK, 1, true) or #raw)
     if string.find(state, '"status":"pending"', 1, true)
