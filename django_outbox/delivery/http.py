@@ -26,8 +26,8 @@ serves is :data:`django_outbox.core.agents.current_agent`. How an answer is clas
 the send (``POST SEND_URL``)                               outcome
 =========================================================  ==================================
 2xx                                                        delivered
-refused or unreachable before anything was sent            transient (no attempt used)
-timeout, connection cut, 5xx (502, 504, 500, ...)          ambiguous: verified, never resent
+refused, unreachable, or the deadline passed connecting    transient (no attempt used)
+timeout once sent, connection cut, 5xx (502, 504, 500...)  ambiguous: verified, never resent
 429 or 503 with ``Retry-After``                            held until then, no attempt used
 other 4xx, 429 without ``Retry-After``, a redirect          failed (an attempt used)
 =========================================================  ==================================
@@ -35,7 +35,8 @@ other 4xx, 429 without ``Retry-After``, a redirect          failed (an attempt u
 The verifier's ``GET VERIFY_URL``: 200 → DELIVERED, 404 → ABSENT, anything else (another
 status, a timeout, a cut) → INCONCLUSIVE. Every timeout is a total deadline over the whole
 exchange (connect, send, headers, body), so an agent that drips its answer byte by byte
-cannot outlive it. At most ``MAX_RESPONSE_BYTES`` of an answer are read (only an error's
+cannot outlive it; an error body still dripping at the deadline is cut there, and the
+status decides. At most ``MAX_RESPONSE_BYTES`` of an answer are read (only an error's
 answer is read at all, for a short excerpt). Requests go to the origin (scheme, host,
 port) of their URL only: a redirect is followed only when it is a 307/308 (or, for the
 GET, any redirect) to the same origin, so the ``HEADERS`` (credentials) never leave it.
@@ -338,6 +339,21 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
+class _Sending:
+    """What httpcore reports of one request (its ``trace`` extension): ``connecting`` while
+    a connection is being made and none of the request is written yet. A transport that
+    reports nothing leaves it False: a timeout then counts as maybe sent."""
+
+    def __init__(self) -> None:
+        self.connecting = False
+
+    async def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        if event == "connection.connect_tcp.started":
+            self.connecting = True
+        elif event.endswith(".send_request_headers.started"):
+            self.connecting = False
+
+
 class HttpAgent:
     """One HTTP agent (an ``AGENTS`` entry): :meth:`deliver`, :meth:`verify`, :meth:`abort`.
 
@@ -383,52 +399,69 @@ class HttpAgent:
     ) -> tuple[int, httpx.Headers, bytes]:
         """One request and its answer, following same-origin redirects (307/308; for a GET
         any): ``(status, headers, body excerpt)``. The body is read only for a non-2xx
-        answer, at most ``max_response_bytes``. Raises httpx errors, ``TimeoutError`` past
-        ``deadline`` seconds in all, :class:`HttpAgentError` for a redirect elsewhere."""
+        answer, at most ``max_response_bytes``, and only until ``deadline``: once the status
+        is in, a body still dripping is cut there and the status decides. Raises httpx
+        errors (``ConnectTimeout`` when ``deadline`` seconds in all pass while connecting,
+        before any of the request was written), ``TimeoutError`` when they pass after,
+        :class:`HttpAgentError` for a redirect elsewhere."""
         client = self._client()
         headers = {"Content-Type": "application/json"} if body is not None else {}
         if key:
             headers["Idempotency-Key"] = key
         origin = _origin(httpx.URL(url))
-        async with asyncio.timeout(deadline):
-            for _ in range(_MAX_REDIRECTS + 1):
-                request = client.build_request(method, url, content=body, headers=headers)
-                response = await client.send(request, stream=True)
-                try:
-                    status = response.status_code
-                    if 300 <= status < 400 and "location" in response.headers:
-                        follows = status in (307, 308) or method == "GET"
-                        target = httpx.URL(urljoin(url, response.headers["location"]))
-                        if not follows or target.userinfo or _origin(target) != origin:
-                            raise HttpAgentError(
-                                f"the agent redirected {method} {url} ({status}) to "
-                                f"{'another origin' if follows else 'a place'} this agent "
-                                "does not follow",
-                                status=status,
-                                url=url,
-                            )
-                        url = str(target)
-                        continue
-                    raw = b""
-                    if not 200 <= status < 300:
-                        raw = await self._read(response)
-                    return status, response.headers, raw
-                finally:
-                    with contextlib.suppress(httpx.HTTPError):
-                        await response.aclose()
+        when = asyncio.get_running_loop().time() + deadline
+        for _ in range(_MAX_REDIRECTS + 1):
+            sending = _Sending()
+            request = client.build_request(
+                method, url, content=body, headers=headers, extensions={"trace": sending.trace}
+            )
+            try:
+                async with asyncio.timeout_at(when):
+                    response = await client.send(request, stream=True)
+            except TimeoutError as exc:
+                if sending.connecting:
+                    raise httpx.ConnectTimeout(
+                        f"no connection within {deadline:g}s", request=request
+                    ) from exc
+                raise
+            try:
+                status = response.status_code
+                if 300 <= status < 400 and "location" in response.headers:
+                    follows = status in (307, 308) or method == "GET"
+                    target = httpx.URL(urljoin(url, response.headers["location"]))
+                    if not follows or target.userinfo or _origin(target) != origin:
+                        raise HttpAgentError(
+                            f"the agent redirected {method} {url} ({status}) to "
+                            f"{'another origin' if follows else 'a place'} this agent "
+                            "does not follow",
+                            status=status,
+                            url=url,
+                        )
+                    url = str(target)
+                    continue
+                raw = b""
+                if not 200 <= status < 300:
+                    raw = await self._read(response, when)
+                return status, response.headers, raw
+            finally:
+                with contextlib.suppress(httpx.HTTPError):
+                    await response.aclose()
         raise HttpAgentError(f"more than {_MAX_REDIRECTS} redirects from {url}", url=url)
 
-    async def _read(self, response: httpx.Response) -> bytes:
+    async def _read(self, response: httpx.Response, when: float) -> bytes:
+        """At most ``max_response_bytes`` of ``response``'s body, read until the loop time
+        ``when``; what came before a cut, an error or the deadline (nothing if compressed)."""
         limit = self.settings.max_response_bytes
         encoding = response.headers.get("content-encoding", "").strip().lower()
         if encoding not in ("", "identity"):
             return b""
         raw = bytearray()
-        with contextlib.suppress(httpx.HTTPError):
-            async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
-                raw += chunk
-                if len(raw) >= limit:
-                    return bytes(raw[:limit])
+        with contextlib.suppress(httpx.HTTPError, TimeoutError):
+            async with asyncio.timeout_at(when):
+                async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
+                    raw += chunk
+                    if len(raw) >= limit:
+                        return bytes(raw[:limit])
         return bytes(raw)
 
     # -- deliver ---------------------------------------------------------------------

@@ -333,6 +333,18 @@ HTTP_DELIVER = [
         says=("HTTP 400",),
     ),
     Row(
+        "deliver-400-whose-body-drips-past-the-deadline-is-failed",
+        posted(400, body=b"slow" * 40, how="drip"),
+        "failed",
+        says=("HTTP 400",),
+    ),
+    Row(
+        "deliver-429-with-retry-after-whose-body-drips-is-held",
+        posted(429, {"Retry-After": "9"}, body=b"slow" * 40, how="drip"),
+        "held",
+        hold=9,
+    ),
+    Row(
         "deliver-refused-is-transient", url="refused", kind="transient", says=("could not connect",)
     ),
     Row(
@@ -346,6 +358,12 @@ HTTP_DELIVER = [
         url="black-hole",
         kind="transient",
         says=("ConnectTimeout",),
+    ),
+    Row(
+        "deliver-connect-hanging-past-the-total-deadline-is-transient",
+        url="black-hole",
+        kind="transient",
+        settings={"CONNECT_TIMEOUT": 5},
     ),
     Row(
         "deliver-closed-without-a-word-is-ambiguous",
