@@ -63,7 +63,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import DEFAULT_MAX_RESPONSE_BYTES, OpencodeSettings, outbox_settings
 from ..core.entry import Entry, Verdict, parse_time
-from ..core.redaction import remember_credentials
+from ..core.redaction import redact, remember_credentials
 from ..errors import AmbiguousError, TransientDeliveryError
 from ._httpx import LoopClients, Unreadable, read_bounded
 
@@ -100,12 +100,14 @@ class OpencodeError(Exception):
 
 
 class OpencodeHTTPError(OpencodeError):
-    """opencode answered a non-2xx status. ``status`` (int), ``body`` (excerpt, str), ``url``."""
+    """opencode answered a non-2xx status. ``status`` (int), ``body`` (excerpt, str), ``url``;
+    the body and URL redacted: an agent echoing the credentials cannot put them in the error
+    text (docs/explanation/security.md)."""
 
     def __init__(self, status: int, body: str, url: str) -> None:
         self.status = status
-        self.body = body
-        self.url = url
+        self.body = body = redact(body)
+        self.url = url = redact(url)
         excerpt = f": {body}" if body else ""
         super().__init__(f"opencode answered HTTP {status} for {url}{excerpt}")
 

@@ -879,13 +879,13 @@ OPENCODE_ABORT = [
     Row("abort-204-returns", (("POST", OC_ABORT, reply(204, b"")),), None),
     Row(
         "abort-400-raises-naming-the-status",
-        (("POST", OC_ABORT, reply(400, b"said-the-agent")),),
+        (("POST", OC_ABORT, reply(400, ECHO)),),
         raises=OpencodeHTTPError,
         says=("HTTP 400", "said-the-agent"),
     ),
     Row(
         "abort-500-raises",
-        (("POST", OC_ABORT, reply(500, b"said-the-agent")),),
+        (("POST", OC_ABORT, reply(500, ECHO)),),
         raises=OpencodeHTTPError,
         says=("HTTP 500",),
     ),
