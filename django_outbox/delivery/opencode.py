@@ -64,8 +64,9 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import DEFAULT_MAX_RESPONSE_BYTES, OpencodeSettings, outbox_settings
 from ..core.entry import Entry, Verdict, parse_time
 from ..core.redaction import redact, remember_credentials
-from ..errors import AmbiguousError, TransientDeliveryError
+from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
 from ._httpx import LoopClients, Unreadable, read_bounded
+from .http import parse_retry_after
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -332,8 +333,12 @@ class OpencodeClient:
         * 5xx → :class:`AmbiguousError` wrapping :class:`OpencodeHTTPError`: a
           server error may come after the message was stored, and a proxy's
           502/504 says nothing about the upstream.
+        * 429 with ``Retry-After`` (seconds or an HTTP date; a rate limit in front of
+          opencode) → :class:`HoldDeliveryError`: nothing was stored, the session waits
+          until then without using an attempt (docs/howto/agents.md#held-retry-after).
         * 3xx/4xx (400 bad payload such as a model without ``providerID``, 401
-          auth, 404 unknown session, ...) → :class:`OpencodeHTTPError` with
+          auth, 404 unknown session, a 429 without ``Retry-After``, ...) →
+          :class:`OpencodeHTTPError` with
           ``status`` and a body excerpt: a definitive failure (refused before
           storing).
         * A session ID not starting with ``ses`` → :class:`OpencodeSessionIDError`
@@ -413,6 +418,10 @@ class OpencodeClient:
         if 200 <= status < 300:
             return
         error = OpencodeHTTPError(status, _excerpt(raw.decode("utf-8", "replace")), url)
+        if status == 429:  # a rate limit in front of opencode: nothing was stored
+            wait = parse_retry_after(response.headers.get("retry-after"))
+            if wait is not None:
+                raise HoldDeliveryError(str(error), error, retry_after=wait) from error
         if status >= 500:
             raise AmbiguousError(str(error), error) from error
         raise error

@@ -642,6 +642,30 @@ OPENCODE_DELIVER = [
     Row("deliver-422-is-failed", sent_message(422), "failed", says=("HTTP 422",)),
     Row("deliver-425-is-failed", sent_message(425), "failed", says=("HTTP 425",)),
     Row("deliver-429-is-failed", sent_message(429), "failed", says=("HTTP 429",)),
+    Row(
+        "deliver-429-with-retry-after-seconds-is-held",
+        sent_message(429, {"Retry-After": "20"}),
+        "held",
+        hold=20,
+        says=("held for 20s", "HTTP 429"),
+    ),
+    Row(
+        "deliver-429-with-retry-after-date-is-held",
+        sent_message(429, {"Retry-After": http_date(60)}),
+        "held",
+        hold=60,
+    ),
+    Row(
+        "deliver-429-with-unreadable-retry-after-is-failed",
+        sent_message(429, {"Retry-After": "in a while"}),
+        "failed",
+    ),
+    Row(
+        "deliver-503-with-retry-after-is-ambiguous",
+        sent_message(503, {"Retry-After": "20"}),
+        "ambiguous",
+        says=("HTTP 503",),
+    ),
     Row("deliver-499-is-failed", sent_message(499), "failed", says=("HTTP 499",)),
     Row(
         "deliver-500-is-ambiguous",
@@ -786,7 +810,9 @@ OPENCODE_VERIFY = [
     ),
     Row(
         "verify-lookup-compressed-is-inconclusive",
-        looked_up(reply(200, b"\x1f\x8b", headers={"Content-Encoding": "gzip"})),
+        looked_up(
+            reply(200, json.dumps(user_message()).encode(), headers={"Content-Encoding": "gzip"})
+        ),
         Verdict.INCONCLUSIVE,
     ),
     Row(
@@ -843,6 +869,16 @@ OPENCODE_VERIFY = [
         "verify-not-found-and-a-huge-transcript-is-inconclusive",
         looked_up(NOT_FOUND, reply(200, huge=1024 * 1024)),
         Verdict.INCONCLUSIVE,
+    ),
+    Row(
+        "verify-not-found-and-a-chunked-transcript-over-the-bound-is-inconclusive",
+        looked_up(NOT_FOUND, reply(200, b"[" + b" " * (96 * 1024) + b"]", chunked=True)),
+        Verdict.INCONCLUSIVE,
+    ),
+    Row(
+        "verify-not-found-and-a-chunked-transcript-within-the-bound-is-absent",
+        looked_up(NOT_FOUND, reply(200, b"[" + b" " * (32 * 1024) + b"]", chunked=True)),
+        Verdict.ABSENT,
     ),
     Row(
         "verify-not-found-and-a-next-page-elsewhere-is-inconclusive",
