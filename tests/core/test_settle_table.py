@@ -475,6 +475,8 @@ ROWS = [
       "parked, resumes verifying"),
     R("transient", "park+Stop", None, "cancelled", "cancelled", False, "deliver b", "b",
       "cancelled, never sent after unpark"),
+    R("absent", "park+Stop", None, "cancelled", "cancelled", False, "deliver b", "b",
+      "cancelled, never sent after unpark"),
     # -- the session was cleaned up, or the lease lost: nothing is recorded, the lease
     #    is not released (it is not ours), the outcome is left to verification
     R("transient", "cleanup", None, "lost", None, False, None, "",
