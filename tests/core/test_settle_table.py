@@ -685,3 +685,206 @@ async def _run_row(amake, r, row: Row) -> None:
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
 async def test_settle_table(amake, r, row):
     await _run_row(amake, r, row)
+
+
+# -- how long until the entry is due again ---------------------------------------------------
+#
+# On an injected clock, so each wait is exact: the attempts before the row's are made at
+# one-hour steps (each then due), and the row's ending is recorded at the clock's now.
+
+T0 = 1_900_000_000.0  # seconds since the epoch
+
+
+class Clock:
+    """An injected clock (seconds since the epoch) that a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+FAIL = _raises(RuntimeError("500"))
+REFUSED = _raises(TRANSIENT)
+
+
+def _hold(seconds: float):
+    return _raises(HoldDeliveryError("429", retry_after=seconds))
+
+
+BACKOFF = {"retry_backoff": 10, "max_backoff": 30, "verify_delay": 7, "verify_backoff": 5,
+           "max_verify_backoff": 15, "hold_max": 60}  # fmt: skip
+
+
+#: (what it shows, the attempts, the status after the last, its wait in seconds)
+WAITS = [
+    ("first failure waits RETRY_BACKOFF", [("deliver", FAIL)], "pending", 10),
+    ("second failure waits double", [("deliver", FAIL)] * 2, "pending", 20),
+    ("third failure is capped at MAX_BACKOFF", [("deliver", FAIL)] * 3, "pending", 30),
+    ("first transient failure waits RETRY_BACKOFF", [("deliver", REFUSED)], "pending", 10),
+    ("second transient failure waits double", [("deliver", REFUSED)] * 2, "pending", 20),
+    ("third transient failure is capped", [("deliver", REFUSED)] * 3, "pending", 30),
+    ("a transient failure counts its own backoff, not the attempts",
+     [("deliver", FAIL), ("deliver", REFUSED)], "pending", 10),
+    ("a hold waits the agent's Retry-After", [("deliver", _hold(20))], "pending", 20),
+    ("holds in a row do not double", [("deliver", _hold(20))] * 2, "pending", 20),
+    ("a hold is capped at HOLD_MAX", [("deliver", _hold(90))], "pending", 60),
+    ("an unknown outcome is verified after VERIFY_DELAY",
+     [("deliver", _raises(UNKNOWN))], "verifying", 7),
+    ("first inconclusive check waits VERIFY_BACKOFF",
+     [("deliver", _raises(UNKNOWN)), ("verify", _verdict(Verdict.INCONCLUSIVE))],
+     "verifying", 5),
+    ("second inconclusive check waits double",
+     [("deliver", _raises(UNKNOWN)), *[("verify", _verdict(Verdict.INCONCLUSIVE))] * 2],
+     "verifying", 10),
+    ("third inconclusive check is capped at MAX_VERIFY_BACKOFF",
+     [("deliver", _raises(UNKNOWN)), *[("verify", _verdict(Verdict.INCONCLUSIVE))] * 3],
+     "verifying", 15),
+    ("absent waits RETRY_BACKOFF like a failure",
+     [("deliver", _raises(UNKNOWN)), ("verify", _verdict(None))], "pending", 10),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "attempts, status, wait", [w[1:] for w in WAITS], ids=[w[0] for w in WAITS]
+)
+async def test_how_long_until_due_again(amake, r, attempts, status, wait):
+    clock = Clock()
+    agent = Agent()
+    outbox = amake(deliverer=agent.deliver, verifier=agent.verify, clock=clock, **BACKOFF)
+    run = Run(outbox, agent, {}, amake, r, {})
+    a = await _accept(run, "a")
+    await _accept(run, "b")
+    for kind, does in attempts:
+        clock.now += 3600  # whatever the last wait, the entry is due
+        agent.once[kind] = lambda entry, does=does: does(run, entry)
+        assert await outbox.adeliver_once(WS, SES)
+        assert not agent.once, f"the {kind} call was not made"
+    stored = {e.id: e for e in await outbox.alist(WS, SES)}[a.id]
+    assert str(stored.status) == status
+    assert stored.next_attempt_at is not None
+    assert _parse(stored.next_attempt_at) - clock.now == pytest.approx(wait, abs=0.001)
+    # Until then the session waits behind it (strict order): b is not sent either.
+    clock.now += wait - 0.01
+    assert not await outbox.adeliver_once(WS, SES)
+    clock.now += 0.02
+    assert await outbox.adeliver_once(WS, SES)
+    assert agent.calls[-1] == ("verify" if status == "verifying" else "deliver", "a")
+
+
+# -- a delivery settled together with the next claim (settle_next.lua) ----------------------
+
+
+#: (what it shows, a and m merged, the prompts behind, what the claim made with the settle
+#: answered: a merged message's members stay staged, their entry_delivered owed to it)
+NEXT_CLAIMS = [
+    ("delivered, the next prompt is claimed under the same lease", False, ["b"], "deliver b"),
+    ("a merged message delivered, its member's signal is owed next", True, ["b"], "owed m"),
+    ("delivered, nothing behind: the lease is released", False, [], "idle"),
+    ("a merged message delivered, nothing behind: the member is owed", True, [], "owed m"),
+]
+
+
+@pytest.mark.parametrize(
+    "merged, behind, claimed", [n[1:] for n in NEXT_CLAIMS], ids=[n[0] for n in NEXT_CLAIMS]
+)
+async def test_a_delivery_settled_with_the_next_claim(amake, r, merged, behind, claimed):
+    from django_outbox.core.step import Claimed
+
+    agent = Agent()
+    outbox = amake(deliverer=agent.deliver, verifier=agent.verify)
+    run = Run(outbox, agent, {}, amake, r, {})
+    a = await _accept(run, "a", **({"if_busy": "merge"} if merged else {}))
+    if merged:
+        await _accept(run, "m", if_busy="merge")
+    for text in behind:
+        await _accept(run, text)
+    took, carry = await outbox.astep(WS, SES, None, more=lambda: True)
+    assert took and isinstance(carry, Claimed), carry
+    kind, entry, _ = carry.answer
+    if kind == "owed":
+        assert f"{kind} {' '.join(e.text for e in entry)}" == claimed
+    else:
+        assert (f"{kind} {entry.text}" if entry is not None else kind) == claimed
+    snap = await outbox.asnapshot(WS, SES)
+    gone = [a.id] + ([run.ids["m"]] if merged else [])
+    assert sorted(e.entry_id for e in snap.endings if e.how == "delivered") == sorted(gone)
+    assert [(e.text, str(e.status)) for e in snap.entries if e.id in gone] == [], "still queued"
+    if claimed == "idle":
+        assert snap.lease is None
+    else:
+        assert snap.lease is not None
+        took, carry = await outbox.astep(WS, SES, None, carry)
+        assert took
+        if carry is not None:
+            await outbox.arelease(WS, SES, carry)
+    for _ in range(5):
+        if not await outbox.adeliver_once(WS, SES):
+            break
+    snap = await outbox.asnapshot(WS, SES)
+    assert (snap.entries, snap.lease) == ([], None)
+    assert agent.transcript.count(a.id) == 1
+    assert [c for c in agent.calls if c[0] == "deliver"] == [("deliver", "a")] + [
+        ("deliver", t) for t in behind
+    ]
+
+
+# -- ifBusy reject sees the prompt during its call and after its ending ----------------------
+
+
+@pytest.mark.parametrize(
+    "ending, busy_after",
+    [
+        ("delivered", False),
+        ("transient", True),
+        ("failed", True),
+        ("failed_last", False),
+        ("held", True),
+        ("unknown_lost", True),
+        ("unknown_no_verifier", False),
+        ("found", False),
+        ("absent", True),
+        ("inconclusive", True),
+        ("inconclusive_last", False),
+    ],
+    ids=lambda v: v if isinstance(v, str) else ("busy after" if v else "free after"),
+)
+async def test_if_busy_reject_during_and_after_each_ending(amake, r, ending, busy_after):
+    """The session is busy while a prompt is in flight, being verified or waiting to be
+    sent again, and free once it ended or waits for a person (docs/howto/steering.md)."""
+    from django_outbox.errors import SessionBusy
+
+    kind, end, settings, before = ENDINGS[ending]
+    agent = Agent()
+    options = {
+        "deliverer": agent.deliver,
+        "verifier": agent.verify,
+        "aborter": agent.abort,
+        "retry_backoff": 0,
+        "verify_delay": 0,
+        "verify_backoff": 0,
+        **settings,
+    }
+    outbox = amake(**options)  # fmt: skip
+    run = Run(outbox, agent, {}, amake, r, {})
+    await _accept(run, "a")
+    for step, does in before:
+        agent.once[step] = lambda entry, does=does: does(run, entry)
+        assert await outbox.adeliver_once(WS, SES)
+
+    async def reject(text: str) -> str:
+        try:
+            await _accept(run, text, if_busy="reject")
+        except SessionBusy:
+            return "busy"
+        return "accepted"
+
+    async def attempt(entry: Entry) -> Any:
+        run.notes.append(("during", await reject("during")))
+        return await end(run, entry)
+
+    agent.once[kind] = attempt
+    assert await outbox.adeliver_once(WS, SES)
+    assert run.notes == [("during", "busy")]
+    assert await reject("after") == ("busy" if busy_after else "accepted")
