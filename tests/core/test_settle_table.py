@@ -139,6 +139,12 @@ ENDINGS: dict[str, tuple[str, Any, dict[str, Any], list[tuple[str, Any]]]] = {
         {"max_holds": 1},
         [("deliver", _raises(HoldDeliveryError("429", retry_after=0)))],
     ),
+    "failed_after_hold": (
+        "deliver",
+        _raises(RuntimeError("500")),
+        {},
+        [("deliver", _raises(HoldDeliveryError("429", retry_after=0)))],
+    ),
     "unknown_had": ("deliver", _raises(UNKNOWN, has_it=True), {}, []),
     "unknown_lost": ("deliver", _raises(UNKNOWN), {}, []),
     "timeout": ("deliver", _hangs, {"delivery_timeout": 1.0}, []),
@@ -324,6 +330,8 @@ ROWS = [
       "pending, b waits behind it"),
     R("held_last", "nothing", "error/hold_exhausted", "updated", None, False, "deliver b", "a b",
       "error past MAX_HOLDS"),
+    R("failed_after_hold", "nothing", "pending", "updated", None, True, "deliver a", "a b",
+      "a failure ends the run of holds"),
     R("unknown_had", "nothing", "verifying", "updated", None, False, "verify a", "a b",
       "verified first, found, never resent"),
     R("unknown_lost", "nothing", "verifying", "updated", None, True, "verify a", "a b",
@@ -550,6 +558,7 @@ COUNTS = {
     "transient_last": (0, 1, 0, 0),
     "held": (0, 0, 1, 0),
     "held_last": (0, 0, 2, 0),
+    "failed_after_hold": (1, 0, 0, 0),
     "unknown_had": (0, 0, 0, 0),
     "unknown_lost": (0, 0, 0, 0),
     "timeout": (0, 0, 0, 0),
@@ -888,3 +897,70 @@ async def test_if_busy_reject_during_and_after_each_ending(amake, r, ending, bus
     assert await outbox.adeliver_once(WS, SES)
     assert run.notes == [("during", "busy")]
     assert await reject("after") == ("busy" if busy_after else "accepted")
+
+
+# -- what retry does after each ending (docs/explanation/lifecycle.md, "What retry does") ----
+
+
+#: (what it shows, the ending before the retry, extra settings, what happens meanwhile:
+#: "expire" | "park" | "", the retry's result, the status after, its counters (attempts,
+#: transientFails, holds, verifyAttempts), the worker's next step, at once)
+RETRIES = [
+    ("error max_attempts -> pending now, attempts kept", "failed_last", {}, "", "updated",
+     "pending", (1, 0, 0, 0), "deliver a"),
+    ("error transient_exhausted -> pending now, transient failures restart", "transient_last",
+     {}, "", "updated", "pending", (0, 0, 0, 0), "deliver a"),
+    ("error hold_exhausted -> pending now, holds restart", "held_last", {}, "", "updated",
+     "pending", (0, 0, 0, 0), "deliver a"),
+    ("error unverifiable with a verifier -> verifying now, checks restart", "inconclusive_last",
+     {}, "", "updated", "verifying", (0, 0, 0, 0), "verify a"),
+    ("error unverifiable without a verifier -> pending now", "unknown_no_verifier", {}, "",
+     "updated", "pending", (0, 0, 0, 0), "deliver a"),
+    ("pending in backoff -> due now, counters unchanged", "failed", {}, "", "updated",
+     "pending", (1, 0, 0, 0), "deliver a"),
+    ("pending after a transient failure -> due now, its count kept", "transient", {}, "",
+     "updated", "pending", (0, 1, 0, 0), "deliver a"),
+    ("verifying after its delay -> verified now", "unknown_lost", {}, "", "updated",
+     "verifying", (0, 0, 0, 0), "verify a"),
+    ("expired -> pending now without its expiry", "transient", {}, "expire", "updated",
+     "pending", (0, 1, 0, 0), "deliver a"),
+    ("parked -> busy, unchanged", "transient", {}, "park", "busy", "parked", (0, 1, 0, 0),
+     None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "ending, settings, meanwhile, result, status, counts, first",
+    [x[1:] for x in RETRIES],
+    ids=[x[0] for x in RETRIES],
+)
+async def test_retry_after_each_ending(
+    amake, r, ending, settings, meanwhile, result, status, counts, first
+):
+    kind, end, ending_settings, before = ENDINGS[ending]
+    clock = Clock()
+    agent = Agent()
+    options = {"deliverer": agent.deliver, "verifier": agent.verify, "clock": clock,
+               **BACKOFF, **ending_settings, **settings}  # fmt: skip
+    outbox = amake(**options)
+    run = Run(outbox, agent, {}, amake, r, options)
+    a = await _accept(run, "a", **({"expires_after": 60} if meanwhile == "expire" else {}))
+    for i, (step, does) in enumerate([*before, (kind, end)]):
+        clock.now += 3600 if i else 0  # due again whatever the last wait
+        agent.once[step] = lambda entry, does=does: does(run, entry)
+        assert await outbox.adeliver_once(WS, SES)
+        assert not agent.once
+    if meanwhile == "expire":
+        clock.now += 3600
+        assert not await outbox.adeliver_once(WS, SES)  # the claim finds it expired
+        assert str((await outbox.alist(WS, SES))[0].status) == "expired"
+    elif meanwhile == "park":
+        assert await outbox.apark_workspace(WS, "maintenance") == 1
+    assert (await outbox.aretry(WS, SES, a.id)).value == result
+    stored = (await outbox.alist(WS, SES))[0]
+    assert (str(stored.status), _counts(stored)) == (status, counts)
+    calls = len(agent.calls)
+    stepped = await outbox.adeliver_once(WS, SES)  # the clock has not moved: due now?
+    assert (" ".join(agent.calls[calls]) if stepped else None) == first
+    if status != "parked":
+        assert stored.next_attempt_at is None and stored.expires_at is None
