@@ -214,6 +214,15 @@ async def _move_c_next(run: Run) -> None:
     run.notes.append(("move", (await run.outbox.amove(WS, SES, c.id, to="next")).value))
 
 
+async def _merge_behind_expires(run: Run) -> None:
+    """A merge prompt m, accepted and moved right behind a merge prompt a in flight (where
+    a's next delivery would take it in), passes its expiry."""
+    m = await _accept(run, "m", if_busy="merge", expires_after=0.5)
+    assert m.expires_at is not None
+    run.notes.append(("move", (await run.outbox.amove(WS, SES, m.id, to="next")).value))
+    await wait_for(lambda: time.time() > _parse(m.expires_at) + 0.05, timeout=10)
+
+
 async def _park(run: Run) -> None:
     run.notes.append(("park", await run.outbox.apark_workspace(WS, "maintenance")))
 
@@ -268,6 +277,7 @@ MEANWHILE: dict[str, Callable[[Run], Awaitable[None]]] = {
     "cleanup": _cleanup,
     "lease lost": _lease_lost,
     "merged": _nothing,  # a and m went as one merged message (see _run_row)
+    "merge behind expired": _merge_behind_expires,
     "merged+Stop": _stop,
 }
 
@@ -526,6 +536,16 @@ ROWS = [
       "both pending, merged again"),
     R("inconclusive", "merged", "verifying", "updated", None, True, "verify a", "a m b",
       "both still verifying"),
+    # -- a merge prompt queued behind a merge prompt in flight expired meanwhile: it is
+    #    never merged into a's next delivery, nor sent
+    R("transient", "merge behind expired", "pending", "updated", None, True, "deliver a",
+      "a m b", "a sent alone, m expires"),
+    R("failed", "merge behind expired", "pending", "updated", None, True, "deliver a",
+      "a m b", "a sent alone, m expires"),
+    R("unknown_lost", "merge behind expired", "verifying", "updated", None, True, "verify a",
+      "a m b", "a verified, sent alone, m expires"),
+    R("delivered", "merge behind expired", None, "removed", "delivered", False, "deliver b",
+      "m b", "m expires at the next claim"),
     R("delivered", "merged+Stop", None, "removed", "delivered", False, "deliver b", "b",
       "both delivered"),
     R("transient", "merged+Stop", None, "cancelled", "cancelled", False, "deliver b", "b",
@@ -546,6 +566,7 @@ NOTES = {
     "cancel b": [("cancel", "removed")],
     "edit": [("edit", "busy")],
     "move": [("move", "moved")],
+    "merge behind expired": [("move", "moved")],
     "park": [("park", 2)],
     "park+Stop": [("park", 2), ("stop", "cut")],
     "cleanup": [("cleanup", True)],
@@ -622,7 +643,7 @@ async def _run_row(amake, r, row: Row) -> None:
     a = await _accept(
         run,
         "a",
-        **({"if_busy": "merge"} if merged else {}),
+        **({"if_busy": "merge"} if merged or row.meanwhile.startswith("merge ") else {}),
         **({"expires_after": 2.0} if row.meanwhile == "expiry" else {}),
     )
     if merged:
@@ -694,6 +715,10 @@ async def _run_row(amake, r, row: Row) -> None:
         assert ("deliver", "a") not in agent.calls[cut_at:]
     if merged:
         assert ("deliver", "m") not in agent.calls, "a merge member was sent on its own"
+    if row.meanwhile == "merge behind expired":  # never merged into a, never sent
+        snap = await outbox.asnapshot(WS, SES)
+        assert [e.how for e in snap.endings if e.entry_id == run.ids["m"]] == ["expired"]
+        assert ("deliver", "m") not in agent.calls
     assert (await outbox.asnapshot(WS, SES)).lease is None
 
 
