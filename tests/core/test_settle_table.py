@@ -906,7 +906,7 @@ async def test_if_busy_reject_during_and_after_each_ending(amake, r, ending, bus
         "verify_backoff": 0,
         **settings,
     }
-    outbox = amake(**options)  # fmt: skip
+    outbox = amake(**options)
     run = Run(outbox, agent, {}, amake, r, {})
     await _accept(run, "a")
     for step, does in before:
@@ -995,3 +995,87 @@ async def test_retry_after_each_ending(
     assert (" ".join(agent.calls[calls]) if stepped else None) == first
     if status != "parked":
         assert stored.next_attempt_at is None and stored.expires_at is None
+
+
+# -- a settle whose reply was lost runs again and recognises its own write -----------------
+
+
+#: (what it shows, the ending, what happened meanwhile, the script whose reply is lost,
+#: the step's result, a's state after, the endings recorded for a, what the carried claim
+#: staged: None when the delivery is not settled with the next claim)
+LOST_REPLIES = [
+    ("failed, its reply lost -> replayed, one attempt counted", "failed", "nothing", "settle",
+     "replayed", "pending", [], None),
+    ("cancelled cut, its reply lost -> replayed, cancelled once", "transient", "Stop",
+     "settle", "replayed", None, ["cancelled"], None),
+    ("unknown, its reply lost -> replayed, verifying", "unknown_lost", "nothing", "settle",
+     "replayed", "verifying", [], None),
+    ("delivered, its reply lost -> delivered once", "delivered", "nothing", "settle_delivered",
+     "removed", None, ["delivered"], None),
+    ("delivered with the next claim, its reply lost -> delivered once, the next claim replayed",
+     "delivered", "nothing", "settle_next", "removed", None, ["delivered"], "deliver b"),
+]  # fmt: skip
+
+
+@pytest.mark.standalone  # a TCP proxy in front of one server
+@pytest.mark.parametrize(
+    "ending, meanwhile, script, result, after, ended, claimed",
+    [x[1:] for x in LOST_REPLIES],
+    ids=[_id(x[0]) for x in LOST_REPLIES],
+)
+async def test_a_settle_whose_reply_was_lost(
+    amake, r, valkey, ending, meanwhile, script, result, after, ended, claimed
+):
+    from django_outbox.core.step import Claimed
+    from tests.support.proxy import TcpProxy
+
+    proxy = TcpProxy(int(valkey.rsplit(":", 1)[1].split("/")[0])).start()
+    try:
+        kind, end, settings, _ = ENDINGS[ending]
+        agent = Agent()
+        options = {
+            "url": proxy.url,
+            "deliverer": agent.deliver,
+            "verifier": agent.verify,
+            "aborter": agent.abort,
+            "retry_backoff": 0,
+            "verify_delay": 0,
+            **settings,
+        }
+        outbox = amake(**options)
+        run = Run(outbox, agent, {}, amake, r, options)
+        a = await _accept(run, "a")
+        await _accept(run, "b")
+        await outbox.aload_scripts()
+        meanwhile_does = MEANWHILE[meanwhile]
+
+        async def attempt(entry: Entry) -> Any:
+            await meanwhile_does(run)
+            return await end(run, entry)
+
+        agent.once[kind] = attempt
+        results: list[str] = []
+        outbox.step_listeners.append(lambda step, outcome, res, s: results.append(res))
+        proxy.drop_reply_to(outbox.scripts[script].sha.encode())
+        took, carry = await outbox.astep(WS, SES, None, more=lambda: claimed is not None)
+        assert took and proxy.dropped == 1
+        assert results == [result]
+        snap = await outbox.asnapshot(WS, SES)
+        assert _state({e.id: e for e in snap.entries}.get(a.id)) == after
+        assert [e.how for e in snap.endings if e.entry_id == a.id] == ended
+        if claimed is None:
+            if carry is not None:
+                await outbox.arelease(WS, SES, carry)
+        else:
+            assert isinstance(carry, Claimed)
+            kind_, entry, _ = carry.answer
+            assert f"{kind_} {entry.text}" == claimed
+            took, carry = await outbox.astep(WS, SES, None, carry)
+            if carry is not None:
+                await outbox.arelease(WS, SES, carry)
+        snap = await outbox.asnapshot(WS, SES)
+        assert snap.lease is None, "the session's lease was not released"
+        assert [e.how for e in snap.endings if e.entry_id == a.id] == ended, "recorded twice"
+        assert agent.transcript.count(a.id) <= 1
+    finally:
+        proxy.close()
