@@ -317,6 +317,15 @@ ROWS: dict[str, Row] = {
     "edit-if-match-not-a-version-400": Row(
         "patch", entry(), (400, "invalid"), {"text": "new"}, headers={"If-Match": '"v1"'}
     ),
+    "edit-if-match-5000-digits-400": Row(
+        "patch", entry(), (400, "invalid"), {"text": "new"}, headers={"If-Match": "9" * 5000}
+    ),
+    "edit-if-match-20-digits-400": Row(
+        "patch", entry(), (400, "invalid"), {"text": "new"}, headers={"If-Match": "1" * 20}
+    ),
+    "edit-if-match-19-digits-412": Row(
+        "patch", entry(), (412, "version_mismatch"), {"text": "new"}, headers={"If-Match": "9" * 19}
+    ),
     "edit-if-match-old-version-412": Row(
         "patch", entry(), (412, "version_mismatch"), {"text": "new"}, headers={"If-Match": '"0"'}
     ),
