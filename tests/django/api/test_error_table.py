@@ -276,6 +276,55 @@ ROWS: dict[str, Row] = {
             "expiresAfter-over-30-days": accept_body(expiresAfter=MAX_EXPIRES_AFTER + 1),
         }.items()
     },
+    # JSON that Python reads but that is not UTF-8 or not a finite number
+    "accept-text-lone-surrogate-400": Row(
+        "post", messages, (400, "invalid"), raw='{"clientMessageID": "n", "text": "a\\ud800"}'
+    ),
+    "accept-model-lone-surrogate-400": Row(
+        "post",
+        messages,
+        (400, "invalid"),
+        raw='{"clientMessageID": "n", "text": "a", "model": {"k": "\\udfff"}}',
+    ),
+    "accept-model-number-overflowing-to-infinity-400": Row(
+        "post",
+        messages,
+        (400, "invalid"),
+        raw='{"clientMessageID": "n", "text": "a", "model": {"t": 1e400}}',
+    ),
+    "accept-expiresAfter-overflowing-to-infinity-400": Row(
+        "post",
+        messages,
+        (400, "invalid"),
+        raw='{"clientMessageID": "n", "text": "a", "expiresAfter": 1e400}',
+    ),
+    "accept-expiresAfter-huge-integer-400": Row(
+        "post",
+        messages,
+        (400, "invalid"),
+        raw='{"clientMessageID": "n", "text": "a", "expiresAfter": 1' + "0" * 400 + "}",
+    ),
+    "accept-NaN-literal-400": Row(
+        "post",
+        messages,
+        (400, "parse_error"),
+        raw='{"clientMessageID": "n", "text": "a", "expiresAfter": NaN}',
+    ),
+    "accept-nested-too-deep-for-python-400": Row(
+        "post", messages, (400, "parse_error"), raw="[" * 100000 + "]" * 100000
+    ),
+    "edit-text-lone-surrogate-400": Row(
+        "patch", entry(), (400, "invalid"), raw='{"text": "\\ud800"}'
+    ),
+    "park-reason-lone-surrogate-400": Row(
+        "post", workspace("park"), (400, "invalid"), raw='{"reason": "\\ud800"}'
+    ),
+    "unpark-reason-lone-surrogate-400": Row(
+        "post", workspace("unpark"), (400, "invalid"), raw='{"reason": "\\ud800"}'
+    ),
+    "move-before-lone-surrogate-400": Row(
+        "post", entry("move"), (400, "invalid"), raw='{"before": "\\ud800"}'
+    ),
     "accept-model-at-depth-limit-202": Row(
         "post", messages, (202, None), accept_body(model=nested(MAX_MODEL_DEPTH))
     ),
