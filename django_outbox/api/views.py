@@ -268,14 +268,21 @@ class MessageView(OutboxAPIView):
 
 def if_match_version(request: Request) -> int | None:
     """The session version an ``If-Match`` header names (``"42"``, ``W/"42"`` or ``42``),
-    or None without one (``*`` too). Raises ``InvalidContent`` (400) for anything else."""
+    or None without one (``*`` too). Raises ``InvalidContent`` (400) for anything else,
+    a number longer than :data:`MAX_VERSION_DIGITS` included (a version is a 64-bit
+    counter; Python refuses to read an integer of over 4300 digits)."""
     header = request.headers.get("If-Match")
     if header is None or header.strip() == "*":
         return None
     value = header.strip().removeprefix("W/").strip('"')
-    if not value.isascii() or not value.isdigit():
+    if not value.isascii() or not value.isdigit() or len(value) > MAX_VERSION_DIGITS:
         raise InvalidContent('If-Match must be a session version, e.g. "42"')
     return int(value)
+
+
+#: The most digits an ``If-Match`` version may have: a session version is Valkey's
+#: signed 64-bit counter, at most 19 digits.
+MAX_VERSION_DIGITS = 19
 
 
 def entry_response(request: Request, snapshot: Snapshot, entry_id: str) -> Response:

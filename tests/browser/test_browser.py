@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests.support.browser import DEADLINE, browser_or_skip, start_chrome
+from tests.support.browser import DEADLINE, browser_or_skip, start_chrome, text_at
 from tests.support.demo import DemoProcess
 
 #: The browser's own queue of unacknowledged sends (outbox.js keeps one localStorage key
@@ -143,8 +143,8 @@ def test_stop_on_the_queue_page_cuts_the_agent_s_turn(tmp_path):
             )
         )
         stop.click()
-        sent = wait.until(ec.presence_of_element_located((By.XPATH, f'{row}[@data-state="sent"]')))
-        assert "its turn was cut" in sent.text, sent.text
+        sent = text_at(wait, f'{row}[@data-state="sent"]')
+        assert "its turn was cut" in sent, sent
         assert not driver.find_element(By.ID, "queue-error").is_displayed()
         wait.until(ec.text_to_be_present_in_element((By.ID, "transcript"), text))
         assert transcript_lines(driver).count(text) == 1

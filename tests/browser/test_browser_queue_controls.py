@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.support.browser import DEADLINE, browser_or_skip, start_chrome
+from tests.support.browser import DEADLINE, browser_or_skip, start_chrome, text_at
 from tests.support.demo import DemoProcess
 
 #: The texts of the rows still in the queue (not ended), in the page's order.
@@ -103,10 +103,8 @@ def test_cancel_edit_move_and_send_now_on_the_queue_page(tmp_path):
 
         # Send now on the edited delta: alpha's turn is cut, delta goes next, before bravo.
         click(f'{row(edited)}//button[.="Send now"]')
-        cut = wait.until(
-            ec.presence_of_element_located((By.XPATH, f'{row(a)}[@data-state="sent"]'))
-        )
-        assert "its turn was cut" in cut.text, cut.text
+        cut = text_at(wait, f'{row(a)}[@data-state="sent"]')
+        assert "its turn was cut" in cut, cut
         wait.until(
             ec.presence_of_element_located((By.XPATH, f'{row(edited)}[@data-state="delivering"]'))
         )

@@ -93,3 +93,20 @@ def save_artifact(driver, name: str) -> Path:
     path = artifacts_dir() / f"{name}.png"
     driver.save_screenshot(str(path))
     return path
+
+
+def text_at(wait, xpath: str) -> str:
+    """The text of the element at ``xpath`` (found by XPath) once it is there and has
+    text, waited for with ``wait`` (a ``WebDriverWait``). The queue page re-renders its
+    rows on every update, so an element found may be replaced before its text is read: it
+    is then found and read again, instead of failing on a stale reference."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def read(driver) -> str | bool:
+        try:
+            return driver.find_element(By.XPATH, xpath).text or False
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+
+    return wait.until(read, message=f"nothing with text at {xpath}")

@@ -5,10 +5,16 @@
 -- lease holder, wherever it runs, notices within its cut poll and calls the aborter.
 --@include layout entry
 
+-- Is a queued entry's outcome unknown (verifying, or parked from verifying: a
+-- workspace paused during its verification), so that its turn may still run?
+local function unknown_outcome(st)
+  return st.status == 'verifying' or (st.status == 'parked' and st.parkedFrom == 'verifying')
+end
+
 -- The entry in flight: id names one ('' = the one staged and not yet delivered, else
--- the first verifying entry of the queue, whose turn may still run). Returns its list
--- (D or Q), index and raw JSON; or nil and why not: 'idle' (nothing in flight),
--- 'queued' (the named entry is queued and was never sent) or 'not_found'.
+-- the first entry of the queue whose outcome is unknown, whose turn may still run).
+-- Returns its list (D or Q), index and raw JSON; or nil and why not: 'idle' (nothing in
+-- flight), 'queued' (the named entry is queued and was never sent) or 'not_found'.
 local function in_flight(id)
   for i, raw in ipairs(redis.call('LRANGE', D, 0, -1)) do
     local st = split(raw)
@@ -17,12 +23,10 @@ local function in_flight(id)
   for i, raw in ipairs(redis.call('LRANGE', Q, 0, -1)) do
     local st = split(raw)
     if id ~= '' and st.id == id then
-      if st.status == 'verifying' or (st.status == 'parked' and st.parkedFrom == 'verifying') then
-        return Q, i - 1, raw
-      end
+      if unknown_outcome(st) then return Q, i - 1, raw end
       return nil, 'queued'
     end
-    if id == '' and st.status == 'verifying' then return Q, i - 1, raw end
+    if id == '' and unknown_outcome(st) then return Q, i - 1, raw end
   end
   return nil, id == '' and 'idle' or 'not_found'
 end
