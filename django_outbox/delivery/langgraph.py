@@ -42,7 +42,9 @@ Errors (docs/explanation/lifecycle.md#what-happens-to-a-message): nothing of the
 prompt is sent before the run is created, so every failure to create the thread,
 and a refused connection for the run, is transient; a timeout, a cut connection
 or a 5xx answer to the run's creation is ambiguous (the server may have stored it);
-another 3xx/4xx is a definitive failure (:class:`LangGraphHTTPError`). Every
+a 429 with a readable ``Retry-After`` to either holds the session that long without
+using an attempt (:class:`~django_outbox.errors.HoldDeliveryError`: a rate limit, nothing
+was taken); another 3xx/4xx is a definitive failure (:class:`LangGraphHTTPError`). Every
 answer is read up to ``MAX_RESPONSE_BYTES`` (the join's final state is drained,
 never kept); the API key goes to the server's origin only, and error texts hold at
 most a 500-character excerpt of an answer, redacted.
@@ -70,8 +72,9 @@ from ..conf import (
 from ..core.agents import Agent, current_agent
 from ..core.entry import Entry, Verdict
 from ..core.redaction import redact, remember_secret
-from ..errors import AmbiguousError, TransientDeliveryError
+from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
 from ._httpx import LoopClients, Unreadable, read_bounded
+from .http import parse_retry_after
 
 __all__ = [
     "ENTRY_KEY",
@@ -218,14 +221,26 @@ class LangGraphClient:
                     break
         return _excerpt(raw[:_ERROR_BODY_BYTES])
 
-    async def _json(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any, str]:
+    async def _json(
+        self, method: str, path: str, *, hold: bool = False, **kwargs: Any
+    ) -> tuple[int, Any, str]:
         """``(status, parsed JSON or None, error excerpt)`` of one request to the server.
         A 2xx body is parsed (up to ``max_response_bytes``); another status gives its
-        excerpt. Raises httpx errors and :class:`Unreadable` (a 2xx that is not JSON)."""
+        excerpt. Raises httpx errors and :class:`Unreadable` (a 2xx that is not JSON);
+        with ``hold`` (the delivery's requests) also
+        :class:`~django_outbox.errors.HoldDeliveryError` for a 429 with a readable
+        ``Retry-After``: a rate limit, the request was not taken, and the session waits
+        that long without using an attempt, as with the other agents
+        (docs/howto/langgraph.md)."""
         client = self._client()
         async with client.stream(method, self.url + path, **kwargs) as response:
             if not 200 <= response.status_code < 300:
-                return response.status_code, None, await self._error_body(response)
+                excerpt = await self._error_body(response)
+                wait = parse_retry_after(response.headers.get("retry-after"))
+                if hold and response.status_code == 429 and wait is not None:
+                    error = LangGraphHTTPError(429, excerpt, self.url + path)
+                    raise HoldDeliveryError(str(error), error, retry_after=wait) from error
+                return response.status_code, None, excerpt
             raw = await self._read(response, self.max_response_bytes)
         if not raw.strip():
             return response.status_code, None, ""
@@ -254,7 +269,8 @@ class LangGraphClient:
            ``if_not_exists: "create"``. Refused before sending →
            :class:`TransientDeliveryError`; timeout, cut connection, 5xx, or a 2xx
            without a run ID → :class:`AmbiguousError` (the verifier looks for the run);
-           3xx/4xx → :class:`LangGraphHTTPError`.
+           3xx/4xx → :class:`LangGraphHTTPError`. In both steps a 429 with a readable
+           ``Retry-After`` → :class:`~django_outbox.errors.HoldDeliveryError`.
         3. ``GET {url}/threads/{thread_id}/runs/{run_id}/join``, read to its end
            (at most ``timeout`` between two reads): returns when the run has finished,
            in any status (an ``error`` run received the prompt: see the module
@@ -271,7 +287,7 @@ class LangGraphClient:
     async def _ensure_thread(self, thread_id: str, metadata: dict[str, str]) -> None:
         body = {"thread_id": thread_id, "if_exists": "do_nothing", "metadata": metadata}
         try:
-            status, _, excerpt = await self._json("POST", "/threads", json=body)
+            status, _, excerpt = await self._json("POST", "/threads", hold=True, json=body)
         except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise LangGraphError(f"invalid request to {self.url}/threads: {exc}") from exc
         except (httpx.HTTPError, Unreadable) as exc:
@@ -300,7 +316,7 @@ class LangGraphClient:
         if entry.model is not None:
             body["context"] = {"model": entry.model}
         try:
-            status, run, excerpt = await self._json("POST", path, json=body)
+            status, run, excerpt = await self._json("POST", path, hold=True, json=body)
         except _NOT_SENT as exc:
             raise TransientDeliveryError(
                 f"could not connect to LangGraph at {self.url}: {type(exc).__name__}: "

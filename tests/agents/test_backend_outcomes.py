@@ -1039,6 +1039,36 @@ LANGGRAPH_DELIVER = [
     Row("deliver-run-409-is-failed", at("POST", LG_RUN, 409), "failed", says=("HTTP 409",)),
     Row("deliver-run-422-is-failed", at("POST", LG_RUN, 422), "failed", says=("HTTP 422",)),
     Row("deliver-run-429-is-failed", at("POST", LG_RUN, 429), "failed", says=("HTTP 429",)),
+    Row(
+        "deliver-run-429-with-retry-after-seconds-is-held",
+        at("POST", LG_RUN, 429, headers={"Retry-After": "15"}),
+        "held",
+        hold=15,
+        says=("held for 15s", "HTTP 429"),
+    ),
+    Row(
+        "deliver-run-429-with-retry-after-date-is-held",
+        at("POST", LG_RUN, 429, headers={"Retry-After": http_date(60)}),
+        "held",
+        hold=60,
+    ),
+    Row(
+        "deliver-run-429-with-unreadable-retry-after-is-failed",
+        at("POST", LG_RUN, 429, headers={"Retry-After": "later"}),
+        "failed",
+        says=("HTTP 429",),
+    ),
+    Row(
+        "deliver-run-503-with-retry-after-is-ambiguous",
+        at("POST", LG_RUN, 503, headers={"Retry-After": "15"}),
+        "ambiguous",
+    ),
+    Row(
+        "deliver-thread-429-with-retry-after-is-held",
+        at("POST", LG_THREADS, 429, headers={"Retry-After": "5"}),
+        "held",
+        hold=5,
+    ),
     Row("deliver-run-499-is-failed", at("POST", LG_RUN, 499), "failed", says=("HTTP 499",)),
     Row(
         "deliver-run-500-is-ambiguous",
@@ -1145,6 +1175,11 @@ def ours(status: str, entry_id: str = "ENTRY") -> dict[str, Any]:
 
 LANGGRAPH_VERIFY = [
     Row("verify-no-run-is-absent", at("GET", LG_SEARCH, 200, b"[]"), Verdict.ABSENT),
+    Row(
+        "verify-429-with-retry-after-is-inconclusive-not-a-hold",
+        at("GET", LG_SEARCH, 429, headers={"Retry-After": "5"}),
+        Verdict.INCONCLUSIVE,
+    ),
     Row("verify-no-thread-is-absent", at("GET", LG_SEARCH, 404), Verdict.ABSENT),
     Row(
         "verify-only-other-runs-is-absent",
