@@ -63,8 +63,11 @@ class OpencodeServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = root / "opencode.log"
         self.startup_seconds = 0.0
+        self._started = 0.0
 
-    def start(self) -> OpencodeServer:
+    def spawn(self) -> OpencodeServer:
+        """Start ``opencode serve`` without waiting for it (:meth:`ready` waits), so two
+        servers can start side by side."""
         binary = _ensure_installed()
         if shutil.which("git") is None:
             pytest.skip("git is not on PATH (opencode wants a git work dir)")
@@ -86,7 +89,7 @@ class OpencodeServer:
         )
         if self.password is not None:
             env["OPENCODE_SERVER_PASSWORD"] = self.password
-        started = time.monotonic()
+        self._started = time.monotonic()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [str(binary), "serve", "--port", str(self.port), "--hostname", "127.0.0.1"],
@@ -96,8 +99,12 @@ class OpencodeServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._wait_healthy(started)
-        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def ready(self) -> OpencodeServer:
+        """Wait (``START_DEADLINE``) until the spawned server is healthy, then warm it up."""
+        self._wait_healthy(self._started)
+        self.startup_seconds = time.monotonic() - self._started
         print(f"opencode serve up on {self.base_url} in {self.startup_seconds:.2f}s")
         self.warm_up()
         return self
@@ -193,21 +200,29 @@ class OpencodeServer:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = OpencodeServer(tmp_path_factory.mktemp("opencode"))
+def servers(tmp_path_factory):
+    """The module's two ``opencode serve`` processes, without and with a password, started
+    side by side: each spends seconds starting (about 10 s at a load of 5), and one after the
+    other those were the module's largest wait."""
+    plain = OpencodeServer(tmp_path_factory.mktemp("opencode"))
+    auth = OpencodeServer(tmp_path_factory.mktemp("opencode-auth"), password="s3cret-pw")
     try:
-        yield srv.start()
+        plain.spawn()
+        auth.spawn()
+        yield plain.ready(), auth.ready()
     finally:
-        srv.stop()
+        plain.stop()
+        auth.stop()
 
 
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
-    srv = OpencodeServer(tmp_path_factory.mktemp("opencode-auth"), password="s3cret-pw")
-    try:
-        yield srv.start()
-    finally:
-        srv.stop()
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def auth_server(servers):
+    return servers[1]
 
 
 async def test_timeout_mid_turn_is_verified_delivered_once(server, make_outbox, signals_log):
