@@ -200,19 +200,31 @@ class OpencodeServer:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """The module's two ``opencode serve`` processes, without and with a password, started
-    side by side: each spends seconds starting (about 10 s at a load of 5), and one after the
-    other those were the module's largest wait."""
+def servers(request, tmp_path_factory):
+    """The module's ``opencode serve`` processes, without and with a password, started side
+    by side: each spends seconds starting (about 10 s at a load of 5), and one after the
+    other those were the module's largest wait. The one with a password only when a selected
+    test of the module asks for it (a fresh server busies the CPU for a while, and the
+    stop-time test measures to the tenth of a second)."""
+    module = request.module
+    wanted = any(
+        "auth_server" in item.fixturenames
+        for item in request.session.items
+        if getattr(item, "module", None) is module
+    )
     plain = OpencodeServer(tmp_path_factory.mktemp("opencode"))
-    auth = OpencodeServer(tmp_path_factory.mktemp("opencode-auth"), password="s3cret-pw")
+    auth = None
+    if wanted:
+        auth = OpencodeServer(tmp_path_factory.mktemp("opencode-auth"), password="s3cret-pw")
     try:
         plain.spawn()
-        auth.spawn()
-        yield plain.ready(), auth.ready()
+        if auth is not None:
+            auth.spawn()
+        yield plain.ready(), auth.ready() if auth is not None else None
     finally:
         plain.stop()
-        auth.stop()
+        if auth is not None:
+            auth.stop()
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +234,7 @@ def server(servers):
 
 @pytest.fixture(scope="module")
 def auth_server(servers):
+    assert servers[1] is not None, "no test selected asked for auth_server"
     return servers[1]
 
 
