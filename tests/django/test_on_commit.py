@@ -33,10 +33,17 @@ from django_outbox.models import PendingAccept
 from django_outbox.outbox import get_outbox
 from tests.support.admin import ALL_PERMS, login, staff
 from tests.support.admin import texts as messages_of
-from tests.support.helpers import SES, WS, accept, wait_for
+from tests.support.helpers import QUICK_PASSWORD_HASHERS, SES, WS, accept, wait_for
 from tests.support.valkey import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _quick_password_hashes(settings):
+    """No test here is about password hashing: its users are made with a quick hasher."""
+    settings.PASSWORD_HASHERS = QUICK_PASSWORD_HASHERS
+
 
 PENDING = "/admin/django_outbox/pendingaccept/"
 

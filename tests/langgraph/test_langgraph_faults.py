@@ -92,7 +92,11 @@ def scripted():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     httpd.answers = {("POST", "threads"): (200, b"{}")}
     httpd.seen = []
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next poll: at the default 0.5 s that was most
+    # of each test's time.
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    )
     thread.start()
     yield httpd
     httpd.shutdown()

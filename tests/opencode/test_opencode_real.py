@@ -63,8 +63,11 @@ class OpencodeServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = root / "opencode.log"
         self.startup_seconds = 0.0
+        self._started = 0.0
 
-    def start(self) -> OpencodeServer:
+    def spawn(self) -> OpencodeServer:
+        """Start ``opencode serve`` without waiting for it (:meth:`ready` waits), so two
+        servers can start side by side."""
         binary = _ensure_installed()
         if shutil.which("git") is None:
             pytest.skip("git is not on PATH (opencode wants a git work dir)")
@@ -86,7 +89,7 @@ class OpencodeServer:
         )
         if self.password is not None:
             env["OPENCODE_SERVER_PASSWORD"] = self.password
-        started = time.monotonic()
+        self._started = time.monotonic()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [str(binary), "serve", "--port", str(self.port), "--hostname", "127.0.0.1"],
@@ -96,8 +99,12 @@ class OpencodeServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._wait_healthy(started)
-        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def ready(self) -> OpencodeServer:
+        """Wait (``START_DEADLINE``) until the spawned server is healthy, then warm it up."""
+        self._wait_healthy(self._started)
+        self.startup_seconds = time.monotonic() - self._started
         print(f"opencode serve up on {self.base_url} in {self.startup_seconds:.2f}s")
         self.warm_up()
         return self
@@ -193,21 +200,42 @@ class OpencodeServer:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = OpencodeServer(tmp_path_factory.mktemp("opencode"))
+def servers(request, tmp_path_factory):
+    """The module's ``opencode serve`` processes, without and with a password, started side
+    by side: each spends seconds starting (about 10 s at a load of 5), and one after the
+    other those were the module's largest wait. The one with a password only when a selected
+    test of the module asks for it (a fresh server busies the CPU for a while, and the
+    stop-time test measures to the tenth of a second)."""
+    module = request.module
+    wanted = any(
+        "auth_server" in item.fixturenames
+        for item in request.session.items
+        if getattr(item, "module", None) is module
+    )
+    plain = OpencodeServer(tmp_path_factory.mktemp("opencode"))
+    auth = None
+    if wanted:
+        auth = OpencodeServer(tmp_path_factory.mktemp("opencode-auth"), password="s3cret-pw")
     try:
-        yield srv.start()
+        plain.spawn()
+        if auth is not None:
+            auth.spawn()
+        yield plain.ready(), auth.ready() if auth is not None else None
     finally:
-        srv.stop()
+        plain.stop()
+        if auth is not None:
+            auth.stop()
 
 
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
-    srv = OpencodeServer(tmp_path_factory.mktemp("opencode-auth"), password="s3cret-pw")
-    try:
-        yield srv.start()
-    finally:
-        srv.stop()
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def auth_server(servers):
+    assert servers[1] is not None, "no test selected asked for auth_server"
+    return servers[1]
 
 
 async def test_timeout_mid_turn_is_verified_delivered_once(server, make_outbox, signals_log):

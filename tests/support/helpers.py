@@ -24,6 +24,13 @@ WS, SES = "w1", "s1"
 #: per-user bounds would refuse its bursts, and are tested in tests/operations/test_user_bounds.py.
 NO_USER_BOUNDS = {"user_max_queued": 0, "user_accepts_per_minute": 0}
 
+#: Password hashers for a test database whose users' passwords no test is about: Django's
+#: default PBKDF2 spends about 0.3 s of CPU on each ``create_user`` (over a second on a
+#: loaded machine), so a module creating users in every test spends most of its time there
+#: (docs/explanation/testing.md#what-a-test-may-make-faster). Not for a server process
+#: whose test relies on Basic auth's hashing time (tests/faults/test_disconnect.py).
+QUICK_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 
 def accept(
     outbox, key: str = "k1", text: str | None = None, *, ws=WS, ses=SES, user="u", **fields

@@ -31,8 +31,16 @@ from tests.support.admin import (
     staff,
     texts,
 )
+from tests.support.helpers import QUICK_PASSWORD_HASHERS
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _quick_password_hashes(settings):
+    """No test here is about password hashing: its users are made with a quick hasher."""
+    settings.PASSWORD_HASHERS = QUICK_PASSWORD_HASHERS
+
 
 HOSTILE = "<script>alert(1)</script> \"double\" 'single' \u202eevil\u202c & more"
 

@@ -35,8 +35,16 @@ from tests.support.admin import (
     staff,
     texts,
 )
+from tests.support.helpers import QUICK_PASSWORD_HASHERS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db]
+
+
+@pytest.fixture(autouse=True)
+def _quick_password_hashes(settings):
+    """No test here is about password hashing: its users are made with a quick hasher."""
+    settings.PASSWORD_HASHERS = QUICK_PASSWORD_HASHERS
+
 
 PER_PAGE = 3
 

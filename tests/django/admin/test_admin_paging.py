@@ -14,9 +14,16 @@ import pytest
 
 from django_outbox.core.entry import Entry, Status, format_time
 from tests.support.admin import ALL_PERMS, login, page_link, post_action, staff
-from tests.support.helpers import NO_USER_BOUNDS
+from tests.support.helpers import NO_USER_BOUNDS, QUICK_PASSWORD_HASHERS
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _quick_password_hashes(settings):
+    """No test here is about password hashing: its users are made with a quick hasher."""
+    settings.PASSWORD_HASHERS = QUICK_PASSWORD_HASHERS
+
 
 CHANGELIST = "/admin/django_outbox/outboxentry/"
 

@@ -13,9 +13,16 @@ from django.urls import reverse
 from django_outbox.admin.dashboard import BOTTOM, FRAGMENT_HEADER, HEIGHT, Series, line_chart
 from django_outbox.core.worker import Worker
 from tests.support.admin import ALL_PERMS, login, staff
-from tests.support.helpers import NO_USER_BOUNDS, accept
+from tests.support.helpers import NO_USER_BOUNDS, QUICK_PASSWORD_HASHERS, accept
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _quick_password_hashes(settings):
+    """No test here is about password hashing: its users are made with a quick hasher."""
+    settings.PASSWORD_HASHERS = QUICK_PASSWORD_HASHERS
+
 
 DASHBOARD = "/admin/django_outbox/outboxentry/dashboard/"
 

@@ -13,9 +13,16 @@ from django_outbox.core.agents import Agent
 from django_outbox.core.entry import Verdict
 from django_outbox.core.worker import Worker
 from django_outbox.errors import AmbiguousError, HoldDeliveryError
-from tests.support.helpers import NO_USER_BOUNDS, accept
+from tests.support.helpers import NO_USER_BOUNDS, QUICK_PASSWORD_HASHERS, accept
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _quick_password_hashes(settings):
+    """No test here is about password hashing: its users are made with a quick hasher."""
+    settings.PASSWORD_HASHERS = QUICK_PASSWORD_HASHERS
+
 
 DASHBOARD = "/admin/django_outbox/outboxentry/dashboard/"
 

@@ -21,9 +21,16 @@ from django_outbox.ws.revoke import (
     session_digest,
     user_group,
 )
+from tests.support.helpers import QUICK_PASSWORD_HASHERS
 from tests.support.valkey import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _quick_password_hashes(settings):
+    """No test here is about password hashing: its users are made with a quick hasher."""
+    settings.PASSWORD_HASHERS = QUICK_PASSWORD_HASHERS
 
 
 def layer_config(url):
