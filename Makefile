@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-cluster test-redis7 test-django6 lint demo venv clean opencode chaos bench docs mutate screenshot langgraph
+.PHONY: test test-cluster test-redis7 test-django6 venv-django6 lint demo venv clean opencode chaos bench docs mutate screenshot langgraph
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,8 @@ $(DJANGO6_STAMP): pyproject.toml
 	$(DJANGO6_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(DJANGO6_VENV)/bin/python -m pip install --quiet -e '.[test,demo]' 'Django>=6.0,<6.1'
 	touch $(DJANGO6_STAMP)
+
+venv-django6: $(DJANGO6_STAMP)
 
 test-django6: $(DJANGO6_STAMP)
 	$(DJANGO6_VENV)/bin/python -c "import django, sys; assert django.VERSION[:2] == (6, 0), \

@@ -38,6 +38,21 @@ from tests.support.paths import ROOT as REPO
 DOCS = REPO / "docs"
 SNIPPETS = DOCS / "quickstart"
 PASSWORD = "quickstart-Pa55word"
+#: What the wheel's build does not read from the checkout (venvs, caches, build output, data).
+NOT_SOURCE = (
+    ".git",
+    ".venv*",
+    ".*cache",
+    ".hypothesis",
+    ".opencode",
+    "node_modules",
+    "build",
+    "dist",
+    "var",
+    "_build",
+    "*.egg-info",
+    "__pycache__",
+)
 #: The quickstart page's packages besides the wheel.
 EXTRA_PACKAGES = ["uvicorn[standard]", "whitenoise"]
 
@@ -69,9 +84,13 @@ def read(path: Path) -> str:
 def test_quickstart_from_wheel(tmp_path):
     started = time.monotonic()
     dist = tmp_path / "dist"
-    # 1. The wheel and the sdist, and their metadata as an index would check it.
+    # 1. The wheel and the sdist, and their metadata as an index would check it; built from a
+    # copy of the checkout, as building writes into its source tree (egg-info, build/) and
+    # another run of the suite may build at the same time (.ci/run runs two at once).
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     run(
-        [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(dist), str(REPO)],
+        [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(dist), str(source)],
         timeout=180,
     )
     wheels = sorted(dist.glob("django_outbox-*.whl"))
