@@ -739,15 +739,35 @@ async def test_opencode_deliver(row, server, outbox_for):
         assert sent["parts"] == [{"type": "text", "text": "hello"}]
 
 
-def transcript(*messages: dict[str, Any]) -> bytes:
-    return json.dumps(list(messages)).encode()
+def lazy_json(value: Any) -> Callable[[], bytes]:
+    """``value`` as a JSON body made when it is sent, a ``created`` time of ``"now"`` then
+    becoming a minute after the sending: the rows are made when the module is collected,
+    which may be many minutes before their test runs."""
+
+    def resolve(item: Any) -> Any:
+        if isinstance(item, dict):
+            return {
+                key: int(time.time() * 1000) + 60_000
+                if key == "created" and inner == "now"
+                else resolve(inner)
+                for key, inner in item.items()
+            }
+        if isinstance(item, list):
+            return [resolve(inner) for inner in item]
+        return item
+
+    return lambda: json.dumps(resolve(value)).encode()
+
+
+def transcript(*messages: dict[str, Any]) -> Callable[[], bytes]:
+    return lazy_json(list(messages))
 
 
 def user_message(text: str = "hello", *, id: str = "msg_other", created: Any = "now") -> dict:
-    when = int(time.time() * 1000) + 60_000 if created == "now" else created
+    """An opencode user message; ``created="now"``: a minute after it is sent (lazy_json)."""
     info: dict[str, Any] = {"id": id, "role": "user"}
-    if when is not None:
-        info["time"] = {"created": when}
+    if created is not None:
+        info["time"] = {"created": created}
     return {"info": info, "parts": [{"type": "text", "text": text}]}
 
 
@@ -763,12 +783,12 @@ NOT_FOUND = reply(404, b'{"name": "NotFoundError"}')
 OPENCODE_VERIFY = [
     Row(
         "verify-our-message-with-our-text-is-delivered",
-        looked_up(reply(200, json.dumps(user_message()).encode())),
+        looked_up(reply(200, lazy_json(user_message()))),
         Verdict.DELIVERED,
     ),
     Row(
         "verify-our-message-with-another-text-is-inconclusive",
-        looked_up(reply(200, json.dumps(user_message("other")).encode())),
+        looked_up(reply(200, lazy_json(user_message("other")))),
         Verdict.INCONCLUSIVE,
     ),
     Row(
@@ -810,9 +830,7 @@ OPENCODE_VERIFY = [
     ),
     Row(
         "verify-lookup-compressed-is-inconclusive",
-        looked_up(
-            reply(200, json.dumps(user_message()).encode(), headers={"Content-Encoding": "gzip"})
-        ),
+        looked_up(reply(200, lazy_json(user_message()), headers={"Content-Encoding": "gzip"})),
         Verdict.INCONCLUSIVE,
     ),
     Row(

@@ -25,6 +25,7 @@ import socketserver
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,18 +38,18 @@ class Answer:
     """How one request is answered.
 
     ``status``, ``headers`` and ``body``: the answer (``Content-Length`` is the body's
-    length unless ``headers`` set it, or ``chunked``; a header value may be a callable,
-    called as the answer is sent: a date relative to then). ``how``: ``"whole"`` (the default),
-    ``"close"`` (read the request, close without a word), ``"reset"`` (the same with a TCP
-    reset), ``"cut"`` (send the head and half the body, declaring all of it, then reset),
-    ``"hang"`` (read the request, answer nothing until the server stops), ``"drip"``
-    (the head at once, then the body a byte every ``interval`` seconds).
+    length unless ``headers`` set it, or ``chunked``; a header value, and the body, may be a
+    callable, called as the answer is sent: a date relative to then). ``how``: ``"whole"``
+    (the default), ``"close"`` (read the request, close without a word), ``"reset"`` (the
+    same with a TCP reset), ``"cut"`` (send the head and half the body, declaring all of
+    it, then reset), ``"hang"`` (read the request, answer nothing until the server stops),
+    ``"drip"`` (the head at once, then the body a byte every ``interval`` seconds).
     ``huge``: instead of ``body``, this many bytes of ``x`` made as they are sent.
     """
 
     status: int = 200
     headers: dict[str, Any] = field(default_factory=dict)
-    body: bytes = b""
+    body: bytes | Callable[[], bytes] = b""
     how: str = "whole"
     interval: float = 0.1
     huge: int = 0
@@ -101,7 +102,7 @@ class _Handler(socketserver.StreamRequestHandler):
         if answer.how == "hang":
             self.server.stopping.wait(LONGEST)
             return False
-        body = answer.body
+        body = answer.body() if callable(answer.body) else answer.body
         size = answer.huge or len(body)
         head = [f"HTTP/1.1 {answer.status} Scripted"]
         names = {name.lower() for name in answer.headers}
