@@ -18,7 +18,8 @@ from websockets.asyncio.client import connect
 
 def login(server: str, username: str, password: str) -> str:
     """The session cookie of a login through /admin/login/ (staff accounts)."""
-    with httpx.Client(base_url=server) as http:
+    # The login hashes the password: a busy server may take longer than httpx's 5 s.
+    with httpx.Client(base_url=server, timeout=30) as http:
         http.get("/admin/login/")  # sets the csrftoken cookie
         http.post(
             "/admin/login/",
