@@ -269,6 +269,17 @@ def test_a_bad_langgraph_block_is_reported_by_the_settings(block, message):
             outbox_settings()
 
 
+@pytest.mark.parametrize("api_key", ["k\r\nX-Other: 1", "k\n", ""], ids=["crlf", "lf", "empty"])
+def test_an_api_key_that_is_not_one_line_is_refused(api_key):
+    """The key is sent as the X-Api-Key header of every call (docs/howto/langgraph.md): one
+    holding a line break would end that header and start another, so the settings refuse
+    it, as they refuse an empty one."""
+    block = {"URL": "http://h:1", "ASSISTANT_ID": "a", "API_KEY": api_key}
+    with override_settings(OUTBOX={"LANGGRAPH": block}):
+        with pytest.raises(ImproperlyConfigured, match="must be a non-empty string on one line"):
+            outbox_settings()
+
+
 def test_the_block_defaults_its_wait_to_the_delivery_timeout():
     block = {"URL": "http://127.0.0.1:2024/", "ASSISTANT_ID": "agent", "API_KEY": "k" * 20}
     with override_settings(OUTBOX={"LANGGRAPH": block, "DELIVERY_TIMEOUT": 42}):

@@ -473,6 +473,22 @@ def test_merge_prompts_behind_a_turn_go_as_one_message(outbox, signals_log):
     assert sorted(signals_log.ids("delivered")) == sorted([a.id, *ids.values()])
 
 
+def test_every_prompt_of_a_merged_message_is_announced_as_it_goes_out(outbox, signals_log):
+    """A merged message's prompts are handed to the agent together, so each of them is
+    announced staged and updated as delivering when the claim takes it, not only the
+    first (docs/howto/steering.md#merging; docs/reference/signals.md)."""
+    first = accept(outbox, "a", if_busy="merge")
+    others = [accept(outbox, key, if_busy="merge") for key in ("b", "c")]
+    parts = Parts()
+    assert step(outbox, parts)
+    assert parts.messages == [["a", "b", "c"]]
+    merged = [first.id, *(e.id for e in others)]
+    assert signals_log.ids("staged") == merged
+    updates = signals_log.calls["updated"]
+    delivering = [e.id for e, kwargs in updates if kwargs["state"] == "delivering"]
+    assert delivering == merged
+
+
 def test_a_merge_prompt_past_its_expiry_is_not_merged_and_ends_the_run(make_outbox):
     """A merge prompt that expired while it waited is never sent, not even inside another
     prompt's message: the run behind the head stops at it, and it ends expired."""
