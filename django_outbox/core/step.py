@@ -395,14 +395,20 @@ class DeliveryStep(AgentCalls, OwedSignals):
             kinds = [k for k in ("delivered", "updated") if self.listening(k, watched)]
             if kinds:
                 done: Entry | None
+                members: tuple[Any, ...] = ()
                 if kind == "removed" and reply.entry is not None:
                     version, done = reply.version, Entry.from_json(reply.entry)
+                    members = reply.members
                 else:  # our settle ran but its reply was lost
                     version, done = yield from self._staged_delivered_plan(ws, ses, entry.id)
                 if done is not None:
                     events = [
                         OutboxEvent(k, "sent", done, ws, ses, version, watched) for k in kinds
                     ]
+                    # The other prompts of a merged message went out in it: watchers see
+                    # them sent too (their entry_delivered follows at the release or the
+                    # next claim, as the settle leaves it owed).
+                    events += self._events("updated", members, ws, ses, version, "sent", watched)
                     if any(e.kind == "delivered" for e in (yield Emit(events))):
                         return "owed"  # a receiver asked for it again: not acknowledged
             kind = "removed"  # the caller acknowledges (release, or the next claim)
@@ -471,6 +477,9 @@ class DeliveryStep(AgentCalls, OwedSignals):
             if kinds:
                 version, done = settled.version, Entry.from_json(settled.entry)
                 events = [OutboxEvent(k, "sent", done, ws, ses, version, watched) for k in kinds]
+                events += self._events(
+                    "updated", settled.members, ws, ses, version, "sent", watched
+                )
                 if any(e.kind == "delivered" for e in (yield Emit(events))):
                     logger.warning(
                         "outbox: %s/%s: entry_delivered of %s asked to be fired again, but "

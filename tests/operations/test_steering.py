@@ -489,6 +489,59 @@ def test_every_prompt_of_a_merged_message_is_announced_as_it_goes_out(outbox, si
     assert delivering == merged
 
 
+@pytest.mark.parametrize("receivers", ["entry_delivered-too", "watchers-only"])
+def test_every_prompt_of_a_merged_message_is_shown_sent_once_it_is_delivered(outbox, receivers):
+    """Watchers (``entry_updated``, the WebSocket's source) see each prompt of a merged
+    message ``sent``, not only the first: a page would show the others delivering forever
+    (docs/howto/steering.md#merging). Stepped as the worker steps (carrying each claim on):
+    with an ``entry_delivered`` receiver the delivery is settled on its own, with watchers
+    only together with the next claim."""
+    from django_outbox import signals
+    from django_outbox.core.step import Claimed
+
+    seen: list[tuple[str, str]] = []
+    carried: list[bool] = []
+
+    def updated(sender, entry, state, **kwargs):
+        seen.append((entry.id, state))
+
+    def delivered(sender, entry, **kwargs):
+        pass
+
+    async def work(parts):
+        carry = None
+        try:
+            for _ in range(10):
+                took, carry = await outbox.astep(WS, SES, parts, carry, more=lambda: True)
+                carried.append(isinstance(carry, Claimed))
+                if not took:
+                    return
+            raise AssertionError("the session never went idle")
+        finally:
+            if carry is not None:
+                await outbox.arelease(WS, SES, carry)
+            await outbox.aclose()
+
+    connected = [(signals.entry_updated, updated)]
+    if receivers == "entry_delivered-too":
+        connected.append((signals.entry_delivered, delivered))
+    for signal, receiver in connected:
+        signal.connect(receiver, weak=False)
+    try:
+        merged = [accept(outbox, key, if_busy="merge").id for key in ("a", "b", "c")]
+        accept(outbox, "d")  # a queue prompt behind: the next claim has something to take
+        parts = Parts()
+        asyncio.run(work(parts))
+    finally:
+        for signal, receiver in connected:
+            signal.disconnect(receiver)
+    assert parts.messages == [["a", "b", "c"], ["d"]]
+    # The settle path each case is about: with the next claim only without a receiver.
+    assert carried[0] is (receivers == "watchers-only"), carried
+    sent = [entry_id for entry_id, state in seen if state == "sent"]
+    assert sent[:3] == merged and len(sent) == 4, seen
+
+
 def test_a_merge_prompt_past_its_expiry_is_not_merged_and_ends_the_run(make_outbox):
     """A merge prompt that expired while it waited is never sent, not even inside another
     prompt's message: the run behind the head stops at it, and it ends expired."""
