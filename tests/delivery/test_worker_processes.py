@@ -43,6 +43,7 @@ def test_200_messages_over_20_sessions_two_workers(make_outbox, r, workers):
     w.start("--tick", "0.2")
     w.start("--tick", "0.2")
     wait_delivered(r, 200, 60)
+    w.wait_running(outbox)  # on a loaded host one may still be starting when the other is done
     w.stop_all()
     assert [p.returncode for p in w.procs] == [0, 0], w.logs()
     check_invariants(outbox, r, ids)

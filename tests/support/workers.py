@@ -50,6 +50,16 @@ class Workers:
     def live(self) -> list[subprocess.Popen]:
         return [p for p in self.procs if p.poll() is None]
 
+    def wait_running(self, outbox, timeout: float = 30) -> None:
+        """Wait until every live process has published its heartbeat (``live_workers``):
+        it then handles SIGTERM as a graceful stop. A process still starting (importing
+        Django, checking the server) ends on SIGTERM's default action, exit -15."""
+        wait_until(
+            lambda: {p.pid for p in self.live()} <= {w.pid for w in outbox.live_workers()},
+            timeout,
+            message="the workers never published their heartbeats:\n" + self.logs(),
+        )
+
     def stop_all(self) -> None:
         for proc in self.live():
             proc.send_signal(signal.SIGTERM)
