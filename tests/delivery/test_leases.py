@@ -3,6 +3,7 @@ answers ``retry``/``dismiss`` as README "The Python API" promises: BUSY only for
 live lease works on."""
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -212,6 +213,23 @@ async def test_a_holder_overtaken_by_another_lease_records_nothing(amake, r, sig
     agent.release()
     assert await step
     assert signals_log.ids("delivered") == []
+    assert await astatuses(outbox) == [("k1", "delivering")]
+
+
+async def test_a_holder_whose_renewal_finds_the_lease_taken_says_so(amake, r, caplog):
+    """The lease keeper notes a lease it could not renew, and the step that held it logs
+    that its delivery's outcome is left to verification (docs/explanation/lifecycle.md)."""
+    agent = BlockingDeliverer()
+    outbox = amake(deliverer=agent, lock_ttl=0.6)  # a renewal round every 0.2 s
+    entry = await aaccept(outbox)
+    with caplog.at_level(logging.WARNING, "django_outbox"):
+        step = asyncio.create_task(outbox.adeliver_once(WS, SES))
+        await asyncio.wait_for(agent.started.wait(), 10)
+        r.set(lock_key(outbox), f"other.1 1 {entry.id}", px=60_000)
+        await wait_for(lambda: "lost before the delivery ended" in caplog.text, 10)
+        agent.release()
+        assert await step
+    assert f"lease lost while delivering {WS}/{SES} {entry.id}" in caplog.text
     assert await astatuses(outbox) == [("k1", "delivering")]
 
 

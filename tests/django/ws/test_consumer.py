@@ -158,6 +158,22 @@ async def test_a_frame_of_exactly_the_bound_is_read_and_one_byte_more_closes_100
     await close_all(fits)
 
 
+async def test_the_frame_bound_counts_utf8_bytes_not_characters(layers):
+    """MAX_FRAME_BYTES bounds a client frame's UTF-8 bytes: a resync whose characters are
+    under the bound but whose two-byte letters take it over closes with 1009
+    (docs/reference/websocket.md)."""
+    from django_outbox.ws.consumer import MAX_FRAME_BYTES
+
+    frame = '{"type": "resync", "pad": "' + "\u00e9" * (MAX_FRAME_BYTES // 2 + 16) + '"}'
+    assert len(frame) < MAX_FRAME_BYTES < len(frame.encode())
+    comm = communicator()
+    await comm.connect()
+    await receive(comm)
+    await comm.send_to(text_data=frame)
+    assert (await comm.receive_output(5)) == {"type": "websocket.close", "code": 1009}
+    await close_all()
+
+
 async def refused_with(comm) -> int | None:
     """Connect; the close code if the socket is accepted and then closed at once (a
     refusal as a real server carries it), else None."""

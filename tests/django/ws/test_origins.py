@@ -111,6 +111,21 @@ async def test_a_forwarded_host_counts_only_when_django_is_told():
         assert await verdict(validator, origin, host="10.0.0.5:8000", headers=forwarded) == "open"
 
 
+async def test_a_chain_of_forwarded_hosts_counts_its_first_the_client_asked_for():
+    """Proxies append to X-Forwarded-Host: the first host is the one the browser used, as
+    Django reads it (docs/reference/websocket.md)."""
+    chain = [(b"x-forwarded-host", b"example.com:8443, proxy.internal:8000")]
+    validator = hosts_validator("example.com")
+    with override_settings(USE_X_FORWARDED_HOST=True):
+        verdict_first = await verdict(
+            validator, "http://example.com:8443", host="10.0.0.5:8000", headers=chain
+        )
+        verdict_last = await verdict(
+            validator, "http://proxy.internal:8000", host="10.0.0.5:8000", headers=chain
+        )
+    assert (verdict_first, verdict_last) == ("open", "refused")
+
+
 @pytest.mark.parametrize(
     ("patterns", "origin", "expected"),
     [
