@@ -40,12 +40,10 @@ local function held_reason()
 end
 
 -- Is an entry staged and not yet delivered? (One whose delivery is confirmed and whose
--- signal alone is owed is done: lib/entry.lua is_done.)
+-- signal alone is owed is done: lib/staging.lua owed_signals.)
 local function staged_undelivered()
-  for _, raw in ipairs(redis.call('LRANGE', D, 0, -1)) do
-    if not is_done((split(raw))) then return true end
-  end
-  return false
+  local staged = redis.call('LRANGE', D, 0, -1)
+  return #owed_signals(staged) < #staged
 end
 
 -- Does the session have something pending, in flight or being verified? (A lease or a
