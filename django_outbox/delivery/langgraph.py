@@ -236,10 +236,11 @@ class LangGraphClient:
         async with client.stream(method, self.url + path, **kwargs) as response:
             if not 200 <= response.status_code < 300:
                 excerpt = await self._error_body(response)
-                wait = parse_retry_after(response.headers.get("retry-after"))
-                if hold and response.status_code == 429 and wait is not None:
-                    error = LangGraphHTTPError(429, excerpt, self.url + path)
-                    raise HoldDeliveryError(str(error), error, retry_after=wait) from error
+                if hold and response.status_code == 429:
+                    wait = parse_retry_after(response.headers.get("retry-after"))
+                    if wait is not None:
+                        error = LangGraphHTTPError(429, excerpt, self.url + path)
+                        raise HoldDeliveryError(str(error), error, retry_after=wait) from error
                 return response.status_code, None, excerpt
             raw = await self._read(response, self.max_response_bytes)
         if not raw.strip():
