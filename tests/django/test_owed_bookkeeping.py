@@ -19,19 +19,18 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import partial
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import Group
-from django.utils import timezone
 
 from django_outbox import receipts
 from django_outbox.models import DeliveryReceipt
 from django_outbox.outbox import Outbox
 from django_outbox.signals import entry_delivered
 from tests.support.helpers import SES, WS, aaccept, make_entry, wait_for
+from tests.support.receipts import receipts_aged
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -486,19 +485,6 @@ def test_a_once_receiver_of_a_closure_is_held_strongly():
 # -- pruning at its edges -------------------------------------------------------------------
 
 
-def _aged(ages: list[float]) -> None:
-    now = timezone.now()
-    DeliveryReceipt.objects.bulk_create(
-        DeliveryReceipt(
-            entry_id=f"e{i}",
-            delivered_at="2026-01-01T00:00:00.000000Z",
-            receiver="r",
-            created=now - timedelta(seconds=age),
-        )
-        for i, age in enumerate(ages)
-    )
-
-
 def _left() -> list[str]:
     return sorted(DeliveryReceipt.objects.values_list("entry_id", flat=True))
 
@@ -519,7 +505,7 @@ AGES = [50, 40, 30, 20, 10, 1]  # e0 oldest; e5 younger than the cut-off below
     ],
 )
 def test_prune_deletes_what_is_old_enough_up_to_the_batch(older_than, batch, deleted, left):
-    _aged(AGES)
+    receipts_aged(AGES)
     assert receipts.prune(older_than=older_than, batch=batch) == deleted
     assert _left() == left
 
@@ -544,7 +530,7 @@ BAD_PRUNES = [
     ids=[f"older_than={a!r}-batch={b!r}" for a, b, _ in BAD_PRUNES],  # no spaces: mutate's node IDs
 )
 def test_prune_refuses_bad_arguments_and_deletes_nothing(older_than, batch, error):
-    _aged(AGES)
+    receipts_aged(AGES)
     with pytest.raises(ValueError, match=error):
         receipts.prune(older_than=older_than, batch=batch)
     assert len(_left()) == len(AGES)

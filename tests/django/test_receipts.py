@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.test import override_settings
-from django.utils import timezone
 
 from django_outbox import receipts
 from django_outbox.metrics import WorkerMetrics
@@ -27,6 +25,7 @@ from django_outbox.outbox import Outbox
 from django_outbox.signals import DeliveredSignal, entry_delivered
 from tests.support.helpers import SES, WS, aaccept, accept, make_entry, wait_for
 from tests.support.proxy import TcpProxy
+from tests.support.receipts import receipts_aged
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -340,21 +339,8 @@ async def test_a_replayed_settle_fires_with_the_staged_delivered_at(amake_outbox
 # -- pruning ----------------------------------------------------------------------------------
 
 
-def _receipts_aged(ages: list[float]) -> None:
-    now = timezone.now()
-    DeliveryReceipt.objects.bulk_create(
-        DeliveryReceipt(
-            entry_id=f"e{i}",
-            delivered_at="2026-01-01T00:00:00.000000Z",
-            receiver="r",
-            created=now - timedelta(seconds=age),
-        )
-        for i, age in enumerate(ages)
-    )
-
-
 def test_prune_deletes_old_receipts_in_bounded_batches(settings):
-    _receipts_aged([10, 20, 30, 40, 50, 1])
+    receipts_aged([10, 20, 30, 40, 50, 1])
     assert receipts.prune(older_than=5, batch=2) == 2
     assert sorted(DeliveryReceipt.objects.values_list("entry_id", flat=True)) == [
         "e0",
@@ -367,14 +353,14 @@ def test_prune_deletes_old_receipts_in_bounded_batches(settings):
     with pytest.raises(ValueError):
         receipts.prune(older_than=-1)
     settings.OUTBOX = {"DEDUPE_TTL": 60}  # the default age is DEDUPE_TTL
-    _receipts_aged([120, 30])
+    receipts_aged([120, 30])
     assert receipts.prune() == 1
 
 
 def test_the_prune_command(capsys):
     from django.core.management.base import CommandError
 
-    _receipts_aged([100] * 5 + [1])
+    receipts_aged([100] * 5 + [1])
     call_command("outbox_prune_receipts", "--older-than", "50", "--batch", "2")
     assert "pruned 5 delivery receipts" in capsys.readouterr().out
     assert DeliveryReceipt.objects.count() == 1
@@ -396,7 +382,7 @@ def test_every_worker_of_the_django_outbox_prunes_receipts():
 
 @override_settings(OUTBOX={"DEDUPE_TTL": 50})
 async def test_the_worker_prunes_while_a_once_receiver_is_connected(amake_outbox):
-    await sync_to_async(_receipts_aged)([100, 100, 1])
+    await sync_to_async(receipts_aged)([100, 100, 1])
     asked: list[int] = []
 
     def nobody() -> list[str]:
