@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django_outbox import Entry
@@ -120,3 +122,33 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+
+
+@contextmanager
+def delivering(workspace_id: str, session_id: str) -> Iterator[None]:
+    """While inside: the session's next prompt is being delivered by a real worker pass of
+    the project's outbox (``get_outbox()``, in a thread) whose agent waits: a lease held
+    in Valkey, as in production. On leaving, the agent returns and the pass ends."""
+    from django_outbox import get_outbox
+
+    started, release = threading.Event(), threading.Event()
+    outbox = get_outbox()
+
+    async def deliver(entry, **kwargs):  # a slow agent, waiting off the event loop
+        started.set()
+        await asyncio.to_thread(release.wait, 30)
+
+    async def deliver_once():
+        try:
+            await outbox.adeliver_once(workspace_id, session_id, deliverer=deliver)
+        finally:
+            await outbox.aclose()
+
+    worker = threading.Thread(target=asyncio.run, args=(deliver_once(),))
+    worker.start()
+    try:
+        assert started.wait(30), "the worker never started the delivery"
+        yield
+    finally:
+        release.set()
+        worker.join(30)

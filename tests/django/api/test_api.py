@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
 from types import SimpleNamespace
 from urllib.parse import quote
 
@@ -29,6 +27,7 @@ from django_outbox.api.serializers import ModelField
 from django_outbox.api.views import MessagesView, WorkspaceParkView, WorkspaceUnparkView
 from django_outbox.core.rules import validate_content
 from django_outbox.errors import ContentTooLarge, InvalidContent
+from tests.support.helpers import delivering
 
 pytestmark = pytest.mark.django_db
 
@@ -404,30 +403,11 @@ def test_retry_of_a_parked_entry_409(staff):
 
 def test_busy_409_while_being_delivered(staff):
     entry = post_json(staff, messages_url(), body()).json()
-    started, release = threading.Event(), threading.Event()
-    outbox = get_outbox()
-
-    def deliver(entry, *, workspace_id, session_id, attempt):
-        started.set()
-        release.wait(10)
-
-    async def deliver_once():
-        try:
-            await outbox.adeliver_once("alice", "s1", deliverer=deliver)
-        finally:
-            await outbox.aclose()
-
-    worker = threading.Thread(target=asyncio.run, args=(deliver_once(),))
-    worker.start()
-    try:
-        assert started.wait(10)
+    with delivering("alice", "s1"):
         assert_error(staff.delete(message_url(entry["id"])), 409, "busy")
         assert_error(staff.post(retry_url(entry["id"])), 409, "busy")
         [listed] = staff.get(messages_url()).json()["entries"]
         assert listed["status"] == "delivering"
-    finally:
-        release.set()
-        worker.join(10)
     assert entries() == []
     assert_error(staff.delete(message_url(entry["id"])), 404, "not_found")
 

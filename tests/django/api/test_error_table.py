@@ -10,11 +10,9 @@ that was started and then stopped, not to a mock.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +24,7 @@ from rest_framework.test import APIClient
 from django_outbox import get_outbox
 from django_outbox.core.rules import MAX_EXPIRES_AFTER, MAX_MODEL_DEPTH, MAX_REASON_CHARS
 from django_outbox.errors import RateLimited
+from tests.support.helpers import delivering
 from tests.support.valkey import ValkeyProcess
 
 pytestmark = pytest.mark.django_db
@@ -48,31 +47,9 @@ def state() -> tuple[int, list[tuple[Any, ...]]]:
     ]
 
 
-@contextmanager
-def in_flight(entry_id: str) -> Iterator[None]:
-    """While inside: the seeded prompt is being delivered by a real worker pass whose
-    agent waits (a lease held in Valkey, as in production)."""
-    started, release = threading.Event(), threading.Event()
-    outbox = get_outbox()
-
-    def deliver(entry, *, workspace_id, session_id, attempt):
-        started.set()
-        release.wait(10)
-
-    async def deliver_once():
-        try:
-            await outbox.adeliver_once(WS, SES, deliverer=deliver)
-        finally:
-            await outbox.aclose()
-
-    worker = threading.Thread(target=asyncio.run, args=(deliver_once(),))
-    worker.start()
-    try:
-        assert started.wait(10), "the worker never started the delivery"
-        yield
-    finally:
-        release.set()
-        worker.join(10)
+def in_flight(entry_id: str):
+    """While inside: the seeded prompt is being delivered (``delivering``)."""
+    return delivering(WS, SES)
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 
 import pytest
 from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
 from django_outbox import get_outbox
+from tests.support.helpers import delivering
 
 pytestmark = pytest.mark.django_db
 
@@ -152,32 +151,13 @@ def test_edit_of_a_missing_message_is_404(staff):
 def test_edit_move_and_cancel_of_the_message_in_flight_are_409(staff):
     entry_id = accept(staff, "c1").json()["id"]
     other = accept(staff, "c2").json()["id"]
-    outbox = get_outbox()
-    started, release = threading.Event(), threading.Event()
-
-    async def deliver(entry, **kwargs):  # a slow agent, in a worker thread of its own
-        started.set()
-        await asyncio.to_thread(release.wait, 30)
-
-    async def one_step():
-        try:
-            await outbox.adeliver_once(WS, SES, deliverer=deliver)
-        finally:
-            await outbox.aclose()
-
-    worker = threading.Thread(target=asyncio.run, args=(one_step(),))
-    worker.start()
-    try:
-        assert started.wait(30)
+    with delivering(WS, SES):
         answers = {
             "edit": patch_json(staff, message_url(entry_id), {"text": "x"}),
             "move": post_json(staff, message_url(entry_id, "move"), {"to": "last"}),
             "before": post_json(staff, message_url(other, "move"), {"before": entry_id}),
             "cancel": post_json(staff, message_url(entry_id, "cancel")),
         }
-    finally:
-        release.set()
-        worker.join(30)
     for name in ("edit", "move", "before"):
         assert_error(answers[name], 409, "busy")
     # Cancelling the prompt in flight means cutting its turn: no aborter here.
