@@ -17,7 +17,7 @@ from asgiref.sync import async_to_sync
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import AnonymousUser, Permission
+from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.test import Client, RequestFactory, override_settings
 from django.urls import reverse
@@ -29,6 +29,7 @@ from django_outbox.models import OutboxEntry
 from django_outbox.outbox import get_outbox
 from django_outbox.ws.routing import websocket_urlpatterns
 from example_project.demo.models import AgentSession, Membership
+from tests.support.ws_session import IN_MEMORY_LAYERS, connect_and_resync
 
 pytestmark = pytest.mark.django_db
 
@@ -156,50 +157,19 @@ def test_rest_matrix(people, policy_name, role, endpoint):
 
 # --- WebSocket ----------------------------------------------------------------------------
 
-LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
 
 def ws_session(user, revoke=None) -> tuple[object, object]:
-    """Connect as ``user``; answer ``(connect outcome, resync outcome)``: ``"snapshot"``
-    or the close code. ``revoke`` (sync, run between connect and resync) takes away
-    what let the user in."""
-
-    async def run():
-        comm = WebsocketCommunicator(
-            URLRouter(websocket_urlpatterns), f"/ws/outbox/workspaces/{WS}/sessions/{SES}/"
-        )
-        comm.scope["user"] = user if user is not None else AnonymousUser()
-        try:
-            connected, _ = await comm.connect()
-            assert connected  # a refusal accepts, then closes with its code
-            output = await comm.receive_output(5)
-            if output["type"] == "websocket.close":
-                return output["code"], None
-            first = json.loads(output["text"])
-            assert first["type"] == "queue.snapshot"
-            if revoke is not None:
-                from asgiref.sync import sync_to_async
-
-                await sync_to_async(revoke)()
-            await comm.send_to(text_data=json.dumps({"type": "resync"}))
-            answer = await comm.receive_output(5)
-            if answer["type"] == "websocket.close":
-                return "snapshot", answer["code"]
-            # Answered (queue.current: nothing changed since the first snapshot).
-            assert json.loads(answer["text"])["type"] in ("queue.snapshot", "queue.current")
-            return "snapshot", "snapshot"
-        finally:
-            await comm.disconnect()
-            await get_outbox().aclose()
-
-    return async_to_sync(run)()
+    """``connect_and_resync`` on this module's session; ``revoke`` runs before the resync."""
+    return connect_and_resync(WS, SES, user, revoke)
 
 
 @pytest.mark.parametrize("policy_name", list(POLICIES))
 @pytest.mark.parametrize("role", ROLES)
 def test_websocket_connect_and_resync_matrix(people, policy_name, role):
     allowed = ALLOWED[policy_name][role]
-    with override_settings(OUTBOX={"ACCESS_POLICY": POLICIES[policy_name]}, CHANNEL_LAYERS=LAYERS):
+    with override_settings(
+        OUTBOX={"ACCESS_POLICY": POLICIES[policy_name]}, CHANNEL_LAYERS=IN_MEMORY_LAYERS
+    ):
         outcome = ws_session(people[role])
     if allowed is not None and "view" in allowed:
         assert outcome == ("snapshot", "snapshot")
@@ -226,7 +196,9 @@ def _revocations(people):
 )
 def test_a_resync_asks_again_and_closes_4403_once_access_is_gone(people, policy_name, role):
     revoke = _revocations(people)[role]
-    with override_settings(OUTBOX={"ACCESS_POLICY": POLICIES[policy_name]}, CHANNEL_LAYERS=LAYERS):
+    with override_settings(
+        OUTBOX={"ACCESS_POLICY": POLICIES[policy_name]}, CHANNEL_LAYERS=IN_MEMORY_LAYERS
+    ):
         assert ws_session(people[role], revoke) == ("snapshot", 4403)
 
 
@@ -437,7 +409,7 @@ def test_every_action_permission_without_view_gives_nothing(people, django_user_
         response = getattr(client, method)(url(entry.id), data, format="json")
         assert response.status_code == 403, (method, url(entry.id))
     assert stored() == [(entry.id, "pending")]
-    with override_settings(CHANNEL_LAYERS=LAYERS):
+    with override_settings(CHANNEL_LAYERS=IN_MEMORY_LAYERS):
         assert ws_session(actor) == (4403, None)
     grant(actor, "view_outboxentry")  # the same user with view: everything its permissions say
     actor = django_user_model.objects.get(pk=actor.pk)
@@ -527,7 +499,9 @@ def test_an_inactive_user_set_by_a_token_middleware_is_refused_on_the_websocket(
 ):
     django_user_model.objects.create_user("gone", password=None, is_active=False)
     django_user_model.objects.create_user("active", password=None)
-    with override_settings(OUTBOX={"ACCESS_POLICY": allow_everyone}, CHANNEL_LAYERS=LAYERS):
+    with override_settings(
+        OUTBOX={"ACCESS_POLICY": allow_everyone}, CHANNEL_LAYERS=IN_MEMORY_LAYERS
+    ):
         assert ws_connect_with_token("gone") == 4403
         assert ws_connect_with_token("active") == "queue.snapshot"
 

@@ -17,15 +17,11 @@ the admin's login page or 403), and a refusal changes nothing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
-from channels.routing import URLRouter
-from channels.testing import WebsocketCommunicator
-from django.contrib.auth.models import AnonymousUser, Permission
+from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.test import Client, override_settings
 from django.utils.module_loading import import_string
@@ -34,8 +30,8 @@ from rest_framework.test import APIClient
 from django_outbox import policy
 from django_outbox.models import OutboxEntry
 from django_outbox.outbox import get_outbox
-from django_outbox.ws.routing import websocket_urlpatterns
 from example_project.demo.models import AgentSession, Membership
+from tests.support.ws_session import IN_MEMORY_LAYERS, connect_and_resync
 
 pytestmark = pytest.mark.django_db
 
@@ -257,39 +253,10 @@ def test_rest_a_session_of_another_workspace(policy_name, kind, status):
 
 # --- WebSocket ----------------------------------------------------------------------------
 
-LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
 
 def ws_session(user: Any, between: Callable[[], Any] | None = None) -> tuple[Any, Any]:
-    """Connect as ``user`` (the scope's user, as a token middleware sets it), then send
-    ``resync``; ``between`` (sync) runs before the resync. Answers ``(connect, resync)``:
-    ``"snapshot"`` or the close code."""
-
-    async def run():
-        comm = WebsocketCommunicator(
-            URLRouter(websocket_urlpatterns), f"/ws/outbox/workspaces/{WS}/sessions/{SES}/"
-        )
-        comm.scope["user"] = user if user is not None else AnonymousUser()
-        try:
-            connected, _ = await comm.connect()
-            assert connected  # a refusal accepts, then closes with its code
-            output = await comm.receive_output(5)
-            if output["type"] == "websocket.close":
-                return output["code"], None
-            assert json.loads(output["text"])["type"] == "queue.snapshot"
-            if between is not None:
-                await sync_to_async(between)()
-            await comm.send_to(text_data=json.dumps({"type": "resync"}))
-            answer = await comm.receive_output(5)
-            if answer["type"] == "websocket.close":
-                return "snapshot", answer["code"]
-            assert json.loads(answer["text"])["type"] in ("queue.snapshot", "queue.current")
-            return "snapshot", "snapshot"
-        finally:
-            await comm.disconnect()
-            await get_outbox().aclose()
-
-    return async_to_sync(run)()
+    """``connect_and_resync`` on this module's session."""
+    return connect_and_resync(WS, SES, user, between)
 
 
 CONNECT_ROWS = {
@@ -303,7 +270,9 @@ CONNECT_ROWS = {
 def test_websocket_connect(row):
     policy_name, kind = CONNECT_ROWS[row]
     user = make_user(kind, "view")
-    with override_settings(OUTBOX={"ACCESS_POLICY": POLICIES[policy_name]}, CHANNEL_LAYERS=LAYERS):
+    with override_settings(
+        OUTBOX={"ACCESS_POLICY": POLICIES[policy_name]}, CHANNEL_LAYERS=IN_MEMORY_LAYERS
+    ):
         outcome = ws_session(user)
     allowed = ALLOWED[policy_name][kind]
     if allowed is not None and "view" in allowed:
@@ -328,7 +297,7 @@ def test_websocket_resync(row):
     user = make_user(kind, "view")
     target = import_string(POLICIES[policy_name])
     everything = f"{__name__}.switchable"
-    with override_settings(OUTBOX={"ACCESS_POLICY": everything}, CHANNEL_LAYERS=LAYERS):
+    with override_settings(OUTBOX={"ACCESS_POLICY": everything}, CHANNEL_LAYERS=IN_MEMORY_LAYERS):
         try:
             outcome = ws_session(user, between=lambda: _DELEGATE.__setitem__(0, target))
         finally:
@@ -359,7 +328,9 @@ def test_websocket_resync_after_the_user_is_deactivated(policy_name, kind):
     def deactivate():
         type(user).objects.filter(pk=user.pk).update(is_active=False)
 
-    with override_settings(OUTBOX={"ACCESS_POLICY": POLICIES[policy_name]}, CHANNEL_LAYERS=LAYERS):
+    with override_settings(
+        OUTBOX={"ACCESS_POLICY": POLICIES[policy_name]}, CHANNEL_LAYERS=IN_MEMORY_LAYERS
+    ):
         assert ws_session(user, between=deactivate) == ("snapshot", 4403)
 
 
