@@ -121,8 +121,21 @@ def classified(result: Any) -> Any:
     return result
 
 
+#: The "not now" replies redis-py's parser gives a class of their own, cutting the code off
+#: the message (a TRYAGAIN reply's text no longer starts with ``TRYAGAIN``), so they are
+#: known by their class.
+_UNAVAILABLE_CLASSES = (
+    redis.OutOfMemoryError,
+    redis.ReadOnlyError,
+    redis.BusyLoadingError,
+    redis.exceptions.TryAgainError,
+)
+
+
 def is_unavailable_reply(exc: Exception) -> bool:
-    if isinstance(exc, redis.OutOfMemoryError | redis.ReadOnlyError | redis.BusyLoadingError):
+    """Whether a Valkey error reply ``exc`` means "not now" (:data:`UNAVAILABLE_REPLIES`),
+    whether redis-py kept its code in the message or parsed it into its own class."""
+    if isinstance(exc, _UNAVAILABLE_CLASSES):
         return True
     text = str(exc)
     return any(text.startswith(code) for code in UNAVAILABLE_REPLIES) or "maxmemory" in text
