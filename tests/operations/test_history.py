@@ -15,7 +15,9 @@ from django_outbox.core.heartbeats import WorkerHeartbeat
 from django_outbox.core.history import (
     LATENCY_BUCKETS,
     MAX_PENDING_MINUTES,
+    History,
     HistoryCounter,
+    HistoryMinute,
     latency_bucket,
 )
 from django_outbox.core.keys import KeySpace
@@ -450,3 +452,39 @@ def test_worker_processes_write_every_delivery(make_outbox, r, valkey, tmp_path)
     assert sum(history.latency_counts()) == 60
     per_ws = outbox.history(minutes=3, workspace_id=WS)
     assert per_ws.total("d") == 60 and per_ws.total("a") == 60
+
+
+# -- the edges of the window, the buckets and the held minutes ---------------------------------
+
+
+def test_a_latency_exactly_at_a_bucket_bound_counts_in_that_bucket():
+    # Prometheus' "le": a bucket holds every latency up to and including its bound.
+    bounded = [b for b in LATENCY_BUCKETS if b != float("inf")]
+    assert [latency_bucket(b) for b in bounded] == list(range(len(bounded)))
+    assert [latency_bucket(b * 1.001) for b in bounded] == list(range(1, len(bounded) + 1))
+
+
+def test_a_quantile_whose_rank_ends_a_bucket_is_that_buckets_bound():
+    # Two deliveries, one in the first bucket and one in the third: the median's rank
+    # (1 of 2) is reached at the end of the first bucket, so the median is its bound.
+    minute = HistoryMinute(MINUTE, {"l0": 1, "l2": 1})
+    history = History([minute], None, T0)
+    assert history.latency_quantile(0.5) == LATENCY_BUCKETS[0]
+    assert history.latency_quantile(1.0) == LATENCY_BUCKETS[2]
+
+
+def test_a_window_of_exactly_31_days_is_read_and_one_minute_more_is_refused(outbox):
+    assert len(outbox.history(minutes=44_640).minutes) == 44_640
+    assert len(outbox.history(minutes=1).minutes) == 1
+    for minutes in (0, 44_641):
+        with pytest.raises(ValueError, match="1 to 44640"):
+            outbox.history(minutes=minutes)
+
+
+def test_held_counts_keep_the_oldest_minute_of_the_bound_and_drop_the_one_before():
+    now = MINUTE * 60_000_000
+    counter = HistoryCounter(KeySpace(), ttl_ms=60_000, clock=lambda: now)
+    edge = (MINUTE - MAX_PENDING_MINUTES) * 60_000_000
+    counter.add(WS, "o:failed", at_us=edge)  # the oldest minute still held
+    counter.add(WS, "o:failed", at_us=edge - 60_000_000)  # one minute older: dropped
+    assert list(counter.take()) == [(MINUTE - MAX_PENDING_MINUTES, WS)]
