@@ -80,12 +80,12 @@ def test_waiting_out_an_outage_stops_within_its_patience():
 
     async def run() -> None:
         await retry_unavailable(
-            step, patience=0.5, first_delay=0.1, max_delay=0.2, what="a test", sleep=sleep
+            step, patience=0.45, first_delay=0.1, max_delay=0.2, what="a test", sleep=sleep
         )
 
     with pytest.raises(OutboxUnavailable, match="refused"):
         asyncio.run(run())
-    assert slept and sum(slept) <= 0.5
+    assert slept and sum(slept) <= 0.45
     assert len(calls) == len(slept) + 1
 
 
