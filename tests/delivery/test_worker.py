@@ -161,6 +161,26 @@ async def test_heartbeat_is_published_and_removed(make_outbox, r):
     await outbox.aclose()
 
 
+async def test_a_lease_names_a_worker_whose_name_has_dots_whole(make_outbox):
+    # A worker is named by its host by default, and a host name is often dotted
+    # (web-1.example.com): the snapshot's lease names the whole worker, not its first label.
+    from django_outbox.core.worker import Worker
+
+    agent = BlockingDeliverer()
+    outbox = make_outbox(deliverer=agent)
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
+    stop = asyncio.Event()
+    worker = Worker(outbox, None, concurrency=1, tick=30, stop=stop, worker_id="web-1.example.com")
+    run = asyncio.create_task(worker.run())
+    await asyncio.wait_for(agent.started.wait(), 5)
+    lease = (await outbox.asnapshot(WS, "s1")).lease
+    assert lease.owner == "web-1.example.com"
+    agent.release()
+    stop.set()
+    await asyncio.wait_for(run, 10)
+    await outbox.aclose()
+
+
 async def _has_worker(r):
     return bool(r.zrange("outboxworkers", 0, -1))
 
