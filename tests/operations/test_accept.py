@@ -21,7 +21,7 @@ from django_outbox.errors import (
 )
 from tests.support.helpers import aaccept, accept
 from tests.support.hostile import HOSTILE_MODEL, HOSTILE_TEXT
-from tests.support.valkey import ValkeyProcess, free_port
+from tests.support.valkey import ValkeyProcess, free_port, wait_until
 
 
 def test_accept_returns_pending_entry_and_lists_it(outbox):
@@ -405,3 +405,36 @@ def test_the_model_allow_list_refuses_other_models(make_outbox):
         accept(make_outbox(models=()), "d", model=sonnet)
     accept(make_outbox(models=()), "e")  # no model: always taken
     assert [e.client_message_id for e in strict.list(WS, SES)] == ["a", "b", "e"]
+
+
+@pytest.mark.standalone
+def test_wait_replicas_met_exactly_by_one_live_replica_is_acknowledged(tmp_path):
+    # WAIT_REPLICAS = 1 with exactly one replica linked: the accept is acknowledged,
+    # not answered 503 (the bound is "at least", docs/howto/valkey.md).
+    from django_outbox.outbox import Outbox
+
+    primary = ValkeyProcess(tmp_path / "primary").start()
+    replica = ValkeyProcess(tmp_path / "replica").start()
+    client = redis.Redis.from_url(replica.url, decode_responses=True)
+    outbox = Outbox(url=primary.url, wait_replicas=1, wait_timeout=5)
+    try:
+        client.replicaof("127.0.0.1", primary.port)
+        wait_until(lambda: client.info("replication").get("master_link_status") == "up")
+        assert accept(outbox).status is Status.PENDING
+    finally:
+        outbox.close()
+        client.close()
+        replica.stop()
+        primary.stop()
+
+
+def test_a_users_counts_are_kept_under_the_24_digit_digest_of_its_id(outbox, r):
+    # The digest names the user's dedupe markers and its field of the workspace's users
+    # HASH: its width is part of the stored layout, so a new width would orphan every
+    # marker and count written before an upgrade.
+    import hashlib
+
+    outbox.accept("w1", "s1", user_id="alice", client_message_id="k", text="t")
+    digest = hashlib.sha256(b"alice").hexdigest()[:24]
+    assert list(r.hkeys(outbox.keys.users("w1"))) in ([digest], [digest.encode()])
+    assert r.exists(f"{outbox.keys.prefix}dedupe:{{w1}}:s1:{digest}:k")
