@@ -1,6 +1,7 @@
 """Entry: exact JSON round-trip, validation rules, timestamps and IDs (no Valkey needed)."""
 
 import json
+import time
 
 import pytest
 
@@ -87,6 +88,16 @@ def test_entry_ids_sort_by_creation_and_fit_the_allow_list():
     assert ids == sorted(ids) and len(set(ids)) == 50
     for value in ids:
         assert len(value) == 26 and check_identifier("entry ID", value) == value
+
+
+def test_entry_ids_made_in_one_millisecond_count_up_even_after_other_ids():
+    # IDs made earlier in this process (at the real time) must not make the counter of
+    # a millisecond start over: every ID of the same millisecond sorts after the last.
+    new_entry_id()
+    ms = int(time.time() * 1000) + 50  # after every ID made so far
+    ids = [new_entry_id(ms) for _ in range(20)]
+    assert ids == sorted(ids)
+    assert len({value[:12] for value in ids}) == 20  # the time-and-counter part alone
 
 
 @pytest.mark.parametrize(
