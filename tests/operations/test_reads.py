@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -473,3 +474,40 @@ def test_a_copy_that_gave_up_bounds_the_merge():
     backwards = [done, CopyPage([rows[3]], complete=False)]
     assert merge_copies(backwards, descending=True) == ([rows[4], rows[3]], True)
     assert merge_copies([done], descending=False) == ([rows[0], rows[2], rows[4]], False)
+
+
+# -- the warning about corrupt members -------------------------------------------------------
+
+
+def _skipped_warning(outbox, r, members, caplog) -> str:
+    """The one warning ``outbox.workspaces()`` logs for ``members`` written by hand into
+    the workspaces index beside a good workspace."""
+    key = outbox.keys.index_keys("workspaces")[0]
+    r.sadd(key, "good-ws", *members)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="django_outbox"):
+        assert outbox.workspaces() == ["good-ws"]
+    (record,) = [x for x in caplog.records if "corrupt member" in x.getMessage()]
+    return record.getMessage()
+
+
+@pytest.mark.standalone  # one copy of the workspaces index
+def test_a_corrupt_member_is_logged_escaped_never_raw(outbox, r, caplog):
+    # Whatever bytes another program wrote, the warning shows them escaped: no terminal
+    # control sequence or line break of theirs reaches an operator's log.
+    message = _skipped_warning(outbox, r, [b"a\x1b[2J\nFAKE ERROR"], caplog)
+    assert "\x1b" not in message and "\n" not in message
+    assert "\\x1b[2J\\nFAKE ERROR" in message
+    assert message.startswith("outbox: skipped 1 corrupt member(s)")
+
+
+@pytest.mark.standalone
+@pytest.mark.parametrize(("count", "more"), [(3, False), (4, True)])
+def test_the_warning_shows_three_members_and_says_when_there_are_more(
+    outbox, r, caplog, count, more
+):
+    members = [f"bad id {i}!" for i in range(count)]
+    message = _skipped_warning(outbox, r, members, caplog)
+    assert f"skipped {count} corrupt member(s)" in message
+    assert sum(f"bad id {i}!" in message for i in range(count)) == 3
+    assert message.endswith(" ...") is more
