@@ -442,6 +442,7 @@ def test_a_position_reads_back_from_its_text_and_refuses_anything_else():
         IndexPosition(1712345678901.0, "ws-1", "s.2", 3),
         IndexPosition(0.5, "w", "s"),
         IndexPosition(-2.0, "w", "s", 7),
+        IndexPosition(3.0, "w", "s", 2**31),  # the largest tie offset a position may carry
         IndexPosition(None, "w", "s"),
     ):
         assert IndexPosition.from_text(position.to_text()) == position
