@@ -438,3 +438,30 @@ def test_a_users_counts_are_kept_under_the_24_digit_digest_of_its_id(outbox, r):
     digest = hashlib.sha256(b"alice").hexdigest()[:24]
     assert list(r.hkeys(outbox.keys.users("w1"))) in ([digest], [digest.encode()])
     assert r.exists(f"{outbox.keys.prefix}dedupe:{{w1}}:s1:{digest}:k")
+
+
+def test_wait_aof_on_a_server_that_never_fsyncs_is_unavailable_but_accepted(tmp_path):
+    # appendonly yes but appendfsync no: the server writes its AOF and leaves the fsync to
+    # the OS, so WAITAOF answers "0 fsynced locally" and the accept, stored, is not
+    # acknowledged as durable (docs/howto/valkey.md#what-each-setting-keeps).
+    from django_outbox.outbox import Outbox
+
+    server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="no").start()
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    outbox = Outbox(url=server.url, wait_aof=True, wait_timeout=0.2)
+    try:
+        # The AOF the server makes as it starts is fsynced once; after it, nothing is.
+        persistence = client.info("persistence")
+        wait_until(lambda: not int(client.info("persistence")["aof_rewrite_in_progress"]))
+        assert persistence["aof_enabled"] == 1
+        with contextlib.suppress(OutboxUnavailable):
+            accept(outbox, "warm-up")
+        with pytest.raises(OutboxUnavailable, match="AOF") as info:
+            accept(outbox)
+        assert info.value.accepted is True
+        with pytest.raises(Duplicate):
+            accept(outbox)
+    finally:
+        outbox.close()
+        client.close()
+        server.stop()
