@@ -455,3 +455,34 @@ async def test_members_read_the_http_agents_status_and_kind(server, outbox_with)
         (ErrorKind.HELD, None),
         (ErrorKind.AGENT_ERROR, 502),
     ]
+
+
+def test_retry_after_may_carry_spaces_around_its_seconds():
+    # HTTP trims a field value's surrounding whitespace (RFC 9110, 5.5); so does the reader.
+    assert http.parse_retry_after(" 120 ") == 120
+    assert http.parse_retry_after("\t7") == 7
+
+
+async def test_an_error_answer_is_kept_up_to_exactly_the_bound(server, outbox_with):
+    # MAX_RESPONSE_BYTES is the most read of one answer: all of it is kept, not one less.
+    server.plan = [("status", 400, {}, b"0123456789ABCDEF")]
+    outbox = outbox_with(options(server, MAX_RESPONSE_BYTES=10))
+    await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    entry = await only(outbox)
+    url = server.url + "/w/w1/s/s1/prompts"
+    assert entry.last_error.endswith(f"HTTP 400 for {url}: 0123456789")
+
+
+async def test_an_error_excerpt_of_exactly_500_characters_is_not_marked_cut(server, outbox_with):
+    whole, longer = "é" * 500, "é" * 501  # characters, not bytes: 1,000 and 1,002 of them
+    server.plan = [("status", 400, {}, whole.encode()), ("status", 400, {}, longer.encode())]
+    outbox = outbox_with(options(server))
+    await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    first = await only(outbox)
+    assert first.last_error.endswith(": " + whole)
+    await accept(outbox, ses="s2", key="k2")
+    assert await outbox.adeliver_once(WS, "s2")
+    second = await only(outbox, ses="s2")
+    assert second.last_error.endswith(": " + whole + "...")

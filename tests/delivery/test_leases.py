@@ -443,3 +443,26 @@ async def test_an_entry_claimed_ahead_is_delivered_after_a_stop_not_left_staged(
     keys = outbox.keys.session(WS, SES)
     assert not r.exists(keys.lock, keys.staging)
     assert (await outbox.alist(WS, SES))[0].status == Status.PENDING
+
+
+async def test_a_held_lease_is_renewed_every_third_of_lock_ttl(amake, r):
+    """The keeper renews a lease every third of ``LOCK_TTL`` (docs/reference/commands.md,
+    "outbox_worker"), so a held lease never has less than two thirds of it left, give or
+    take a late round; renewing only every half would let it fall to a half."""
+    agent = BlockingDeliverer()
+    outbox = amake(deliverer=agent, lock_ttl=3.0)
+    await aaccept(outbox)
+    step = asyncio.create_task(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.started.wait(), 10)
+    started = time.monotonic()
+    previous, renewed_after = r.pttl(lock_key(outbox)), None
+    while time.monotonic() - started < 2.5 and renewed_after is None:
+        await asyncio.sleep(0.01)
+        left = r.pttl(lock_key(outbox))
+        if left > previous + 200:
+            renewed_after = time.monotonic() - started
+        previous = left
+    agent.release()
+    assert await step
+    assert renewed_after is not None, "the lease was never renewed"
+    assert 0.6 < renewed_after < 1.35, renewed_after

@@ -467,3 +467,28 @@ async def test_cancelled_delivery_is_recorded_as_ambiguous(make_outbox, r, fast)
 async def test_no_deliverer_is_a_clear_error(outbox):
     with pytest.raises(ValueError, match="deliverer"):
         await outbox.adeliver_once(WS, SES)
+
+
+async def test_a_sync_deliverer_past_its_timeout_is_logged_naming_its_entry(make_outbox, caplog):
+    """The operator reads which session and entry a thread overstays DELIVERY_TIMEOUT on,
+    and that the step waits for it (a thread cannot be interrupted: docs/howto/deliverer.md)."""
+    import logging
+
+    unblock = threading.Event()
+
+    def deliver(entry, **kwargs):
+        unblock.wait(10)
+
+    outbox = make_outbox(deliverer=deliver, delivery_timeout=0.2)
+    entry = await aaccept(outbox, "m1")
+    try:
+        with caplog.at_level(logging.WARNING, "django_outbox"):
+            step = asyncio.create_task(outbox.adeliver_once(WS, SES))
+            said = f"sync deliverer for {WS}/{SES} {entry.id} exceeded DELIVERY_TIMEOUT (0.2s)"
+            await wait_for(lambda: said in caplog.text, 5)
+            assert not step.done()  # still waiting for the thread
+            unblock.set()
+            assert await step
+    finally:
+        unblock.set()
+        await outbox.aclose()

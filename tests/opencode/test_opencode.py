@@ -651,3 +651,18 @@ async def test_abort_ends_the_running_turn_and_the_delivery_returns(fake, client
     with pytest.raises(OpencodeHTTPError) as info:
         await client.abort(entry, workspace_id="w1", session_id="ses_unknown")
     assert info.value.status == 404
+
+
+async def test_an_error_body_of_exactly_500_characters_is_kept_uncut(fake, client):
+    """The error's excerpt keeps 500 characters (not bytes: two-byte letters here) and marks
+    only a longer body cut with "..."."""
+    sid = fake.create_session()
+    whole = "é" * 500
+    fake.faults["post_message"] = Fault(status=400, body=whole.encode())
+    with pytest.raises(OpencodeHTTPError) as info:
+        await deliver(client, make_entry(), sid)
+    assert info.value.body == whole
+    fake.faults["post_message"] = Fault(status=400, body=(whole + "é").encode())
+    with pytest.raises(OpencodeHTTPError) as info:
+        await deliver(client, make_entry(), sid)
+    assert info.value.body == whole + "..."

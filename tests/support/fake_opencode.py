@@ -53,7 +53,7 @@ class Fault:
     status: int | None = None  #: answer this status instead (before storing anything)
     headers: tuple[tuple[str, str], ...] = ()  #: with ``status`` or ``body``: extra headers
     cut: str | None = None  #: "before_store" | "after_store": drop the connection
-    body: bytes | None = None  #: answer 200 with these raw bytes instead
+    body: bytes | None = None  #: answer 200 (or ``status``) with these raw bytes instead
     huge: int | None = None  #: answer ``status`` (or 200) with this many bytes, made lazily
     declare_length: bool = True  #: with ``huge``: send a content-length (else chunked)
 
@@ -151,7 +151,10 @@ class FakeOpencode(FakeOpencodeServer):
             )
         if fault.status is not None:
             await sleep(fault.delay)
-            reply = injected_error(fault.status)
+            if fault.body is not None:  # an error answer whose body the test chose
+                reply = Reply(fault.status, fault.body, [("content-type", "text/plain")])
+            else:
+                reply = injected_error(fault.status)
             reply.headers.extend(fault.headers)
             return reply
         if fault.body is not None:
