@@ -42,3 +42,11 @@ def test_an_outcome_error_keeps_its_message_and_its_cause_apart(outcome):
 def test_a_hold_of_zero_seconds_means_at_once():
     assert HoldDeliveryError("busy", retry_after=0).retry_after == 0.0
     assert HoldDeliveryError("busy", retry_after=2).retry_after == 2.0
+
+
+@pytest.mark.parametrize("bad", [10**400, -1, float("inf")])
+def test_a_hold_too_long_for_a_float_is_refused_like_an_infinite_one(bad):
+    """An int past the float range (a Retry-After of 400 digits) breaks the rule
+    "a finite number of seconds" with ValueError, not OverflowError."""
+    with pytest.raises(ValueError, match="retry_after must be a finite number"):
+        HoldDeliveryError("busy", retry_after=bad)

@@ -75,6 +75,7 @@ def test_a_timedelta_counts_its_days_and_fractions_of_a_second():
         # The second rule of each kind, on the path fewer settings take.
         ({"LOCK_TTL": True}, "'LOCK_TTL'] must be a number of seconds"),
         ({"LOCK_TTL": float("nan")}, "'LOCK_TTL'] must be a finite, non-negative"),
+        ({"LOCK_TTL": 10**400}, "'LOCK_TTL'] must be a finite, non-negative"),
         ({"CAP": None}, "'CAP'] must be an integer >= 1"),
         ({"WAIT_REPLICAS": None}, "'WAIT_REPLICAS'] must be an integer >= 0"),
         ({"KEY_PREFIX": "a[b]"}, "'KEY_PREFIX'] must not contain"),
