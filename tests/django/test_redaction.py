@@ -411,6 +411,19 @@ def test_invalid_agent_url_check_shows_no_password():
     assert_hidden(messages[0].msg, pw)
 
 
+def test_a_password_pasted_into_another_key_is_hidden_by_the_settings_check():
+    """A rule that quotes the value it refuses (``got '...'``) may quote a password put
+    in the wrong key; E001 redacts the whole message, so the block's password stays hidden
+    (docs/explanation/security.md)."""
+    pw = fresh()
+    block = {"BASE_URL": f"http://opencode:{pw}@127.0.0.1:4096", "MAX_RESPONSE_BYTES": pw}
+    with override_settings(OUTBOX={**GOOD, "OPENCODE": block}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E001"]
+    assert "MAX_RESPONSE_BYTES" in messages[0].msg
+    assert_hidden(messages[0].msg, pw)
+
+
 @pytest.mark.slow
 def test_manage_py_check_prints_no_password():
     pw = fresh()
