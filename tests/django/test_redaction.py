@@ -768,6 +768,27 @@ def test_a_configured_password_is_removed_however_it_is_encoded(encode):
     assert spelled not in redacted and redacted == "the agent echoed [***] back"
 
 
+@pytest.mark.parametrize("text", ['password="', "token: '", 'password=\\"'])
+def test_a_secret_cut_right_after_its_opening_quote_stays_unclosed(text):
+    """A text cut just after a secret's opening quote (a bounded log line) is masked
+    without inventing the closing quote it never had (docs/explanation/security.md)."""
+    from django_outbox.core.redaction import redact
+
+    assert redact(text) == text + "***"
+
+
+def test_a_password_with_a_raw_at_sign_is_remembered_whole():
+    """A password written into a URL without percent-encoding its ``@`` (``u:p@ss@host``,
+    which URL parsers read up to the last ``@``) is remembered whole, so it is hidden
+    wherever it shows up later, not only inside a URL (docs/explanation/security.md)."""
+    from django_outbox.core.redaction import redact, remember_url
+
+    raw = f"Pw@{secrets.token_hex(5)}"
+    remember_url(f"redis://app:{raw}@valkey.internal:6379/0")
+    redacted = redact(f"the server echoed [{raw}] back")
+    assert raw not in redacted and redacted == "the server echoed [***] back"
+
+
 @pytest.mark.parametrize(
     "text",
     [
