@@ -49,14 +49,18 @@ Kind = Callable[[str, Any], Any]
 def duration(key: str, value: Any, *, zero_ok: bool = False) -> float:
     """``value`` as float seconds: an int or float of seconds, or a ``timedelta``.
 
-    It must be finite and positive (or zero, with ``zero_ok``). Raises
+    It must be finite and positive (or zero, with ``zero_ok``; an int too large for a float
+    is not finite). Raises
     :class:`ConfigError` with ``key`` (the setting's name) and the rule it breaks.
     """
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(key, "must be a number of seconds or a timedelta")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past the float range: not a finite duration
+        seconds = math.inf
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigError(key, "must be a finite, non-negative duration")
     if seconds == 0 and not zero_ok:

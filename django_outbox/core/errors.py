@@ -214,7 +214,8 @@ class HoldDeliveryError(_DeliveryOutcome):
     pending, due again in ``retry_after`` seconds (at most ``HOLD_MAX``), and its session
     waits behind it; ``holds`` counts such answers in a row, and past ``MAX_HOLDS`` the
     entry ends in error ``hold_exhausted`` (docs/howto/agents.md#write-your-own-agent).
-    ``retry_after``: seconds, a finite number >= 0 (``ValueError`` otherwise)."""
+    ``retry_after``: seconds, a finite number >= 0 (``ValueError`` otherwise, also for an
+    int too large for a float)."""
 
     def __init__(
         self, message: object = "", err: BaseException | None = None, *, retry_after: float
@@ -223,13 +224,22 @@ class HoldDeliveryError(_DeliveryOutcome):
         if (
             isinstance(retry_after, bool)
             or not isinstance(retry_after, int | float)
-            or not math.isfinite(retry_after)
+            or not _finite(retry_after)
             or retry_after < 0
         ):
             raise ValueError(
                 f"retry_after must be a finite number of seconds >= 0, got {retry_after!r}"
             )
         self.retry_after = float(retry_after)
+
+
+def _finite(number: float) -> bool:
+    """Whether ``number`` is finite as a float: an int past the float range is not (where
+    ``math.isfinite`` would raise ``OverflowError``)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
 
 
 def _safe_str(value: object) -> str:

@@ -125,6 +125,7 @@ def test_identifier_allow_list(bad):
         ("ok", None, "", "clientMessageID"),
         ("ok", None, "k" * 129, "clientMessageID"),
         ("ok", None, "tab\t", "clientMessageID"),
+        ("ok", None, "del\x7f", "clientMessageID"),
         ("ok", None, 5, "clientMessageID"),
     ],
 )
@@ -146,6 +147,7 @@ def test_park_reason_rule_raises_invalid_content(reason):
 
 def test_park_reason_and_user_id_rules_accept_the_limits():
     assert check_reason("x" * 200) == "x" * 200
+    assert check_reason("\u00e9" * 200) == "\u00e9" * 200  # characters, not UTF-8 bytes
     assert check_user_id("u" * 255) == "u" * 255
     assert check_user_id(42) == "42"
 

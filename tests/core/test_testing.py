@@ -6,10 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 import redis
 
 from django_outbox.core.service import Outbox
-from django_outbox.testing import ValkeyServer, ping
+from django_outbox.testing import ValkeyServer, ping, wait_until
 from tests.support.paths import ROOT
 
 
@@ -57,3 +58,13 @@ def test_the_suite_refuses_to_flush_a_valkey_that_holds_data(tmp_path):
         assert "holds 1 keys" in run.stdout + run.stderr
         assert client.get("someone-elses") == b"data"
         client.close()
+
+
+def test_wait_until_hands_back_what_the_condition_found_or_fails_by_its_deadline():
+    """``wait_until`` returns the predicate's truthy value (a test waits for a thing and
+    uses it), and raises ``AssertionError`` naming the condition once ``timeout`` has
+    passed (docs/howto/testing.md)."""
+    answers = iter([None, 0, "", {"id": "e1"}])
+    assert wait_until(lambda: next(answers), timeout=5) == {"id": "e1"}
+    with pytest.raises(AssertionError, match=r"within 0\.05s: the entry is delivered"):
+        wait_until(lambda: None, timeout=0.05, message="the entry is delivered")

@@ -66,6 +66,31 @@ def test_no_persistence_warns_under_deploy(valkey):
         assert ids(deploy=True) == ["django_outbox.W003"]
 
 
+def test_snapshots_alone_are_persistence_enough(valkey, r):
+    """W003 is for a server that persists nothing: RDB save points without an AOF keep
+    the queue across a restart (docs/reference/checks.md)."""
+    r.config_set("save", "3600 1")
+    try:
+        with override_settings(OUTBOX=GOOD):
+            assert ids(deploy=True) == []
+    finally:
+        r.config_set("save", "")
+
+
+@pytest.mark.parametrize(
+    ("version", "warned"), [("7.1.2", True), ("7.2.0", False), ("7.4.1", False), ("6.4.0", True)]
+)
+def test_the_cluster_client_warning_compares_major_and_minor(monkeypatch, version, warned):
+    """W006 names redis-py older than 7.2 with CLUSTER on: 7.4 is newer, 7.1 is not
+    (the check runs even while Valkey is unreachable, which W005 says)."""
+    monkeypatch.setattr(redis, "__version__", version)
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    with override_settings(OUTBOX={**GOOD, "CLUSTER": True, "VALKEY_URL": unreachable}):
+        found = ids()
+    assert ("django_outbox.W006" in found) is warned
+    assert "django_outbox.W005" in found
+
+
 def test_appendfsync_no_warns_under_deploy(tmp_path, monkeypatch):
     server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="no").start()
     monkeypatch.setenv("OUTBOX_VALKEY_URL", server.url)

@@ -45,6 +45,15 @@ def test_durations_take_timedelta_and_settings_are_reread():
     assert get_outbox().config.cap == 25
 
 
+def test_a_timedelta_counts_its_days_and_fractions_of_a_second():
+    """A ``timedelta`` is its whole length (docs/reference/settings.md: durations are
+    seconds or a timedelta), not the seconds-of-the-day part ``timedelta.seconds`` holds."""
+    ttl = timedelta(days=2, seconds=1, milliseconds=500)
+    with override_settings(OUTBOX={"DEDUPE_TTL": ttl, "LOCK_TTL": timedelta(milliseconds=7500)}):
+        config = outbox_settings().config
+    assert (config.dedupe_ttl, config.lock_ttl) == (172_801.5, 7.5)
+
+
 @pytest.mark.parametrize(
     ("outbox", "message"),
     [
@@ -63,6 +72,17 @@ def test_durations_take_timedelta_and_settings_are_reread():
         ({"DELIVERER": 42}, "'DELIVERER'] must be a callable or a dotted path"),
         ({"VALKEY_URL": "localhost"}, "'VALKEY_URL'] must be a URL"),
         ({"CONNECTION_ALIAS": "nope"}, "'CONNECTION_ALIAS'] names cache 'nope'"),
+        # The second rule of each kind, on the path fewer settings take.
+        ({"LOCK_TTL": True}, "'LOCK_TTL'] must be a number of seconds"),
+        ({"LOCK_TTL": float("nan")}, "'LOCK_TTL'] must be a finite, non-negative"),
+        ({"LOCK_TTL": 10**400}, "'LOCK_TTL'] must be a finite, non-negative"),
+        ({"CAP": None}, "'CAP'] must be an integer >= 1"),
+        ({"WAIT_REPLICAS": None}, "'WAIT_REPLICAS'] must be an integer >= 0"),
+        ({"KEY_PREFIX": "a[b]"}, "'KEY_PREFIX'] must not contain"),
+        ({"KEY_PREFIX": "bo\u00eete"}, "'KEY_PREFIX'] must be a non-empty ASCII string"),
+        ({"KEY_PREFIX": ""}, "'KEY_PREFIX'] must be a non-empty ASCII string"),
+        ({"MODELS": ["   "]}, "'MODELS'] must hold"),
+        ({"VALKEY_URL": "localhost:6379"}, "'VALKEY_URL'] must be a URL"),
     ],
 )
 def test_wrong_values_name_the_key_and_the_rule(outbox, message):
@@ -97,6 +117,17 @@ BOUNDS = {
         {"HISTORY_WINDOW": MAX_HISTORY_WINDOW},
         {"HISTORY_WINDOW": MAX_HISTORY_WINDOW + 1},
         "'HISTORY_WINDOW'] must be at most 31 days",
+    ),
+    "models-count-ceiling": (
+        {"MODELS": ("a/b",) * 1000},
+        {"MODELS": ("a/b",) * 1001},
+        "'MODELS'] must be None or a list or tuple of at most 1000 model names",
+    ),
+    # Characters, not UTF-8 bytes: 512 two-byte letters are 1,024 bytes and still fit.
+    "model-pattern-ceiling-in-characters": (
+        {"MODELS": ("\u00e9" * 512,)},
+        {"MODELS": ("\u00e9" * 513,)},
+        "of at most 512 characters",
     ),
 }
 
@@ -139,6 +170,19 @@ def test_connection_alias_borrows_a_cache_location():
     caches = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "valkey": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/3"},
+    }
+    with override_settings(CACHES=caches, OUTBOX={"CONNECTION_ALIAS": "valkey"}):
+        assert get_outbox().url == "redis://127.0.0.1:1/3"
+
+
+def test_a_borrowed_cache_with_several_locations_uses_its_first_the_primary():
+    """django-redis reads a LOCATION list as the primary first, then its replicas: the
+    outbox writes, so it takes the primary (docs/reference/settings.md, "Where the Valkey URL
+    comes from")."""
+    locations = ["redis://127.0.0.1:1/3", "redis://127.0.0.1:2/3"]
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "valkey": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": locations},
     }
     with override_settings(CACHES=caches, OUTBOX={"CONNECTION_ALIAS": "valkey"}):
         assert get_outbox().url == "redis://127.0.0.1:1/3"
@@ -307,6 +351,7 @@ async def test_opencode_urls_come_from_workspace_urls_then_base_url():
         ("http://x", "OUTBOX['OPENCODE'] must be a dict"),
         ({}, "'BASE_URL'] is required (or WORKSPACE_URLS)"),
         ({"BASE_URL": "ftp://x"}, "'BASE_URL'] must be an http(s) URL"),
+        ({"BASE_URL": "http:/x"}, "'BASE_URL'] must be an http(s) URL"),
         ({"BASE_URL": "http://x", "PASWORD": "typo"}, "has unknown keys ['PASWORD']"),
         ({"BASE_URL": "http://x", "USERNAME": "a:b"}, "'USERNAME'] must be a non-empty string"),
         ({"BASE_URL": "http://x", "PASSWORD": 1}, "'PASSWORD'] must be a string or None"),

@@ -411,6 +411,19 @@ def test_invalid_agent_url_check_shows_no_password():
     assert_hidden(messages[0].msg, pw)
 
 
+def test_a_password_pasted_into_another_key_is_hidden_by_the_settings_check():
+    """A rule that quotes the value it refuses (``got '...'``) may quote a password put
+    in the wrong key; E001 redacts the whole message, so the block's password stays hidden
+    (docs/explanation/security.md)."""
+    pw = fresh()
+    block = {"BASE_URL": f"http://opencode:{pw}@127.0.0.1:4096", "MAX_RESPONSE_BYTES": pw}
+    with override_settings(OUTBOX={**GOOD, "OPENCODE": block}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.E001"]
+    assert "MAX_RESPONSE_BYTES" in messages[0].msg
+    assert_hidden(messages[0].msg, pw)
+
+
 @pytest.mark.slow
 def test_manage_py_check_prints_no_password():
     pw = fresh()
@@ -753,6 +766,27 @@ def test_a_configured_password_is_removed_however_it_is_encoded(encode):
     spelled = encode(raw)
     redacted = redact(f"the agent echoed [{spelled}] back")
     assert spelled not in redacted and redacted == "the agent echoed [***] back"
+
+
+@pytest.mark.parametrize("text", ['password="', "token: '", 'password=\\"'])
+def test_a_secret_cut_right_after_its_opening_quote_stays_unclosed(text):
+    """A text cut just after a secret's opening quote (a bounded log line) is masked
+    without inventing the closing quote it never had (docs/explanation/security.md)."""
+    from django_outbox.core.redaction import redact
+
+    assert redact(text) == text + "***"
+
+
+def test_a_password_with_a_raw_at_sign_is_remembered_whole():
+    """A password written into a URL without percent-encoding its ``@`` (``u:p@ss@host``,
+    which URL parsers read up to the last ``@``) is remembered whole, so it is hidden
+    wherever it shows up later, not only inside a URL (docs/explanation/security.md)."""
+    from django_outbox.core.redaction import redact, remember_url
+
+    raw = f"Pw@{secrets.token_hex(5)}"
+    remember_url(f"redis://app:{raw}@valkey.internal:6379/0")
+    redacted = redact(f"the server echoed [{raw}] back")
+    assert raw not in redacted and redacted == "the server echoed [***] back"
 
 
 @pytest.mark.parametrize(
