@@ -242,3 +242,16 @@ def test_no_channel_layer_pushes_nothing_and_raises_nothing(users):
         revoke_sockets([alice.pk])
         alice.is_active = False
         alice.save()
+
+
+def test_a_user_named_twice_is_sent_one_revocation(users, inbox):
+    """``arevoke_sockets`` counts users, not names: a primary key given twice (as an int
+    and as text too) is sent one revocation and counted once."""
+    from django_outbox.ws.revoke import arevoke_sockets
+
+    alice, bob, *_ = users
+    box = inbox(alice, bob)
+    sent = async_to_sync(arevoke_sockets)([alice.pk, str(alice.pk), alice.pk, None])
+    assert sent == 1
+    assert box.received(alice) == [revoke_message()]
+    assert box.received(bob) == []
