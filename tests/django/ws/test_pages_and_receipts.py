@@ -15,8 +15,9 @@ def test_a_long_record_of_endings_still_keeps_every_page_within_the_bound():
     """The last page carries ``ended``; a record of many endings must not push it past
     ``max_bytes`` (it is counted in every page's size)."""
     entries = [{"id": f"e{i}", "text": "x" * 900} for i in range(40)]
-    ended = [{"id": f"gone-{i:04d}", "how": "delivered", "at": 1_700_000_000_000 + i}
-             for i in range(60)]
+    ended = [
+        {"id": f"gone-{i:04d}", "how": "delivered", "at": 1_700_000_000_000 + i} for i in range(60)
+    ]
     limit = 8_000
     frames = snapshot_frames("w1", "s1", 3, entries, limit, ack="T" * 16, ended=ended)
     assert all(len(f.encode()) <= limit for f in frames), [len(f.encode()) for f in frames]
