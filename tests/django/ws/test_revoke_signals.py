@@ -255,3 +255,17 @@ def test_a_user_named_twice_is_sent_one_revocation(users, inbox):
     assert sent == 1
     assert box.received(alice) == [revoke_message()]
     assert box.received(bob) == []
+
+
+def test_clearing_a_permissions_groups_pushes_to_the_groups_members_only(inbox, users):
+    """``perm.group_set.clear()`` takes the permission from every group holding it: their
+    members are asked to re-check, and a user holding the permission only directly (not
+    through a group, so nothing changed for them) is not."""
+    alice, bob, group, perm = users
+    alice.groups.add(group)  # holds it through the group only
+    bob.user_permissions.add(perm)  # holds it directly only
+    box = inbox(alice, bob)
+    box.received(alice), box.received(bob)  # what the setup itself pushed
+    perm.group_set.clear()
+    assert box.received(alice) == [REVOKE]
+    assert box.received(bob) == []
