@@ -536,3 +536,15 @@ def test_cleanup_forgets_the_failed_firings(outbox, r):
     outbox.cleanup_workspace(WS)
     assert outbox.owed_failures(WS, SES) == {}
     assert r.keys("*owedfail*") == []
+
+
+def test_once_receivers_names_only_the_opted_in_ones():
+    """A plain receiver of ``entry_delivered`` runs at least once and keeps no receipt:
+    ``once_receivers()`` (what the receipts' bookkeeping reads) does not list it."""
+    entry_delivered.connect(meter)  # plain
+    entry_delivered.connect(ameter, once=True)
+    try:
+        assert entry_delivered.once_receivers() == ["tests.django.test_receipts.ameter"]
+    finally:
+        assert entry_delivered.disconnect(meter) and entry_delivered.disconnect(ameter)
+    assert entry_delivered.once_receivers() == []

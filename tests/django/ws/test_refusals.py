@@ -359,3 +359,21 @@ async def test_with_no_allowed_hosts_only_debug_lets_localhost_origins_in(debug,
     else:
         assert await comm.receive_output(5) == {"type": "websocket.close", "code": 4403}
     await comm.disconnect()
+
+
+@pytest.mark.parametrize(("interval", "ttl"), [(1.0, 60.0), (20.0, 60.0), (30.0, 90.0)])
+async def test_a_socket_stays_counted_for_three_checks_and_at_least_a_minute(
+    valkey, r, interval, ttl
+):
+    """A socket's entry in its user's count lives three ``WS_CHECK_INTERVAL`` (each check
+    refreshes it, so one missed refresh never frees a slot) and never less than a minute:
+    read on Valkey's clock after a real connect."""
+    config = {"ACCESS_POLICY": POLICY, "WS_MAX_SOCKETS_PER_USER": 2, "WS_CHECK_INTERVAL": interval}
+    with override_settings(CHANNEL_LAYERS=layers_on(valkey), OUTBOX=config):
+        assert socket_ttl() == ttl
+        comm = communicator()
+        assert (await first(comm))["type"] == "queue.snapshot"
+        pttl = r.pttl(get_outbox().keys.sockets("alice"))
+        assert ttl * 1000 - 5000 < pttl <= ttl * 1000
+        await comm.disconnect()
+        await cleanup()

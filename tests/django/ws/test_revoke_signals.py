@@ -242,3 +242,30 @@ def test_no_channel_layer_pushes_nothing_and_raises_nothing(users):
         revoke_sockets([alice.pk])
         alice.is_active = False
         alice.save()
+
+
+def test_a_user_named_twice_is_sent_one_revocation(users, inbox):
+    """``arevoke_sockets`` counts users, not names: a primary key given twice (as an int
+    and as text too) is sent one revocation and counted once."""
+    from django_outbox.ws.revoke import arevoke_sockets
+
+    alice, bob, *_ = users
+    box = inbox(alice, bob)
+    sent = async_to_sync(arevoke_sockets)([alice.pk, str(alice.pk), alice.pk, None])
+    assert sent == 1
+    assert box.received(alice) == [revoke_message()]
+    assert box.received(bob) == []
+
+
+def test_clearing_a_permissions_groups_pushes_to_the_groups_members_only(inbox, users):
+    """``perm.group_set.clear()`` takes the permission from every group holding it: their
+    members are asked to re-check, and a user holding the permission only directly (not
+    through a group, so nothing changed for them) is not."""
+    alice, bob, group, perm = users
+    alice.groups.add(group)  # holds it through the group only
+    bob.user_permissions.add(perm)  # holds it directly only
+    box = inbox(alice, bob)
+    box.received(alice), box.received(bob)  # what the setup itself pushed
+    perm.group_set.clear()
+    assert box.received(alice) == [REVOKE]
+    assert box.received(bob) == []

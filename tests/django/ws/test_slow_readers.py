@@ -252,3 +252,20 @@ async def test_a_held_resync_does_not_hold_back_the_checks_snapshot(layers, r, m
     second = await snapshot(comm)
     assert {p["version"] for p in second} == {first[0]["version"] + 5}
     await finish(comm)
+
+
+async def test_the_checks_queue_current_names_the_last_update_sent(layers):
+    """The ``queue.current`` a check sends after updates says the socket was sent
+    everything up to the newest update's version, not the older snapshot's."""
+    await aaccept(get_outbox(), "k1", ws="alice")
+    comm = communicator()
+    await comm.connect()
+    (first,) = await snapshot(comm)
+    await ack(comm, first)
+    await aaccept(get_outbox(), "k2", ws="alice")
+    update = json.loads(await comm.receive_from(5))
+    assert update["type"] == "queue.update" and update["version"] > first["version"]
+    current = json.loads(await comm.receive_from(5))  # the next check (0.3 s) asks
+    assert current["type"] == "queue.current"
+    assert current["version"] == update["version"]
+    await finish(comm)
