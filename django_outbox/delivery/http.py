@@ -318,15 +318,27 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(scheme)
 
 
+#: The longest wait :func:`parse_retry_after` reads, in seconds (about 31 years): a longer
+#: ``Retry-After`` is this long. ``HOLD_MAX`` bounds every hold far below it.
+LONGEST_RETRY_AFTER = 1e9
+
+_DELTA_SECONDS = re.compile(r"[0-9]+")
+
+
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (delta-seconds, or an HTTP date
     measured against ``now``, epoch seconds, default the local clock); None when absent
-    or unreadable. A date in the past is 0."""
+    or unreadable. A date in the past is 0. Delta-seconds are ASCII digits only (RFC 9110,
+    10.2.3: another script's digits are unreadable); any wait, however many digits it has, is
+    read as at most :data:`LONGEST_RETRY_AFTER` seconds — the hold itself is bounded by
+    ``HOLD_MAX`` (docs/howto/agents.md, "Held: Retry-After") — never as an error."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(int(value))
+    if _DELTA_SECONDS.fullmatch(value):
+        # float() reads digits of any length (inf past ~309 of them); int() would refuse
+        # more than 4300 and float(int()) overflow past ~309.
+        return min(float(value), LONGEST_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):
@@ -336,7 +348,7 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     seconds = when.timestamp() - (time.time() if now is None else now)
-    return max(0.0, seconds) if math.isfinite(seconds) else None
+    return min(max(0.0, seconds), LONGEST_RETRY_AFTER) if math.isfinite(seconds) else None
 
 
 class _Sending:

@@ -486,3 +486,30 @@ async def test_an_error_excerpt_of_exactly_500_characters_is_not_marked_cut(serv
     assert await outbox.adeliver_once(WS, "s2")
     second = await only(outbox, ses="s2")
     assert second.last_error.endswith(": " + whole + "...")
+
+
+def test_retry_after_of_any_length_is_a_bounded_wait_and_other_digits_are_unreadable():
+    # Delta-seconds are ASCII digits (RFC 9110, 10.2.3); however many an agent sends, the wait
+    # is read, bounded, never an error (float(int()) overflows past ~309 digits, int() refuses
+    # past 4300); a far-future date is bounded the same way.
+    for digits in (16, 400, 5000):
+        assert http.parse_retry_after("9" * digits) == http.LONGEST_RETRY_AFTER
+    assert http.parse_retry_after("999999999") == 999_999_999
+    for other in ("\u00b2", "\u0661\u0662", "\uff11\uff12", "1_000", "+5", "1.5"):
+        assert http.parse_retry_after(other) is None, other
+    now = 1_800_000_000
+    far = "Fri, 31 Dec 9999 23:59:59 GMT"
+    assert http.parse_retry_after(far, now=now) == http.LONGEST_RETRY_AFTER
+
+
+async def test_a_429_with_a_retry_after_of_hundreds_of_digits_holds_for_hold_max(
+    server, outbox_with
+):
+    server.plan = [("status", 429, {"Retry-After": "9" * 400}, b"")]
+    outbox = outbox_with(options(server), hold_max=60)
+    await accept(outbox)
+    assert await outbox.adeliver_once(WS, "s1")
+    held = await only(outbox)
+    assert (held.status, held.holds, held.attempts) == (Status.PENDING, 1, 0)
+    wait = (parse_time(held.next_attempt_at) - parse_time(held.last_attempt_at)) / 1e6
+    assert 59 <= wait <= 61, wait
