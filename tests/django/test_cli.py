@@ -172,6 +172,25 @@ def test_cleanup_needs_confirmation(outbox, monkeypatch):
     assert exit_code("cleanup", WS, "--yes") == 1
 
 
+class Terminal(io.StringIO):
+    """What an operator types at a terminal (``isatty`` true), one answer a line."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_cleanup_at_a_terminal_takes_the_typed_workspace_id_around_blanks(outbox, monkeypatch):
+    """At a terminal the cleanup asks for the workspace ID: a wrong answer deletes nothing
+    (exit 2), the ID typed with blanks around it is the ID (docs/reference/commands.md)."""
+    accept(outbox, "a")
+    monkeypatch.setattr("sys.stdin", Terminal(f"{WS}x\n"))
+    assert exit_code("cleanup", WS) == 2
+    assert len(outbox.list(WS, SES)) == 1
+    monkeypatch.setattr("sys.stdin", Terminal(f"  {WS} \n"))
+    assert "Cleaned up workspace" in run("cleanup", WS)
+    assert outbox.list(WS, SES) == []
+
+
 def test_valkey_unavailable_is_3(outbox):
     with override_settings(OUTBOX={"VALKEY_URL": f"redis://127.0.0.1:{free_port()}/0"}):
         assert exit_code("status") == 3
