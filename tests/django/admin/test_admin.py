@@ -302,6 +302,18 @@ def test_not_found_is_reported(operator, outbox, action):
     assert not LogEntry.objects.exists()
 
 
+def test_a_long_report_names_ten_entries_and_counts_the_rest(operator, outbox):
+    """An action's report names at most ten references and counts the others: ten are
+    all named, eleven name ten "and 1 more" (docs/reference/admin.md)."""
+    ten = [f"ws/ses/missing{i:02d}" for i in range(10)]
+    (message,) = texts(post_action(operator, "dismiss_entries", ten))
+    assert message.startswith(f"Not found (10): {', '.join(ten)} \u2014")
+    assert "more" not in message
+    eleven = [*ten, "ws/ses/missing10"]
+    (message,) = texts(post_action(operator, "dismiss_entries", eleven))
+    assert message.startswith(f"Not found (11): {', '.join(sorted(eleven)[:10])} and 1 more")
+
+
 def test_malformed_references_are_refused(operator, outbox):
     response = post_action(operator, "retry_entries", ["ws/ses", "ws/s{x}/e1"])
     assert all("not an entry reference" in m for m in texts(response))
