@@ -646,3 +646,18 @@ def test_a_session_search_says_when_an_owed_signal_waits_for_staff(admin_client,
     assert "The entry_delivered of e-held failed 5 times and this session waits" in page
     assert "manage.py outbox owed w1 s1 e-held --retry" in page
     assert "e-trying" not in page
+
+
+def test_the_cleanup_page_lists_200_sessions_and_counts_the_rest(operator, outbox):
+    """The cleanup confirmation lists a workspace's first 200 sessions and counts the
+    others; its totals stay exact (docs/reference/admin.md)."""
+    seed_sessions(outbox, 0, 200, workspaces=1)
+    ask = {"action": "cleanup_workspaces", "workspace": "ws0"}
+    page = operator.post(CHANGELIST, ask).content.decode()
+    assert "Workspace ws0: 200 sessions" in page and page.count("<li>Session s") == 200
+    assert "more session" not in page
+    seed_sessions(outbox, 200, 201, workspaces=1)
+    page = operator.post(CHANGELIST, ask).content.decode()
+    assert "Workspace ws0: 201 sessions" in page and "\u2026 and 1 more session<" in page
+    assert page.count("<li>Session s") == 200
+    assert outbox.list("ws0", "s200")  # nothing deleted
