@@ -77,6 +77,14 @@ def test_status_sums_the_recent_history(outbox):
     assert '"minutes": 5' in run_with(minutes=5)
 
 
+def test_status_minutes_reach_31_days_and_no_further(outbox):
+    """``--minutes`` runs from 1 to 44640 (31 days) inclusive: the last is read, one more
+    exits 2 (docs/reference/commands.md)."""
+    assert json.loads(run("status", "--json", "--minutes", "44640"))["recent"]["minutes"] == 44640
+    assert "Last 31 days:" in run("status", "--minutes", "44640")
+    assert exit_code("status", "--minutes", "44641") == 2
+
+
 def run_with(**options) -> str:
     out = io.StringIO()
     call_command("outbox", "status", "--json", stdout=out, **options)
