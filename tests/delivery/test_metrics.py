@@ -1,10 +1,12 @@
 """Worker metrics (prometheus-client): counters fed by step listeners, entries by status."""
 
 import asyncio
+import time
 
 import pytest
 from prometheus_client import generate_latest
 
+from django_outbox import Verdict
 from django_outbox.errors import AmbiguousError
 from django_outbox.metrics import WorkerMetrics
 from tests.support.paths import ROOT
@@ -146,3 +148,38 @@ def test_steps_are_counted_and_timed_by_agent(make_outbox):
     # The series without the agent label go on as before.
     assert sample(metrics, "outbox_delivered_total") == 2
     assert sample(metrics, "outbox_failed_total", {"outcome": "held"}) == 1
+
+
+def test_verify_steps_are_counted_apart_from_deliveries(make_outbox):
+    """An ambiguous attempt is counted as ambiguous; the verifier's "could not tell" is no
+    failure; its "delivered" counts as verified, not as delivered by the deliverer
+    (docs/reference/commands.md, the worker metrics)."""
+    verdicts = iter([Verdict.INCONCLUSIVE, Verdict.DELIVERED])
+
+    async def deliver(entry, **kwargs):
+        raise AmbiguousError("the connection dropped after the send")
+
+    async def verify(entry, **kwargs):
+        return next(verdicts)
+
+    outbox = make_outbox(
+        deliverer=deliver, verifier=verify, verify_delay=0, retry_backoff=0, max_backoff=0.05
+    )
+    metrics = WorkerMetrics(outbox)
+    outbox.step_listeners.append(metrics.on_step)
+    outbox.accept("w1", "s1", user_id="u", client_message_id="k", text="hello")
+
+    async def main():
+        deadline = time.monotonic() + 10
+        while outbox.list("w1", "s1"):
+            assert time.monotonic() < deadline, "the entry was never verified"
+            if not await outbox.adeliver_once("w1", "s1"):
+                await asyncio.sleep(0.02)
+        await outbox.aclose()
+
+    asyncio.run(main())
+    assert sample(metrics, "outbox_ambiguous_total") == 1
+    assert sample(metrics, "outbox_verified_total") == 1
+    assert sample(metrics, "outbox_delivered_total") == 0
+    assert sample(metrics, "outbox_failed_total", {"outcome": "inconclusive"}) == 0
+    assert sample(metrics, "outbox_delivery_duration_seconds_count", {"step": "verify"}) == 2

@@ -127,6 +127,18 @@ def test_refuses_to_start_on_an_evicting_valkey(r, workers):
         r.config_set("maxmemory-policy", "noeviction")
 
 
+def test_grace_zero_is_a_valid_grace_and_a_negative_one_is_refused(outbox, r, workers):
+    """``--grace 0`` stops without waiting for a delivery in flight: a valid choice, the
+    worker starts and delivers; only a negative grace is refused, exit 1
+    (docs/reference/commands.md#outbox_worker)."""
+    outbox.accept("w1", "s1", user_id="u", client_message_id="a", text="0")
+    w = workers()
+    assert w.start("--once", "--grace", "-1").wait(30) == 1
+    assert "--grace must not be negative" in w.logs()
+    assert w.start("--once", "--grace", "0").wait(30) == 0, w.logs()
+    assert r.lrange("test:log", 0, -1) == ["s1 0"]
+
+
 def test_check_reports_live_workers(outbox, r, workers):
     w = workers()
     assert w.start("--check").wait(30) == 1

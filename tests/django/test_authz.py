@@ -337,6 +337,45 @@ def test_custom_policies_are_asked_operate_and_can_tell_park_from_cleanup(people
     assert policy.has_outbox_permission(people["superuser"], "operate") is True
 
 
+def test_operate_outside_an_operation_needs_each_permission_and_sessions_name_none(
+    people, django_user_model
+):
+    """Asked ``operate`` outside a workspace operation, a user needs park's permission and
+    cleanup's: holding either alone is not enough. A session action is no workspace
+    operation: ``current_operation()`` is None while a policy is asked it
+    (docs/howto/access-policy.md)."""
+    cleaner = django_user_model.objects.create_user("cleaner", password=None, is_staff=True)
+    grant(cleaner, "view_outboxentry", "cleanup_workspace")
+    assert policy.has_outbox_permission(cleaner, "cleanup") is True
+    assert policy.has_outbox_permission(cleaner, "operate") is False
+    seen = []
+
+    def custom(user, workspace_id, session_id, action):
+        seen.append((action, policy.current_operation()))
+        return True
+
+    with override_settings(OUTBOX={"ACCESS_POLICY": custom}):
+        assert policy.is_allowed(people["viewer"], WS, SES, "view") is True
+        assert policy.is_allowed(people["viewer"], WS, SES, "accept") is True
+    assert seen == [("view", None), ("accept", None)]
+
+
+def test_a_session_check_that_answers_an_awaitable_refuses():
+    """``session_scoped``'s check must answer a plain yes or no: a coroutine (truthy
+    whatever it would decide) refuses, as an ``async`` policy's does
+    (docs/howto/access-policy.md)."""
+
+    async def belongs(workspace_id, session_id):
+        return False
+
+    @policy.session_scoped(lambda ws, ses: belongs(ws, ses))
+    def everyone(user, workspace_id, session_id, action):
+        return True
+
+    assert everyone(object(), WS, SES, "view") is False
+    assert everyone(object(), WS, None, "park") is True
+
+
 def test_an_inactive_or_non_staff_superuser_gets_nothing(people, django_user_model):
     root = django_user_model.objects.create_user("r2", is_superuser=True, is_staff=False)
     assert not any(policy.staff_only(root, WS, SES, a) for a in policy.ACTIONS)

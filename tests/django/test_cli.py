@@ -77,6 +77,14 @@ def test_status_sums_the_recent_history(outbox):
     assert '"minutes": 5' in run_with(minutes=5)
 
 
+def test_status_minutes_reach_31_days_and_no_further(outbox):
+    """``--minutes`` runs from 1 to 44640 (31 days) inclusive: the last is read, one more
+    exits 2 (docs/reference/commands.md)."""
+    assert json.loads(run("status", "--json", "--minutes", "44640"))["recent"]["minutes"] == 44640
+    assert "Last 31 days:" in run("status", "--minutes", "44640")
+    assert exit_code("status", "--minutes", "44641") == 2
+
+
 def run_with(**options) -> str:
     out = io.StringIO()
     call_command("outbox", "status", "--json", stdout=out, **options)
@@ -170,6 +178,25 @@ def test_cleanup_needs_confirmation(outbox, monkeypatch):
     assert "Cleaned up workspace" in run("cleanup", WS, "--yes")
     assert outbox.list(WS, SES) == []
     assert exit_code("cleanup", WS, "--yes") == 1
+
+
+class Terminal(io.StringIO):
+    """What an operator types at a terminal (``isatty`` true), one answer a line."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_cleanup_at_a_terminal_takes_the_typed_workspace_id_around_blanks(outbox, monkeypatch):
+    """At a terminal the cleanup asks for the workspace ID: a wrong answer deletes nothing
+    (exit 2), the ID typed with blanks around it is the ID (docs/reference/commands.md)."""
+    accept(outbox, "a")
+    monkeypatch.setattr("sys.stdin", Terminal(f"{WS}x\n"))
+    assert exit_code("cleanup", WS) == 2
+    assert len(outbox.list(WS, SES)) == 1
+    monkeypatch.setattr("sys.stdin", Terminal(f"  {WS} \n"))
+    assert "Cleaned up workspace" in run("cleanup", WS)
+    assert outbox.list(WS, SES) == []
 
 
 def test_valkey_unavailable_is_3(outbox):

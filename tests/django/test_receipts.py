@@ -370,6 +370,22 @@ def test_the_prune_command(capsys):
         call_command("outbox_prune_receipts", "--older-than", "-3")
 
 
+def test_the_prune_command_refuses_zero_batches_and_stops_after_the_last(capsys):
+    """``--max-batches`` is at least 1 (0 would prune nothing and still say it pruned);
+    with N it deletes at most N batches and leaves the rest for the next run
+    (docs/reference/commands.md)."""
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="--max-batches"):
+        call_command("outbox_prune_receipts", "--max-batches", "0")
+    receipts_aged([100] * 5)
+    call_command(
+        "outbox_prune_receipts", "--older-than", "50", "--batch", "2", "--max-batches", "1"
+    )
+    assert "pruned 2 delivery receipts" in capsys.readouterr().out
+    assert DeliveryReceipt.objects.count() == 3
+
+
 def test_every_worker_of_the_django_outbox_prunes_receipts():
     outbox = Outbox(url="redis://127.0.0.1:1/0")  # no Valkey needed: the duty's settings
     [duty] = [d for d in outbox.duties if d.name == "pruning delivery receipts"]

@@ -302,6 +302,18 @@ def test_not_found_is_reported(operator, outbox, action):
     assert not LogEntry.objects.exists()
 
 
+def test_a_long_report_names_ten_entries_and_counts_the_rest(operator, outbox):
+    """An action's report names at most ten references and counts the others: ten are
+    all named, eleven name ten "and 1 more" (docs/reference/admin.md)."""
+    ten = [f"ws/ses/missing{i:02d}" for i in range(10)]
+    (message,) = texts(post_action(operator, "dismiss_entries", ten))
+    assert message.startswith(f"Not found (10): {', '.join(ten)} \u2014")
+    assert "more" not in message
+    eleven = [*ten, "ws/ses/missing10"]
+    (message,) = texts(post_action(operator, "dismiss_entries", eleven))
+    assert message.startswith(f"Not found (11): {', '.join(sorted(eleven)[:10])} and 1 more")
+
+
 def test_malformed_references_are_refused(operator, outbox):
     response = post_action(operator, "retry_entries", ["ws/ses", "ws/s{x}/e1"])
     assert all("not an entry reference" in m for m in texts(response))
@@ -634,3 +646,18 @@ def test_a_session_search_says_when_an_owed_signal_waits_for_staff(admin_client,
     assert "The entry_delivered of e-held failed 5 times and this session waits" in page
     assert "manage.py outbox owed w1 s1 e-held --retry" in page
     assert "e-trying" not in page
+
+
+def test_the_cleanup_page_lists_200_sessions_and_counts_the_rest(operator, outbox):
+    """The cleanup confirmation lists a workspace's first 200 sessions and counts the
+    others; its totals stay exact (docs/reference/admin.md)."""
+    seed_sessions(outbox, 0, 200, workspaces=1)
+    ask = {"action": "cleanup_workspaces", "workspace": "ws0"}
+    page = operator.post(CHANGELIST, ask).content.decode()
+    assert "Workspace ws0: 200 sessions" in page and page.count("<li>Session s") == 200
+    assert "more session" not in page
+    seed_sessions(outbox, 200, 201, workspaces=1)
+    page = operator.post(CHANGELIST, ask).content.decode()
+    assert "Workspace ws0: 201 sessions" in page and "\u2026 and 1 more session<" in page
+    assert page.count("<li>Session s") == 200
+    assert outbox.list("ws0", "s200")  # nothing deleted

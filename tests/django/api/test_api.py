@@ -757,6 +757,17 @@ def test_park_reason_the_core_refuses_is_400_invalid(users, view_class, reason):
     assert str(entries()[0].status) == "pending"
 
 
+def test_a_validation_error_that_names_no_field_is_a_non_field_error():
+    """A ``ValidationError`` raised with a message or a list, not a dict of fields (a
+    project's serializer or view code), answers 400 ``invalid`` with the messages under
+    ``non_field_errors``, as DRF names them (docs/reference/rest.md)."""
+    for raised in (ValidationError("Pick one."), ValidationError(["Pick one.", "Or two."])):
+        response = outbox_exception_handler(raised, {})
+        assert response is not None and response.status_code == 400
+        assert response.data["code"] == "invalid"
+        assert response.data["fieldErrors"] == {"non_field_errors": [str(m) for m in raised.detail]}
+
+
 def test_a_plain_value_error_is_not_mapped_so_it_stays_a_server_error():
     """Only the core's typed errors are client errors; a bare ValueError is a bug (500)."""
     assert outbox_exception_handler(ValueError("a server bug"), {}) is None

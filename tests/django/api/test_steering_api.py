@@ -198,3 +198,20 @@ def test_cancel_of_the_prompt_in_flight_cuts_its_turn(staff, settings):
     response = post_json(staff, message_url(entry_id, "cancel"))
     assert (response.status_code, response.json()) == (202, {"result": "already"})
     assert [e.interrupted for e in outbox.list(WS, SES)] == [True]
+
+
+def test_if_match_star_any_version_and_non_ascii_digits(staff):
+    """``If-Match: *`` edits whatever the version (RFC 9110: any current representation);
+    a version written with digits that are not ASCII (``²``, Latin-1 superscript two) is
+    400 ``invalid``, never a 500; the edit's ``ETag`` names the session version a list
+    reads right after it (docs/howto/steering.md#edit)."""
+    entry_id = accept(staff, "c1", "original").json()["id"]
+    response = patch_json(staff, message_url(entry_id), {"text": "starred"}, HTTP_IF_MATCH="*")
+    assert response.status_code == 200, response.content
+    assert response["ETag"] == staff.get(MESSAGES)["ETag"]
+    for weird in ("\u00b2", '"\u00b3"', 'W/"\u00b9"'):
+        refused = patch_json(staff, message_url(entry_id), {"text": "x"}, HTTP_IF_MATCH=weird)
+        assert_error(refused, 400, "invalid")
+    moved = post_json(staff, message_url(entry_id, "move"), {"to": "last"})
+    assert moved.status_code == 200 and moved["ETag"] == staff.get(MESSAGES)["ETag"]
+    assert texts() == ["starred"]

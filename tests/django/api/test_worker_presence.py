@@ -11,6 +11,7 @@ from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
 from django_outbox import get_outbox
+from django_outbox.core.entry import parse_time
 from django_outbox.core.heartbeats import WorkerHeartbeat
 
 pytestmark = pytest.mark.django_db
@@ -58,3 +59,15 @@ def test_the_worker_answer_needs_the_view_action(django_user_model):
     assert APIClient().get(URL).status_code in (401, 403)
     bad = "/outbox/api/workspaces/al%20ice/sessions/s1/worker/"
     assert client_for(stranger).get(bad).status_code == 400
+
+
+def test_the_last_seen_time_is_the_heartbeats_own_on_the_server_clock(django_user_model):
+    """``lastSeen`` is when the worker beat, as RFC 3339 UTC: a beat now reads as now, not
+    as a time in 1970 or in the far future (seconds, not milli- or microseconds)."""
+    viewer = django_user_model.objects.create_user("root", password=None, is_staff=True)
+    viewer.user_permissions.add(*Permission.objects.filter(content_type__app_label="django_outbox"))
+    before = time.time()
+    record = WorkerHeartbeat("w1", 0.0, host="h", pid=1, started=before)
+    asyncio.run(_beat(get_outbox(), record, ttl=30))
+    seen = parse_time(client_for(viewer).get(URL).json()["lastSeen"]) / 1_000_000
+    assert before - 5 <= seen <= time.time() + 5
