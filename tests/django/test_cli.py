@@ -326,3 +326,22 @@ def test_a_held_owed_signal_is_shown_by_a_real_inspect(outbox, valkey, r):
     assert data["owedFailures"] == {"e-held": 5, "e-trying": 2}
     missing = shell("owed", WS, SES, entry.id, "--retry")  # pending: nothing owed
     assert missing.returncode == 1 and "no entry_delivered owed" in missing.stderr
+
+
+def test_status_shows_ages_in_seconds_then_minutes_then_hours(outbox, r):
+    # The ages operators read: seconds below two minutes, minutes below two hours, then
+    # hours with one decimal (docs/reference/commands.md#outbox). Silent workers last seen
+    # that long ago on Valkey's clock carry them.
+    seconds, micros = r.time()
+    now_ms = seconds * 1000 + micros // 1000
+    ages = {"w-100s": 100, "w-130s": 130, "w-7190s": 7190, "w-7300s": 7300}
+    r.zadd(outbox.keys.workers, {wid: now_ms - age * 1000 for wid, age in ages.items()})
+    text = run("status")
+    assert "Workers: 0 live, 4 silent" in text
+    for wid, shown in [
+        ("w-100s", "100s"),
+        ("w-130s", "2min"),
+        ("w-7190s", "120min"),
+        ("w-7300s", "2.0h"),
+    ]:
+        assert f"  {wid}: silent, seen {shown} ago" in text, (wid, text)
