@@ -291,3 +291,65 @@ def test_seeded_stuck_entries_are_indexed_for_attention(outbox, r):
     )
     outbox.seed_entry_for_test(WS, SES, stuck.to_json())
     assert r.zrange(outbox.keys.attention, 0, -1) == [f"{WS} {SES}"]
+
+
+def test_sweep_unverifiable_leaves_every_other_error_as_it_is(make_outbox):
+    # The sweep re-verifies prompts whose outcome is unknown; a prompt that failed for a
+    # known reason (max_attempts here) stays an error for an operator's retry
+    # (docs/howto/operations.md).
+    async def verify(entry, **kwargs):
+        return Verdict.INCONCLUSIVE
+
+    outbox = make_outbox(
+        verifier=verify, verify_delay=0, verify_backoff=0, max_verify_attempts=1, max_attempts=1
+    )
+    accept(outbox, "unknown")
+    fail(outbox, AmbiguousError("cut"))
+    step(outbox, lambda *a, **k: None)
+    accept(outbox, "failed", ses="s2")
+
+    async def refuse(entry, **kwargs):
+        raise RuntimeError("no")
+
+    async def deliver_s2():
+        try:
+            return await outbox.adeliver_once(WS, "s2", deliverer=refuse)
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(deliver_s2())
+    assert (outbox.list(WS, SES)[0].reason, outbox.list(WS, "s2")[0].reason) == (
+        "unverifiable",
+        "max_attempts",
+    )
+    assert outbox.sweep_workspace_unverifiable(WS) == 1
+    assert outbox.list(WS, SES)[0].status is Status.VERIFYING
+    failed = outbox.list(WS, "s2")[0]
+    assert (failed.status, failed.reason, failed.attempts) == (Status.ERROR, "max_attempts", 1)
+
+
+def test_parked_error_sweep_rearms_with_a_fresh_transient_count(make_outbox):
+    # A prompt the ledger says never arrived goes back to pending with its transient
+    # failures counted from 0 again: kept, the next outage would end it at once
+    # (docs/explanation/verification.md).
+    from django_outbox.errors import TransientDeliveryError
+
+    probes = []
+
+    def probe(*, workspace_id, session_id, entry_id, attempt):
+        probes.append(attempt)
+        return None  # the ledger never saw it
+
+    outbox = make_outbox(ledger_probe=probe, max_transient_failures=1)
+    entry = accept(outbox)
+    fail(outbox, TransientDeliveryError("down"))
+    ended = outbox.list(WS, SES)[0]
+    assert (ended.status, ended.reason, ended.transient_fails) == (
+        Status.ERROR,
+        "transient_exhausted",
+        1,
+    )
+    assert outbox.sweep_workspace_parked_errors(WS) == 1
+    assert probes == [0]  # no attempt was used: every failure was transient
+    rearmed = outbox.list(WS, SES)[0]
+    assert (rearmed.id, rearmed.status, rearmed.transient_fails) == (entry.id, Status.PENDING, 0)

@@ -418,6 +418,21 @@ def test_cancel_of_a_prompt_a_dead_worker_left_staged_is_in_flight(outbox):
     assert [(e.id, e.text) for e in outbox.list(WS, SES)] == [(staged.id, "left behind")]
 
 
+def test_seeding_an_entry_already_staged_or_queued_is_refused(outbox):
+    # seed_entry_for_test places an entry where it would be; the same ID twice, in the queue
+    # or in staging (a dead worker's delivery), is refused and changes nothing.
+    from tests.support.helpers import make_entry
+
+    staged = make_entry("left behind", status=Status.DELIVERING, attempts=0)
+    queued = make_entry("waiting")
+    outbox.seed_entry_for_test(WS, SES, staged.to_json())
+    outbox.seed_entry_for_test(WS, SES, queued.to_json())
+    for entry in (staged, queued):
+        with pytest.raises(ValueError, match="already queued"):
+            outbox.seed_entry_for_test(WS, SES, entry.to_json())
+    assert sorted(e.id for e in outbox.list(WS, SES)) == sorted([staged.id, queued.id])
+
+
 # --- merge --------------------------------------------------------------------------
 
 
