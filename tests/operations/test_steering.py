@@ -703,6 +703,21 @@ def test_each_prompt_of_a_merged_message_counts_in_the_history(make_outbox):
     assert outbox.history(minutes=2, workspace_id=WS).total("d") == 5
 
 
+def test_an_edit_is_held_to_max_text_bytes_in_utf8_bytes(make_outbox):
+    # The edited text meets accept's bound (MAX_TEXT_BYTES, counted in UTF-8 bytes): exactly
+    # the bound is taken, one byte over is refused and the prompt keeps its text
+    # (docs/howto/steering.md#edit).
+    from django_outbox.errors import ContentTooLarge
+
+    outbox = make_outbox(max_text_bytes=1024)
+    entry = accept(outbox, "a")
+    with pytest.raises(ContentTooLarge):
+        outbox.edit(WS, SES, entry.id, text="\u00e9" * 512 + "x")  # 1025 bytes
+    assert outbox.list(WS, SES)[0].text == "a"
+    assert outbox.edit(WS, SES, entry.id, text="\u00e9" * 512) is EditResult.UPDATED
+    assert outbox.list(WS, SES)[0].text == "\u00e9" * 512
+
+
 def test_an_edit_is_held_to_the_model_allow_list(make_outbox):
     from django_outbox.errors import ModelNotAllowed
 
