@@ -196,6 +196,15 @@ class TestClaim:
         again = call(outbox, "claim", "a", 30_000)
         assert again[0] == "deliver" and again[1] == first[1]
 
+    def test_an_acknowledgement_never_drops_an_entry_still_being_delivered(self, outbox):
+        """Only a delivered entry is acknowledged away (docs/explanation/lifecycle.md, "What
+        happens to a message"): an acknowledgement naming the holder's own staged entry,
+        not delivered yet, leaves it staged and handed back."""
+        e = seed(outbox)
+        first = call(outbox, "claim", "a", 30_000)
+        again = call(outbox, "claim", "a", 30_000, e.id)
+        assert again[0] == "deliver" and again[1] == first[1]
+
     def test_verifying_head_is_verified_not_staged(self, outbox, r):
         e = seed(outbox, status="verifying")
         kind, raw, *_ = call(outbox, "claim", "a", 30_000)

@@ -922,3 +922,13 @@ def test_a_remembered_password_of_four_characters_is_removed_everywhere():
     assert four not in redact(f"the agent echoed {four} back")
     assert redact(f"the agent echoed {three} back") == f"the agent echoed {three} back"
     assert three not in redact(f"password={three}")
+
+
+def test_a_bare_bearer_token_of_six_characters_is_masked():
+    """A bare Basic/Bearer token is masked from its sixth token68 character on
+    (docs/explanation/security.md): the shortest token an agent's error may quote."""
+    from django_outbox.core.redaction import redact
+
+    for token in ("ab12cd", "ab12cde"):
+        text = redact(f"the agent refused Bearer {token} here")
+        assert token not in text, text

@@ -647,6 +647,20 @@ def test_a_failed_merged_message_counts_an_attempt_for_each(make_outbox):
     ]
 
 
+def test_a_merge_prompt_still_waiting_out_its_backoff_is_not_merged(make_outbox):
+    """The run behind a merge head takes only prompts that are due (docs/howto/steering.md,
+    "Merging"): one still waiting out its retry backoff keeps its own time."""
+    outbox = make_outbox(retry_backoff=3600, max_backoff=3600)
+    b = accept(outbox, "b", if_busy="merge")
+    accept(outbox, "c", if_busy="merge")
+    parts = Parts(RuntimeError("refused"))
+    step(outbox, parts)  # failed: both wait an hour
+    assert outbox.retry(WS, SES, b.id) is RetryResult.UPDATED  # b now, c keeps its hour
+    step(outbox, parts)
+    assert parts.messages == [["b", "c"], ["b"]]
+    assert [(e.text, str(e.status)) for e in outbox.list(WS, SES)] == [("c", "pending")]
+
+
 def test_a_merged_delivery_a_dead_worker_left_is_verified_for_all(make_outbox, signals_log):
     from django_outbox import Verdict
     from django_outbox.core.plans import Cmd, iter_once
