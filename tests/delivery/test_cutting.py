@@ -443,3 +443,50 @@ async def test_an_attempt_watched_right_after_the_last_one_ended_still_sees_its_
         watch.unwatch("attempt-2")
         await asyncio.gather(watch.task, return_exceptions=True)  # its last look ends here
         await outbox.aclose()
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        TransientDeliveryError("stopped before the request was written"),
+        PriorAttemptPendingError("the previous attempt is still owned downstream"),
+        RuntimeError("HTTP 400: refused"),
+        HoldDeliveryError("HTTP 429: busy", retry_after=0.05),
+    ],
+    ids=["transient", "prior_pending", "failed", "held"],
+)
+async def test_a_send_the_cut_stops_that_proves_nothing_arrived_ends_cancelled_unverified(
+    cutting_outbox, agent, signals_log, refusal
+):
+    """The holder sees the cut while the send still runs and stops it; the deliverer ends
+    with an answer proving the agent has nothing (nothing sent, a prior attempt owned
+    downstream, a refusal, a hold). That outcome stands: the prompt leaves as cancelled
+    with no abort and no verification (docs/howto/cutting.md), and the next one goes."""
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    sending = asyncio.Event()
+    calls = []
+
+    async def stopped_with_proof(entry, **kwargs):
+        calls.append(entry.id)
+        if entry.id != first.id:
+            return
+        sending.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise refusal from None
+
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES, stopped_with_proof))
+    await asyncio.wait_for(sending.wait(), 10)
+    assert await outbox.acut(WS, SES, first.id) is InterruptResult.CUT
+    assert await asyncio.wait_for(step, 10)
+    states = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == first.id]
+    assert states[-1] == "cancelled"
+    assert (agent.aborts, agent.verifies) == (0, 0)
+    assert [e.id for e in await outbox.alist(WS, SES)] == [second.id]
+    await outbox.adeliver_once(WS, SES, stopped_with_proof)
+    assert calls == [first.id, second.id]
+    assert first.id not in signals_log.ids("delivered")
+    await outbox.aclose()
