@@ -400,3 +400,37 @@ async def test_a_worker_process_delivery_reaches_the_socket(layers, valkey):
     assert [s["state"] for s in states] == ["delivering", "sent"]
     assert states[1]["entry"]["id"] == entry.id
     await close_all(comm)
+
+
+async def test_nothing_is_relayed_once_a_close_is_decided(valkey):
+    # Between the close frame and the server's disconnect the socket is still in its
+    # session's group: an update published then is not sent after the close
+    # (docs/reference/websocket.md#close-codes).
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
+        }
+    }
+    outbox_settings = {"ACCESS_POLICY": POLICY, "WS_RESYNC_BUDGET": 1, "WS_RESYNC_INTERVAL": 0.01}
+    with override_settings(CHANNEL_LAYERS=config, OUTBOX=outbox_settings):
+        comm = communicator()
+        connected, _ = await comm.connect()
+        assert connected
+        assert (await receive(comm))["type"] == "queue.snapshot"
+        await comm.send_to(text_data=json.dumps({"type": "resync"}))
+        assert (await receive(comm))["type"] == "queue.current"  # nothing changed since
+        await comm.send_to(text_data=json.dumps({"type": "resync"}))  # past the budget
+        assert await comm.receive_output(5) == {
+            "type": "websocket.close",
+            "code": 4429,
+            "reason": "too many resyncs",
+        }
+        other = communicator(ses="s1")  # an open socket on the same session's group
+        await other.connect()
+        assert (await receive(other))["type"] == "queue.snapshot"
+        await aaccept(get_outbox(), "after-the-close", ws="alice")
+        update = await receive(other)  # the update reached the group...
+        assert (update["type"], update["entry"]["text"]) == ("queue.update", "after-the-close")
+        assert await comm.receive_nothing(timeout=1)  # ...but not the closing socket
+        await close_all(comm, other)
