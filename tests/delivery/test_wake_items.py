@@ -31,7 +31,7 @@ async def test_a_busy_worker_leaves_the_wakes_it_has_no_slot_for_to_the_others(a
         await gates.setdefault(session_id, asyncio.Event()).wait()
 
     outbox = amake(deliverer=deliver)
-    key = outbox.keys.index_keys("wake")[0]
+    key = outbox.keys.index("wake", outbox.keys.shard_of("w1"))  # w1's shard on a cluster
     stop = asyncio.Event()
     worker = Worker(outbox, None, concurrency=1, tick=30, stop=stop, heartbeat=False)
     run = asyncio.create_task(worker.run())
