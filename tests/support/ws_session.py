@@ -54,3 +54,27 @@ def connect_and_resync(
             await get_outbox().aclose()
 
     return async_to_sync(run)()
+
+
+async def origin_refusal_line(origin: bytes, caplog: Any) -> str:
+    """The one log line of a socket from ``origin`` refused by an
+    :class:`~django_outbox.ws.origin.OriginValidator` allowing only ``https://example.com``,
+    as channels calls it (the socket must be accepted, then closed 4403)."""
+    import logging
+
+    from channels.testing import WebsocketCommunicator
+
+    from django_outbox.ws.origin import OriginValidator
+
+    async def never(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("a foreign origin got through")
+
+    validator = OriginValidator(never, ["https://example.com"])
+    comm = WebsocketCommunicator(validator, "/ws/x/", headers=[(b"origin", origin)])
+    with caplog.at_level(logging.WARNING, "django_outbox.consumers"):
+        connected, _ = await comm.connect()
+        assert connected
+        assert await comm.receive_output(5) == {"type": "websocket.close", "code": 4403}
+    await comm.disconnect()
+    (line,) = [r.getMessage() for r in caplog.records if "refused (4403)" in r.getMessage()]
+    return line

@@ -6,31 +6,12 @@ Through the validator itself, as channels calls it."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from django_outbox.ws.origin import MAX_LOGGED_ORIGIN, AllowedHostsOriginValidator, OriginValidator
-
-
-async def never(scope, receive, send):  # a refused socket never reaches the application
-    raise AssertionError("a foreign origin got through")
-
-
-async def refusal_line(origin: bytes, caplog) -> str:
-    """The log line of a socket from ``origin`` refused by a validator allowing only
-    ``https://example.com`` (the socket must be closed 4403)."""
-    validator = OriginValidator(never, ["https://example.com"])
-    comm = WebsocketCommunicator(validator, "/ws/x/", headers=[(b"origin", origin)])
-    with caplog.at_level(logging.WARNING, "django_outbox.consumers"):
-        connected, _ = await comm.connect()
-        assert connected
-        assert await comm.receive_output(5) == {"type": "websocket.close", "code": 4403}
-    await comm.disconnect()
-    (line,) = [r.getMessage() for r in caplog.records if "refused (4403)" in r.getMessage()]
-    return line
+from django_outbox.ws.origin import MAX_LOGGED_ORIGIN, AllowedHostsOriginValidator
+from tests.support.ws_session import origin_refusal_line
 
 
 @pytest.mark.parametrize(("extra", "cut"), [(0, False), (1, True)])
@@ -39,7 +20,7 @@ async def test_a_refused_origin_is_logged_whole_up_to_exactly_the_limit(extra, c
     character more is cut there and marked with ``...``."""
     prefix = "https://"
     origin = prefix + "a" * (MAX_LOGGED_ORIGIN - len(prefix) + extra)
-    line = await refusal_line(origin.encode(), caplog)
+    line = await origin_refusal_line(origin.encode(), caplog)
     shown = line.split("Origin '", 1)[1].rsplit("' is not allowed", 1)[0]
     if cut:
         assert shown == origin[:MAX_LOGGED_ORIGIN] + "..."
@@ -50,7 +31,7 @@ async def test_a_refused_origin_is_logged_whole_up_to_exactly_the_limit(extra, c
 async def test_control_characters_of_a_refused_origin_cannot_forge_a_log_line(caplog):
     """A CR/LF (or any control character) in the header is logged escaped: the line stays
     one line and a reader sees what was sent."""
-    line = await refusal_line(b"https://evil.example\r\nINFO forged entry\x1b[31m", caplog)
+    line = await origin_refusal_line(b"https://evil.example\r\nINFO forged entry\x1b[31m", caplog)
     assert "\n" not in line and "\r" not in line and "\x1b" not in line
     assert "evil.example\\r\\nINFO forged entry\\x1b[31m" in line
 

@@ -18,9 +18,9 @@ from django.test import override_settings
 
 from django_outbox.outbox import get_outbox, reset_outbox
 from django_outbox.ws.consumer import socket_ttl, socket_user_id
-from django_outbox.ws.origin import OriginValidator
 from django_outbox.ws.routing import websocket_urlpatterns
 from tests.support.valkey import ValkeyProcess
+from tests.support.ws_session import origin_refusal_line
 
 POLICY = "tests.support.policies.own_workspace"
 
@@ -319,18 +319,7 @@ async def test_a_refused_origin_carrying_credentials_is_logged_redacted(origin, 
     password replaced: the log shows where the socket came from, not its secret. A
     password too long to be logged whole is redacted all the same (not cut first, which
     would leave a fragment no pattern recognises)."""
-
-    async def app(scope, receive, send):  # never reached
-        raise AssertionError("a foreign origin got through")
-
-    validator = OriginValidator(app, ["https://example.com"])
-    comm = WebsocketCommunicator(validator, "/ws/x/", headers=[(b"origin", origin.encode())])
-    with caplog.at_level(logging.WARNING, "django_outbox.consumers"):
-        connected, _ = await comm.connect()
-        assert connected
-        assert await comm.receive_output(5) == {"type": "websocket.close", "code": 4403}
-    await comm.disconnect()
-    (line,) = [r.getMessage() for r in caplog.records if "refused (4403)" in r.getMessage()]
+    line = await origin_refusal_line(origin.encode(), caplog)
     assert "u:***@evil.example" in line and "is not allowed" in line
     assert password not in line
 
