@@ -161,23 +161,31 @@ async def test_heartbeat_is_published_and_removed(make_outbox, r):
     await outbox.aclose()
 
 
+async def lease_owner_while_delivering(outbox, agent: BlockingDeliverer, worker_id: str) -> str:
+    """The owner the session's lease names while a worker called ``worker_id`` delivers
+    one prompt of ``outbox`` to ``agent`` (its deliverer); the worker is stopped after."""
+    from django_outbox.core.worker import Worker
+
+    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
+    stop = asyncio.Event()
+    worker = Worker(outbox, None, concurrency=1, tick=30, stop=stop, worker_id=worker_id)
+    run = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(agent.started.wait(), 5)
+        return (await outbox.asnapshot(WS, "s1")).lease.owner
+    finally:
+        agent.release()
+        stop.set()
+        await asyncio.wait_for(run, 10)
+
+
 async def test_a_lease_names_a_worker_whose_name_has_dots_whole(make_outbox):
     # A worker is named by its host by default, and a host name is often dotted
     # (web-1.example.com): the snapshot's lease names the whole worker, not its first label.
-    from django_outbox.core.worker import Worker
-
     agent = BlockingDeliverer()
     outbox = make_outbox(deliverer=agent)
-    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
-    stop = asyncio.Event()
-    worker = Worker(outbox, None, concurrency=1, tick=30, stop=stop, worker_id="web-1.example.com")
-    run = asyncio.create_task(worker.run())
-    await asyncio.wait_for(agent.started.wait(), 5)
-    lease = (await outbox.asnapshot(WS, "s1")).lease
-    assert lease.owner == "web-1.example.com"
-    agent.release()
-    stop.set()
-    await asyncio.wait_for(run, 10)
+    owner = await lease_owner_while_delivering(outbox, agent, "web-1.example.com")
+    assert owner == "web-1.example.com"
     await outbox.aclose()
 
 
@@ -188,21 +196,11 @@ async def _has_worker(r):
 async def test_a_workers_leases_name_the_worker_not_the_shared_outbox(make_outbox):
     # Two workers may share one Outbox: each names itself in its own lease tokens, and
     # neither renames the outbox (whose own steps keep naming the process).
-    from django_outbox.core.worker import Worker
-
     agent = BlockingDeliverer()
     outbox = make_outbox(deliverer=agent)
     owner = outbox.owner
-    await outbox.aaccept(WS, "s1", user_id="u", client_message_id="a", text="a")
-    stop = asyncio.Event()
-    worker = Worker(outbox, None, concurrency=1, tick=30, stop=stop, worker_id="w-7")
-    run = asyncio.create_task(worker.run())
-    await asyncio.wait_for(agent.started.wait(), 5)
-    lease = (await outbox.asnapshot(WS, "s1")).lease
-    assert lease.owner == "w-7" and outbox.owner == owner
-    agent.release()
-    stop.set()
-    await asyncio.wait_for(run, 10)
+    assert await lease_owner_while_delivering(outbox, agent, "w-7") == "w-7"
+    assert outbox.owner == owner
     await outbox.aclose()
 
 
