@@ -402,18 +402,12 @@ async def test_a_worker_process_delivery_reaches_the_socket(layers, valkey):
     await close_all(comm)
 
 
-async def test_nothing_is_relayed_once_a_close_is_decided(valkey):
+async def test_nothing_is_relayed_once_a_close_is_decided(layers):
     # Between the close frame and the server's disconnect the socket is still in its
     # session's group: an update published then is not sent after the close
     # (docs/reference/websocket.md#close-codes).
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
     outbox_settings = {"ACCESS_POLICY": POLICY, "WS_RESYNC_BUDGET": 1, "WS_RESYNC_INTERVAL": 0.01}
-    with override_settings(CHANNEL_LAYERS=config, OUTBOX=outbox_settings):
+    with override_settings(OUTBOX=outbox_settings):
         comm = communicator()
         connected, _ = await comm.connect()
         assert connected
