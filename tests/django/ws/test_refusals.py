@@ -324,29 +324,36 @@ async def test_a_refused_origin_carrying_credentials_is_logged_redacted(origin, 
     assert password not in line
 
 
-@pytest.mark.parametrize(("debug", "admitted"), [(True, True), (False, False)])
-async def test_with_no_allowed_hosts_only_debug_lets_localhost_origins_in(debug, admitted):
+@pytest.mark.parametrize("debug", [True, False], ids=["debug", "production"])
+@pytest.mark.parametrize(
+    ("host", "origin"),
+    [
+        ("localhost:8000", "http://localhost:8000"),
+        ("127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("[::1]:8000", "http://[::1]:8000"),
+    ],
+)
+async def test_with_no_allowed_hosts_only_debug_lets_localhost_origins_in(debug, host, origin):
     """``AllowedHostsOriginValidator`` with ``ALLOWED_HOSTS = []`` follows Django: under
-    ``DEBUG`` the local hosts are allowed; in production an empty list allows no Origin at
-    all, localhost included (docs/howto/deploy.md)."""
+    ``DEBUG`` the hosts Django's own host check admits then (localhost, 127.0.0.1 and
+    [::1], IPv6 loopback included) reach the application; in production an empty list
+    allows no Origin at all, localhost included (docs/howto/deploy.md)."""
     from django_outbox.ws.origin import AllowedHostsOriginValidator
 
     async def app(scope, receive, send):
+        await receive()
         await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1000})
 
     with override_settings(DEBUG=debug, ALLOWED_HOSTS=[]):
         validator = AllowedHostsOriginValidator(app)
     comm = WebsocketCommunicator(  # a page of this very server (same scheme, host, port)
-        validator,
-        "/ws/x/",
-        headers=[(b"origin", b"http://localhost:8000"), (b"host", b"localhost:8000")],
+        validator, "/ws/x/", headers=[(b"origin", origin.encode()), (b"host", host.encode())]
     )
     connected, _ = await comm.connect()
     assert connected  # accepted either way; a refusal is closed at once with 4403
-    if admitted:
-        assert await comm.receive_nothing(0.2)
-    else:
-        assert await comm.receive_output(5) == {"type": "websocket.close", "code": 4403}
+    closed = await comm.receive_output(5)
+    assert closed == {"type": "websocket.close", "code": 1000 if debug else 4403}
     await comm.disconnect()
 
 
