@@ -3,14 +3,12 @@
 and the limit is exact: an answer of exactly ``limit`` bytes is read whole, one byte more
 is refused, whether its length is declared or only seen while reading."""
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import httpx
 import pytest
 
 from django_outbox.delivery._httpx import Unreadable, read_bounded
 from tests.support.http_agent import AgentServer
+from tests.support.scripted_http import Answer, ScriptedServer
 
 
 @pytest.fixture
@@ -46,29 +44,18 @@ async def test_one_byte_over_the_declared_limit_is_refused(server):
 
 @pytest.fixture
 def undeclared():
-    """``undeclared(payload)``: the URL of a loopback HTTP/1.0 server that answers 200 with
-    ``payload`` and no Content-Length (the body ends when the connection closes)."""
+    """``undeclared(payload)``: the URL of a loopback server that answers 200 with
+    ``payload`` chunked, so with no Content-Length: the length is seen only while reading."""
     servers = []
 
     def make(payload):
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(payload)
-
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}).start()
-        servers.append(httpd)
-        return f"http://127.0.0.1:{httpd.server_address[1]}/"
+        server = ScriptedServer().on("GET", "/", Answer(200, body=payload, chunked=True))
+        servers.append(server.start())
+        return server.url + "/"
 
     yield make
-    for httpd in servers:
-        httpd.shutdown()
-        httpd.server_close()
+    for server in servers:
+        server.stop()
 
 
 async def read_undeclared(url, limit):
