@@ -1,0 +1,41 @@
+"""A worker's periodic duties on their quieter paths: what the ledger sweep tells the
+operator when it resolved a single entry (docs/explanation/lifecycle.md, "The ledger
+probe"; docs/explanation/storage.md for the duties)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from django_outbox import LEDGER_STATE_TURN_ENDED, Status
+from django_outbox.core.worker import Worker
+from tests.support import scenarios
+from tests.support.helpers import SES, WS, aaccept, wait_for
+from tests.support.scenarios import ambiguous
+
+amake = scenarios.amake  # the fixture
+
+
+async def test_a_sweep_that_resolves_one_entry_says_so(amake, caplog):
+    async def probe(**kwargs):
+        return LEDGER_STATE_TURN_ENDED
+
+    outbox = amake(deliverer=ambiguous, ledger_probe=probe, parked_sweep_interval=0.1)
+    await aaccept(outbox)
+    assert await outbox.adeliver_once(WS, SES)
+    assert (await outbox.alist(WS, SES))[0].status is Status.ERROR  # unverifiable
+    caplog.set_level(logging.INFO, logger="django_outbox.worker")
+    stop = asyncio.Event()
+    worker = Worker(outbox, ambiguous, concurrency=1, tick=30, stop=stop, heartbeat=False)
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_for(
+            lambda: any("ledger sweep" in r.getMessage() for r in caplog.records),
+            10,
+            message="the sweep's log line",
+        )
+    finally:
+        stop.set()
+        await task
+    [line] = [r.getMessage() for r in caplog.records if "ledger sweep" in r.getMessage()]
+    assert line == f"outbox worker {worker.id}: ledger sweep of {WS}: 1"
