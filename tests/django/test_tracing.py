@@ -14,8 +14,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
+from django_outbox import Verdict
 from django_outbox.core import tracing
 from django_outbox.core.entry import Entry
+from django_outbox.errors import AmbiguousError
 from tests.support.helpers import SES, WS, accept
 from tests.support.paths import ROOT
 
@@ -129,3 +131,30 @@ def test_one_trace_from_the_request_to_the_worker_process(admin_client, valkey, 
         [dict(s.attributes) for s in spans.get_finished_spans()]
     )
     assert SECRET_TEXT not in everything
+
+
+async def test_a_verification_is_its_own_span_naming_the_session(make_outbox, spans):
+    """An answer lost mid-delivery is verified later: the ``outbox.verify`` span, a
+    consumer like the delivery's, carries the same names (docs/howto/observe.md#tracing)."""
+
+    async def deliver(entry, **kwargs):
+        raise AmbiguousError("the reply was lost")
+
+    async def verify(entry, *, workspace_id, session_id):
+        return Verdict.DELIVERED
+
+    outbox = make_outbox(deliverer=deliver, verifier=verify, verify_delay=0)
+    entry = await outbox.aaccept("ws-a", "ses-b", user_id="u", client_message_id="k", text="t")
+    assert await outbox.adeliver_once("ws-a", "ses-b")
+    assert await outbox.adeliver_once("ws-a", "ses-b")
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    accepted, step, verified = (finished[f"outbox.{n}"] for n in ("accept", "deliver", "verify"))
+    assert accepted.kind is trace.SpanKind.PRODUCER
+    assert step.kind is verified.kind is trace.SpanKind.CONSUMER
+    names = {"outbox.workspace_id": "ws-a", "outbox.session_id": "ses-b"}
+    for span in (accepted, step, verified):
+        assert {k: span.attributes[k] for k in names} == names
+    assert verified.attributes["outbox.entry_id"] == entry.id
+    assert verified.parent.span_id == accepted.context.span_id
+    assert verified.attributes["outbox.outcome"] == "delivered"
+    await outbox.aclose()
