@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from django_outbox import LEDGER_STATE_TURN_ENDED, Status
 from django_outbox.core.worker import Worker
 from tests.support import scenarios
-from tests.support.helpers import SES, WS, aaccept, wait_for
+from tests.support.helpers import NO_USER_BOUNDS, SES, WS, aaccept, wait_for
 from tests.support.scenarios import ambiguous
 
 amake = scenarios.amake  # the fixture
@@ -39,3 +40,27 @@ async def test_a_sweep_that_resolves_one_entry_says_so(amake, caplog):
         await task
     [line] = [r.getMessage() for r in caplog.records if "ledger sweep" in r.getMessage()]
     assert line == f"outbox worker {worker.id}: ledger sweep of {WS}: 1"
+
+
+async def test_a_worker_an_hour_behind_valkey_counts_in_valkeys_minute(amake):
+    """The history duty's first write, at the worker's start with nothing counted yet,
+    measures Valkey's clock, so what the worker counts afterwards lands in Valkey's
+    minute, not an hour back (docs/howto/observe.md, "The dashboard")."""
+    outbox = amake(max_attempts=1, **NO_USER_BOUNDS)
+    counter = outbox.history_counter
+    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000  # this host's clock
+
+    async def refuse(entry, **kwargs):
+        raise RuntimeError("refused")
+
+    stop = asyncio.Event()
+    worker = Worker(outbox, refuse, concurrency=1, tick=30, stop=stop, heartbeat=False)
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_for(lambda: counter.offset_us is not None, 10, message="the first write")
+        await aaccept(outbox, "k1", "refused")
+        await wait_for(lambda: worker.stats.steps >= 1, 10, message="the refused step")
+    finally:
+        stop.set()
+        await task
+    assert outbox.history(minutes=2, workspace_id=WS).total("o:failed") == 1
