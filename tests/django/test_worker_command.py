@@ -4,13 +4,15 @@ Valkey it cannot reach, said without the URL's password
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tests.support.valkey import free_port
+from django_outbox.core.heartbeats import WorkerHeartbeat
+from tests.support.valkey import free_port, wait_until
 
 
 def refusal(*args: str) -> str:
@@ -48,3 +50,29 @@ def test_an_unreachable_valkey_is_said_without_its_password(monkeypatch, setting
     said = refusal("--once")
     assert "is unreachable after 5 attempts" in said
     assert "hunter2-not-real" not in said
+
+
+def test_the_health_probe_lists_live_workers_only(valkey, r):
+    """``--check`` exits 0 and lists each live worker with its pid and sessions in
+    flight; a worker whose heartbeat expired (silent, still indexed) is not live."""
+    from django_outbox.outbox import get_outbox
+
+    outbox = get_outbox()
+
+    async def beat(worker_id: str, ttl: float) -> None:
+        record = WorkerHeartbeat(worker_id, 0.0, host="h", pid=7, in_flight=2, concurrency=4)
+        try:
+            await outbox.abeat(record, ttl)
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(beat("silent-worker", 0.2))
+    wait_until(lambda: not r.exists(outbox.keys.heartbeat("silent-worker")), 10, message="expiry")
+    with pytest.raises(CommandError, match="no live outbox worker") as refused:
+        call_command("outbox_worker", "--check", stdout=io.StringIO())
+    assert refused.value.returncode == 1
+
+    asyncio.run(beat("live-worker", 30))
+    out = io.StringIO()
+    call_command("outbox_worker", "--check", stdout=out)
+    assert out.getvalue() == "live: live-worker pid=7 in_flight=2\n"
