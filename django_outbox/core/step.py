@@ -137,6 +137,10 @@ class DeliveryStep(AgentCalls, OwedSignals):
         """
         if deliverer is None and self.deliverer is None and not self.agents:
             raise ValueError("no deliverer: pass one or configure DELIVERER or AGENTS")
+        counter = self.history_counter
+        if counter.enabled and counter.offset_us is None and isinstance(self, HistoryReads):
+            # Valkey's clock measured before the first count (the host's may be off).
+            await self.aflush_own_history(counter)
         took, carry = await self.astep(workspace_id, session_id, deliverer)
         if carry is not None:
             await self.arelease(workspace_id, session_id, carry)

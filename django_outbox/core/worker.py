@@ -402,6 +402,16 @@ class Worker:
                 logger.warning("outbox worker %s: %s failed: %s", self.id, duty.name, exc)
             wait = duty.interval
 
+    async def _begin(self) -> None:
+        """The duties' first words before anything is delivered, in the duties' order."""
+        for duty in self.duties:
+            if duty.start is None:
+                continue
+            try:
+                await duty.start()
+            except Exception as exc:
+                logger.warning("outbox worker %s: %s failed: %s", self.id, duty.name, exc)
+
     async def _finish(self) -> None:
         """The duties' last words once the worker has stopped, last duty first."""
         for duty in reversed(self.duties):
@@ -432,6 +442,7 @@ class Worker:
         recovered = await self._patiently(self._start)
         if recovered:
             logger.info("outbox worker %s: recovered %d staged entries", self.id, recovered)
+        await self._begin()
         helpers: list[asyncio.Task[None]] = [asyncio.create_task(self._relay_stop())]
         helpers += [
             asyncio.create_task(self._keep(duty), name=f"outbox duty {duty.name}")

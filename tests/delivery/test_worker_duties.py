@@ -64,3 +64,38 @@ async def test_a_worker_an_hour_behind_valkey_counts_in_valkeys_minute(amake):
         stop.set()
         await task
     assert outbox.history(minutes=2, workspace_id=WS).total("o:failed") == 1
+
+
+async def test_a_once_run_an_hour_behind_valkey_counts_in_valkeys_minute(amake):
+    """A ``once`` run (``outbox_worker --once``: the history duty's passes do not run, only
+    its last write) measures Valkey's clock before it delivers, so a failure it counts
+    lands in Valkey's minute, not an hour back (docs/howto/observe.md, "The dashboard")."""
+    outbox = amake(max_attempts=1, **NO_USER_BOUNDS)
+    counter = outbox.history_counter
+    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000  # this host's clock
+    await aaccept(outbox, "k1", "refused")
+
+    async def refuse(entry, **kwargs):
+        raise RuntimeError("refused")
+
+    worker = Worker(
+        outbox, refuse, concurrency=1, tick=30, once=True, stop=asyncio.Event(), heartbeat=False
+    )
+    stats = await asyncio.wait_for(worker.run(), 30)
+    assert stats.steps == 1
+    assert outbox.history(minutes=2, workspace_id=WS).total("o:failed") == 1
+
+
+async def test_adeliver_once_an_hour_behind_valkey_counts_in_valkeys_minute(amake):
+    """``adeliver_once`` with no worker around measures Valkey's clock before its first
+    step, so the failure it counts lands in Valkey's minute (docs/howto/observe.md)."""
+    outbox = amake(max_attempts=1, **NO_USER_BOUNDS)
+    counter = outbox.history_counter
+    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000  # this host's clock
+    await aaccept(outbox, "k1", "refused")
+
+    async def refuse(entry, **kwargs):
+        raise RuntimeError("refused")
+
+    assert await outbox.adeliver_once(WS, SES, refuse)
+    assert outbox.history(minutes=2, workspace_id=WS).total("o:failed") == 1

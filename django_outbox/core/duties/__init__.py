@@ -21,15 +21,17 @@ from dataclasses import dataclass
 class Duty:
     """One periodic duty of a worker (Oban's plugins).
 
-    The worker awaits ``run()`` ``first_after`` seconds after its start (None: one
-    ``interval``), then ``interval`` seconds after each pass ends, until it stops;
-    a stop ends the wait at once, and a pass still running once the deliveries have
-    drained is cancelled. A pass that raises is logged as ``outbox worker <id>:
-    <name> failed: <error>`` and the next one comes on time. Only ``burst`` duties
-    run in a ``once`` run. When the worker stops, ``finish()`` (if any) is awaited
-    once, even in a ``once`` run, in the reverse order of the worker's duties; its
-    failure is logged as a pass's is. Raises ``ValueError`` for an ``interval`` that
-    is not positive or a negative ``first_after``.
+    ``start()`` (if any) is awaited once before the worker delivers anything, in a
+    ``once`` run too, in the order of the worker's duties. The worker awaits ``run()``
+    ``first_after`` seconds after its start (None: one ``interval``), then
+    ``interval`` seconds after each pass ends, until it stops; a stop ends the wait
+    at once, and a pass still running once the deliveries have drained is
+    cancelled. A pass that raises is logged as ``outbox worker <id>: <name> failed:
+    <error>`` and the next one comes on time. Only ``burst`` duties run in a
+    ``once`` run. When the worker stops, ``finish()`` (if any) is awaited once, even
+    in a ``once`` run, in the reverse order of the worker's duties; a failed
+    ``start()`` or ``finish()`` is logged as a pass's is. Raises ``ValueError`` for
+    an ``interval`` that is not positive or a negative ``first_after``.
     """
 
     name: str
@@ -38,6 +40,7 @@ class Duty:
     first_after: float | None = None
     finish: Callable[[], Awaitable[object]] | None = None
     burst: bool = False
+    start: Callable[[], Awaitable[object]] | None = None
 
     def __post_init__(self) -> None:
         if not self.interval > 0:

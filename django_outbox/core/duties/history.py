@@ -24,7 +24,8 @@ class HistoryOutbox(Protocol):
 
 
 def history(outbox: HistoryOutbox, worker_id: str) -> Duty:
-    """At the start and every ``FLUSH_EVERY`` seconds, the counts since the last write
+    """Before the worker delivers (in a ``once`` run too), Valkey's clock measured; at
+    the start and every ``FLUSH_EVERY`` seconds, the counts since the last write
     written (a first write measures Valkey's clock even with nothing counted), and
     every ``SAMPLE_EVERY`` seconds, the first ``FIRST_SAMPLE_AFTER`` seconds in, the
     minute's depth sampled unless another worker did. At the stop the counts left
@@ -50,4 +51,10 @@ def history(outbox: HistoryOutbox, worker_id: str) -> Duty:
             sampled_at = time.monotonic()
         await write(sample=due)
 
-    return Duty("writing history", FLUSH_EVERY, run, first_after=0.0, finish=write)
+    async def measure() -> None:
+        # Before the first delivery, in a ``once`` run too (whose passes never run):
+        # what is counted before Valkey's clock is measured lands in the host's minute.
+        if outbox.history_counter.offset_us is None:
+            await outbox.aflush_history(outbox.history_counter)
+
+    return Duty("writing history", FLUSH_EVERY, run, first_after=0.0, finish=write, start=measure)
