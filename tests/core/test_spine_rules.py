@@ -1,0 +1,93 @@
+"""One-line rules of the delivery spine's Lua scripts that the wider tables do not walk:
+a replayed claim of a merged delivery, the delivered-only settle, the wake list's cap,
+and client content that looks like state (docs/explanation/storage.md, "The Lua scripts";
+docs/explanation/lifecycle.md, "What happens to a message"; docs/howto/steering.md).
+
+Each test runs the real scripts on a real valkey-server."""
+
+import pytest
+
+from django_outbox import Entry
+from django_outbox.core.entry import format_time
+from django_outbox.core.scripts import settle_argv
+from django_outbox.core.step import RECEIPT_TTL_MS
+from django_outbox.errors import SessionBusy
+from tests.support.helpers import accept
+
+from .test_scripts import NOW, SES, WS, call, seed
+
+
+def ids(raws):
+    return [Entry.from_json(raw).id for raw in raws]
+
+
+def test_a_holder_asking_again_gets_every_member_of_its_merged_delivery_back(outbox):
+    """A holder that lost the claim's reply and claims again under the same lease gets its
+    staged delivery back whole: the head and every merged member behind it."""
+    head = accept(outbox, "b", if_busy="merge")
+    members = [accept(outbox, key, if_busy="merge") for key in ("c", "d")]
+    first = call(outbox, "claim", "tok", 30_000)
+    assert first[0] == "deliver"
+    assert ids(first[1:2] + first[4:]) == [head.id] + [m.id for m in members]
+    again = call(outbox, "claim", "tok", 30_000)
+    assert again[0] == "deliver"
+    assert ids(again[1:2] + again[4:]) == [head.id] + [m.id for m in members]
+    assert {Entry.from_json(raw).merged_into for raw in again[4:]} == {head.id}
+
+
+def test_the_delivered_only_settle_refuses_every_other_outcome(outbox, r):
+    """settle_delivered runs on a server at maxmemory because a delivery frees memory; any
+    other outcome would write there, so it is refused and nothing changes."""
+    e = seed(outbox)
+    assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"
+    keys = outbox.keys.session(WS, SES)
+    staged = r.lrange(keys.staging, 0, -1)
+    for outcome in ("failed", "absent", "transient", "ambiguous"):
+        args = settle_argv("tok", e.id, outcome, "boom", outbox.config, RECEIPT_TTL_MS)
+        with pytest.raises(Exception, match="only records delivered"):
+            call(outbox, "settle_delivered", *args)
+        assert r.lrange(keys.staging, 0, -1) == staged
+        assert r.get(keys.lock).split()[0] == "tok"
+    args = settle_argv("tok", e.id, "delivered", "", outbox.config, RECEIPT_TTL_MS)
+    assert call(outbox, "settle_delivered", *args)[0] == "removed"
+
+
+@pytest.mark.standalone  # the wake list is a global key of a standalone server
+def test_the_wake_list_stops_at_its_cap(outbox, r):
+    """Wake items only cut latency (workers find due work through the due index), so the
+    list is bounded: at 10 000 items an accept adds none; below, it adds its one."""
+    cap = 10_000
+    r.delete(outbox.keys.wake)
+    r.rpush(outbox.keys.wake, *(["w0 old"] * (cap - 1)))
+    accept(outbox, "k1", ses="s1")
+    assert r.llen(outbox.keys.wake) == cap
+    assert r.lindex(outbox.keys.wake, -1) == f"{WS} s1"
+    accept(outbox, "k2", ses="s2")
+    assert r.llen(outbox.keys.wake) == cap
+    assert r.lindex(outbox.keys.wake, -1) == f"{WS} s1"
+
+
+@pytest.mark.standalone  # the global attention index of a standalone server
+def test_a_model_that_looks_like_state_needs_no_operator(outbox, r):
+    """Only an entry's state members decide whether its session needs an operator's eye
+    (docs/howto/observe.md): a pending entry waiting out its backoff whose client model
+    holds "status": "error" does not."""
+    model = {"providerID": "p", "modelID": "m", "status": "error"}
+    seed(outbox, attempts=1, next_attempt_at=format_time(NOW + 60_000_000), model=model)
+    assert call(outbox, "claim", "tok", 30_000)[0] == "idle"
+    assert r.zrange(outbox.keys.attention, 0, -1) == []
+    seed(outbox, status="error", reason="max_attempts", attempts=5)
+    assert call(outbox, "claim", "tok", 30_000)[0] == "idle"
+    assert r.zrange(outbox.keys.attention, 0, -1) == [f"{WS} {SES}"]
+
+
+def test_an_error_entry_whose_model_looks_pending_leaves_the_session_free(outbox):
+    """if_busy="reject" refuses only while something is pending, in flight or being
+    verified (docs/howto/steering.md#busy-sessions): an error entry waits for a person, so
+    its client model holding "status": "pending" does not make the session busy."""
+    model = {"providerID": "p", "modelID": "m", "status": "pending"}
+    seed(outbox, status="error", reason="max_attempts", attempts=5, model=model)
+    entry = accept(outbox, "k1", if_busy="reject")
+    assert entry.mode == "reject"
+    with pytest.raises(SessionBusy):
+        accept(outbox, "k2", if_busy="reject")
