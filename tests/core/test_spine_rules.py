@@ -8,7 +8,7 @@ Each test runs the real scripts on a real valkey-server."""
 import pytest
 
 from django_outbox import Entry
-from django_outbox.core.entry import format_time
+from django_outbox.core.entry import format_time, new_entry_id
 from django_outbox.core.scripts import settle_argv
 from django_outbox.core.step import RECEIPT_TTL_MS
 from django_outbox.errors import SessionBusy
@@ -32,7 +32,19 @@ def test_a_holder_asking_again_gets_every_member_of_its_merged_delivery_back(out
     again = call(outbox, "claim", "tok", 30_000)
     assert again[0] == "deliver"
     assert ids(again[1:2] + again[4:]) == [head.id] + [m.id for m in members]
-    assert {Entry.from_json(raw).merged_into for raw in again[4:]} == {head.id}
+    staged = [Entry.from_json(raw) for raw in again[1:2] + again[4:]]
+    assert {e.merged_into for e in staged} == {head.id}
+    assert {e.last_attempt_at for e in staged} == {staged[0].last_attempt_at} != {None}
+
+
+def test_a_merge_prompt_alone_is_delivered_as_itself(outbox):
+    """A merge prompt with no merge prompt behind it is an ordinary delivery: it is not
+    marked as the head of a merged message (docs/howto/steering.md#merging)."""
+    accept(outbox, "b", if_busy="merge")
+    accept(outbox, "c")  # a queue prompt ends the run
+    answer = call(outbox, "claim", "tok", 30_000)
+    assert answer[0] == "deliver" and answer[4:] == []
+    assert Entry.from_json(answer[1]).merged_into is None
 
 
 def test_the_delivered_only_settle_refuses_every_other_outcome(outbox, r):
@@ -91,3 +103,27 @@ def test_an_error_entry_whose_model_looks_pending_leaves_the_session_free(outbox
     assert entry.mode == "reject"
     with pytest.raises(SessionBusy):
         accept(outbox, "k2", if_busy="reject")
+
+
+def test_entries_stored_without_a_sequence_number_go_back_in_accepted_order(outbox, r):
+    """Entries an older version stored carry no seq: recovery puts a staged one back by
+    its acceptedAt instead, in front of the first entry accepted after it."""
+    keys = outbox.keys.session(WS, SES)
+
+    def stored(accepted, status="pending"):
+        return Entry(
+            id=new_entry_id(accepted // 1000),
+            client_message_id="k-" + new_entry_id(),
+            user_id="u",
+            text="t",
+            accepted_at=format_time(accepted),
+            status=status,
+        )
+
+    first, second, third = stored(NOW - 3), stored(NOW - 2, "delivering"), stored(NOW - 1)
+    assert "seq" not in second.to_json()
+    r.rpush(keys.queue, first.to_json(), third.to_json())
+    r.rpush(keys.staging, second.to_json())
+    assert call(outbox, "claim", "new", 30_000)[0] == "deliver"  # the first, pending
+    order = [Entry.from_json(raw) for raw in r.lrange(keys.queue, 0, -1)]
+    assert [(e.id, e.status) for e in order] == [(second.id, "verifying"), (third.id, "pending")]
