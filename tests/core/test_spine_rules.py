@@ -127,3 +127,45 @@ def test_entries_stored_without_a_sequence_number_go_back_in_accepted_order(outb
     assert call(outbox, "claim", "new", 30_000)[0] == "deliver"  # the first, pending
     order = [Entry.from_json(raw) for raw in r.lrange(keys.queue, 0, -1)]
     assert [(e.id, e.status) for e in order] == [(second.id, "verifying"), (third.id, "pending")]
+
+
+def test_a_claim_that_expires_the_head_reports_it_and_moves_the_version(outbox):
+    """A head past its expiresAt ends expired in the claim that finds it: the claim's reply
+    carries it (watchers are told from it) under a new session version, even when nothing
+    is left to deliver (docs/howto/steering.md#expiry)."""
+    e = seed(outbox, expires_at=format_time(NOW - 1))
+    before = call(outbox, "snapshot")[0]
+    answer = call(outbox, "claim", "tok", 30_000)
+    assert answer[0] == "idle" and answer[2] == before + 1
+    [ended] = [Entry.from_json(raw) for raw in answer[4:]]
+    assert (ended.id, ended.status) == (e.id, "expired")
+
+
+def test_recovery_keeps_a_delivered_entry_whose_signal_is_still_owed(outbox, r):
+    """Recovering a gone holder's staging moves its undelivered entries back to the queue
+    as verifying; a delivered one whose entry_delivered is still owed stays staged for the
+    next claimer to fire (docs/explanation/lifecycle.md, "What happens to a message")."""
+    keys = outbox.keys.session(WS, SES)
+    done = seed(outbox, status="delivering", accepted=NOW - 2)
+    seed(outbox, status="delivering", accepted=NOW - 1)
+    first = r.lindex(keys.staging, 0)
+    delivered = Entry.from_json(first).evolve(delivered_at=format_time(NOW)).to_json()
+    r.lset(keys.staging, 0, delivered)
+    answer = call(outbox, "recover")
+    assert answer[0] == "ok" and answer[2] == 1
+    assert r.lrange(keys.staging, 0, -1) == [delivered]
+    [back] = [Entry.from_json(raw) for raw in r.lrange(keys.queue, 0, -1)]
+    assert back.status == "verifying" and back.id != done.id
+    claim = call(outbox, "claim", "tok", 30_000)
+    assert claim[0] == "owed" and ids(claim[4:]) == [done.id]
+
+
+def test_recovery_never_queues_an_entry_twice(outbox, r):
+    """An entry found both staged and queued (written by an interrupted older version) is
+    recovered once: the queue keeps the copy it has."""
+    keys = outbox.keys.session(WS, SES)
+    e = seed(outbox)
+    r.rpush(keys.staging, r.lindex(keys.queue, 0))
+    call(outbox, "recover")
+    assert ids(r.lrange(keys.queue, 0, -1)) == [e.id]
+    assert r.llen(keys.staging) == 0
