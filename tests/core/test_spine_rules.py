@@ -169,3 +169,16 @@ def test_recovery_never_queues_an_entry_twice(outbox, r):
     call(outbox, "recover")
     assert ids(r.lrange(keys.queue, 0, -1)) == [e.id]
     assert r.llen(keys.staging) == 0
+
+
+def test_a_parked_entry_its_holder_left_staged_is_verified_when_released(outbox, r):
+    """A workspace parked while a delivery was in flight holds the staged entry parked; if
+    its holder is gone, recovery queues it still parked, but released to verification,
+    never to a blind resend (docs/explanation/lifecycle.md, "Parking a workspace")."""
+    keys = outbox.keys.session(WS, SES)
+    e = seed(outbox, status="delivering")
+    call(outbox, "park", "maint", 0)
+    assert Entry.from_json(r.lindex(keys.staging, 0)).status == "parked"
+    call(outbox, "recover")
+    [back] = [Entry.from_json(raw) for raw in r.lrange(keys.queue, 0, -1)]
+    assert (back.id, back.status, back.parked_from) == (e.id, "parked", "verifying")
