@@ -182,3 +182,10 @@ def test_a_parked_entry_its_holder_left_staged_is_verified_when_released(outbox,
     call(outbox, "recover")
     [back] = [Entry.from_json(raw) for raw in r.lrange(keys.queue, 0, -1)]
     assert (back.id, back.status, back.parked_from) == (e.id, "parked", "verifying")
+
+
+def test_the_server_clock_keeps_its_microseconds(outbox):
+    """With no injected clock a script reads Valkey's TIME, seconds and microseconds
+    (docs/explanation/ordering.md): a timestamp is not cut to the whole second."""
+    seen = {call(outbox, "snapshot", now=0)[5] % 1_000_000 for _ in range(5)}
+    assert seen != {0}
