@@ -189,3 +189,20 @@ def test_the_server_clock_keeps_its_microseconds(outbox):
     (docs/explanation/ordering.md): a timestamp is not cut to the whole second."""
     seen = {call(outbox, "snapshot", now=0)[5] % 1_000_000 for _ in range(5)}
     assert seen != {0}
+
+
+def test_expired_dedupe_markers_are_pruned_from_the_session_list(make_outbox, r):
+    """The markers ZSET only lists marker keys for cleanup; their own PX expires the keys,
+    and the expired members are pruned on one accept in sixteen, so the list stays as
+    long as the dedupe window's accepts (docs/explanation/storage.md)."""
+    clock = [1_764_466_959.0]
+    outbox = make_outbox(
+        dedupe_ttl=1, user_max_queued=0, user_accepts_per_minute=0, clock=lambda: clock[0]
+    )
+    markers = outbox.keys.session(WS, SES).markers
+    accept(outbox, "k0")
+    clock[0] += 2  # k0's marker has expired
+    for n in range(1, 17):  # sixteen versions: one of them prunes
+        accept(outbox, f"k{n}")
+    names = r.zrange(markers, 0, -1)
+    assert len(names) == 16 and not any(name.endswith(":k0") for name in names)
