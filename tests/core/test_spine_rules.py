@@ -206,3 +206,15 @@ def test_expired_dedupe_markers_are_pruned_from_the_session_list(make_outbox, r)
         accept(outbox, f"k{n}")
     names = r.zrange(markers, 0, -1)
     assert len(names) == 16 and not any(name.endswith(":k0") for name in names)
+
+
+async def test_opening_a_counted_socket_again_at_the_bound_is_not_refused(outbox, r):
+    """Opening a socket is safe to send twice (a reply lost on the way): a socket already
+    counted is counted again, not refused, even when its user holds the bound; a new one
+    is refused (docs/reference/websocket.md)."""
+    assert await outbox.aopen_socket("alice", "one", ttl=30, limit=2)
+    assert await outbox.aopen_socket("alice", "two", ttl=30, limit=2)
+    assert await outbox.aopen_socket("alice", "two", ttl=30, limit=2)
+    assert not await outbox.aopen_socket("alice", "three", ttl=30, limit=2)
+    assert sorted(r.zrange(outbox.keys.sockets("alice"), 0, -1)) == ["one", "two"]
+    await outbox.aclose()
