@@ -9,7 +9,7 @@ import pytest
 
 from django_outbox import Entry
 from django_outbox.core.entry import format_time, new_entry_id
-from django_outbox.core.scripts import settle_argv
+from django_outbox.core.scripts import index_hint_argv, load_scripts, settle_argv
 from django_outbox.core.step import RECEIPT_TTL_MS
 from django_outbox.errors import SessionBusy
 from tests.support.helpers import accept
@@ -218,3 +218,34 @@ async def test_opening_a_counted_socket_again_at_the_bound_is_not_refused(outbox
     assert not await outbox.aopen_socket("alice", "three", ttl=30, limit=2)
     assert sorted(r.zrange(outbox.keys.sockets("alice"), 0, -1)) == ["one", "two"]
     await outbox.aclose()
+
+
+class TestShardIndex:
+    """index.lua, the cluster shard's half of a HINT (docs/howto/cluster.md), run on its
+    own: its KEYS share one hash tag, so any server runs it."""
+
+    KEYS = [f"ix:{{s0}}:{name}" for name in ("wsdue", "ws", "wake", "all", "attn", "attnver")]
+
+    def hint(self, r, *, due=-1, wake=0, attention=-1, new=0, gone=0, version=1, now_ms=5, cap=3):
+        text = load_scripts()["index"].text
+        args = index_hint_argv(WS, SES, (due, wake, attention, new, gone, 0, version), now_ms, cap)
+        return r.eval(text, len(self.KEYS), *self.KEYS, *args)
+
+    def test_the_wake_list_stops_at_the_cap_it_is_given(self, r):
+        wake = self.KEYS[2]
+        r.rpush(wake, "a", "b")
+        self.hint(r, wake=1)
+        assert r.llen(wake) == 3
+        self.hint(r, wake=1)
+        assert r.lrange(wake, 0, -1) == ["a", "b", f"{WS} {SES}"]
+
+    def test_a_replayed_new_session_keeps_when_it_was_first_seen(self, r):
+        self.hint(r, new=1, now_ms=5)
+        self.hint(r, new=1, now_ms=9)  # a replay reports the session as new again
+        assert r.zscore(self.KEYS[3], f"{WS} {SES}") == 5
+
+    def test_a_deleted_session_leaves_the_attention_index(self, r):
+        self.hint(r, new=1, attention=1, version=3)
+        assert r.zrange(self.KEYS[4], 0, -1) == [f"{WS} {SES}"]
+        self.hint(r, gone=1, version=4)
+        assert [r.exists(k) for k in self.KEYS[3:]] == [0, 0, 0]
