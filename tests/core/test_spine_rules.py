@@ -9,7 +9,7 @@ import pytest
 
 from django_outbox import Entry
 from django_outbox.core.entry import format_time, new_entry_id
-from django_outbox.core.scripts import index_hint_argv, load_scripts, settle_argv
+from django_outbox.core.scripts import index_hint_argv, load_scripts, read_source, settle_argv
 from django_outbox.core.step import RECEIPT_TTL_MS
 from django_outbox.errors import SessionBusy
 from tests.support.helpers import accept
@@ -249,3 +249,28 @@ class TestShardIndex:
         assert r.zrange(self.KEYS[4], 0, -1) == [f"{WS} {SES}"]
         self.hint(r, gone=1, version=4)
         assert [r.exists(k) for k in self.KEYS[3:]] == [0, 0, 0]
+
+
+def test_the_scripts_write_a_state_as_the_python_codec_does(r):
+    """Scripts re-encode only the state members, in one fixed order shared with
+    core/entry.py (docs/explanation/storage.md): zero counters are left out, and a cut
+    entry's interrupted comes before userDigest, which the scripts keep last."""
+    body = read_source("lib/entry") + "\nlocal st, content = split(ARGV[1])\n"
+    body += "st.holds, st.transientFails = 0, 0\nst.userDigest = ARGV[2]\n"
+    body += "return join(st, content)"
+    entry = Entry(
+        id=new_entry_id(),
+        client_message_id="k",
+        user_id="u",
+        text="t",
+        accepted_at=format_time(NOW),
+        status="delivering",
+        attempts=1,
+        holds=2,
+        transient_fails=1,
+        interrupted=True,
+    )
+    stored = entry.evolve(holds=0, transient_fails=0).to_json()
+    marker = stored.index(',"clientMessageID":')
+    expected = stored[:marker] + ',"userDigest":"d"' + stored[marker:]
+    assert r.eval(body, 0, entry.to_json(), "d") == expected
