@@ -14,7 +14,7 @@ from django_outbox.core.step import RECEIPT_TTL_MS
 from django_outbox.errors import SessionBusy
 from tests.support.helpers import accept
 
-from .test_scripts import NOW, SES, WS, call, seed
+from .test_scripts import NOW, SES, WS, accept_args, call, seed
 
 
 def ids(raws):
@@ -274,3 +274,38 @@ def test_the_scripts_write_a_state_as_the_python_codec_does(r):
     marker = stored.index(',"clientMessageID":')
     expected = stored[:marker] + ',"userDigest":"d"' + stored[marker:]
     assert r.eval(body, 0, entry.to_json(), "d") == expected
+
+
+def test_a_replayed_accept_of_an_entry_being_delivered_answers_as_the_first_did(outbox):
+    """A resend after a lost reply is answered 'own' with the entry's place (seq) and
+    acceptedAt, also once a worker has staged it (docs/explanation/idempotency.md)."""
+    e = Entry(id=new_entry_id(), client_message_id="k1", user_id="u", text="t", accepted_at="")
+    marker = [outbox.keys.dedupe(WS, SES, "k1")]
+    first = call(outbox, "accept", *accept_args(e), extra_keys=marker)
+    assert first[0] == "ok"
+    assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"
+    replay = call(outbox, "accept", *accept_args(e), extra_keys=marker)
+    assert replay[0] == "own" and (replay[3], replay[4]) == (first[1], first[3])
+
+
+def test_a_claim_refused_by_a_lease_moves_the_session_to_the_lease_expiry(outbox, r):
+    """A claimer that finds another holder's lease reindexes the session: a stale early
+    score becomes the lease's expiry, so workers stop looking before then."""
+    seed(outbox)
+    assert call(outbox, "claim", "a", 30_000)[0] == "deliver"
+    due = outbox.keys.session(WS, SES).due
+    r.zadd(due, {SES: NOW // 1000})  # stale: as if an older index said "due now"
+    assert call(outbox, "claim", "b", 30_000)[0] == "busy"
+    assert r.zscore(due, SES) > NOW // 1000 + 29_000
+
+
+@pytest.mark.standalone  # the global attention index of a standalone server
+def test_a_session_needing_attention_keeps_the_time_it_started_to(outbox, r):
+    """The attention index is scored by when the session first needed an eye (the admin
+    shows how long it has waited): later reindexes leave that time alone."""
+    seed(outbox, accepted=NOW - 2)
+    assert call(outbox, "claim", "a", 30_000)[0] == "deliver"
+    seed(outbox, accepted=NOW - 1)  # pending behind the lease
+    assert r.zscore(outbox.keys.attention, f"{WS} {SES}") == NOW // 1000
+    assert call(outbox, "claim", "b", 30_000, now=NOW + 5_000_000)[0] == "busy"
+    assert r.zscore(outbox.keys.attention, f"{WS} {SES}") == NOW // 1000
