@@ -14,7 +14,7 @@ from django_outbox.core.step import RECEIPT_TTL_MS
 from django_outbox.errors import SessionBusy
 from tests.support.helpers import accept
 
-from .test_scripts import NOW, SES, WS, accept_args, call, seed
+from .test_scripts import NOW, SES, WS, accept_args, call, seed, settle
 
 
 def ids(raws):
@@ -309,3 +309,15 @@ def test_a_session_needing_attention_keeps_the_time_it_started_to(outbox, r):
     assert r.zscore(outbox.keys.attention, f"{WS} {SES}") == NOW // 1000
     assert call(outbox, "claim", "b", 30_000, now=NOW + 5_000_000)[0] == "busy"
     assert r.zscore(outbox.keys.attention, f"{WS} {SES}") == NOW // 1000
+
+
+def test_cleanup_reports_only_the_entries_it_takes_from_their_sender(outbox):
+    """Cleanup answers with the entries it removed before they were delivered (watchers
+    are told they are gone); a delivered one whose signal was still owed is not among
+    them: it reached the agent (docs/howto/valkey.md)."""
+    delivered = seed(outbox, accepted=NOW - 2)
+    waiting = seed(outbox, accepted=NOW - 1)
+    assert call(outbox, "claim", "tok", 30_000)[0] == "deliver"
+    assert settle(outbox, "tok", delivered.id, "delivered")[0] == "removed"
+    done = call(outbox, "cleanup")
+    assert done[0] == "done" and ids(done[4:]) == [waiting.id]
