@@ -13,8 +13,7 @@ from django_outbox.core.scripts import index_hint_argv, load_scripts, read_sourc
 from django_outbox.core.step import RECEIPT_TTL_MS
 from django_outbox.errors import SessionBusy
 from tests.support.helpers import accept
-
-from .test_scripts import NOW, SES, WS, accept_args, call, seed, settle
+from tests.support.script_calls import NOW, SES, WS, accept_args, call, seed, settle
 
 
 def ids(raws):
