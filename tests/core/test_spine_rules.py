@@ -9,7 +9,13 @@ import pytest
 
 from django_outbox import Entry
 from django_outbox.core.entry import format_time, new_entry_id
-from django_outbox.core.scripts import index_hint_argv, load_scripts, read_source, settle_argv
+from django_outbox.core.scripts import (
+    index_hint_argv,
+    load_scripts,
+    read_source,
+    seed_argv,
+    settle_argv,
+)
 from django_outbox.core.step import RECEIPT_TTL_MS
 from django_outbox.errors import SessionBusy
 from tests.support.helpers import accept
@@ -249,6 +255,15 @@ class TestShardIndex:
         self.hint(r, gone=1, version=4)
         assert [r.exists(k) for k in self.KEYS[3:]] == [0, 0, 0]
 
+    def test_a_hint_that_empties_the_workspace_asks_for_a_recheck(self, r):
+        """Dropping an emptied workspace from the shard's SET races with an accept into a new
+        session: the reply asks the caller to re-add it if one appeared meanwhile."""
+        text = load_scripts()["index"].text
+        args = index_hint_argv(WS, SES, (-1, 0, -1, 0, 1, 1, 2), 5, 3)
+        assert r.eval(text, len(self.KEYS), *self.KEYS, *args) == "recheck"
+        args = index_hint_argv(WS, SES, (-1, 0, -1, 0, 1, 0, 3), 5, 3)
+        assert r.eval(text, len(self.KEYS), *self.KEYS, *args) == "ok"
+
 
 def test_the_scripts_write_a_state_as_the_python_codec_does(r):
     """Scripts re-encode only the state members, in one fixed order shared with
@@ -320,3 +335,24 @@ def test_cleanup_reports_only_the_entries_it_takes_from_their_sender(outbox):
     assert settle(outbox, "tok", delivered.id, "delivered")[0] == "removed"
     done = call(outbox, "cleanup")
     assert done[0] == "done" and ids(done[4:]) == [waiting.id]
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(("text", "preview"), [("abcdef", 3), ("abc", 3), ("ab", 3)])
+def test_a_preview_keeps_the_members_after_the_text(outbox, text, preview):
+    """A snapshot's preview cuts only the text; the rest of each entry is as stored
+    (README "Admin"), the trace context of an entry without a model included."""
+    entry = Entry(
+        id=new_entry_id(NOW // 1000),
+        client_message_id="k1",
+        user_id="u",
+        text=text,
+        accepted_at=format_time(NOW),
+        traceparent=TRACEPARENT,
+    )
+    assert call(outbox, "seed", *seed_argv(entry.to_json(), entry.id, False))[0] == "ok"
+    _, [raw], *_ = call(outbox, "snapshot", preview)
+    shown = Entry.from_json(raw)
+    assert (shown.text, shown.traceparent) == (text[:preview], TRACEPARENT)
