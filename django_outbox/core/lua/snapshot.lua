@@ -9,11 +9,11 @@
 -- items, newest first)}.
 --@include entry lease endings
 local PREVIEW = tonumber(ARGV[6] or '0') or 0
-local TEXT_MARK, MODEL_MARK = ',"text":"', ',"model":'
+local TEXT_MARK, MODEL_MARK, TRACE_MARK = ',"text":"', ',"model":', ',"traceparent":'
 
 -- The text is a JSON string in the content members (after MARK): a quote inside it is
--- always escaped, so the first ',"text":"' and the first ',"model":' after it are
--- structural. Characters are counted as JSON decodes them: an escape or a UTF-8
+-- always escaped, so the first ',"text":"' and the first ',"model":' (or, with no model,
+-- ',"traceparent":') after it are structural: what follows the text is kept as stored. Characters are counted as JSON decodes them: an escape or a UTF-8
 -- sequence is one.
 local function preview(raw)
   local content = string.find(raw, MARK, 1, true)
@@ -41,7 +41,7 @@ local function preview(raw)
   if string.byte(raw, i) == 34 then
     return raw
   end
-  local m = string.find(raw, MODEL_MARK, i, true)
+  local m = string.find(raw, MODEL_MARK, i, true) or string.find(raw, TRACE_MARK, i, true)
   return string.sub(raw, 1, i - 1) .. '"' .. (m and string.sub(raw, m) or '}')
 end
 
