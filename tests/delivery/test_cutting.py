@@ -8,10 +8,12 @@ worker's lease and its cut watch are the real ones.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from django_outbox import InterruptResult, SendNowResult, Verdict
+from django_outbox.core import cutting
 from django_outbox.core.cutting import CUT_POLL
 from django_outbox.errors import (
     AmbiguousError,
@@ -489,4 +491,56 @@ async def test_a_send_the_cut_stops_that_proves_nothing_arrived_ends_cancelled_u
     await outbox.adeliver_once(WS, SES, stopped_with_proof)
     assert calls == [first.id, second.id]
     assert first.id not in signals_log.ids("delivered")
+    await outbox.aclose()
+
+
+async def test_an_aborter_that_fails_is_logged_redacted_and_the_verifier_still_decides(
+    cutting_outbox, agent, caplog
+):
+    """A failed abort changes no outcome: the cut attempt is still verified. The warning
+    names the entry and carries the error as stored errors are (credentials removed:
+    docs/explanation/security.md), never the aborter's raw message."""
+
+    async def refusing_abort(entry, **kwargs):
+        raise RuntimeError("abort refused by http://user:s3cret@agent:4096/abort")
+
+    outbox = cutting_outbox(agent, aborter=refusing_abort)
+    first = await aaccept(outbox, "k1", "first")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    with caplog.at_level(logging.WARNING, "django_outbox"):
+        assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+        assert await asyncio.wait_for(step, 5)
+    [record] = [r for r in caplog.records if "abort of" in r.getMessage()]
+    message = record.getMessage()
+    assert message.startswith(f"outbox: abort of {WS}/{SES} {first.id} failed: RuntimeError: ")
+    assert "s3cret" not in message and "user:***@agent" in message
+    head = (await outbox.alist(WS, SES))[0]
+    assert (head.id, str(head.status), head.interrupted) == (first.id, "verifying", True)
+    await outbox.aclose()
+
+
+async def test_an_aborter_that_hangs_is_given_up_on_and_the_cut_goes_on(
+    cutting_outbox, agent, caplog, monkeypatch
+):
+    """The aborter is bounded (ABORT_TIMEOUT, made short here): one that never returns
+    does not hold the lease holder forever; the attempt ends unknown and is verified."""
+    monkeypatch.setattr(cutting, "ABORT_TIMEOUT", 0.2)
+    hung = asyncio.Event()
+
+    async def hanging_abort(entry, **kwargs):
+        hung.set()
+        await asyncio.Event().wait()
+
+    outbox = cutting_outbox(agent, aborter=hanging_abort)
+    first = await aaccept(outbox, "k1", "first")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    with caplog.at_level(logging.WARNING, "django_outbox"):
+        assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+        await asyncio.wait_for(hung.wait(), 5)
+        assert await asyncio.wait_for(step, 5)
+    assert f"abort of {WS}/{SES} {first.id} failed: TimeoutError" in caplog.text
+    head = (await outbox.alist(WS, SES))[0]
+    assert (head.id, str(head.status), head.interrupted) == (first.id, "verifying", True)
     await outbox.aclose()

@@ -103,6 +103,19 @@ def test_an_expired_prompt_is_retried_without_its_expiry_or_dismissed(make_outbo
     assert sent.texts == ["a"]
 
 
+def test_an_expiry_shorter_than_a_microsecond_still_expires_one_microsecond_later(make_outbox):
+    """Stored in microseconds: a positive expiresAfter below one rounds up to one
+    microsecond, never down to 0, which would mean "never expires"."""
+    clock = Clock()
+    outbox = make_outbox(clock=clock)
+    entry = accept(outbox, expires_after=1e-7)
+    assert entry.expires_at == "2030-03-17T17:46:40.000001Z"
+    clock.now = T0 + 1
+    sent = Sent()
+    step(outbox, sent)
+    assert sent.texts == [] and outbox.list(WS, SES)[0].status is Status.EXPIRED
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, "10", float("nan"), 31 * 24 * 3600])
 def test_expires_after_must_be_a_positive_number_of_seconds(outbox, bad):
     with pytest.raises(InvalidContent, match="expiresAfter"):
