@@ -228,6 +228,24 @@ def test_edit_replaces_text_and_model_in_place(outbox, signals_log):
     assert sent.texts == ["a, edited"]
 
 
+def test_an_edit_of_text_and_model_together_of_a_prompt_in_any_script(outbox, signals_log):
+    """Both given: both replaced in one edit. The compare-and-set reads the stored entry as
+    UTF-8, so a prompt with non-ASCII text is edited like any other (never BUSY)."""
+    entry = accept(outbox, "a", "caf\u00e9 \u2615 \u65e5\u672c", model={"id": "m1"})
+    result = outbox.edit(WS, SES, entry.id, text="th\u00e9 \U0001f375", model={"id": "m2"})
+    assert result is EditResult.UPDATED
+    [edited] = outbox.list(WS, SES)
+    assert (edited.text, edited.model) == ("th\u00e9 \U0001f375", {"id": "m2"})
+    assert outbox.edit(WS, SES, entry.id, model={"id": "m3"}) is EditResult.UPDATED
+    [edited] = outbox.list(WS, SES)
+    assert (edited.text, edited.model) == ("th\u00e9 \U0001f375", {"id": "m3"})
+    told = [e for e, kw in signals_log.calls["updated"] if kw["state"] == "edited"]
+    assert [(e.text, e.model) for e in told] == [
+        ("th\u00e9 \U0001f375", {"id": "m2"}),
+        ("th\u00e9 \U0001f375", {"id": "m3"}),
+    ]
+
+
 def test_a_resend_of_the_original_after_an_edit_is_a_duplicate(outbox):
     entry = accept(outbox, "k1", "original")
     assert outbox.edit(WS, SES, entry.id, text="changed") is EditResult.UPDATED
