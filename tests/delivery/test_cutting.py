@@ -544,3 +544,26 @@ async def test_an_aborter_that_hangs_is_given_up_on_and_the_cut_goes_on(
     head = (await outbox.alist(WS, SES))[0]
     assert (head.id, str(head.status), head.interrupted) == (first.id, "verifying", True)
     await outbox.aclose()
+
+
+async def test_the_cut_signal_expires_with_a_lease_and_a_repeated_cut_sets_it_again(
+    cutting_outbox, agent, r
+):
+    """The signal key names the cut entry for one lease's TTL (LOCK_TTL) and no longer: a
+    holder notices within that time or has lost its lease. Stop again ("already") sets it
+    again, for a holder that came after the first signal was gone."""
+    outbox = cutting_outbox(agent, lock_ttl=7)
+    unsure = await aaccept(outbox, "k1", "unsure")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    await outbox.adeliver_once(WS, SES, cut_off)  # verifying: its turn may still run
+    signal = outbox.keys.cut(WS, SES)
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+    assert r.get(signal) == unsure.id
+    assert 6000 < r.pttl(signal) <= 7000
+    r.delete(signal)
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.ALREADY
+    assert r.get(signal) == unsure.id and 6000 < r.pttl(signal) <= 7000
+    await outbox.aclose()
