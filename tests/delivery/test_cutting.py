@@ -567,3 +567,26 @@ async def test_the_cut_signal_expires_with_a_lease_and_a_repeated_cut_sets_it_ag
     assert await outbox.ainterrupt(WS, SES) is InterruptResult.ALREADY
     assert r.get(signal) == unsure.id and 6000 < r.pttl(signal) <= 7000
     await outbox.aclose()
+
+
+async def test_without_a_verifier_a_cut_delivery_waits_for_a_person_never_resent(
+    make_outbox, agent
+):
+    """No verifier: the cut attempt's outcome cannot be checked, so it is recorded
+    unverifiable at once (error, for a person to decide: docs/howto/cutting.md), never
+    left verifying with nothing to verify it, never sent again."""
+    outbox = make_outbox(deliverer=agent.deliver, aborter=agent.abort, retry_backoff=0.05)
+    first = await aaccept(outbox, "k1", "first")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+    assert await asyncio.wait_for(step, 5)
+    [head] = await outbox.alist(WS, SES)
+    assert (head.id, str(head.status), head.reason, head.interrupted) == (
+        first.id,
+        "error",
+        "unverifiable",
+        True,
+    )
+    assert agent.aborts == 1 and agent.transcript == [first.id]
+    await outbox.aclose()
