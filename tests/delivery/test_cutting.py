@@ -590,3 +590,42 @@ async def test_without_a_verifier_a_cut_delivery_waits_for_a_person_never_resent
     )
     assert agent.aborts == 1 and agent.transcript == [first.id]
     await outbox.aclose()
+
+
+async def test_stop_during_a_verification_aborts_the_turn_that_may_still_run(
+    make_outbox, agent, signals_log
+):
+    """The verification of an unsure delivery runs while the agent's turn may still run:
+    Stop then makes the holder call the aborter (within CUT_POLL), and the verifier's
+    answer stands (docs/howto/cutting.md)."""
+    checking, aborted = asyncio.Event(), asyncio.Event()
+
+    async def abort(entry, **kwargs):
+        aborted.set()
+
+    async def slow_verify(entry, **kwargs):
+        checking.set()
+        await asyncio.wait_for(aborted.wait(), 5)  # the agent answers once its turn ended
+        return Verdict.DELIVERED
+
+    outbox = make_outbox(
+        deliverer=agent.deliver, verifier=slow_verify, aborter=abort, verify_delay=0
+    )
+    unsure = await aaccept(outbox, "k1", "unsure")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    await outbox.adeliver_once(WS, SES, cut_off)
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(checking.wait(), 5)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+    await asyncio.wait_for(aborted.wait(), 10)
+    assert loop.time() - asked < 1.5  # looked at every 0.25 s (docs/howto/cutting.md)
+    assert await asyncio.wait_for(step, 10)
+    assert await outbox.alist(WS, SES) == []
+    [(done, _)] = signals_log.calls["delivered"]
+    assert (done.id, done.interrupted) == (unsure.id, True)
+    await outbox.aclose()
