@@ -547,7 +547,7 @@ async def test_an_aborter_that_hangs_is_given_up_on_and_the_cut_goes_on(
 
 
 async def test_the_cut_signal_expires_with_a_lease_and_a_repeated_cut_sets_it_again(
-    cutting_outbox, agent, r
+    cutting_outbox, agent, r, signals_log
 ):
     """The signal key names the cut entry for one lease's TTL (LOCK_TTL) and no longer: a
     holder notices within that time or has lost its lease. Stop again ("already") sets it
@@ -563,6 +563,10 @@ async def test_the_cut_signal_expires_with_a_lease_and_a_repeated_cut_sets_it_ag
     assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
     assert r.get(signal) == unsure.id
     assert 6000 < r.pttl(signal) <= 7000
+    # Watchers see the entry as it is: still verifying, now interrupted (its outcome is
+    # not known yet, so not "cancelled").
+    [(told, kw)] = [(e, kw) for e, kw in signals_log.calls["updated"] if e.interrupted]
+    assert (told.id, kw["state"]) == (unsure.id, "verifying")
     r.delete(signal)
     assert await outbox.ainterrupt(WS, SES) is InterruptResult.ALREADY
     assert r.get(signal) == unsure.id and 6000 < r.pttl(signal) <= 7000

@@ -392,7 +392,8 @@ def test_nothing_moves_ahead_of_the_prompt_in_flight(outbox):
 
 def test_move_refuses_bad_input(outbox):
     a, b = accept(outbox, "a"), accept(outbox, "b")
-    for kwargs in ({}, {"to": "first"}, {"to": "next", "before": a.id}, {"before": b.id}):
+    bad = ({}, {"to": "first"}, {"to": "next", "before": a.id}, {"before": b.id})
+    for kwargs in (*bad, {"to": "NEXT"}, {"to": "Last"}, {"to": " next"}, {"to": ""}):
         with pytest.raises(InvalidContent):
             outbox.move(WS, SES, b.id, **kwargs)
     assert outbox.move(WS, SES, b.id, before="gone") is MoveResult.NOT_FOUND
