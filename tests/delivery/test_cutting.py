@@ -218,6 +218,11 @@ async def test_send_now_makes_a_prompt_next_and_cuts_the_running_turn(
     assert await outbox.asend_now(WS, SES, "gone") is SendNowResult.NOT_FOUND
     moved = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == urgent.id]
     assert moved[-1] == "moved"
+    # The cut one is told in its own state, now interrupted: it did not move.
+    cut = [
+        (kw["state"], e.interrupted) for e, kw in signals_log.calls["updated"] if e.id == running.id
+    ]
+    assert cut[-1] == ("delivering", True)
     await asyncio.wait_for(step, 5)
     # The cut turn is verified first, then the urgent prompt goes, then the rest.
     assert [e.id for e in await outbox.alist(WS, SES)] == [running.id, urgent.id, second.id]
