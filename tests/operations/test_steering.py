@@ -773,3 +773,18 @@ def test_an_edit_is_held_to_the_model_allow_list(make_outbox):
         outbox.edit(WS, SES, entry.id, model={"providerID": "openai", "modelID": "gpt-5"})
     assert outbox.list(WS, SES)[0].model == {"providerID": "anthropic", "modelID": "claude"}
     assert outbox.edit(WS, SES, entry.id, text="only the text") is EditResult.UPDATED
+
+
+def test_every_steering_change_counts_once_in_the_history_and_no_change_never(outbox):
+    """Edit, move (to the end, to next, before another) and cancel each count one
+    operator change ('x') in the per-minute history (docs/howto/observe.md); a move to
+    where the prompt already stands changes nothing and counts nothing."""
+    a, b, c = accept(outbox, "a"), accept(outbox, "b"), accept(outbox, "c")
+    assert outbox.edit(WS, SES, a.id, text="a2") is EditResult.UPDATED
+    assert outbox.move(WS, SES, a.id, to="last") is MoveResult.MOVED
+    assert outbox.move(WS, SES, a.id, to="next") is MoveResult.MOVED
+    assert outbox.move(WS, SES, c.id, before=b.id) is MoveResult.MOVED
+    assert outbox.cancel(WS, SES, b.id) is CancelResult.REMOVED
+    assert queued(outbox) == ["a2", "c"]
+    assert outbox.move(WS, SES, c.id, to="last") is MoveResult.MOVED  # already there
+    assert outbox.history(minutes=2, workspace_id=WS).total("x") == 5
