@@ -264,6 +264,11 @@ def test_edit_with_a_stale_version_changes_nothing(outbox):
     assert outbox.edit(WS, SES, entry.id, text="x", if_version=stale) is (
         EditResult.VERSION_MISMATCH
     )
+    # A version the session has not reached yet is no match either (If-Match is equality).
+    ahead = outbox.snapshot(WS, SES).version + 1
+    assert outbox.edit(WS, SES, entry.id, text="x", if_version=ahead) is (
+        EditResult.VERSION_MISMATCH
+    )
     assert outbox.list(WS, SES)[0].text == "a"
 
 
