@@ -638,3 +638,34 @@ async def test_stop_during_a_verification_aborts_the_turn_that_may_still_run(
     [(done, _)] = signals_log.calls["delivered"]
     assert (done.id, done.interrupted) == (unsure.id, True)
     await outbox.aclose()
+
+
+async def test_send_now_never_jumps_a_verification_behind_an_entry_waiting_for_a_person(
+    make_outbox, agent
+):
+    """The prompt sent now goes in front of the first *pending* entry: an expired entry at
+    the head (waiting for a person) does not make it jump the verification behind that
+    entry, whose cut turn is verified before anything new is sent (docs/howto/cutting.md)."""
+    now = [1_900_000_000.0]
+    outbox = make_outbox(
+        deliverer=agent.deliver, verifier=agent.verify, aborter=agent.abort, clock=lambda: now[0]
+    )
+    stale = await aaccept(outbox, "k1", "stale", expires_after=1)
+    unsure = await aaccept(outbox, "k2", "unsure")
+    later = await aaccept(outbox, "k3", "later")
+    urgent = await aaccept(outbox, "k4", "urgent")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    now[0] += 2  # the head expires as it is claimed; the next one's outcome is unknown
+    await outbox.adeliver_once(WS, SES, cut_off)
+    assert await outbox.asend_now(WS, SES, urgent.id) is SendNowResult.CUT
+    listed = [(e.id, str(e.status)) for e in await outbox.alist(WS, SES)]
+    assert listed == [
+        (stale.id, "expired"),
+        (unsure.id, "verifying"),
+        (urgent.id, "pending"),
+        (later.id, "pending"),
+    ]
+    await outbox.aclose()
