@@ -8,10 +8,12 @@ worker's lease and its cut watch are the real ones.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from django_outbox import InterruptResult, SendNowResult, Verdict
+from django_outbox.core import cutting
 from django_outbox.core.cutting import CUT_POLL
 from django_outbox.errors import (
     AmbiguousError,
@@ -216,6 +218,11 @@ async def test_send_now_makes_a_prompt_next_and_cuts_the_running_turn(
     assert await outbox.asend_now(WS, SES, "gone") is SendNowResult.NOT_FOUND
     moved = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == urgent.id]
     assert moved[-1] == "moved"
+    # The cut one is told in its own state, now interrupted: it did not move.
+    cut = [
+        (kw["state"], e.interrupted) for e, kw in signals_log.calls["updated"] if e.id == running.id
+    ]
+    assert cut[-1] == ("delivering", True)
     await asyncio.wait_for(step, 5)
     # The cut turn is verified first, then the urgent prompt goes, then the rest.
     assert [e.id for e in await outbox.alist(WS, SES)] == [running.id, urgent.id, second.id]
@@ -489,4 +496,176 @@ async def test_a_send_the_cut_stops_that_proves_nothing_arrived_ends_cancelled_u
     await outbox.adeliver_once(WS, SES, stopped_with_proof)
     assert calls == [first.id, second.id]
     assert first.id not in signals_log.ids("delivered")
+    await outbox.aclose()
+
+
+async def test_an_aborter_that_fails_is_logged_redacted_and_the_verifier_still_decides(
+    cutting_outbox, agent, caplog
+):
+    """A failed abort changes no outcome: the cut attempt is still verified. The warning
+    names the entry and carries the error as stored errors are (credentials removed:
+    docs/explanation/security.md), never the aborter's raw message."""
+
+    async def refusing_abort(entry, **kwargs):
+        raise RuntimeError("abort refused by http://user:s3cret@agent:4096/abort")
+
+    outbox = cutting_outbox(agent, aborter=refusing_abort)
+    first = await aaccept(outbox, "k1", "first")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    with caplog.at_level(logging.WARNING, "django_outbox"):
+        assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+        assert await asyncio.wait_for(step, 5)
+    [record] = [r for r in caplog.records if "abort of" in r.getMessage()]
+    message = record.getMessage()
+    assert message.startswith(f"outbox: abort of {WS}/{SES} {first.id} failed: RuntimeError: ")
+    assert "s3cret" not in message and "user:***@agent" in message
+    head = (await outbox.alist(WS, SES))[0]
+    assert (head.id, str(head.status), head.interrupted) == (first.id, "verifying", True)
+    await outbox.aclose()
+
+
+async def test_an_aborter_that_hangs_is_given_up_on_and_the_cut_goes_on(
+    cutting_outbox, agent, caplog, monkeypatch
+):
+    """The aborter is bounded (ABORT_TIMEOUT, made short here): one that never returns
+    does not hold the lease holder forever; the attempt ends unknown and is verified."""
+    monkeypatch.setattr(cutting, "ABORT_TIMEOUT", 0.2)
+    hung = asyncio.Event()
+
+    async def hanging_abort(entry, **kwargs):
+        hung.set()
+        await asyncio.Event().wait()
+
+    outbox = cutting_outbox(agent, aborter=hanging_abort)
+    first = await aaccept(outbox, "k1", "first")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    with caplog.at_level(logging.WARNING, "django_outbox"):
+        assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+        await asyncio.wait_for(hung.wait(), 5)
+        assert await asyncio.wait_for(step, 5)
+    assert f"abort of {WS}/{SES} {first.id} failed: TimeoutError" in caplog.text
+    head = (await outbox.alist(WS, SES))[0]
+    assert (head.id, str(head.status), head.interrupted) == (first.id, "verifying", True)
+    await outbox.aclose()
+
+
+async def test_the_cut_signal_expires_with_a_lease_and_a_repeated_cut_sets_it_again(
+    cutting_outbox, agent, r, signals_log
+):
+    """The signal key names the cut entry for one lease's TTL (LOCK_TTL) and no longer: a
+    holder notices within that time or has lost its lease. Stop again ("already") sets it
+    again, for a holder that came after the first signal was gone."""
+    outbox = cutting_outbox(agent, lock_ttl=7)
+    unsure = await aaccept(outbox, "k1", "unsure")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    await outbox.adeliver_once(WS, SES, cut_off)  # verifying: its turn may still run
+    signal = outbox.keys.cut(WS, SES)
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+    assert r.get(signal) == unsure.id
+    assert 6000 < r.pttl(signal) <= 7000
+    # Watchers see the entry as it is: still verifying, now interrupted (its outcome is
+    # not known yet, so not "cancelled").
+    [(told, kw)] = [(e, kw) for e, kw in signals_log.calls["updated"] if e.interrupted]
+    assert (told.id, kw["state"]) == (unsure.id, "verifying")
+    r.delete(signal)
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.ALREADY
+    assert r.get(signal) == unsure.id and 6000 < r.pttl(signal) <= 7000
+    await outbox.aclose()
+
+
+async def test_without_a_verifier_a_cut_delivery_waits_for_a_person_never_resent(
+    make_outbox, agent
+):
+    """No verifier: the cut attempt's outcome cannot be checked, so it is recorded
+    unverifiable at once (error, for a person to decide: docs/howto/cutting.md), never
+    left verifying with nothing to verify it, never sent again."""
+    outbox = make_outbox(deliverer=agent.deliver, aborter=agent.abort, retry_backoff=0.05)
+    first = await aaccept(outbox, "k1", "first")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+    assert await asyncio.wait_for(step, 5)
+    [head] = await outbox.alist(WS, SES)
+    assert (head.id, str(head.status), head.reason, head.interrupted) == (
+        first.id,
+        "error",
+        "unverifiable",
+        True,
+    )
+    assert agent.aborts == 1 and agent.transcript == [first.id]
+    await outbox.aclose()
+
+
+async def test_stop_during_a_verification_aborts_the_turn_that_may_still_run(
+    make_outbox, agent, signals_log
+):
+    """The verification of an unsure delivery runs while the agent's turn may still run:
+    Stop then makes the holder call the aborter (within CUT_POLL), and the verifier's
+    answer stands (docs/howto/cutting.md)."""
+    checking, aborted = asyncio.Event(), asyncio.Event()
+
+    async def abort(entry, **kwargs):
+        aborted.set()
+
+    async def slow_verify(entry, **kwargs):
+        checking.set()
+        await asyncio.wait_for(aborted.wait(), 5)  # the agent answers once its turn ended
+        return Verdict.DELIVERED
+
+    outbox = make_outbox(
+        deliverer=agent.deliver, verifier=slow_verify, aborter=abort, verify_delay=0
+    )
+    unsure = await aaccept(outbox, "k1", "unsure")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    await outbox.adeliver_once(WS, SES, cut_off)
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(checking.wait(), 5)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+    await asyncio.wait_for(aborted.wait(), 10)
+    assert loop.time() - asked < 1.5  # looked at every 0.25 s (docs/howto/cutting.md)
+    assert await asyncio.wait_for(step, 10)
+    assert await outbox.alist(WS, SES) == []
+    [(done, _)] = signals_log.calls["delivered"]
+    assert (done.id, done.interrupted) == (unsure.id, True)
+    await outbox.aclose()
+
+
+async def test_send_now_never_jumps_a_verification_behind_an_entry_waiting_for_a_person(
+    make_outbox, agent
+):
+    """The prompt sent now goes in front of the first *pending* entry: an expired entry at
+    the head (waiting for a person) does not make it jump the verification behind that
+    entry, whose cut turn is verified before anything new is sent (docs/howto/cutting.md)."""
+    now = [1_900_000_000.0]
+    outbox = make_outbox(
+        deliverer=agent.deliver, verifier=agent.verify, aborter=agent.abort, clock=lambda: now[0]
+    )
+    stale = await aaccept(outbox, "k1", "stale", expires_after=1)
+    unsure = await aaccept(outbox, "k2", "unsure")
+    later = await aaccept(outbox, "k3", "later")
+    urgent = await aaccept(outbox, "k4", "urgent")
+
+    async def cut_off(entry, **kwargs):
+        raise AmbiguousError("connection cut mid-turn")
+
+    now[0] += 2  # the head expires as it is claimed; the next one's outcome is unknown
+    await outbox.adeliver_once(WS, SES, cut_off)
+    assert await outbox.asend_now(WS, SES, urgent.id) is SendNowResult.CUT
+    listed = [(e.id, str(e.status)) for e in await outbox.alist(WS, SES)]
+    assert listed == [
+        (stale.id, "expired"),
+        (unsure.id, "verifying"),
+        (urgent.id, "pending"),
+        (later.id, "pending"),
+    ]
     await outbox.aclose()

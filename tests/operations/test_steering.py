@@ -103,6 +103,19 @@ def test_an_expired_prompt_is_retried_without_its_expiry_or_dismissed(make_outbo
     assert sent.texts == ["a"]
 
 
+def test_an_expiry_shorter_than_a_microsecond_still_expires_one_microsecond_later(make_outbox):
+    """Stored in microseconds: a positive expiresAfter below one rounds up to one
+    microsecond, never down to 0, which would mean "never expires"."""
+    clock = Clock()
+    outbox = make_outbox(clock=clock)
+    entry = accept(outbox, expires_after=1e-7)
+    assert entry.expires_at == "2030-03-17T17:46:40.000001Z"
+    clock.now = T0 + 1
+    sent = Sent()
+    step(outbox, sent)
+    assert sent.texts == [] and outbox.list(WS, SES)[0].status is Status.EXPIRED
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, "10", float("nan"), 31 * 24 * 3600])
 def test_expires_after_must_be_a_positive_number_of_seconds(outbox, bad):
     with pytest.raises(InvalidContent, match="expiresAfter"):
@@ -215,6 +228,24 @@ def test_edit_replaces_text_and_model_in_place(outbox, signals_log):
     assert sent.texts == ["a, edited"]
 
 
+def test_an_edit_of_text_and_model_together_of_a_prompt_in_any_script(outbox, signals_log):
+    """Both given: both replaced in one edit. The compare-and-set reads the stored entry as
+    UTF-8, so a prompt with non-ASCII text is edited like any other (never BUSY)."""
+    entry = accept(outbox, "a", "caf\u00e9 \u2615 \u65e5\u672c", model={"id": "m1"})
+    result = outbox.edit(WS, SES, entry.id, text="th\u00e9 \U0001f375", model={"id": "m2"})
+    assert result is EditResult.UPDATED
+    [edited] = outbox.list(WS, SES)
+    assert (edited.text, edited.model) == ("th\u00e9 \U0001f375", {"id": "m2"})
+    assert outbox.edit(WS, SES, entry.id, model={"id": "m3"}) is EditResult.UPDATED
+    [edited] = outbox.list(WS, SES)
+    assert (edited.text, edited.model) == ("th\u00e9 \U0001f375", {"id": "m3"})
+    told = [e for e, kw in signals_log.calls["updated"] if kw["state"] == "edited"]
+    assert [(e.text, e.model) for e in told] == [
+        ("th\u00e9 \U0001f375", {"id": "m2"}),
+        ("th\u00e9 \U0001f375", {"id": "m3"}),
+    ]
+
+
 def test_a_resend_of_the_original_after_an_edit_is_a_duplicate(outbox):
     entry = accept(outbox, "k1", "original")
     assert outbox.edit(WS, SES, entry.id, text="changed") is EditResult.UPDATED
@@ -231,6 +262,11 @@ def test_edit_with_a_stale_version_changes_nothing(outbox):
     stale = outbox.snapshot(WS, SES).version
     accept(outbox, "b")
     assert outbox.edit(WS, SES, entry.id, text="x", if_version=stale) is (
+        EditResult.VERSION_MISMATCH
+    )
+    # A version the session has not reached yet is no match either (If-Match is equality).
+    ahead = outbox.snapshot(WS, SES).version + 1
+    assert outbox.edit(WS, SES, entry.id, text="x", if_version=ahead) is (
         EditResult.VERSION_MISMATCH
     )
     assert outbox.list(WS, SES)[0].text == "a"
@@ -361,7 +397,8 @@ def test_nothing_moves_ahead_of_the_prompt_in_flight(outbox):
 
 def test_move_refuses_bad_input(outbox):
     a, b = accept(outbox, "a"), accept(outbox, "b")
-    for kwargs in ({}, {"to": "first"}, {"to": "next", "before": a.id}, {"before": b.id}):
+    bad = ({}, {"to": "first"}, {"to": "next", "before": a.id}, {"before": b.id})
+    for kwargs in (*bad, {"to": "NEXT"}, {"to": "Last"}, {"to": " next"}, {"to": ""}):
         with pytest.raises(InvalidContent):
             outbox.move(WS, SES, b.id, **kwargs)
     assert outbox.move(WS, SES, b.id, before="gone") is MoveResult.NOT_FOUND
@@ -741,3 +778,18 @@ def test_an_edit_is_held_to_the_model_allow_list(make_outbox):
         outbox.edit(WS, SES, entry.id, model={"providerID": "openai", "modelID": "gpt-5"})
     assert outbox.list(WS, SES)[0].model == {"providerID": "anthropic", "modelID": "claude"}
     assert outbox.edit(WS, SES, entry.id, text="only the text") is EditResult.UPDATED
+
+
+def test_every_steering_change_counts_once_in_the_history_and_no_change_never(outbox):
+    """Edit, move (to the end, to next, before another) and cancel each count one
+    operator change ('x') in the per-minute history (docs/howto/observe.md); a move to
+    where the prompt already stands changes nothing and counts nothing."""
+    a, b, c = accept(outbox, "a"), accept(outbox, "b"), accept(outbox, "c")
+    assert outbox.edit(WS, SES, a.id, text="a2") is EditResult.UPDATED
+    assert outbox.move(WS, SES, a.id, to="last") is MoveResult.MOVED
+    assert outbox.move(WS, SES, a.id, to="next") is MoveResult.MOVED
+    assert outbox.move(WS, SES, c.id, before=b.id) is MoveResult.MOVED
+    assert outbox.cancel(WS, SES, b.id) is CancelResult.REMOVED
+    assert queued(outbox) == ["a2", "c"]
+    assert outbox.move(WS, SES, c.id, to="last") is MoveResult.MOVED  # already there
+    assert outbox.history(minutes=2, workspace_id=WS).total("x") == 5

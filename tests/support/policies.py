@@ -27,3 +27,10 @@ def own_workspace_steering(user, workspace_id, session_id, action):
     if action in ("cancel", "edit", "move"):
         return own_workspace(user, workspace_id, session_id, "accept")
     return own_workspace(user, workspace_id, session_id, action)
+
+
+@session_scoped(any_session)
+def all_but_interrupt(user, workspace_id, session_id, action):
+    """Any active user may do everything in any workspace except ``interrupt`` (cutting a
+    running turn): the rarer action's own check is then the only thing refusing it."""
+    return getattr(user, "is_active", False) and action != "interrupt"

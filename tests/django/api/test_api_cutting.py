@@ -95,6 +95,23 @@ def test_interrupt_needs_the_interrupt_action_in_the_workspace(django_user_model
     assert bob.post(f"{BASE}messages/x/send-now/").status_code == 403
 
 
+@override_settings(
+    OUTBOX={"ACCESS_POLICY": "tests.support.policies.all_but_interrupt", "ABORTER": ABORTER}
+)
+def test_stop_and_send_now_need_interrupt_itself_not_another_action(alice):
+    """A user who may accept, move, cancel and edit but not ``interrupt`` can cut nothing:
+    Stop, send-now and an interrupting accept answer 403 and change nothing."""
+    first, second = _accept(alice, "k1", "one"), _accept(alice, "k2", "two")
+    for url in (f"{BASE}interrupt/", f"{BASE}messages/{second}/send-now/"):
+        response = alice.post(url)
+        assert (response.status_code, response.json()["code"]) == (403, "permission_denied")
+    assert (
+        alice.post(f"{BASE}messages/{second}/move/", {"to": "next"}, format="json").status_code
+        == 200
+    )
+    assert [e.id for e in get_outbox().list("alice", "s1")] == [second, first]
+
+
 def _interrupting(client, cmid: str, text: str):
     body = {"clientMessageID": cmid, "text": text, "ifBusy": "interrupt"}
     return client.post(f"{BASE}messages/", body, format="json")
