@@ -519,7 +519,7 @@ def test_the_warning_shows_three_members_and_says_when_there_are_more(
 
 @pytest.mark.standalone
 def test_server_settings_never_name_the_node_with_its_password(outbox):
-    """A node is shown to staff by its URL, credentials masked (docs/reference/checks.md):
+    """A node is shown to staff by its URL, credentials masked (docs/howto/valkey.md):
     the nopass default user takes any password, so the probe connects with one."""
     url = outbox.url.replace("redis://", "redis://default:s3cret-pw@", 1)
     for server in (*read_server_settings(url), *outbox.server_settings()):
@@ -543,7 +543,7 @@ def test_an_entry_search_reads_exactly_max_sessions_and_counts_them_all(outbox):
 
 def test_most_overdue_is_the_session_due_first(outbox):
     """The session waiting longest past its due time, with that time in epoch seconds
-    (docs/reference/checks.md); None when nothing is due."""
+    (docs/howto/observe.md, ``outbox status``); None when nothing is due."""
     assert outbox.most_overdue() is None
     before = time.time()
     accept(outbox, "wb", "first", "a")
