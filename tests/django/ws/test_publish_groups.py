@@ -3,8 +3,12 @@ Channels group (django_outbox/ws/publish.py; docs/reference/websocket.md)."""
 
 from __future__ import annotations
 
+import logging
+
+from django.test import override_settings
+
 from django_outbox.outbox import get_outbox
-from tests.django.ws.test_consumer import STAFF, close_all, communicator, layers, receive
+from tests.django.ws.test_consumer import STAFF, close_all, communicator, layers, receive, watch
 from tests.support.helpers import aaccept
 
 __all__ = ["layers"]  # the fixture, imported for this module's tests
@@ -26,3 +30,28 @@ async def test_sessions_whose_ids_run_together_alike_never_share_updates(layers)
     assert (update["workspaceID"], update["sessionID"]) == ("alic", "es1")
     assert update["entry"]["clientMessageID"] == "for-alic"
     await close_all(own, other)
+
+
+async def test_a_config_that_only_stops_the_old_logger_propagating_still_gets_its_records(
+    valkey, caplog, capsys
+):
+    """A logging config that still names the 0.1.0 logger ``django_outbox.events`` with
+    nothing but ``propagate: False`` keeps getting the publisher's records there
+    (CHANGELOG: the deprecated logger name): they never reach the root logger's handlers."""
+    unreachable = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
+        }
+    }
+    old = logging.getLogger("django_outbox.events")
+    old.propagate = False
+    try:
+        with override_settings(CHANNEL_LAYERS=unreachable):
+            watch(get_outbox(), "w1", "s1")
+            await aaccept(get_outbox(), "k1")
+            await get_outbox().aclose()
+    finally:
+        old.propagate = True
+    assert not [r for r in caplog.records if "could not publish" in r.getMessage()]
+    assert "could not publish" in capsys.readouterr().err  # the old logger's, unhandled
