@@ -8,6 +8,8 @@ import logging
 from django.test import override_settings
 
 from django_outbox.outbox import get_outbox
+from django_outbox.signals import entry_updated
+from django_outbox.ws import publish
 from tests.django.ws.test_consumer import STAFF, close_all, communicator, layers, receive, watch
 from tests.support.helpers import aaccept
 
@@ -55,3 +57,23 @@ async def test_a_config_that_only_stops_the_old_logger_propagating_still_gets_it
         old.propagate = True
     assert not [r for r in caplog.records if "could not publish" in r.getMessage()]
     assert "could not publish" in capsys.readouterr().err  # the old logger's, unhandled
+
+
+async def test_an_unwatched_session_publishes_nothing_even_when_its_events_are_built(layers):
+    """A receiver of ``entry_updated`` makes the outbox build every event, watched or not;
+    the publisher still sends nothing for a session no socket watches
+    (docs/reference/websocket.md: events of unwatched sessions are not published)."""
+    seen = []
+
+    def receiver(sender, entry, **kwargs):
+        seen.append(entry.client_message_id)
+
+    entry_updated.connect(receiver, dispatch_uid="test-unwatched")
+    try:
+        before = publish.stats.published
+        await aaccept(get_outbox(), "k-unwatched", ws="alice", ses="nobody")
+        assert seen == ["k-unwatched"]
+        assert publish.stats.published == before
+        await get_outbox().aclose()
+    finally:
+        entry_updated.disconnect(dispatch_uid="test-unwatched")
