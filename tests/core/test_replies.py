@@ -6,6 +6,8 @@ from django_outbox import Entry
 from django_outbox.core.entry import format_time, new_entry_id
 from django_outbox.core.replies import AcceptReply, SettleReply
 from tests.core.test_scripts import NOW, SES, WS, accept_args, call, seed, settle
+from tests.operations.test_steering import Parts, step
+from tests.support.helpers import accept
 
 
 def test_a_replayed_accept_into_a_parked_workspace_still_says_it_is_held(outbox):
@@ -43,3 +45,17 @@ def test_a_replayed_delivered_settle_counts_as_the_delivery(outbox):
     assert (first.kind, first.delivered) == ("removed", True)
     assert (replay.kind, replay.replayed, replay.delivered) == ("replayed", "removed", True)
     assert (lost.kind, lost.delivered) == ("lost", False)
+
+
+def test_an_outbox_on_a_decoding_connection_still_sends_a_merged_message_whole(make_outbox, valkey):
+    """A ``VALKEY_URL`` may ask redis-py for decoded replies (``?decode_responses=true``):
+    the scripts then answer ``str``, and a merged delivery's members must still be read as
+    members, not as recovered entries (docs/howto/steering.md#merging)."""
+    url = valkey + ("&" if "?" in valkey else "?") + "decode_responses=true"
+    outbox = make_outbox(url=url)
+    for key in ("a", "b", "c"):
+        accept(outbox, key, if_busy="merge")
+    parts = Parts()
+    assert step(outbox, parts)
+    assert parts.messages == [["a", "b", "c"]]
+    assert outbox.list(WS, SES) == []
