@@ -2,12 +2,13 @@
 less common paths: a replayed accept into a parked workspace, a replayed delivered-settle
 (docs/explanation/storage.md "The Lua scripts")."""
 
+import asyncio
+
 from django_outbox import Entry
 from django_outbox.core.entry import format_time, new_entry_id
 from django_outbox.core.replies import AcceptReply, SettleReply
-from tests.core.test_scripts import NOW, SES, WS, accept_args, call, seed, settle
-from tests.operations.test_steering import Parts, step
 from tests.support.helpers import accept
+from tests.support.script_calls import NOW, SES, WS, accept_args, call, seed, settle
 
 
 def test_a_replayed_accept_into_a_parked_workspace_still_says_it_is_held(outbox):
@@ -55,7 +56,17 @@ def test_an_outbox_on_a_decoding_connection_still_sends_a_merged_message_whole(m
     outbox = make_outbox(url=url)
     for key in ("a", "b", "c"):
         accept(outbox, key, if_busy="merge")
-    parts = Parts()
-    assert step(outbox, parts)
-    assert parts.messages == [["a", "b", "c"]]
+    messages = []
+
+    async def deliver(entry, **kwargs):
+        messages.append(list(entry.parts or (entry.text,)))
+
+    async def once():
+        try:
+            return await outbox.adeliver_once(WS, SES, deliverer=deliver)
+        finally:
+            await outbox.aclose()
+
+    assert asyncio.run(once())
+    assert messages == [["a", "b", "c"]]
     assert outbox.list(WS, SES) == []

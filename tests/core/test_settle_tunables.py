@@ -2,20 +2,13 @@
 (core/scripts.py settle_argv; docs/reference/settings.md): a tunable sent in another's place
 only shows where the two differ, which the shared test settings never make them."""
 
-import dataclasses
-
 from django_outbox import Entry
 from django_outbox.core.entry import parse_time
-from django_outbox.core.scripts import settle_argv
-from django_outbox.core.step import RECEIPT_TTL_MS
-from tests.core.test_scripts import NOW, call, seed
+from tests.support.script_calls import NOW, call, seed, settle
 
 
 def settle_with(outbox, entry_id, outcome, **tunables):
-    config = dataclasses.replace(outbox.config, **tunables)
-    return call(
-        outbox, "settle", *settle_argv("tok", entry_id, outcome, "", config, RECEIPT_TTL_MS)
-    )
+    return settle(outbox, "tok", entry_id, outcome, **tunables)
 
 
 def test_an_inconclusive_verification_waits_at_most_max_verify_backoff(outbox):

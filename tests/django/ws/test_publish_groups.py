@@ -3,17 +3,56 @@ Channels group (django_outbox/ws/publish.py; docs/reference/websocket.md)."""
 
 from __future__ import annotations
 
+import json
 import logging
+from types import SimpleNamespace
 
+import pytest
+import redis
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from django_outbox.outbox import get_outbox
 from django_outbox.signals import entry_updated
 from django_outbox.ws import publish
-from tests.django.ws.test_consumer import STAFF, close_all, communicator, layers, receive, watch
+from django_outbox.ws.routing import websocket_urlpatterns
 from tests.support.helpers import aaccept
 
-__all__ = ["layers"]  # the fixture, imported for this module's tests
+STAFF = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=True, username="staff")
+ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
+
+
+@pytest.fixture
+def layers(valkey):
+    config = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
+        }
+    }
+    policy = "tests.support.policies.own_workspace"
+    with override_settings(CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": policy}):
+        yield config
+
+
+def communicator(ws, ses, user=ALICE):
+    comm = WebsocketCommunicator(
+        URLRouter(websocket_urlpatterns), f"/ws/outbox/workspaces/{ws}/sessions/{ses}/"
+    )
+    comm.scope["user"] = user
+    return comm
+
+
+async def receive(comm, timeout=5):
+    return json.loads(await comm.receive_from(timeout))
+
+
+def watch(outbox, ws, ses):
+    """Count a watcher by hand (what the consumer does on connect)."""
+    client = redis.Redis.from_url(outbox.url)
+    client.set(outbox.keys.session(ws, ses).watch, 1)
+    client.close()
 
 
 async def test_sessions_whose_ids_run_together_alike_never_share_updates(layers):
@@ -31,7 +70,9 @@ async def test_sessions_whose_ids_run_together_alike_never_share_updates(layers)
     update = await receive(other)  # published after alice's: it would come second
     assert (update["workspaceID"], update["sessionID"]) == ("alic", "es1")
     assert update["entry"]["clientMessageID"] == "for-alic"
-    await close_all(own, other)
+    await own.disconnect()
+    await other.disconnect()
+    await get_outbox().aclose()
 
 
 async def test_a_config_that_only_stops_the_old_logger_propagating_still_gets_its_records(

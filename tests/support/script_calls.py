@@ -1,0 +1,57 @@
+"""Calling one Lua script directly against the test Valkey, for tests of what a script
+answers (core/scripts.py's ARGV builders, core/replies.py's typed replies)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django_outbox import Entry
+from django_outbox.core.entry import format_time, new_entry_id
+from django_outbox.core.scripts import accept_argv, seed_argv, settle_argv
+from django_outbox.core.step import RECEIPT_TTL_MS
+
+WS, SES = "w1", "s1"
+NOW = 1_764_466_959_000_000  # microseconds
+
+
+def decode(value: Any) -> Any:
+    """A script's answer with bytes as str, nested lists included."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return value
+
+
+def call(outbox, name: str, *args: Any, now: int = NOW, ses: str = SES, extra_keys=()) -> Any:
+    """Run script ``name`` with the session layout of ``WS``/``ses``, ``now`` in us."""
+    return decode(outbox.run_script(name, WS, ses, args, extra_keys=extra_keys, now_us=now))
+
+
+def seed(outbox, *, status: str = "pending", accepted: int = NOW, **state: Any) -> Entry:
+    """Store an entry as it would be in ``status`` (staged when delivering)."""
+    entry = Entry(
+        id=new_entry_id(accepted // 1000),
+        client_message_id="k-" + new_entry_id(),
+        user_id="u",
+        text="t",
+        accepted_at=format_time(accepted),
+        status=status,
+        **state,
+    )
+    answer = call(outbox, "seed", *seed_argv(entry.to_json(), entry.id, status == "delivering"))
+    assert answer[0] == "ok"
+    return entry
+
+
+def accept_args(entry: Entry, fp: str = "fp1", cap: int = 25, ttl: int = 60_000) -> list[Any]:
+    """ARGV of ``accept.lua`` for ``entry`` by user ``u``."""
+    return accept_argv(entry.to_json(), entry.id, fp, cap, ttl, entry.client_message_id, "u")
+
+
+def settle(outbox, token: str, entry_id: str, outcome: str, **tunables: Any) -> Any:
+    """Run ``settle.lua`` with the outbox's config, ``tunables`` replaced."""
+    config = dataclasses.replace(outbox.config, **tunables)
+    args = settle_argv(token, entry_id, outcome, "", config, RECEIPT_TTL_MS)
+    return call(outbox, "settle", *args)
