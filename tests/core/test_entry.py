@@ -243,3 +243,41 @@ def test_fresh_entry_json_is_to_json_of_a_fresh_entry(text, model):
     assert (
         fresh_entry_json(entry.id, entry.accepted_at, "k-1", "42", text, model) == entry.to_json()
     )
+
+
+@pytest.mark.parametrize(
+    "member, value",
+    [
+        ("attempts", True),  # a boolean is not a count, though Python calls it an int
+        ("holds", False),
+        ("verifyAttempts", 1.5),  # a fractional count is refused, never truncated
+        ("interrupted", 1),  # a flag is a JSON boolean, not a number equal to one
+        ("acceptedAt", "2026-13-01T00:00:00.000000Z"),  # the fixed-width form, month 13
+        ("nextAttemptAt", "2026-02-30T00:00:00.000000Z"),
+    ],
+)
+def test_a_stored_entry_with_a_member_of_the_wrong_kind_is_refused(member, value):
+    """A stored entry is read strictly (docs/explanation/storage.md): a member of the wrong
+    type or an impossible date is corrupt data, refused with ``ValueError``."""
+    with pytest.raises(ValueError):
+        Entry.from_dict({**make().to_dict(), member: value})
+
+
+def test_a_stored_entry_with_whole_counts_written_as_floats_reads_as_integers():
+    entry = Entry.from_dict({**make().to_dict(), "attempts": 2.0, "holds": 1.0})
+    assert (entry.attempts, entry.holds) == (2, 1)
+    assert type(entry.attempts) is int and type(entry.holds) is int
+
+
+def test_a_timestamp_in_lowercase_z_reads_as_utc():
+    """RFC 3339 allows ``z`` as well as ``Z`` (docs/reference/python.md: any offset)."""
+    assert parse_time("2026-11-30T01:42:39.123456z") == parse_time("2026-11-30T01:42:39.123456Z")
+    assert canonical_time("2026-11-30T01:42:39z") == "2026-11-30T01:42:39.000000Z"
+
+
+def test_a_session_lease_held_for_zero_seconds_is_still_reported():
+    """``inFlightFor`` is present whenever the entry waits behind a lease, even one just
+    taken (0.0 seconds): a client tells "blocked" from "not blocked" by it."""
+    data = make(blocked_by_in_flight=True, in_flight_for=0.0).to_dict()
+    assert data["inFlightFor"] == 0.0
+    assert "inFlightFor" not in make().to_dict()

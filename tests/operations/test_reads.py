@@ -512,3 +512,43 @@ def test_the_warning_shows_three_members_and_says_when_there_are_more(
     assert f"skipped {count} corrupt member(s)" in message
     assert sum(f"bad id {i}!" in message for i in range(count)) == 3
     assert message.endswith(" ...") is more
+
+
+# --- one-line rules of the reads that the admin does not walk --------------------------------
+
+
+@pytest.mark.standalone
+def test_server_settings_never_name_the_node_with_its_password(outbox):
+    """A node is shown to staff by its URL, credentials masked (docs/howto/valkey.md):
+    the nopass default user takes any password, so the probe connects with one."""
+    url = outbox.url.replace("redis://", "redis://default:s3cret-pw@", 1)
+    for server in (*read_server_settings(url), *outbox.server_settings()):
+        assert "s3cret-pw" not in server.node
+    (server,) = read_server_settings(url)
+    assert server.node.endswith(outbox.url.split("@")[-1].removeprefix("redis://"))
+
+
+def test_an_entry_search_reads_exactly_max_sessions_and_counts_them_all(outbox):
+    """``ws/entry`` reads the first ``max_sessions`` sessions by ID, the last of them
+    included, and reports how many the workspace has (docs/reference/admin.md)."""
+    for ses in ("s1", "s2", "s3"):
+        accept(outbox, "ws", ses, f"m-{ses}")
+    in_s2 = outbox.list("ws", "s2")[0].id
+    in_s3 = outbox.list("ws", "s3")[0].id
+    found = outbox.search(f"ws/{in_s2}", max_sessions=2)
+    assert found.sessions == [("ws", "s2")] and found.workspace_sessions == 3
+    beyond = outbox.search(f"ws/{in_s3}", max_sessions=2)
+    assert beyond.sessions == [] and beyond.workspace_sessions == 3
+
+
+def test_most_overdue_is_the_session_due_first(outbox):
+    """The session waiting longest past its due time, with that time in epoch seconds
+    (docs/howto/observe.md, ``outbox status``); None when nothing is due."""
+    assert outbox.most_overdue() is None
+    before = time.time()
+    accept(outbox, "wb", "first", "a")
+    time.sleep(0.005)  # due times are in ms: keep them apart
+    accept(outbox, "wa", "second", "b")  # sorts first by workspace, due later
+    overdue = outbox.most_overdue()
+    assert (overdue.workspace_id, overdue.session_id) == ("wb", "first")
+    assert before - 1 <= overdue.due_at <= time.time() + 1

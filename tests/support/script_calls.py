@@ -1,10 +1,12 @@
 """Calling one Lua script on its own, as tests/core/test_scripts.py does: the session
 layout of workspace ``w1`` and session ``s1`` at a fixed ``NOW`` (microseconds), replies
 decoded to text, entries seeded with ``seed.lua``, settles with the outbox's tunables
-(docs/explanation/storage.md, "The Lua scripts")."""
+(docs/explanation/storage.md, "The Lua scripts"), for tests of what a script answers
+(core/scripts.py's ARGV builders, core/replies.py's typed replies)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django_outbox import Entry
@@ -55,7 +57,11 @@ def accept_args(entry: Entry, fp: str = "fp1", cap: int = 25, ttl: int = 60_000)
     return accept_argv(entry.to_json(), entry.id, fp, cap, ttl, entry.client_message_id, "u")
 
 
-def settle(outbox, token: str, entry_id: str, outcome: str, error: str = "", now: int = NOW):
-    """``settle.lua`` for ``entry_id`` under lease ``token``; returns the decoded reply."""
-    args = settle_argv(token, entry_id, outcome, error, outbox.config, RECEIPT_TTL_MS)
+def settle(
+    outbox, token: str, entry_id: str, outcome: str, error: str = "", now: int = NOW, **tunables
+) -> Any:
+    """``settle.lua`` for ``entry_id`` under lease ``token`` with the outbox's config,
+    ``tunables`` (Config fields) replaced; returns the decoded reply."""
+    config = dataclasses.replace(outbox.config, **tunables) if tunables else outbox.config
+    args = settle_argv(token, entry_id, outcome, error, config, RECEIPT_TTL_MS)
     return call(outbox, "settle", *args, now=now)
