@@ -632,7 +632,10 @@ async def test_stop_during_a_verification_aborts_the_turn_that_may_still_run(
     asked = loop.time()
     assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
     await asyncio.wait_for(aborted.wait(), 10)
-    assert loop.time() - asked < 1.5  # looked at every 0.25 s (docs/howto/cutting.md)
+    # Looked at every 0.25 s (docs/howto/cutting.md): the watch began as the verification
+    # did, so a look every 2.5 s would come about 2.5 s after the Stop; 2 s leaves a loaded
+    # machine room.
+    assert loop.time() - asked < 2.0
     assert await asyncio.wait_for(step, 10)
     assert await outbox.alist(WS, SES) == []
     [(done, _)] = signals_log.calls["delivered"]
