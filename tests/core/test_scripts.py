@@ -1,6 +1,5 @@
 """Each Lua script on its own against a real valkey-server (README "How it is stored")."""
 
-import dataclasses
 import json
 
 import pytest
@@ -8,52 +7,14 @@ import pytest
 from django_outbox import Entry
 from django_outbox.core.entry import format_time, new_entry_id, parse_time
 from django_outbox.core.scripts import (
-    accept_argv,
     load_scripts,
     read_source,
     renew_call,
-    seed_argv,
-    settle_argv,
     settle_next_argv,
 )
 from django_outbox.core.step import RECEIPT_TTL_MS
-
-WS, SES = "w1", "s1"
-NOW = 1_764_466_959_000_000  # microseconds
-
-
-def call(outbox, name, *args, now=NOW, ses=SES, extra_keys=()):
-    """Run one script with the session layout, ``now`` in microseconds."""
-    return decode(outbox.run_script(name, WS, ses, args, extra_keys=extra_keys, now_us=now))
-
-
-def decode(value):
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, list):
-        return [decode(v) for v in value]
-    return value
-
-
-def seed(outbox, *, status="pending", accepted=NOW, ses=SES, **state):
-    entry = Entry(
-        id=new_entry_id(accepted // 1000),
-        client_message_id="k-" + new_entry_id(),
-        user_id="u",
-        text="t",
-        accepted_at=format_time(accepted),
-        status=status,
-        **state,
-    )
-    answer = call(
-        outbox, "seed", *seed_argv(entry.to_json(), entry.id, status == "delivering"), ses=ses
-    )
-    assert answer[0] == "ok"
-    return entry
-
-
-def accept_args(entry, fp="fp1", cap=25, ttl=60_000):
-    return accept_argv(entry.to_json(), entry.id, fp, cap, ttl, entry.client_message_id, "u")
+from tests.support import script_calls
+from tests.support.script_calls import NOW, SES, WS, accept_args, call, seed
 
 
 def test_cjson_damages_content_so_scripts_never_reencode_it(r):
@@ -242,9 +203,9 @@ class TestClaim:
 
 
 def settle(outbox, token, entry_id, outcome, error="", now=NOW, max_attempts=5):
-    config = dataclasses.replace(outbox.config, max_attempts=max_attempts)
-    args = settle_argv(token, entry_id, outcome, error, config, RECEIPT_TTL_MS)
-    return call(outbox, "settle", *args, now=now)
+    return script_calls.settle(
+        outbox, token, entry_id, outcome, error, now, max_attempts=max_attempts
+    )
 
 
 class TestSettle:

@@ -19,7 +19,16 @@ from django_outbox.core.scripts import (
 from django_outbox.core.step import RECEIPT_TTL_MS
 from django_outbox.errors import SessionBusy
 from tests.support.helpers import accept
-from tests.support.script_calls import NOW, SES, WS, accept_args, call, seed, settle
+from tests.support.script_calls import (
+    NOW,
+    SES,
+    WS,
+    accept_args,
+    call,
+    seed,
+    settle,
+    stored_entry,
+)
 
 
 def ids(raws):
@@ -115,17 +124,11 @@ def test_entries_stored_without_a_sequence_number_go_back_in_accepted_order(outb
     its acceptedAt instead, in front of the first entry accepted after it."""
     keys = outbox.keys.session(WS, SES)
 
-    def stored(accepted, status="pending"):
-        return Entry(
-            id=new_entry_id(accepted // 1000),
-            client_message_id="k-" + new_entry_id(),
-            user_id="u",
-            text="t",
-            accepted_at=format_time(accepted),
-            status=status,
-        )
-
-    first, second, third = stored(NOW - 3), stored(NOW - 2, "delivering"), stored(NOW - 1)
+    first, second, third = (
+        stored_entry(NOW - 3),
+        stored_entry(NOW - 2, "delivering"),
+        stored_entry(NOW - 1),
+    )
     assert "seq" not in second.to_json()
     r.rpush(keys.queue, first.to_json(), third.to_json())
     r.rpush(keys.staging, second.to_json())

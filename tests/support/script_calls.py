@@ -33,18 +33,27 @@ def call(outbox, name: str, *args: Any, now: int = NOW, ses: str = SES, extra_ke
     return decode(outbox.run_script(name, WS, ses, args, extra_keys=extra_keys, now_us=now))
 
 
-def seed(outbox, *, status: str = "pending", accepted: int = NOW, ses: str = SES, **state) -> Entry:
-    """Store one entry of ``status`` accepted at ``accepted`` (us) with ``seed.lua``
-    (staged when ``delivering``); ``state``: further Entry fields. Returns the entry."""
-    entry = Entry(
+def stored_entry(
+    accepted: int = NOW, status: str = "pending", key: str = "", text: str = "t", **state: Any
+) -> Entry:
+    """An entry of user ``u`` accepted at ``accepted`` (us), as a script would store it;
+    ``key``: its client message ID (a fresh ``k-...`` when empty); ``state``: further
+    Entry fields."""
+    return Entry(
         id=new_entry_id(accepted // 1000),
-        client_message_id="k-" + new_entry_id(),
+        client_message_id=key or "k-" + new_entry_id(),
         user_id="u",
-        text="t",
+        text=text,
         accepted_at=format_time(accepted),
         status=status,
         **state,
     )
+
+
+def seed(outbox, *, status: str = "pending", accepted: int = NOW, ses: str = SES, **state) -> Entry:
+    """Store one entry of ``status`` accepted at ``accepted`` (us) with ``seed.lua``
+    (staged when ``delivering``); ``state``: further Entry fields. Returns the entry."""
+    entry = stored_entry(accepted, status, **state)
     answer = call(
         outbox, "seed", *seed_argv(entry.to_json(), entry.id, status == "delivering"), ses=ses
     )
