@@ -37,7 +37,7 @@ from django_outbox.policy import reads_error_excerpts
 from django_outbox.ws.routing import websocket_urlpatterns
 from example_project.fake_server import Reply
 from tests.support.fake_opencode import FakeOpencode, Fault
-from tests.support.helpers import aaccept, accept
+from tests.support.helpers import aaccept, accept, redis_channel_layers
 from tests.support.valkey import free_port
 
 WS, SES = "w1", "ses_leaky1"  # opencode session IDs start with "ses"
@@ -367,12 +367,7 @@ def test_over_rest_members_read_the_kind_and_staff_the_excerpt(clients, leaky_se
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     with override_settings(CHANNEL_LAYERS=config):
         yield config
 

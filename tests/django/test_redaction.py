@@ -39,7 +39,7 @@ from django_outbox import get_outbox
 from django_outbox.conf import outbox_settings
 from django_outbox.delivery import opencode
 from django_outbox.ws.routing import websocket_urlpatterns
-from tests.support.helpers import aaccept, accept
+from tests.support.helpers import aaccept, accept, redis_channel_layers
 from tests.support.paths import ROOT
 from tests.support.valkey import ValkeyServer, free_port
 
@@ -141,12 +141,7 @@ def test_agent_credentials_stay_out_of_last_error_over_rest(django_user_model, v
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     with override_settings(CHANNEL_LAYERS=config):
         yield config
 

@@ -13,7 +13,7 @@ from django.test import override_settings
 
 from django_outbox.outbox import get_outbox
 from django_outbox.ws.routing import websocket_urlpatterns
-from tests.support.helpers import aaccept, accept
+from tests.support.helpers import aaccept, accept, redis_channel_layers
 
 WS, SES = "alice", "s1"
 ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
@@ -62,12 +62,7 @@ def test_cleanup_tells_listeners_each_entry_is_gone(outbox, signals_log):
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     with override_settings(
         CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": "tests.support.policies.own_workspace"}
     ):

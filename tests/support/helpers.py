@@ -152,3 +152,14 @@ def delivering(workspace_id: str, session_id: str) -> Iterator[None]:
     finally:
         release.set()
         worker.join(30)
+
+
+def redis_channel_layers(host: str, **config: Any) -> dict[str, Any]:
+    """A ``CHANNEL_LAYERS`` setting of one channels-redis layer on ``host`` (a URL),
+    ``config``: its further options (``capacity``, ``expiry``, ``group_expiry``)."""
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [host], **config},
+        }
+    }

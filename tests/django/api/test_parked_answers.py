@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from django_outbox import get_outbox
 from django_outbox.ws.routing import websocket_urlpatterns
-from tests.support.helpers import aaccept, accept
+from tests.support.helpers import aaccept, accept, redis_channel_layers
 
 POLICY = "tests.support.policies.own_workspace"
 ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
@@ -57,12 +57,7 @@ def test_the_202_of_a_prompt_accepted_into_a_parked_workspace_says_parked(django
 
 
 async def test_the_live_update_of_a_prompt_accepted_into_a_parked_workspace_says_parked(valkey):
-    layers = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    layers = redis_channel_layers(valkey, capacity=100, expiry=10)
     with override_settings(CHANNEL_LAYERS=layers, OUTBOX={"ACCESS_POLICY": POLICY}):
         comm = WebsocketCommunicator(
             URLRouter(websocket_urlpatterns), "/ws/outbox/workspaces/alice/sessions/s1/"

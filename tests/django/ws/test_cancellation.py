@@ -19,7 +19,7 @@ from django.test import override_settings
 from django_outbox.outbox import get_outbox
 from django_outbox.ws.consumer import OutboxConsumer
 from django_outbox.ws.routing import websocket_urlpatterns
-from tests.support.helpers import aaccept
+from tests.support.helpers import aaccept, redis_channel_layers
 
 POLICY = "tests.support.policies.own_workspace"
 CHECK_INTERVAL = 0.2
@@ -27,12 +27,7 @@ CHECK_INTERVAL = 0.2
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     outbox = {"ACCESS_POLICY": POLICY, "WS_CHECK_INTERVAL": CHECK_INTERVAL}
     with override_settings(CHANNEL_LAYERS=config, OUTBOX=outbox):
         yield

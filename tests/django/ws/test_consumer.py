@@ -21,7 +21,7 @@ from django_outbox.outbox import EventListener, Outbox, get_outbox
 from django_outbox.ws import publish
 from django_outbox.ws.publish import group_name
 from django_outbox.ws.routing import websocket_urlpatterns
-from tests.support.helpers import aaccept
+from tests.support.helpers import aaccept, redis_channel_layers
 from tests.support.paths import ROOT
 
 STAFF = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=True, username="staff")
@@ -32,12 +32,7 @@ POLICY = "tests.support.policies.own_workspace"
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     with override_settings(CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": POLICY}):
         yield config
 
@@ -255,12 +250,7 @@ def test_group_names_are_short_and_safe():
 async def test_slow_reader_sees_a_gap_and_resyncs(valkey):
     # channel capacity 5; a reader that stops reading while 10 messages are
     # accepted and delivered (30 events) loses events, sees the gap, and resyncs.
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 5, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=5, expiry=10)
     with override_settings(CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": POLICY}):
         layer = get_channel_layer()
         stalled = await layer.new_channel()  # a consumer that is not reading
@@ -296,12 +286,7 @@ async def test_slow_reader_sees_a_gap_and_resyncs(valkey):
 
 async def test_a_failed_publish_never_fails_the_mutation(valkey, caplog):
     # the channel layer's Valkey is unreachable; accepts still answer
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
-        }
-    }
+    config = redis_channel_layers("redis://127.0.0.1:1/0")
     with override_settings(CHANNEL_LAYERS=config):
         watch(get_outbox(), "w1", "s1")
         before = publish.stats.failed
@@ -320,12 +305,7 @@ async def test_the_publisher_logs_as_django_outbox_ws_or_under_its_old_name_if_c
     valkey, caplog, configured, logged_as
 ):
     # A logging config that still names the 0.1.0 logger keeps getting its records.
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
-        }
-    }
+    config = redis_channel_layers("redis://127.0.0.1:1/0")
     with override_settings(CHANNEL_LAYERS=config), caplog.at_level(logging.INFO, configured):
         watch(get_outbox(), "w1", "s1")
         await aaccept(get_outbox(), "k1")
@@ -341,12 +321,7 @@ def test_the_publisher_is_subscribed_once_when_the_app_is_ready():
 
 
 def test_sync_mutations_publish_too(valkey, r):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey]},
-        }
-    }
+    config = redis_channel_layers(valkey)
     with override_settings(CHANNEL_LAYERS=config):
         before = publish.stats.published
         get_outbox().accept("w1", "s1", user_id="u", client_message_id="k0", text="t")

@@ -17,19 +17,14 @@ from django_outbox.core.entry import parse_time
 from django_outbox.outbox import get_outbox
 from django_outbox.ws.routing import websocket_urlpatterns
 from django_outbox.ws.truth import snapshot_frames
-from tests.support.helpers import aaccept
+from tests.support.helpers import aaccept, redis_channel_layers
 
 ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
 
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     policy = {"ACCESS_POLICY": "tests.support.policies.own_workspace"}
     with override_settings(CHANNEL_LAYERS=config, OUTBOX=policy):
         yield config

@@ -17,7 +17,7 @@ from django_outbox.outbox import get_outbox
 from django_outbox.signals import entry_updated
 from django_outbox.ws import publish
 from django_outbox.ws.routing import websocket_urlpatterns
-from tests.support.helpers import aaccept
+from tests.support.helpers import aaccept, redis_channel_layers
 
 STAFF = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=True, username="staff")
 ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
@@ -25,12 +25,7 @@ ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, u
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     policy = "tests.support.policies.own_workspace"
     with override_settings(CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": policy}):
         yield config
@@ -81,12 +76,7 @@ async def test_a_config_that_only_stops_the_old_logger_propagating_still_gets_it
     """A logging config that still names the 0.1.0 logger ``django_outbox.events`` with
     nothing but ``propagate: False`` keeps getting the publisher's records there
     (CHANGELOG: the deprecated logger name): they never reach the root logger's handlers."""
-    unreachable = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
-        }
-    }
+    unreachable = redis_channel_layers("redis://127.0.0.1:1/0")
     old = logging.getLogger("django_outbox.events")
     old.propagate = False
     try:

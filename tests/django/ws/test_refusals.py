@@ -19,6 +19,7 @@ from django.test import override_settings
 from django_outbox.outbox import get_outbox, reset_outbox
 from django_outbox.ws.consumer import socket_ttl, socket_user_id
 from django_outbox.ws.routing import websocket_urlpatterns
+from tests.support.helpers import redis_channel_layers
 from tests.support.valkey import ValkeyProcess
 from tests.support.ws_session import origin_refusal_line
 
@@ -32,12 +33,7 @@ def user(name="alice", pk="alice", authenticated=True):
 
 
 def layers_on(url):
-    return {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [url], "expiry": 10},
-        }
-    }
+    return redis_channel_layers(url, expiry=10)
 
 
 def communicator(ws="alice", ses="s1", who=None):

@@ -18,6 +18,7 @@ from django.test import override_settings
 
 from django_outbox.outbox import get_outbox
 from django_outbox.ws.routing import websocket_urlpatterns
+from tests.support.helpers import redis_channel_layers
 
 POLICY = "tests.support.policies.own_workspace"
 ALICE = SimpleNamespace(
@@ -26,12 +27,7 @@ ALICE = SimpleNamespace(
 
 
 def layers_on(url):
-    return {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [url], "expiry": 10},
-        }
-    }
+    return redis_channel_layers(url, expiry=10)
 
 
 def communicator():

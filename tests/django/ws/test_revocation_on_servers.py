@@ -31,6 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from django_outbox.outbox import Outbox
+from tests.support.helpers import redis_channel_layers
 from tests.support.live_server import Server, layer_url, serve
 from tests.support.paths import ROOT
 
@@ -127,12 +128,7 @@ async def revoker(revoker_child) -> Revoker:
 @pytest.fixture
 async def core(valkey):
     """The test's outbox, publishing through the servers' channel layer."""
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [layer_url(valkey)]},
-        }
-    }
+    config = redis_channel_layers(layer_url(valkey))
     with override_settings(CHANNEL_LAYERS=config):
         outbox = Outbox(url=valkey, user_max_queued=0, user_accepts_per_minute=0, cap=100)
         yield outbox

@@ -21,7 +21,7 @@ from django_outbox.ws.revoke import (
     session_digest,
     user_group,
 )
-from tests.support.helpers import QUICK_PASSWORD_HASHERS
+from tests.support.helpers import QUICK_PASSWORD_HASHERS, redis_channel_layers
 from tests.support.valkey import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,12 +34,7 @@ def _quick_password_hashes(settings):
 
 
 def layer_config(url):
-    return {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [url], "expiry": 10},
-        }
-    }
+    return redis_channel_layers(url, expiry=10)
 
 
 class Inbox:

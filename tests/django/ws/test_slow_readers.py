@@ -21,7 +21,7 @@ from django_outbox.ws.consumer import OutboxConsumer
 from django_outbox.ws.publish import group_name
 from django_outbox.ws.routing import websocket_urlpatterns
 from django_outbox.ws.truth import ReadReceipts, SocketState, snapshot_frames
-from tests.support.helpers import aaccept
+from tests.support.helpers import aaccept, redis_channel_layers
 
 POLICY = "tests.support.policies.own_workspace"
 FULL = 102_400
@@ -94,12 +94,7 @@ def test_a_snapshot_that_would_repeat_the_last(snapshot, version, empty, held, u
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     outbox = {"ACCESS_POLICY": POLICY, "WS_CHECK_INTERVAL": 0.3, "WS_RESYNC_INTERVAL": 0.1}
     with override_settings(CHANNEL_LAYERS=config, OUTBOX=outbox):
         yield

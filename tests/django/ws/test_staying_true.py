@@ -31,7 +31,7 @@ from django_outbox.outbox import get_outbox
 from django_outbox.ws.publish import group_name
 from django_outbox.ws.routing import websocket_urlpatterns
 from django_outbox.ws.truth import ResyncBudget, SocketState, is_behind, snapshot_frames
-from tests.support.helpers import aaccept
+from tests.support.helpers import aaccept, redis_channel_layers
 
 POLICY = "tests.support.policies.own_workspace"
 FULL = 102_400
@@ -181,12 +181,7 @@ def test_the_position_verdict(version, empty, held, before, behind):
 
 @pytest.fixture
 def fast_layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     outbox = {"ACCESS_POLICY": POLICY, "WS_CHECK_INTERVAL": 0.2, "WS_RESYNC_INTERVAL": 0.2}
     with override_settings(CHANNEL_LAYERS=config, OUTBOX=outbox):
         yield config

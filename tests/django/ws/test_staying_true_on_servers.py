@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosed
 
 from django_outbox.outbox import Outbox
 from django_outbox.ws.publish import group_name
+from tests.support.helpers import redis_channel_layers
 from tests.support.live_server import layer_url, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.standalone]
@@ -50,12 +51,7 @@ def server(request, valkey, tmp_path_factory):
 @pytest.fixture
 async def core(valkey):
     """The test's outbox, publishing through the servers' channel layer."""
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [layer_url(valkey)], "group_expiry": 2},
-        }
-    }
+    config = redis_channel_layers(layer_url(valkey), group_expiry=2)
     with override_settings(CHANNEL_LAYERS=config):
         outbox = Outbox(url=valkey, user_max_queued=0, user_accepts_per_minute=0, cap=100)
         yield outbox

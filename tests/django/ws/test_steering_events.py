@@ -14,7 +14,7 @@ from django.test import override_settings
 
 from django_outbox.outbox import get_outbox
 from django_outbox.ws.routing import websocket_urlpatterns
-from tests.support.helpers import aaccept
+from tests.support.helpers import aaccept, redis_channel_layers
 
 ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
 WS, SES = "alice", "s1"
@@ -22,12 +22,7 @@ WS, SES = "alice", "s1"
 
 @pytest.fixture
 def layers(valkey):
-    config = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [valkey], "capacity": 100, "expiry": 10},
-        }
-    }
+    config = redis_channel_layers(valkey, capacity=100, expiry=10)
     with override_settings(
         CHANNEL_LAYERS=config, OUTBOX={"ACCESS_POLICY": "tests.support.policies.own_workspace"}
     ):
