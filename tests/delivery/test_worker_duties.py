@@ -9,6 +9,7 @@ import logging
 import time
 
 from django_outbox import LEDGER_STATE_TURN_ENDED, Status
+from django_outbox.core.duties.history import history
 from django_outbox.core.worker import Worker
 from tests.support import scenarios
 from tests.support.helpers import NO_USER_BOUNDS, SES, WS, aaccept, wait_for
@@ -99,3 +100,15 @@ async def test_adeliver_once_an_hour_behind_valkey_counts_in_valkeys_minute(amak
 
     assert await outbox.adeliver_once(WS, SES, refuse)
     assert outbox.history(minutes=2, workspace_id=WS).total("o:failed") == 1
+
+
+async def test_the_history_duty_measures_valkeys_clock_on_a_pass_with_nothing_counted(amake):
+    """A pass of the history duty with nothing counted still reads Valkey's clock when no
+    read has yet (the worker's start-up read failed, Valkey away then), so what is counted
+    next lands in Valkey's minute (docs/howto/observe.md, "The dashboard")."""
+    outbox = amake(**NO_USER_BOUNDS)
+    counter = outbox.history_counter
+    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000  # this host's clock
+    assert counter.offset_us is None and not counter.pending
+    await history(outbox, "w-1").run()
+    assert abs(counter.offset_us - 3_600_000_000) < 60_000_000
