@@ -26,7 +26,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -404,23 +404,23 @@ class Worker:
 
     async def _begin(self) -> None:
         """The duties' first words before anything is delivered, in the duties' order."""
-        for duty in self.duties:
-            if duty.start is None:
-                continue
-            try:
-                await duty.start()
-            except Exception as exc:
-                logger.warning("outbox worker %s: %s failed: %s", self.id, duty.name, exc)
+        await self._each_hook((duty.name, duty.start) for duty in self.duties)
 
     async def _finish(self) -> None:
         """The duties' last words once the worker has stopped, last duty first."""
-        for duty in reversed(self.duties):
-            if duty.finish is None:
+        await self._each_hook((duty.name, duty.finish) for duty in reversed(self.duties))
+
+    async def _each_hook(
+        self, hooks: Iterable[tuple[str, Callable[[], Awaitable[object]] | None]]
+    ) -> None:
+        """Await each ``(duty name, hook)`` set in turn; a failure is logged as a pass's is."""
+        for name, hook in hooks:
+            if hook is None:
                 continue
             try:
-                await duty.finish()
+                await hook()
             except Exception as exc:
-                logger.warning("outbox worker %s: %s failed: %s", self.id, duty.name, exc)
+                logger.warning("outbox worker %s: %s failed: %s", self.id, name, exc)
 
     # -- the run ---------------------------------------------------------------------------
 
