@@ -4,11 +4,9 @@ less common paths: a replayed accept into a parked workspace, a replayed deliver
 
 import asyncio
 
-from django_outbox import Entry
-from django_outbox.core.entry import format_time, new_entry_id
 from django_outbox.core.replies import AcceptReply, SettleReply
 from tests.support.helpers import accept
-from tests.support.script_calls import NOW, SES, WS, accept_args, call, seed, settle
+from tests.support.script_calls import SES, WS, accept_args, call, seed, settle, stored_entry
 
 
 def test_a_replayed_accept_into_a_parked_workspace_still_says_it_is_held(outbox):
@@ -16,13 +14,7 @@ def test_a_replayed_accept_into_a_parked_workspace_still_says_it_is_held(outbox)
     replay must report the park too, or the caller's event says ``queued`` for an entry
     stored ``parked`` (docs/explanation/lifecycle.md)."""
     outbox.park_workspace(WS, "hold")
-    e = Entry(
-        id=new_entry_id(),
-        client_message_id="k1",
-        user_id="u",
-        text="hi",
-        accepted_at=format_time(NOW),
-    )
+    e = stored_entry(key="k1", text="hi")
     marker = outbox.keys.dedupe(WS, SES, "k1")
     first = AcceptReply.parse(call(outbox, "accept", *accept_args(e), extra_keys=[marker]))
     again = AcceptReply.parse(call(outbox, "accept", *accept_args(e), extra_keys=[marker]))

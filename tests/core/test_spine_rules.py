@@ -13,7 +13,6 @@ from django_outbox.core.scripts import (
     index_hint_argv,
     load_scripts,
     read_source,
-    seed_argv,
     settle_argv,
 )
 from django_outbox.core.step import RECEIPT_TTL_MS
@@ -275,13 +274,9 @@ def test_the_scripts_write_a_state_as_the_python_codec_does(r):
     body = read_source("lib/entry") + "\nlocal st, content = split(ARGV[1])\n"
     body += "st.holds, st.transientFails = 0, 0\nst.userDigest = ARGV[2]\n"
     body += "return join(st, content)"
-    entry = Entry(
-        id=new_entry_id(),
-        client_message_id="k",
-        user_id="u",
-        text="t",
-        accepted_at=format_time(NOW),
+    entry = stored_entry(
         status="delivering",
+        key="k",
         attempts=1,
         holds=2,
         transient_fails=1,
@@ -347,15 +342,7 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 def test_a_preview_keeps_the_members_after_the_text(outbox, text, preview):
     """A snapshot's preview cuts only the text; the rest of each entry is as stored
     (README "Admin"), the trace context of an entry without a model included."""
-    entry = Entry(
-        id=new_entry_id(NOW // 1000),
-        client_message_id="k1",
-        user_id="u",
-        text=text,
-        accepted_at=format_time(NOW),
-        traceparent=TRACEPARENT,
-    )
-    assert call(outbox, "seed", *seed_argv(entry.to_json(), entry.id, False))[0] == "ok"
+    seed(outbox, key="k1", text=text, traceparent=TRACEPARENT)
     _, [raw], *_ = call(outbox, "snapshot", preview)
     shown = Entry.from_json(raw)
     assert (shown.text, shown.traceparent) == (text[:preview], TRACEPARENT)

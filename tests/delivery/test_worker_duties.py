@@ -18,6 +18,18 @@ from tests.support.scenarios import ambiguous
 amake = scenarios.amake  # the fixture
 
 
+def an_hour_behind(outbox):
+    """The outbox's history counter, on a host clock an hour behind Valkey's."""
+    counter = outbox.history_counter
+    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000
+    return counter
+
+
+async def refuse(entry, **kwargs):
+    """A deliverer the agent refuses: a definite failure."""
+    raise RuntimeError("refused")
+
+
 async def test_a_sweep_that_resolves_one_entry_says_so(amake, caplog):
     async def probe(**kwargs):
         return LEDGER_STATE_TURN_ENDED
@@ -48,11 +60,7 @@ async def test_a_worker_an_hour_behind_valkey_counts_in_valkeys_minute(amake):
     measures Valkey's clock, so what the worker counts afterwards lands in Valkey's
     minute, not an hour back (docs/howto/observe.md, "The dashboard")."""
     outbox = amake(max_attempts=1, **NO_USER_BOUNDS)
-    counter = outbox.history_counter
-    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000  # this host's clock
-
-    async def refuse(entry, **kwargs):
-        raise RuntimeError("refused")
+    counter = an_hour_behind(outbox)
 
     stop = asyncio.Event()
     worker = Worker(outbox, refuse, concurrency=1, tick=30, stop=stop, heartbeat=False)
@@ -72,12 +80,8 @@ async def test_a_once_run_an_hour_behind_valkey_counts_in_valkeys_minute(amake):
     its last write) measures Valkey's clock before it delivers, so a failure it counts
     lands in Valkey's minute, not an hour back (docs/howto/observe.md, "The dashboard")."""
     outbox = amake(max_attempts=1, **NO_USER_BOUNDS)
-    counter = outbox.history_counter
-    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000  # this host's clock
+    an_hour_behind(outbox)
     await aaccept(outbox, "k1", "refused")
-
-    async def refuse(entry, **kwargs):
-        raise RuntimeError("refused")
 
     worker = Worker(
         outbox, refuse, concurrency=1, tick=30, once=True, stop=asyncio.Event(), heartbeat=False
@@ -91,12 +95,8 @@ async def test_adeliver_once_an_hour_behind_valkey_counts_in_valkeys_minute(amak
     """``adeliver_once`` with no worker around measures Valkey's clock before its first
     step, so the failure it counts lands in Valkey's minute (docs/howto/observe.md)."""
     outbox = amake(max_attempts=1, **NO_USER_BOUNDS)
-    counter = outbox.history_counter
-    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000  # this host's clock
+    an_hour_behind(outbox)
     await aaccept(outbox, "k1", "refused")
-
-    async def refuse(entry, **kwargs):
-        raise RuntimeError("refused")
 
     assert await outbox.adeliver_once(WS, SES, refuse)
     assert outbox.history(minutes=2, workspace_id=WS).total("o:failed") == 1
@@ -107,8 +107,7 @@ async def test_the_history_duty_measures_valkeys_clock_on_a_pass_with_nothing_co
     read has yet (the worker's start-up read failed, Valkey away then), so what is counted
     next lands in Valkey's minute (docs/howto/observe.md, "The dashboard")."""
     outbox = amake(**NO_USER_BOUNDS)
-    counter = outbox.history_counter
-    counter._clock = lambda: time.time_ns() // 1000 - 3_600_000_000  # this host's clock
+    counter = an_hour_behind(outbox)
     assert counter.offset_us is None and not counter.pending
     await history(outbox, "w-1").run()
     assert abs(counter.offset_us - 3_600_000_000) < 60_000_000
