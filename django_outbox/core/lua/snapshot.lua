@@ -13,8 +13,8 @@ local TEXT_MARK, MODEL_MARK, TRACE_MARK = ',"text":"', ',"model":', ',"tracepare
 
 -- The text is a JSON string in the content members (after MARK): a quote inside it is
 -- always escaped, so the first ',"text":"' and the first ',"model":' (or, with no model,
--- ',"traceparent":') after it are structural: what follows the text is kept as stored. Characters are counted as JSON decodes them: an escape or a UTF-8
--- sequence is one.
+-- ',"traceparent":') after it are structural: what follows the text is kept as stored.
+-- Characters are counted as JSON decodes them: an escape or a UTF-8 sequence is one.
 local function preview(raw)
   local content = string.find(raw, MARK, 1, true)
   local t = content and string.find(raw, TEXT_MARK, content, true)
