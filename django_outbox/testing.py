@@ -45,17 +45,25 @@ def free_port() -> int:
 
 
 def wait_until(
-    predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, message: str = ""
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    message: str | Callable[[], str] = "",
 ) -> T:
     """Poll ``predicate`` every ``interval`` seconds until it returns a truthy value, and
-    return that value; raise ``AssertionError`` after ``timeout`` seconds."""
+    return that value; raise ``AssertionError`` after ``timeout`` seconds.
+
+    ``message`` says what was awaited in the error; given a callable (a process's log
+    reader, say), it is called only when the deadline has passed, so the error carries
+    what was true then rather than when the wait began."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {message or predicate}")
+            said = message() if callable(message) else message
+            raise AssertionError(f"condition not met within {timeout}s: {said or predicate}")
         time.sleep(interval)
 
 

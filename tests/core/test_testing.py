@@ -68,3 +68,24 @@ def test_wait_until_hands_back_what_the_condition_found_or_fails_by_its_deadline
     assert wait_until(lambda: next(answers), timeout=5) == {"id": "e1"}
     with pytest.raises(AssertionError, match=r"within 0\.05s: the entry is delivered"):
         wait_until(lambda: None, timeout=0.05, message="the entry is delivered")
+
+
+def test_wait_until_reads_a_callable_message_when_the_deadline_has_passed():
+    """A callable ``message`` (a process's log reader) is read when the wait fails, not
+    when it begins: the error carries the logs of the moment it gave up."""
+    log: list[str] = ["started"]
+    calls: list[int] = []
+
+    def logs() -> str:
+        calls.append(1)
+        return " / ".join(log)
+
+    def later_line():
+        log.append("turn cut")
+        return None
+
+    with pytest.raises(AssertionError, match=r"within 0\.05s: started / turn cut"):
+        wait_until(later_line, timeout=0.05, message=logs)
+    assert calls == [1]  # read once, at the deadline
+    assert wait_until(lambda: "yes", timeout=1, message=logs) == "yes"
+    assert calls == [1]  # a met condition never reads it

@@ -60,11 +60,11 @@ def test_stop_requested_here_is_carried_out_by_the_worker_process(make_outbox, r
     assert outbox.interrupt(WS, SES) is InterruptResult.CUT
     wait_until(lambda: r.lrange("test:aborts", 0, -1), 10, message="the worker never aborted")
     print(f"stop -> abort by the worker process: {time.monotonic() - started:.3f}s")
-    wait_until(lambda: entry.id in _delivered(r), 20, message=w.logs())
+    wait_until(lambda: entry.id in _delivered(r), 20, message=w.logs)
     # The next prompt goes on as usual (and its turn is cut the same way to end the test).
-    wait_until(lambda: r.sismember("test:sent", later.id), 20, message=w.logs())
+    wait_until(lambda: r.sismember("test:sent", later.id), 20, message=w.logs)
     assert outbox.cut(WS, SES, later.id) is InterruptResult.CUT
-    wait_until(lambda: later.id in _delivered(r), 20, message=w.logs())
+    wait_until(lambda: later.id in _delivered(r), 20, message=w.logs)
     w.stop_all()
     assert r.lrange("test:log", 0, -1) == [f"{SES} stop me", f"{SES} later"]  # sent once each
 
@@ -85,7 +85,7 @@ def test_a_worker_sigkilled_mid_cut_leaves_the_cut_to_the_next_one(make_outbox, 
     assert listed.interrupted
 
     w.start("--tick", "0.2")
-    wait_until(lambda: entry.id in _delivered(r), 30, message=w.logs())
+    wait_until(lambda: entry.id in _delivered(r), 30, message=w.logs)
     aborts = r.lrange("test:aborts", 0, -1)
     assert aborts and all(a.endswith(entry.id) for a in aborts)
     assert r.lrange("test:log", 0, -1) == [f"{SES} stop me"]  # never sent again

@@ -108,22 +108,22 @@ def test_stop_cancel_and_an_interrupting_prompt_cut_real_runs_through_rest(
                 return took_its_prompt(server, "alice", ses, entry_id)
 
             workers.start("--tick", "0.2")
-            wait_until(lambda: took(ids[0]), 60, message=workers.logs())
+            wait_until(lambda: took(ids[0]), 60, message=workers.logs)
             answer = http.post("interrupt/")  # Stop
             assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
-            wait_until(lambda: took(ids[1]), 30, message=workers.logs())
+            wait_until(lambda: took(ids[1]), 30, message=workers.logs)
             assert status_on_server(server, "alice", ses, ids[0]) == "interrupted"
 
             answer = http.post(f"messages/{ids[1]}/cancel/")  # the prompt in flight
             assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
-            wait_until(lambda: took(ids[2]), 30, message=workers.logs())
+            wait_until(lambda: took(ids[2]), 30, message=workers.logs)
 
             body = {"clientMessageID": "k4", "text": "now", "ifBusy": "interrupt"}
             answer = http.post("messages/", json=body)
             assert answer.status_code == 202, answer.text
             assert answer.json()["mode"] == "interrupt"
             ids.append(answer.json()["id"])
-            wait_until(lambda: len(delivered(r)) == 4, 30, message=workers.logs())
+            wait_until(lambda: len(delivered(r)) == 4, 30, message=workers.logs)
             assert http.get("messages/").json()["entries"] == []
         finally:
             http.close()
@@ -164,7 +164,7 @@ def test_outbox_interrupt_stops_real_runs_and_how_long_it_takes(server, make_out
             wait_until(
                 lambda: took_its_prompt(server, WS, ses, entry.id),  # noqa: B023
                 60,
-                message=workers.logs(),
+                message=workers.logs,
             )
             started = time.monotonic()
             assert outbox.interrupt(WS, ses) is InterruptResult.CUT
@@ -172,10 +172,10 @@ def test_outbox_interrupt_stops_real_runs_and_how_long_it_takes(server, make_out
                 lambda: status_on_server(server, WS, ses, entry.id) == "interrupted",  # noqa: B023
                 20,
                 0.005,
-                message=workers.logs(),
+                message=workers.logs,
             )
             to_cancelled.append(time.monotonic() - started)
-            wait_until(lambda: entry.id in delivered(r), 20, 0.005, message=workers.logs())  # noqa: B023
+            wait_until(lambda: entry.id in delivered(r), 20, 0.005, message=workers.logs)  # noqa: B023
             to_settled.append(time.monotonic() - started)
             assert outbox.list(WS, ses) == []
     finally:
@@ -207,13 +207,13 @@ def test_a_stop_after_its_holder_died_is_carried_out_by_the_next_worker(
     workers.env["OUTBOX_TEST_LOCK_TTL"] = "2"  # the dead holder's lease ends soon
     first = workers.start("--tick", "0.2")
     try:
-        wait_until(lambda: took_its_prompt(server, WS, ses, entry.id), 60, message=workers.logs())
+        wait_until(lambda: took_its_prompt(server, WS, ses, entry.id), 60, message=workers.logs)
         first.kill()
         first.wait(10)
         assert outbox.interrupt(WS, ses) is InterruptResult.CUT
         assert [e.interrupted for e in outbox.list(WS, ses)] == [True, False]
         workers.start("--tick", "0.2")
-        wait_until(lambda: len(delivered(r)) == 2, 60, message=workers.logs())
+        wait_until(lambda: len(delivered(r)) == 2, 60, message=workers.logs)
     finally:
         workers.stop_all()
     assert runs_of(server, WS, ses) == [(entry.id, "interrupted"), (after.id, "success")]

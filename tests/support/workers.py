@@ -57,7 +57,7 @@ class Workers:
         wait_until(
             lambda: {p.pid for p in self.live()} <= {w.pid for w in outbox.live_workers()},
             timeout,
-            message="the workers never published their heartbeats:\n" + self.logs(),
+            message=lambda: "the workers never published their heartbeats:\n" + self.logs(),
         )
 
     def stop_all(self) -> None:

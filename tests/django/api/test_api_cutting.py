@@ -172,12 +172,12 @@ def test_stop_and_send_now_through_a_live_server_cut_the_worker_s_turn(valkey, t
                 # Send "three" now: the turn of "one" is cut, "three" goes before "two".
                 answer = http.post(f"messages/{ids[2]}/send-now/")
                 assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
-                wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs())
+                wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs)
                 answer = http.post("interrupt/")  # Stop "three"
                 assert (answer.status_code, answer.json()) == (202, {"result": "cut"})
-                wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs())
+                wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs)
                 assert http.post("interrupt/").status_code == 202  # Stop "two"
-                wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs())
+                wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs)
             finally:
                 workers.stop_all()
             assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
@@ -212,16 +212,16 @@ def test_an_interrupting_accept_through_a_live_server_cuts_the_worker_s_turn(val
                 ids.append(answer.json()["id"])
                 assert answer.json()["mode"] == "interrupt"
                 # The turn of "one" is cut and "three" goes before "two".
-                wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs())
+                wait_until(lambda: r.sismember("test:sent", ids[2]), 30, message=workers.logs)
                 resent = http.post("messages/", json=body)  # a retry cuts nothing more
                 assert (resent.status_code, resent.json()) == (
                     200,
                     {"id": ids[2], "duplicate": True},
                 )
                 assert http.post("interrupt/").status_code == 202  # Stop "three"
-                wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs())
+                wait_until(lambda: r.sismember("test:sent", ids[1]), 30, message=workers.logs)
                 assert http.post("interrupt/").status_code == 202  # Stop "two"
-                wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs())
+                wait_until(lambda: r.llen("test:delivered") == 3, 30, message=workers.logs)
             finally:
                 workers.stop_all()
             assert r.lrange("test:log", 0, -1) == ["s1 one", "s1 three", "s1 two"]
