@@ -42,6 +42,10 @@ CUT_POLL = 0.25
 ENDED_BEFORE_THE_CUT = frozenset({"delivered", "failed", "transient", "prior_pending", "held"})
 #: Seconds an aborter may take before the cut goes on without it (logged).
 ABORT_TIMEOUT = 10.0
+#: Seconds a cut delivery call is given to end once cancelled before the aborter is
+#: called while it still runs: a deliverer (or a client library under it) that swallows
+#: the cancellation often returns only when the agent's turn ends.
+CANCEL_GRACE = 1.0
 
 
 def _interrupting(accept: dict[str, Any]) -> dict[str, Any]:
@@ -252,14 +256,30 @@ class TurnCuts(DeliveryStep):
         if not await self._until_cut(task, ws, ses, entry):
             return task.result()
         logger.info("outbox: %s/%s %s: turn cut during its delivery", ws, ses, entry.id)
-        # Stop a send not yet made; one under way is settled by the verifier.
+        # Stop a send not yet made; one under way is settled by the verifier. A call that
+        # swallowed the cancellation may run until the turn ends: abort it while it runs
+        # (a send it makes later starts a turn the verification aborts again), and wait
+        # for it all the same, so no outcome is recorded while it may still send.
         task.cancel()
-        await asyncio.wait({task})
+        aborted = False
+        if not (await asyncio.wait({task}, timeout=CANCEL_GRACE))[0]:
+            logger.warning(
+                "outbox: %s/%s %s: the delivery call did not end %ss after its cancellation;"
+                " aborting the turn while it runs",
+                ws,
+                ses,
+                entry.id,
+                CANCEL_GRACE,
+            )
+            await self._abort(agent.aborter, entry, ws, ses)
+            aborted = True
+            await asyncio.wait({task})
         if not task.cancelled() and task.exception() is None:
             outcome, error, hold = task.result()
             if outcome in ENDED_BEFORE_THE_CUT:
                 return outcome, error, hold
-        await self._abort(agent.aborter, entry, ws, ses)
+        if not aborted:
+            await self._abort(agent.aborter, entry, ws, ses)
         unknown = "ambiguous" if agent.verifier is not None else "unverifiable"
         return unknown, "interrupted: the turn was cut; the verifier decides", 0.0
 

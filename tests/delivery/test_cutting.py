@@ -551,6 +551,49 @@ async def test_an_aborter_that_hangs_is_given_up_on_and_the_cut_goes_on(
     await outbox.aclose()
 
 
+async def test_a_delivery_call_that_swallows_its_cancellation_is_aborted_while_it_runs(
+    cutting_outbox, agent, caplog, monkeypatch, signals_log
+):
+    """A deliverer that swallows the cancellation (a client library can: redis-py's
+    asyncio client sometimes returns a reply to a cancelled command) runs on until its
+    turn ends. The holder waits ``CANCEL_GRACE`` (made short here), then calls the
+    aborter while the call still runs: the turn ends, the call returns, and the attempt
+    is verified. Aborting only after the call ended waited for a turn that only the
+    abort could end (docs/howto/cutting.md, "How the cut is carried out")."""
+    monkeypatch.setattr(cutting, "CANCEL_GRACE", 0.2)
+    swallowed = asyncio.Event()
+
+    async def deliver_swallowing(entry, **kwargs):
+        agent.transcript.append(entry.id)
+        agent.turn_over.clear()
+        agent.running.set()
+        give_up = asyncio.get_running_loop().time() + 15  # so a regression fails, not hangs
+        while not agent.turn_over.is_set() and asyncio.get_running_loop().time() < give_up:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                swallowed.set()  # and on with the turn
+
+    outbox = cutting_outbox(agent)
+    first = await aaccept(outbox, "k1", "first")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES, deliverer=deliver_swallowing))
+    await asyncio.wait_for(agent.running.wait(), 5)
+    with caplog.at_level(logging.WARNING, "django_outbox"):
+        assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+        await asyncio.wait_for(swallowed.wait(), 5)
+        assert await asyncio.wait_for(step, 5)  # the abort ended the turn and the call
+    assert agent.aborts == 1
+    assert "did not end 0.2s after its cancellation; aborting the turn while it runs" in (
+        caplog.text
+    )
+    head = (await outbox.alist(WS, SES))[0]  # the swallowed cancellation proves nothing
+    assert (head.id, str(head.status), head.interrupted) == (first.id, "verifying", True)
+    assert await outbox.adeliver_once(WS, SES)  # the verification: the agent has it
+    assert [e.id for e, _ in signals_log.calls["delivered"]] == [first.id]
+    assert agent.transcript == [first.id]  # sent once
+    await outbox.aclose()
+
+
 async def test_the_cut_signal_expires_with_a_lease_and_a_repeated_cut_sets_it_again(
     cutting_outbox, agent, r, signals_log
 ):
