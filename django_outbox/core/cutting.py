@@ -256,13 +256,20 @@ class TurnCuts(DeliveryStep):
         if not await self._until_cut(task, ws, ses, entry):
             return task.result()
         logger.info("outbox: %s/%s %s: turn cut during its delivery", ws, ses, entry.id)
-        # Stop a send not yet made; one under way is settled by the verifier. A call that
-        # swallowed the cancellation may run until the turn ends: abort it while it runs
-        # (a send it makes later starts a turn the verification aborts again), and wait
-        # for it all the same, so no outcome is recorded while it may still send.
+        # Stop a send not yet made; one under way is settled by the verifier.
         task.cancel()
-        aborted = False
-        if not (await asyncio.wait({task}, timeout=CANCEL_GRACE))[0]:
+        if (await asyncio.wait({task}, timeout=CANCEL_GRACE))[0]:
+            if not task.cancelled() and task.exception() is None:
+                outcome, error, hold = task.result()
+                if outcome in ENDED_BEFORE_THE_CUT:
+                    return outcome, error, hold
+            await self._abort(agent.aborter, entry, ws, ses)
+        else:
+            # The call swallowed the cancellation and may run until the turn ends: abort
+            # it while it runs (a send it makes later starts a turn the verification
+            # aborts again) and wait for it all the same, so nothing is recorded while it
+            # may still send. How it then ends may be the abort's doing and proves
+            # nothing: the verifier decides.
             logger.warning(
                 "outbox: %s/%s %s: the delivery call did not end %ss after its cancellation;"
                 " aborting the turn while it runs",
@@ -272,14 +279,7 @@ class TurnCuts(DeliveryStep):
                 CANCEL_GRACE,
             )
             await self._abort(agent.aborter, entry, ws, ses)
-            aborted = True
             await asyncio.wait({task})
-        if not task.cancelled() and task.exception() is None:
-            outcome, error, hold = task.result()
-            if outcome in ENDED_BEFORE_THE_CUT:
-                return outcome, error, hold
-        if not aborted:
-            await self._abort(agent.aborter, entry, ws, ses)
         unknown = "ambiguous" if agent.verifier is not None else "unverifiable"
         return unknown, "interrupted: the turn was cut; the verifier decides", 0.0
 

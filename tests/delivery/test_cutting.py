@@ -49,10 +49,14 @@ class TurnAgent:
 
     async def deliver(self, entry, *, workspace_id, session_id, attempt):
         await self.gate.wait()
+        self.start_turn(entry)
+        await self.turn_over.wait()
+
+    def start_turn(self, entry) -> None:
+        """The prompt reaches the transcript and its turn runs."""
         self.transcript.append(entry.id)
         self.turn_over.clear()
         self.running.set()
-        await self.turn_over.wait()
 
     async def abort(self, entry, *, workspace_id, session_id):
         self.aborts += 1
@@ -551,28 +555,31 @@ async def test_an_aborter_that_hangs_is_given_up_on_and_the_cut_goes_on(
     await outbox.aclose()
 
 
+@pytest.mark.parametrize("ending", ["returns", "raises"])
 async def test_a_delivery_call_that_swallows_its_cancellation_is_aborted_while_it_runs(
-    cutting_outbox, agent, caplog, monkeypatch, signals_log
+    cutting_outbox, agent, caplog, monkeypatch, signals_log, ending
 ):
     """A deliverer that swallows the cancellation (a client library can: redis-py's
     asyncio client sometimes returns a reply to a cancelled command) runs on until its
     turn ends. The holder waits ``CANCEL_GRACE`` (made short here), then calls the
-    aborter while the call still runs: the turn ends, the call returns, and the attempt
-    is verified. Aborting only after the call ended waited for a turn that only the
-    abort could end (docs/howto/cutting.md, "How the cut is carried out")."""
+    aborter while the call still runs: the turn ends, the call ends, and the attempt
+    is verified, whether the call returns or raises (an error after the abort may be
+    the abort's doing: it proves no failure). Aborting only after the call ended waited
+    for a turn that only the abort could end (docs/howto/cutting.md, "How the cut is
+    carried out")."""
     monkeypatch.setattr(cutting, "CANCEL_GRACE", 0.2)
     swallowed = asyncio.Event()
 
     async def deliver_swallowing(entry, **kwargs):
-        agent.transcript.append(entry.id)
-        agent.turn_over.clear()
-        agent.running.set()
+        agent.start_turn(entry)
         give_up = asyncio.get_running_loop().time() + 15  # so a regression fails, not hangs
         while not agent.turn_over.is_set() and asyncio.get_running_loop().time() < give_up:
             try:
                 await asyncio.sleep(0.01)
             except asyncio.CancelledError:
                 swallowed.set()  # and on with the turn
+        if ending == "raises":
+            raise RuntimeError("the turn was aborted")
 
     outbox = cutting_outbox(agent)
     first = await aaccept(outbox, "k1", "first")
