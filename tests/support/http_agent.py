@@ -88,6 +88,11 @@ class AgentServer:
     def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
+        if len(body) < length:
+            # the client went away mid-request (a worker SIGKILLed while sending): a real
+            # server drops what never arrived whole, and so does this one
+            h.close_connection = True
+            return
         headers = {k.lower(): v for k, v in h.headers.items()}
         with self.lock:
             self.requests.append((method, h.path, headers, body))
