@@ -9,7 +9,17 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [{"address": os.environ["OUTBOX_VALKEY_URL"], "socket_timeout": 30}],
+            # max_connections: hundreds of sockets checked every 0.5 s (row 7) are a server
+            # with thousands at the default WS_CHECK_INTERVAL, which docs/howto/valkey.md
+            # tells to raise redis-py 8's pool bound of 100 (past it MaxConnectionsError,
+            # and a handshake meeting that twice closes 4503)
+            "hosts": [
+                {
+                    "address": os.environ["OUTBOX_VALKEY_URL"],
+                    "socket_timeout": 30,
+                    "max_connections": 500,
+                }
+            ],
             "capacity": 100,
             "expiry": 10,
         },
