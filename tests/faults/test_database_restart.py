@@ -122,32 +122,32 @@ def test_receivers_write_again_after_postgres_restarts_under_the_worker(
     workers = Workers(valkey, tmp_path, OUTBOX_TEST_DBWRITES=",".join(receivers), **env)
     worker = workers.start("--tick", "0.1", "--metrics-port", str(metrics_port))
     try:
-        first = accept(outbox, "m1").id
 
-        def first_settled() -> bool:
-            # every receiver's call for m1 over before the restart: one still running when
-            # the server goes down fails for the restart, not for a connection kept past it
+        def delivered(entry_ids: list[str], failed: dict[str, float]) -> bool:
+            # every delivery acknowledged, and a row or a counted failure of each receiver
+            # for each entry
             if outbox.list("w1", "s1"):
                 return False
-            return all(rows(postgres, name, [first]) for name in receivers)
+            return all(
+                rows(postgres, name, entry_ids) + failed.get(f"{WRITERS}.{name}", 0)
+                >= len(entry_ids)
+                for name in receivers
+            )
 
-        wait_until(first_settled, 60, 0.05, message="m1 written by every receiver")
+        first = accept(outbox, "m1").id
+        # every receiver's call for m1 over before the restart: one still running when the
+        # server goes down fails for the restart, not for a connection kept past it
+        wait_until(lambda: delivered([first], {}), 60, 0.05, message="m1 written by all")
 
         postgres.restart()
         later = [accept(outbox, f"m{n}").id for n in (2, 3, 4)]
 
         def settled() -> bool:
-            # every delivery acknowledged (a once=True receiver that failed is fired again
-            # after LOCK_TTL), and a row or a counted failure of each receiver for each
+            # a once=True receiver that failed is fired again after LOCK_TTL
             failed = receiver_failures(metrics_port)
             again = {name: n for name, n in failed.items() if n > allowed}
             assert not again, f"failed again after the first call: {again}"
-            if outbox.list("w1", "s1"):
-                return False
-            return all(
-                rows(postgres, name, later) + failed.get(f"{WRITERS}.{name}", 0) >= 3
-                for name in receivers
-            )
+            return delivered(later, failed)
 
         wait_until(settled, 60, 0.1, message="the three later prompts delivered")
         failed = receiver_failures(metrics_port)
