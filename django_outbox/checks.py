@@ -41,6 +41,7 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``W014`` ``USER_ACCEPTS_PER_MINUTE_ALL`` is on but the default cache counts nothing
 - ``W015`` ``LOCK_TTL`` is below 7.5 s: a worker stalled for two thirds of it loses the
   lease of the delivery it is making, and the prompt may be sent twice
+- ``W016`` ``MAX_HOLDS`` is set but no longer read (holds end by ``HOLD_MAX_TOTAL``)
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -668,5 +669,25 @@ def check_lease(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
             "delays taking over a crashed worker's session "
             "(docs/explanation/ordering.md#leases).",
             id="django_outbox.W015",
+        )
+    ]
+
+
+@checks.register("outbox")
+def check_deprecated(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W016: ``OUTBOX`` sets ``MAX_HOLDS``, which is no longer read: holds in a row end by
+    the time they last (``HOLD_MAX_TOTAL``), since a count was burnt in seconds by an agent
+    answering ``Retry-After: 0`` (docs/howto/agents.md#held-retry-after)."""
+    block = getattr(settings, "OUTBOX", None)
+    if not isinstance(block, dict) or "MAX_HOLDS" not in block:
+        return []
+    return [
+        checks.Warning(
+            "OUTBOX['MAX_HOLDS'] is no longer read: holds in a row now end in error / "
+            "hold_exhausted once they have lasted HOLD_MAX_TOTAL (default 1 hour), and each "
+            "hold waits at least HOLD_FLOOR, doubling while the agent keeps refusing.",
+            hint="Remove MAX_HOLDS; set OUTBOX['HOLD_MAX_TOTAL'] (seconds) instead "
+            "(docs/howto/agents.md#held-retry-after).",
+            id="django_outbox.W016",
         )
     ]

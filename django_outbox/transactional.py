@@ -49,9 +49,16 @@ from django.db import connections, router, transaction
 from django.db.models import Count, F
 from django.db.models.functions import Now
 
-from .core.agents import UnknownAgent
+from .core.agents import CAPABILITY_MERGE, UnknownAgent
 from .core.duties import Duty
-from .core.errors import CutNotSupported, Duplicate, IdempotencyConflict, RateLimited
+from .core.errors import (
+    CutNotSupported,
+    Duplicate,
+    IdempotencyConflict,
+    MergeNotSupported,
+    NotSupported,
+    RateLimited,
+)
 from .core.rules import (
     check_identifier,
     check_model_allowed,
@@ -114,7 +121,9 @@ def accept_on_commit(
     move registered with that database's ``on_commit``; returns the row.
     Raises what ``accept`` raises for bad input (``InvalidIdentifier``, ``InvalidContent``,
     ``ContentTooLarge``), ``CutNotSupported`` for ``if_busy="interrupt"`` in a session
-    whose agent cannot cut a turn (docs/howto/cutting.md), ``TypeError`` for an option
+    whose agent cannot cut a turn (docs/howto/cutting.md), ``MergeNotSupported`` for
+    ``if_busy="merge"`` in one whose agent does not deliver merged prompts
+    (docs/howto/agents.md#what-every-agent-carries), ``TypeError`` for an option
     ``accept`` does not take or a value that is not JSON, and what the database raises."""
     from .models import PendingAccept
 
@@ -123,6 +132,13 @@ def accept_on_commit(
     if options.get("if_busy") == "interrupt" and not _can_cut(outbox, workspace_id, session_id):
         # The move would be refused for good: say so inside the caller's transaction.
         raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
+    if options.get("if_busy") == "merge" and not outbox.carries(
+        workspace_id, session_id, CAPABILITY_MERGE
+    ):
+        raise MergeNotSupported(
+            "the session's agent does not declare that it delivers merged prompts: "
+            "send it without if_busy='merge'"
+        )
     validate_content(text, model, client_message_id, outbox.config.max_text_bytes)
     check_model_allowed(model, outbox.config.models)
     user_id = check_user_id(user_id)
@@ -177,7 +193,7 @@ def move(outbox: Outbox, pending: PendingAccept, *, using: str) -> Move:
     except Duplicate as dup:
         rows.delete()
         return Move(Moved.ALREADY, dup.accepted_id)
-    except (IdempotencyConflict, CutNotSupported, ValueError, TypeError, KeyError) as exc:
+    except (IdempotencyConflict, NotSupported, ValueError, TypeError, KeyError) as exc:
         # The key holds another prompt, or the prompt breaks today's rules: no retry helps.
         return _refused(rows, pending, exc, final=True)
     except Exception as exc:

@@ -7,7 +7,8 @@ It is the demo's fake agent (``example_project/fake_agent.py``: its transcript f
 knobs and rules, HTTP Basic auth) with the API an in-house agent would offer:
 
 - ``POST /agent/w/{workspace_id}/s/{session_id}/prompts`` with ``Idempotency-Key`` and a
-  JSON body whose ``text`` is the prompt (the HTTP agent's default ``BODY``): stores the
+  JSON body whose ``text`` is the prompt (the HTTP agent's default ``BODY``; a merged
+  delivery's ``parts`` lists each prompt, stored as one message's parts): stores the
   prompt under its key, runs the turn (the knobs' thinking time; a Stop ends it at once),
   answers 201 ``{"id": key}``. A key it stored before is answered 200 ``{"id": key,
   "duplicate": true}`` and is not run again: the agent honours the key. The first rule or
@@ -92,10 +93,15 @@ class HttpAgent(FakeAgent):
             return turn
         self.transcripts.setdefault(session_id, [])
         model = body.get("model")
+        # A merged delivery lists each prompt in ``parts`` (its ``text`` joins them): one
+        # stored message with a text part per prompt, as opencode keeps it.
+        parts = body.get("parts")
+        if not (isinstance(parts, list) and parts and all(isinstance(p, str) for p in parts)):
+            parts = [text]
         self._store_prompt(
             session_id,
             key,
-            [{"type": "text", "text": text}],
+            [{"type": "text", "text": part} for part in parts],
             model if isinstance(model, dict) else None,
         )
         if turn.cut_after_store:

@@ -24,6 +24,7 @@ body shape / content rule (serializer)              400     ``invalid`` + ``fiel
 ``RetryResult``/``DismissResult.BUSY``              409     ``busy``
 ``EditResult.VERSION_MISMATCH`` (stale ``If-Match``)  412     ``version_mismatch``
 ``CutNotSupported`` (no ``ABORTER``)                409     ``not_supported``
+``MergeNotSupported`` (agent sends no parts)        409     ``not_supported``
 ``OutboxUnavailable``                               503     ``unavailable`` + ``accepted``
 ``KeySpaceClaimed`` (another project's key space)   503     ``unavailable`` + ``accepted``
 ==================================================  ======  ==============================
@@ -57,6 +58,7 @@ from ..errors import (
     InvalidContent,
     InvalidIdentifier,
     KeySpaceClaimed,
+    MergeNotSupported,
     ModelNotAllowed,
     OutboxFull,
     OutboxUnavailable,
@@ -210,6 +212,13 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             "not_supported",
             "The agent's running turn cannot be cut here: no OUTBOX['ABORTER'] is configured; "
             "nothing was stored or changed.",
+        )
+    if isinstance(exc, MergeNotSupported):
+        return error_response(
+            status.HTTP_409_CONFLICT,
+            "not_supported",
+            "This session's agent cannot deliver merged prompts (ifBusy 'merge'); send the "
+            "prompt without it. Nothing was stored.",
         )
     if isinstance(exc, OutboxUnavailable):
         logger.warning("outbox API: %s", exc)

@@ -183,7 +183,8 @@ class AcceptRequestSerializer(serializers.Serializer):
         help_text="What to do while the session is busy (something pending, in flight or "
         "being verified): queue (default) behind it; reject: answer 409 session_busy and "
         "store nothing; merge: join the next delivery with the merge prompts queued behind "
-        "the running turn (docs/howto/steering.md); interrupt: become the session's next, "
+        "the running turn (docs/howto/steering.md; 409 not_supported, nothing stored, when "
+        "the session's agent cannot deliver merged prompts); interrupt: become the session's next, "
         "ahead of queued prompts, and cut the running turn (409 not_supported, nothing "
         "stored, without an aborter; docs/howto/cutting.md).",
     )

@@ -151,7 +151,8 @@ class MessagesView(OutboxAPIView):
                 409: OpenApiResponse(
                     ErrorSerializer,
                     "ifBusy reject and the session is busy (session_busy); ifBusy interrupt "
-                    "and no aborter is configured (not_supported). Nothing stored.",
+                    "and no aborter is configured, or ifBusy merge and the agent cannot "
+                    "deliver merged prompts (not_supported). Nothing stored.",
                 ),
             }
         ),

@@ -44,6 +44,29 @@ class Agent:
     options: Mapping[str, Any] = field(default_factory=lambda: _NO_OPTIONS)
 
 
+#: What a deliverer declares it carries out, in its ``outbox_capabilities`` attribute (a
+#: set of names; docs/howto/agents.md#what-every-agent-carries). ``"merge"``: it sends every
+#: part of a merged delivery (``entry.parts``) as one message, so ``if_busy="merge"`` may be
+#: accepted for its sessions; without it such an accept is refused, nothing stored.
+CAPABILITY_MERGE = "merge"
+
+
+def capabilities_of(deliverer: Callable[..., Any] | None) -> frozenset[str]:
+    """The names ``deliverer`` declares in its ``outbox_capabilities`` attribute (a bound
+    method: its function's, else its object's), or an empty set: an undeclared capability
+    is taken as missing, so a deliverer written before it existed never drops what it
+    would carry."""
+    declared = getattr(deliverer, "outbox_capabilities", None)
+    if declared is None:
+        declared = getattr(getattr(deliverer, "__self__", None), "outbox_capabilities", None)
+    if not declared or isinstance(declared, str):
+        return frozenset()
+    try:
+        return frozenset(str(name) for name in declared)
+    except TypeError:
+        return frozenset()
+
+
 #: The agent whose callable runs now (set by the delivery step around each deliverer,
 #: verifier and aborter call; None elsewhere). Copied into ``asyncio.to_thread`` calls.
 current_agent: ContextVar[Agent | None] = ContextVar("outbox_current_agent", default=None)
@@ -161,6 +184,20 @@ class AgentRouting:
         """The aborter of the session's agent (:meth:`agent_for`), or None when that agent
         cannot cut a turn. Raises :class:`UnknownAgent` as :meth:`agent_for` does."""
         return self.agent_for(workspace_id, session_id).aborter
+
+    def carries(self, workspace_id: str, session_id: str, capability: str) -> bool:
+        """Whether the session's agent declares ``capability`` (:data:`CAPABILITY_MERGE`,
+        ...) on its deliverer (:func:`capabilities_of`). True when this outbox has no agent
+        at all (a process that only accepts, built without agents, cannot tell; the
+        Django outbox always has its settings' agents); False when the session's agent
+        cannot be resolved now: what it needs is refused rather than risked."""
+        if not self.agents and self.deliverer is None:
+            return True
+        try:
+            agent = self.agent_for(workspace_id, session_id)
+        except UnknownAgent:
+            return False
+        return capability in capabilities_of(agent.deliverer)
 
     def verifies(self, workspace_id: str, session_id: str) -> bool:
         """Whether an unknown outcome in this session is verified before anything is sent

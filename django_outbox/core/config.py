@@ -246,10 +246,21 @@ class Config:
         kind=DURATION,
         doc="the longest an agent's Retry-After holds a session (longer ones are cut)",
     )
+    hold_floor: float = setting(
+        1.0,
+        kind=DURATION,
+        doc="the shortest hold, doubling with each hold in a row up to HOLD_MAX, whatever "
+        "the agent's Retry-After says (0, a past date, garbage)",
+    )
+    hold_max_total: float = setting(
+        3600.0,
+        kind=DURATION,
+        doc="how long holds in a row may last before error / hold_exhausted",
+    )
     max_holds: int = setting(
         100,
         kind=POSITIVE_INT,
-        doc="holds in a row (agent busy, Retry-After) before error / hold_exhausted",
+        doc="deprecated, no longer read: holds end by time held (HOLD_MAX_TOTAL)",
     )
     parked_sweep_interval: float = setting(
         60.0, kind=DURATION, doc="how often a worker asks the LEDGER_PROBE about error entries"

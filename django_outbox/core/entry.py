@@ -140,7 +140,7 @@ LEDGER_STATE_FAILED = "LEDGER_STATE_FAILED"
 REASON_MAX_ATTEMPTS = "max_attempts"
 REASON_UNVERIFIABLE = "unverifiable"
 REASON_TRANSIENT_EXHAUSTED = "transient_exhausted"
-#: ``MAX_HOLDS`` holds in a row (the agent kept asking to be left alone): docs/howto/agents.md.
+#: Held for ``HOLD_MAX_TOTAL`` (the agent kept asking to be left alone): docs/howto/agents.md.
 REASON_HOLD_EXHAUSTED = "hold_exhausted"
 
 
@@ -250,6 +250,10 @@ _STATE_FIELDS: tuple[tuple[str, str], ...] = (
 #: ``interrupted``: the entry's turn was cut (docs/howto/cutting.md); after deliveredAt,
 #: as in lib/entry.lua's ORDER.
 _STATE_FIELDS += (("interrupted", "interrupted"),)
+#: ``heldSince``: when the agent's current run of holds began; ``revision``: how often the
+#: request was changed (an edit, an operator's retry of a definitive failure), which makes
+#: its ``request_key``; both after interrupted, as in lib/entry.lua's ORDER.
+_STATE_FIELDS += (("heldSince", "held_since"), ("revision", "revision"))
 _CONTENT_FIELDS = (
     ("clientMessageID", "client_message_id"),
     ("userID", "user_id"),
@@ -257,7 +261,7 @@ _CONTENT_FIELDS = (
     ("model", "model"),
     ("traceparent", "traceparent"),
 )
-_ZERO_OMITTED = {"verifyAttempts", "transientFails", "holds", "seq", "interrupted"}
+_ZERO_OMITTED = {"verifyAttempts", "transientFails", "holds", "seq", "interrupted", "revision"}
 #: State members left out while they hold their default (``mode`` "queue": every entry
 #: accepted before accept options existed reads as one).
 _DEFAULT_OMITTED = {"mode": "queue"}
@@ -337,9 +341,18 @@ class Entry:
     #: ``transient_exhausted`` at ``MAX_TRANSIENT_FAILURES``; retry resets it.
     transient_fails: int = 0
     #: Holds in a row (``holds``): the agent answered "not now, retry after ..." and the
-    #: entry waits without using an attempt (docs/howto/agents.md); any other outcome
-    #: ends the run; ``error`` / ``hold_exhausted`` past ``MAX_HOLDS``; retry resets it.
+    #: entry waits without using an attempt, at least a floor that doubles with each hold
+    #: (``HOLD_FLOOR``, docs/howto/agents.md#held-retry-after); any other outcome ends the
+    #: run; retry resets it.
     holds: int = 0
+    #: When the current run of holds began (``heldSince``, server clock): a hold answered
+    #: ``HOLD_MAX_TOTAL`` seconds after it ends the entry in ``error`` /
+    #: ``hold_exhausted``. None while the entry is not held.
+    held_since: str | None = None
+    #: How often the request this entry makes of the agent was changed (``revision``): an
+    #: edit of its text or model, an operator's retry after a definitive failure. It makes
+    #: :attr:`request_key`; 0 (omitted from JSON) until the first change.
+    revision: int = 0
     #: When it is due again after a backoff or verification delay (``nextAttemptAt``);
     #: None: due now.
     next_attempt_at: str | None = None
@@ -387,6 +400,16 @@ class Entry:
     #: With ``blocked_by_in_flight``: seconds the session's lease has been held
     #: (``inFlightFor``); None otherwise.
     in_flight_for: float | None = field(default=None)
+
+    @property
+    def request_key(self) -> str:
+        """The idempotency key of the request this entry makes of its agent: the entry ID,
+        then ``"<entry ID>.<revision>"`` once the request changed (an edit, an operator's
+        retry after a definitive failure). The same for every resend of the same request
+        (so verification can find it) and new when the request changes (so an agent that
+        caches its answer per key never replays an old answer to a new request);
+        docs/howto/agents.md#the-idempotency-key."""
+        return self.id if not self.revision else f"{self.id}.{self.revision}"
 
     # -- wire format ---------------------------------------------------------
 
@@ -462,12 +485,20 @@ class Entry:
                 "next_attempt_at",
                 "delivered_at",
                 "expires_at",
+                "held_since",
             ):
                 if attr in kwargs:
                     if not isinstance(kwargs[attr], str):
                         raise ValueError(f"{attr} must be an RFC 3339 string")
                     kwargs[attr] = canonical_time(kwargs[attr])
-            for attr in ("attempts", "verify_attempts", "transient_fails", "holds", "seq"):
+            for attr in (
+                "attempts",
+                "verify_attempts",
+                "transient_fails",
+                "holds",
+                "seq",
+                "revision",
+            ):
                 value = kwargs.get(attr, 0)
                 if isinstance(value, float) and value.is_integer():
                     value = int(value)

@@ -159,10 +159,23 @@ class ServerUnsupported(OutboxError):
         self.unmet = unmet
 
 
-class CutNotSupported(OutboxError):
+class NotSupported(OutboxError):
+    """The session's agent cannot carry out what was asked; nothing was stored or changed
+    (REST: 409 ``not_supported``; docs/howto/agents.md#what-every-agent-carries)."""
+
+
+class CutNotSupported(NotSupported):
     """A running turn cannot be cut: no aborter is configured for the session's agent
     (``OUTBOX["ABORTER"]``). Raised by :meth:`Outbox.accept_interrupting` before anything
     is stored (REST: 409 ``not_supported``; docs/howto/cutting.md)."""
+
+
+class MergeNotSupported(NotSupported):
+    """``if_busy="merge"`` for a session whose agent's deliverer does not declare that it
+    sends every part of a merged delivery (``outbox_capabilities`` without ``"merge"``),
+    or whose agent cannot be resolved now. Raised by ``accept`` before anything is
+    stored, so no merged prompt is ever marked delivered without reaching the agent
+    (REST: 409 ``not_supported``; docs/howto/agents.md#what-every-agent-carries)."""
 
 
 class SignalOwed(Exception):

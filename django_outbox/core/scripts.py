@@ -234,10 +234,18 @@ def settle_argv(
 
 
 def hold_argv(hold_seconds: float, config: Config) -> list[Any]:
-    """ARGV[19..21] of ``settle.lua``, read for the outcome ``held``: how long the agent
-    asked to be left alone, ``HOLD_MAX`` (both in microseconds) and ``MAX_HOLDS``."""
+    """ARGV[19..22] of ``settle.lua``, read for the outcome ``held``, all in microseconds:
+    how long the agent asked to be left alone (a negative or NaN wait is 0, an endless one
+    ``HOLD_MAX``), ``HOLD_FLOOR``, ``HOLD_MAX`` and ``HOLD_MAX_TOTAL``."""
     us = 1_000_000
-    return [int(max(0.0, hold_seconds) * us), int(config.hold_max * us), config.max_holds]
+    wait = hold_seconds if hold_seconds > 0 else 0.0  # NaN compares False: 0
+    wait = min(wait, config.hold_max)
+    return [
+        int(wait * us),
+        int(config.hold_floor * us),
+        int(config.hold_max * us),
+        int(config.hold_max_total * us),
+    ]
 
 
 def settle_next_argv(

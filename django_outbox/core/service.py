@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .agents import CAPABILITY_MERGE
 from .cutting import TurnCuts
 from .entry import (
     LEDGER_STATE_ADMITTED,
@@ -40,7 +41,14 @@ from .entry import (
     new_entry_id,
     parse_time,
 )
-from .errors import Duplicate, IdempotencyConflict, OutboxFull, RateLimited, SessionBusy
+from .errors import (
+    Duplicate,
+    IdempotencyConflict,
+    MergeNotSupported,
+    OutboxFull,
+    RateLimited,
+    SessionBusy,
+)
 from .history import HistoryReads
 from .keys import dedupe_marker, user_digest
 from .owner import OwnedKeySpace
@@ -124,6 +132,11 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
         check_model_allowed(model, self.config.models)
         mode, expires_us = check_accept_options(if_busy, expires_after)
         user_id = check_user_id(user_id)
+        if mode == "merge" and not self.carries(workspace_id, session_id, CAPABILITY_MERGE):
+            raise MergeNotSupported(
+                "the session's agent does not declare that it delivers merged prompts "
+                "(outbox_capabilities without 'merge'): send it without if_busy='merge'"
+            )
         if self.key_space_owner is not None and not self._key_space_confirmed:
             yield from self._key_space_plan()  # the process's first accept claims the space
         user = user_digest(user_id)

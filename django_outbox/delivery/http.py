@@ -48,15 +48,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import json
-import math
 import re
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
@@ -67,11 +62,24 @@ from ..core.agents import Agent, current_agent
 from ..core.config import ConfigError, duration
 from ..core.entry import Entry, Verdict
 from ..core.redaction import redact, remember_secret, remember_url
-from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
-from ._httpx import LoopClients
+from ..errors import AmbiguousError, TransientDeliveryError
+from .base import (
+    INVALID_REQUEST,
+    LONGEST_RETRY_AFTER,
+    NOT_SENT,
+    HttpBackend,
+    Made,
+    excerpt,
+    module_face,
+    origin,
+    parse_retry_after,
+    read_excerpt,
+    refusal,
+)
 
 __all__ = [
     "DEFAULT_BODY",
+    "LONGEST_RETRY_AFTER",
     "HttpAgent",
     "HttpAgentError",
     "HttpAgentSettings",
@@ -89,16 +97,29 @@ DEFAULT_BODY: Mapping[str, Any] = {
     "workspace_id": "{workspace_id}",
     "session_id": "{session_id}",
     "text": "{text}",
+    "parts": "{parts}",
     "model": "{model}",
 }
 #: The names a URL template may use (each value is percent-encoded whole).
 URL_PLACEHOLDERS = ("workspace_id", "session_id", "entry_id")
 #: The names a ``BODY`` string may use: a string that is exactly ``"{model}"`` becomes the
-#: entry's model object (or null); other strings have each ``{name}`` replaced by text.
-BODY_PLACEHOLDERS = (*URL_PLACEHOLDERS, "text", "model", "client_message_id", "user_id")
+#: entry's model object (or null), one that is exactly ``"{parts}"`` the list of the
+#: delivery's texts (one for a prompt alone; each merged prompt's, in queue order, for a
+#: merged delivery); other strings have each ``{name}`` replaced by text. ``{text}`` is
+#: the whole message: a prompt's text, or a merged delivery's texts joined by a blank
+#: line, so a template written before merging existed still carries every prompt
+#: (docs/howto/http-agent.md#the-body).
+BODY_PLACEHOLDERS = (
+    *URL_PLACEHOLDERS,
+    "text",
+    "parts",
+    "model",
+    "client_message_id",
+    "user_id",
+)
+#: What joins the texts of a merged delivery in ``{text}``.
+MERGED_TEXT_SEPARATOR = "\n\n"
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
-_EXCERPT_CHARS = 500
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 _MAX_REDIRECTS = 5
 #: Headers the agent does not choose: the outbox sets them.
 _RESERVED_HEADERS = {"idempotency-key", "content-type", "content-length", "host"}
@@ -313,44 +334,6 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
-    scheme = url.scheme.lower()
-    return scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(scheme)
-
-
-#: The longest wait :func:`parse_retry_after` reads, in seconds (about 31 years): a longer
-#: ``Retry-After`` is this long. ``HOLD_MAX`` bounds every hold far below it.
-LONGEST_RETRY_AFTER = 1e9
-
-_DELTA_SECONDS = re.compile(r"[0-9]+")
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds, or an HTTP date
-    measured against ``now``, epoch seconds, default the local clock); None when absent
-    or unreadable. A date in the past is 0. Delta-seconds are ASCII digits only (RFC 9110,
-    10.2.3: another script's digits are unreadable); any wait, however many digits it has, is
-    read as at most :data:`LONGEST_RETRY_AFTER` seconds — the hold itself is bounded by
-    ``HOLD_MAX`` (docs/howto/agents.md, "Held: Retry-After") — never as an error."""
-    if value is None:
-        return None
-    value = value.strip()
-    if _DELTA_SECONDS.fullmatch(value):
-        # float() reads digits of any length (inf past ~309 of them); int() would refuse
-        # more than 4300 and float(int()) overflow past ~309.
-        return min(float(value), LONGEST_RETRY_AFTER)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when is None:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    seconds = when.timestamp() - (time.time() if now is None else now)
-    return min(max(0.0, seconds), LONGEST_RETRY_AFTER) if math.isfinite(seconds) else None
-
-
 class _Sending:
     """What httpcore reports of one request (its ``trace`` extension): ``connecting`` while
     a connection is being made and none of the request is written yet. A transport that
@@ -366,7 +349,7 @@ class _Sending:
             self.connecting = False
 
 
-class HttpAgent:
+class HttpAgent(HttpBackend):
     """One HTTP agent (an ``AGENTS`` entry): :meth:`deliver`, :meth:`verify`, :meth:`abort`.
 
     ``settings``: :class:`HttpAgentSettings`; ``transport``: an httpx async transport
@@ -383,28 +366,18 @@ class HttpAgent:
     ) -> None:
         self.name = name
         self.settings = settings
-        self._transport = transport
-        self._clients = LoopClients(self._new_client)
+        super().__init__(
+            connect_timeout=settings.connect_timeout,
+            timeout=settings.timeout,
+            max_response_bytes=settings.max_response_bytes,
+            transport=transport,
+        )
 
     def __repr__(self) -> str:
         return f"<HttpAgent {self.name}>"
 
-    def _new_client(self) -> httpx.AsyncClient:
-        s = self.settings
-        return httpx.AsyncClient(
-            timeout=httpx.Timeout(s.timeout, connect=s.connect_timeout),
-            transport=self._transport,
-            follow_redirects=False,
-            # identity: what is read is what is counted (no decompression bomb)
-            headers={"Accept": "application/json", "Accept-Encoding": "identity", **s.headers},
-        )
-
-    def _client(self) -> httpx.AsyncClient:
-        return self._clients.get()
-
-    async def aclose(self) -> None:
-        """Close the running loop's httpx client (a no-op if it has none)."""
-        await self._clients.aclose()
+    def _credentials(self) -> tuple[dict[str, str], tuple[str, str] | None]:
+        return dict(self.settings.headers), None
 
     async def _exchange(
         self, method: str, url: str, deadline: float, *, body: bytes | None = None, key: str = ""
@@ -420,7 +393,7 @@ class HttpAgent:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         if key:
             headers["Idempotency-Key"] = key
-        origin = _origin(httpx.URL(url))
+        home = origin(httpx.URL(url))
         when = asyncio.get_running_loop().time() + deadline
         for _ in range(_MAX_REDIRECTS + 1):
             sending = _Sending()
@@ -441,7 +414,7 @@ class HttpAgent:
                 if 300 <= status < 400 and "location" in response.headers:
                     follows = status in (307, 308) or method == "GET"
                     target = httpx.URL(urljoin(url, response.headers["location"]))
-                    if not follows or target.userinfo or _origin(target) != origin:
+                    if not follows or target.userinfo or origin(target) != home:
                         raise HttpAgentError(
                             f"the agent redirected {method} {url} ({status}) to "
                             f"{'another origin' if follows else 'a place'} this agent "
@@ -453,28 +426,12 @@ class HttpAgent:
                     continue
                 raw = b""
                 if not 200 <= status < 300:
-                    raw = await self._read(response, when)
+                    raw = await read_excerpt(response, self.settings.max_response_bytes, until=when)
                 return status, response.headers, raw
             finally:
                 with contextlib.suppress(httpx.HTTPError):
                     await response.aclose()
         raise HttpAgentError(f"more than {_MAX_REDIRECTS} redirects from {url}", url=url)
-
-    async def _read(self, response: httpx.Response, when: float) -> bytes:
-        """At most ``max_response_bytes`` of ``response``'s body, read until the loop time
-        ``when``; what came before a cut, an error or the deadline (nothing if compressed)."""
-        limit = self.settings.max_response_bytes
-        encoding = response.headers.get("content-encoding", "").strip().lower()
-        if encoding not in ("", "identity"):
-            return b""
-        raw = bytearray()
-        with contextlib.suppress(httpx.HTTPError, TimeoutError):
-            async with asyncio.timeout_at(when):
-                async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
-                    raw += chunk
-                    if len(raw) >= limit:
-                        return bytes(raw[:limit])
-        return bytes(raw)
 
     # -- deliver ---------------------------------------------------------------------
 
@@ -482,18 +439,21 @@ class HttpAgent:
         self, entry: Entry, *, workspace_id: str, session_id: str, attempt: int
     ) -> None:
         """``POST SEND_URL`` with the ``BODY`` and ``Idempotency-Key: <entry ID>`` (the same
-        for every attempt, so an agent that honours it never runs a prompt twice).
+        for every attempt, so an agent that honours it never runs a prompt twice). A merged
+        delivery sends every prompt's text: ``{parts}`` lists them, ``{text}`` joins them.
         Returns on 2xx; raises :class:`TransientDeliveryError` (nothing was sent),
         :class:`AmbiguousError` (maybe sent), :class:`HoldDeliveryError` (429/503 with
         ``Retry-After``) or :class:`HttpAgentError` (refused), as the module's table says.
         """
         s = self.settings
         url = _fill_url(s.send_url, workspace_id, session_id, entry.id)
+        texts = list(entry.parts or (entry.text,))
         values = {
             "workspace_id": workspace_id,
             "session_id": session_id,
             "entry_id": entry.id,
-            "text": entry.text,
+            "text": MERGED_TEXT_SEPARATOR.join(texts),
+            "parts": texts,
             "model": entry.model,
             "client_message_id": entry.client_message_id,
             "user_id": entry.user_id,
@@ -503,17 +463,12 @@ class HttpAgent:
             status, headers, raw = await self._exchange(
                 "POST", url, s.timeout, body=body, key=entry.id
             )
-        except (
-            httpx.ConnectError,
-            httpx.ConnectTimeout,
-            httpx.PoolTimeout,
-            httpx.ProxyError,
-        ) as exc:
+        except NOT_SENT as exc:
             raise TransientDeliveryError(
                 redact(f"could not connect to the agent at {url}: {type(exc).__name__}: {exc}"),
                 exc,
             ) from exc
-        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        except INVALID_REQUEST as exc:
             raise HttpAgentError(
                 f"invalid request to {url}: {type(exc).__name__}: {exc}", url=url
             ) from exc
@@ -527,20 +482,17 @@ class HttpAgent:
             ) from exc
         if 200 <= status < 300:
             return
-        excerpt = _excerpt(raw)
+        said = excerpt(raw)
         error = HttpAgentError(
-            f"agent answered HTTP {status} for {url}" + (f": {excerpt}" if excerpt else ""),
+            f"agent answered HTTP {status} for {url}" + (f": {said}" if said else ""),
             status=status,
             url=url,
-            body=excerpt,
+            body=said,
         )
-        if status in (429, 503):
-            wait = parse_retry_after(headers.get("retry-after"))
-            if wait is not None:
-                raise HoldDeliveryError(str(error), error, retry_after=wait) from error
-        if status >= 500:
-            raise AmbiguousError(str(error), error) from error
-        raise error
+        raised = refusal(status, headers, error)
+        if raised is error:
+            raise error
+        raise raised from error
 
     # -- verify ----------------------------------------------------------------------
 
@@ -578,26 +530,19 @@ class HttpAgent:
         ).encode()
         status, _, raw = await self._exchange("POST", url, s.abort_timeout, body=body, key=entry.id)
         if not 200 <= status < 300:
-            excerpt = _excerpt(raw)
+            said = excerpt(raw)
             raise HttpAgentError(
                 f"agent answered HTTP {status} to the abort at {url}"
-                + (f": {excerpt}" if excerpt else ""),
+                + (f": {said}" if said else ""),
                 status=status,
                 url=url,
-                body=excerpt,
+                body=said,
             )
-
-
-def _excerpt(raw: bytes) -> str:
-    text = " ".join(raw.decode("utf-8", "replace").split())
-    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
 
 
 # --- the module functions an AGENTS entry names -----------------------------------------
 
-_state_lock = threading.Lock()
-#: (agent name, id of its options) -> (the options, the HttpAgent made from them).
-_made: dict[tuple[str, int], tuple[Mapping[str, Any], HttpAgent]] = {}
+_made = Made()
 
 
 def agent_for(agent: Agent | None = None) -> HttpAgent:
@@ -610,44 +555,22 @@ def agent_for(agent: Agent | None = None) -> HttpAgent:
             "django_outbox.delivery.http serves an OUTBOX['AGENTS'] entry: name it there "
             "(docs/howto/http-agent.md)"
         )
-    key = (agent.name, id(agent.options))
-    with _state_lock:
-        made = _made.get(key)
-        if made is not None and made[0] is agent.options:
-            return made[1]
-    http = HttpAgent(agent.name, HttpAgentSettings.parse(agent.name, agent.options))
-    with _state_lock:
-        _made[key] = (agent.options, http)
-    return http
+    served = agent
+
+    def make() -> HttpAgent:
+        return HttpAgent(served.name, HttpAgentSettings.parse(served.name, served.options))
+
+    made: HttpAgent = _made.get((agent.name, id(agent.options)), agent.options, make)
+    return made
 
 
-async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
-    """An ``AGENTS`` entry's ``DELIVERER``: :meth:`HttpAgent.deliver` of the agent served."""
-    await agent_for().deliver(
-        entry, workspace_id=workspace_id, session_id=session_id, attempt=attempt
-    )
+async def _resolve(workspace_id: str) -> HttpAgent:
+    return agent_for()
 
 
-async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
-    """An ``AGENTS`` entry's ``VERIFIER``: :meth:`HttpAgent.verify` of the agent served."""
-    return await agent_for().verify(entry, workspace_id=workspace_id, session_id=session_id)
-
-
-async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> None:
-    """An ``AGENTS`` entry's ``ABORTER``: :meth:`HttpAgent.abort` of the agent served."""
-    await agent_for().abort(entry, workspace_id=workspace_id, session_id=session_id)
-
-
-# The checks (and the settings) validate an entry that names these: see conf.AgentSettings.
-deliver.validate_agent_options = _validate_send  # type: ignore[attr-defined]
-verify.validate_agent_options = _validate_verify  # type: ignore[attr-defined]
-abort.validate_agent_options = _validate_abort  # type: ignore[attr-defined]
-
-
-async def aclose() -> None:
-    """Close the running loop's httpx clients of every HTTP agent made so far (the worker
-    at shutdown; tests at teardown)."""
-    with _state_lock:
-        agents = [http for _, http in _made.values()]
-    for http in agents:
-        await http.aclose()
+# It sends every part of a merged delivery ({parts}; {text} joins them). The checks validate
+# an AGENTS entry naming these (conf.AgentSettings); aclose closes the running loop's httpx
+# clients of every HTTP agent made so far (the worker at shutdown; tests at teardown).
+_CHECKS = (_validate_send, _validate_verify, _validate_abort)
+deliver, verify, abort = module_face(_resolve, HttpAgent, __name__, _CHECKS)
+aclose = _made.aclose

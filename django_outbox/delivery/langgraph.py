@@ -17,7 +17,8 @@ or build a :class:`LangGraphClient` and pass its bound ``deliver`` / ``verify`` 
   ``outbox_workspace_id`` / ``outbox_session_id``), so any worker, after any crash,
   finds the same thread.
 * **One run per entry**, created on that thread with the entry's text as the user
-  message (``input: {"messages": [{"role": "user", "content": text}]}``, the
+  message (``input: {"messages": [{"role": "user", "content": text}]}``; a merged
+  delivery puts one user message per merged prompt, in queue order, in that one run), the
   entry's model as ``context: {"model": ...}``) and ``metadata.outbox_entry_id`` =
   the entry ID, ``multitask_strategy: "enqueue"`` (a run still going on the thread
   is never cut by the next prompt: it waits its turn on the server).
@@ -52,9 +53,7 @@ most a 500-character excerpt of an answer, redacted.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import uuid
 from typing import Any
 from urllib.parse import quote
@@ -73,8 +72,8 @@ from ..core.agents import Agent, current_agent
 from ..core.entry import Entry, Verdict
 from ..core.redaction import redact, remember_secret
 from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
-from ._httpx import LoopClients, Unreadable, read_bounded
-from .http import parse_retry_after
+from . import base
+from .base import HttpBackend, Made, Unreadable, module_face
 
 __all__ = [
     "ENTRY_KEY",
@@ -91,12 +90,8 @@ __all__ = [
 
 #: The run metadata key that carries the entry ID (what the verifier looks for).
 ENTRY_KEY = "outbox_entry_id"
-_ERROR_BODY_LIMIT = 500  # characters of an error body kept in the exception message
-_ERROR_BODY_BYTES = 4 * _ERROR_BODY_LIMIT  # the most read of an error body
 PAGE_SIZE = 100  # runs per page of the verifier's search
 MAX_PAGES = 50  # pages the verifier reads before it calls the search inconclusive
-#: Errors raised before a request was written: nothing reached the server.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
 
 
 class LangGraphError(Exception):
@@ -124,13 +119,7 @@ def thread_id_for(
     return str(uuid.uuid5(uuid.UUID(namespace), f"{workspace_id}\0{session_id}"))
 
 
-def _excerpt(raw: bytes) -> str:
-    text = " ".join(raw.decode("utf-8", "replace").split())
-    text = text if len(text) <= _ERROR_BODY_LIMIT else text[:_ERROR_BODY_LIMIT] + "..."
-    return redact(text)
-
-
-class LangGraphClient:
+class LangGraphClient(HttpBackend):
     """Deliver outbox entries to one LangGraph Agent Server as runs on per-session threads.
 
     ``url``: the server, e.g. ``"http://127.0.0.1:2024"`` (a path prefix is kept).
@@ -164,41 +153,18 @@ class LangGraphClient:
         self.url = url.rstrip("/")
         self.assistant_id = assistant_id
         self.api_key = api_key
-        self.connect_timeout = float(connect_timeout)
-        self.request_timeout = float(request_timeout)
-        self.timeout = float(timeout)
-        self.max_response_bytes = int(max_response_bytes)
+        self.read_timeout = self.request_timeout = float(request_timeout)
         self.thread_namespace = str(uuid.UUID(thread_namespace))
-        self._transport = transport
-        self._clients = LoopClients(self._new_client)
+        limits: dict[str, Any] = {"connect_timeout": connect_timeout, "timeout": timeout}
+        super().__init__(max_response_bytes=max_response_bytes, transport=transport, **limits)
 
     def __repr__(self) -> str:
         return f"<LangGraphClient {self.url} {self.assistant_id}>"
 
     # -- the httpx client of the running loop ------------------------------------
 
-    def _new_client(self) -> httpx.AsyncClient:
-        headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
-        if self.api_key is not None:
-            headers["X-Api-Key"] = self.api_key
-        return httpx.AsyncClient(
-            timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
-            transport=self._transport,
-            headers=headers,
-            follow_redirects=False,  # the key goes to this origin only
-        )
-
-    def _client(self) -> httpx.AsyncClient:
-        return self._clients.get()
-
-    async def aclose(self) -> None:
-        """Close the running loop's httpx client (a no-op if it has none)."""
-        await self._clients.aclose()
-
-    @property
-    def has_clients(self) -> bool:
-        """True while some event loop still holds an open httpx client of this object."""
-        return self._clients.any_open
+    def _credentials(self) -> tuple[dict[str, str], tuple[str, str] | None]:
+        return ({} if self.api_key is None else {"X-Api-Key": self.api_key}), None
 
     def thread_id(self, workspace_id: str, session_id: str) -> str:
         """:func:`thread_id_for` under this client's namespace."""
@@ -209,17 +175,11 @@ class LangGraphClient:
     async def _read(self, response: httpx.Response, limit: int) -> bytes:
         """The body of ``response``, at most ``limit`` bytes (raw: no decompression).
         Raises :class:`Unreadable` for a larger or compressed one, httpx errors as is."""
-        return bytes(await read_bounded(response, limit))
+        return bytes(await base.read_bounded(response, limit))
 
     async def _error_body(self, response: httpx.Response) -> str:
         """A redacted excerpt of an error answer (at most 2,000 bytes are read)."""
-        raw = b""
-        with contextlib.suppress(httpx.HTTPError):
-            async for chunk in response.aiter_raw():
-                raw += chunk
-                if len(raw) >= _ERROR_BODY_BYTES:
-                    break
-        return _excerpt(raw[:_ERROR_BODY_BYTES])
+        return base.excerpt(await base.read_excerpt(response))
 
     async def _json(
         self, method: str, path: str, *, hold: bool = False, **kwargs: Any
@@ -228,20 +188,19 @@ class LangGraphClient:
         A 2xx body is parsed (up to ``max_response_bytes``); another status gives its
         excerpt. Raises httpx errors and :class:`Unreadable` (a 2xx that is not JSON);
         with ``hold`` (the delivery's requests) also
-        :class:`~django_outbox.errors.HoldDeliveryError` for a 429 with a readable
-        ``Retry-After``: a rate limit, the request was not taken, and the session waits
-        that long without using an attempt, as with the other agents
-        (docs/howto/langgraph.md)."""
+        :class:`~django_outbox.errors.HoldDeliveryError` for a 429 or 503 with a
+        ``Retry-After``: the request was not taken, and the session waits without using an
+        attempt, as with every agent (:func:`~django_outbox.delivery.base.refusal`)."""
         client = self._client()
         async with client.stream(method, self.url + path, **kwargs) as response:
             if not 200 <= response.status_code < 300:
-                excerpt = await self._error_body(response)
-                if hold and response.status_code == 429:
-                    wait = parse_retry_after(response.headers.get("retry-after"))
-                    if wait is not None:
-                        error = LangGraphHTTPError(429, excerpt, self.url + path)
-                        raise HoldDeliveryError(str(error), error, retry_after=wait) from error
-                return response.status_code, None, excerpt
+                said = await self._error_body(response)
+                if hold:
+                    error = LangGraphHTTPError(response.status_code, said, self.url + path)
+                    raised = base.refusal(response.status_code, response.headers, error)
+                    if isinstance(raised, HoldDeliveryError):
+                        raise raised from error
+                return response.status_code, None, said
             raw = await self._read(response, self.max_response_bytes)
         if not raw.strip():
             return response.status_code, None, ""
@@ -263,7 +222,8 @@ class LangGraphClient:
            5xx), except a 3xx/4xx: :class:`LangGraphHTTPError` (definitive: a wrong
            key, a wrong URL).
         2. ``POST {url}/threads/{thread_id}/runs`` with the assistant, the input
-           ``{"messages": [{"role": "user", "content": entry.text}]}``, ``context:
+           ``{"messages": [{"role": "user", "content": entry.text}]}`` (a merged
+           delivery: one such message per prompt, in queue order), ``context:
            {"model": entry.model}`` when the entry has one, ``metadata``
            (``outbox_entry_id``, ``outbox_workspace_id``, ``outbox_session_id``,
            ``outbox_attempt``), ``multitask_strategy: "enqueue"`` and
@@ -289,7 +249,7 @@ class LangGraphClient:
         body = {"thread_id": thread_id, "if_exists": "do_nothing", "metadata": metadata}
         try:
             status, _, excerpt = await self._json("POST", "/threads", hold=True, json=body)
-        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        except base.INVALID_REQUEST as exc:
             raise LangGraphError(f"invalid request to {self.url}/threads: {exc}") from exc
         except (httpx.HTTPError, Unreadable) as exc:
             raise TransientDeliveryError(
@@ -309,7 +269,12 @@ class LangGraphClient:
         path = f"/threads/{quote(thread_id, safe='')}/runs"
         body: dict[str, Any] = {
             "assistant_id": self.assistant_id,
-            "input": {"messages": [{"role": "user", "content": entry.text}]},
+            # A merged delivery: one user message per prompt, in queue order, in one run.
+            "input": {
+                "messages": [
+                    {"role": "user", "content": text} for text in (entry.parts or (entry.text,))
+                ]
+            },
             "metadata": {**metadata, "outbox_attempt": attempt},
             "multitask_strategy": "enqueue",
             "if_not_exists": "create",
@@ -318,13 +283,13 @@ class LangGraphClient:
             body["context"] = {"model": entry.model}
         try:
             status, run, excerpt = await self._json("POST", path, hold=True, json=body)
-        except _NOT_SENT as exc:
+        except base.NOT_SENT as exc:
             raise TransientDeliveryError(
                 f"could not connect to LangGraph at {self.url}: {type(exc).__name__}: "
                 f"{redact(str(exc))}",
                 exc,
             ) from exc
-        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        except base.INVALID_REQUEST as exc:
             raise LangGraphError(f"invalid request to {self.url}{path}: {exc}") from exc
         except (httpx.HTTPError, Unreadable) as exc:
             raise AmbiguousError(
@@ -357,11 +322,8 @@ class LangGraphClient:
                 async for _ in response.aiter_raw():
                     pass  # the final state is drained, never kept: only its end matters
         except httpx.HTTPError as exc:
-            raise AmbiguousError(
-                f"run {run_id} was created on LangGraph at {self.url}; waiting for it failed: "
-                f"{type(exc).__name__}: {redact(str(exc))}".rstrip(": "),
-                exc,
-            ) from exc
+            waited = f"run {run_id} was created on LangGraph at {self.url}; waiting for it failed"
+            raise base.described(AmbiguousError, waited, exc) from exc
 
     # -- verify ----------------------------------------------------------------------
 
@@ -478,10 +440,9 @@ class LangGraphClient:
 # object: when they are rebuilt, the next client_for() makes a new one and keeps the old
 # for aclose().
 
-_state_lock = threading.Lock()
-#: id of the settings object (the block, or an agent's options) -> (that object, its client).
-_made: dict[int, tuple[object, LangGraphClient]] = {}
-_retired: list[LangGraphClient] = []
+_made = Made()
+#: The key of the client made from ``OUTBOX["LANGGRAPH"]`` (a rebuilt block replaces it).
+_BLOCK = "OUTBOX['LANGGRAPH']"
 
 
 def _entry(name: str) -> str:
@@ -508,29 +469,18 @@ def client_for(agent: Agent | None = None) -> LangGraphClient:
     serves now, :data:`~django_outbox.core.agents.current_agent`): built from its
     options when it has any, else from ``OUTBOX["LANGGRAPH"]``. Raises
     ``ImproperlyConfigured`` when neither gives valid settings."""
-    source, block = _settings_of(agent or current_agent.get())
-    with _state_lock:
-        made = _made.get(id(source))
-        if made is not None and made[0] is source:
-            return made[1]
-        for key, (old_source, old) in list(_made.items()):
-            # A rebuilt OUTBOX["LANGGRAPH"] replaces the old block's client.
-            if isinstance(old_source, LangGraphSettings) and isinstance(source, LangGraphSettings):
-                del _made[key]
-                if old.has_clients:
-                    _retired.append(old)
-        client = LangGraphClient(
-            block.url,
-            block.assistant_id,
-            api_key=block.api_key,
-            connect_timeout=block.connect_timeout,
-            request_timeout=block.request_timeout,
-            timeout=block.timeout,
-            max_response_bytes=block.max_response_bytes,
-            thread_namespace=block.thread_namespace,
-        )
-        _made[id(source)] = (source, client)
-        return client
+    served = agent or current_agent.get()
+    source, block = _settings_of(served)
+    from_block = isinstance(source, LangGraphSettings)
+    key = _BLOCK if from_block or served is None else (served.name, id(source))
+
+    def make() -> LangGraphClient:
+        names = "api_key connect_timeout request_timeout timeout max_response_bytes"
+        options = base.settings_kwargs(block, names + " thread_namespace")
+        return LangGraphClient(block.url, block.assistant_id, **options)
+
+    client: LangGraphClient = _made.get(key, source, make)
+    return client
 
 
 def _validate(name: str, options: Any) -> None:
@@ -539,36 +489,12 @@ def _validate(name: str, options: Any) -> None:
     _settings_of(Agent(name, None, options=options))
 
 
-async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
-    """``OUTBOX["DELIVERER"]``: :meth:`LangGraphClient.deliver` with the settings' client."""
-    await client_for().deliver(
-        entry, workspace_id=workspace_id, session_id=session_id, attempt=attempt
-    )
+async def _resolve(workspace_id: str) -> LangGraphClient:
+    return client_for()
 
 
-async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
-    """``OUTBOX["VERIFIER"]``: :meth:`LangGraphClient.verify` with the settings' client.
-    Raises ``ImproperlyConfigured`` for bad settings; never for network problems."""
-    return await client_for().verify(entry, workspace_id=workspace_id, session_id=session_id)
-
-
-async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> bool:
-    """``OUTBOX["ABORTER"]``: :meth:`LangGraphClient.abort` with the settings' client."""
-    return await client_for().abort(entry, workspace_id=workspace_id, session_id=session_id)
-
-
-# The checks (and the worker's start) validate an AGENTS entry that names these.
-deliver.validate_agent_options = _validate  # type: ignore[attr-defined]
-verify.validate_agent_options = _validate  # type: ignore[attr-defined]
-abort.validate_agent_options = _validate  # type: ignore[attr-defined]
-
-
-async def aclose() -> None:
-    """Close the running loop's httpx clients of the current (and replaced) clients.
-    Call it from each event loop that used this module before that loop ends."""
-    with _state_lock:
-        clients = [client for _, client in _made.values()] + list(_retired)
-    for client in clients:
-        await client.aclose()
-    with _state_lock:
-        _retired[:] = [c for c in _retired if c.has_clients]
+# A merged delivery is one run whose input holds a user message per prompt. aclose closes
+# the running loop's httpx clients of the current (and replaced) clients: call it from each
+# event loop that used this module before that loop ends.
+deliver, verify, abort = module_face(_resolve, LangGraphClient, __name__, (_validate,) * 3)
+aclose = _made.aclose

@@ -53,7 +53,6 @@ import contextlib
 import hashlib
 import json
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
@@ -64,9 +63,21 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import DEFAULT_MAX_RESPONSE_BYTES, OpencodeSettings, outbox_settings
 from ..core.entry import Entry, Verdict, parse_time
 from ..core.redaction import redact, remember_credentials
-from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
-from ._httpx import LoopClients, Unreadable, read_bounded
-from .http import parse_retry_after
+from ..errors import AmbiguousError, TransientDeliveryError
+from .base import (
+    NOT_SENT,
+    HttpBackend,
+    Made,
+    Unreadable,
+    described,
+    excerpt,
+    module_face,
+    origin,
+    read_bounded,
+    read_excerpt,
+    refusal,
+    settings_kwargs,
+)
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -84,9 +95,6 @@ __all__ = [
 #: Entry IDs that already have opencode's ID shape (12 hex digits of time and
 #: counter, then 14 base62 characters); see ``django_outbox.core.entry.new_entry_id``.
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_ERROR_BODY_LIMIT = 500  # characters of an error body kept in the exception message
-_ERROR_BODY_BYTES = 4 * _ERROR_BODY_LIMIT  # the most the deliverer reads of an error body
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 
@@ -152,11 +160,6 @@ def _check_session_id(session_id: str) -> str:
     return quote(session_id, safe="")
 
 
-def _excerpt(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _ERROR_BODY_LIMIT else text[:_ERROR_BODY_LIMIT] + "..."
-
-
 def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     """``(url without its userinfo, (username, password) or None)``; both percent-decoded.
 
@@ -173,11 +176,6 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     userinfo, _, host = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
     return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
-
-
-def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
-    scheme = url.scheme.lower()
-    return scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(scheme)
 
 
 def _json_array(text: str) -> Iterator[Any]:
@@ -217,7 +215,7 @@ def _user_message_has_text(message: Any, text: str) -> bool | None:
     )
 
 
-class OpencodeClient:
+class OpencodeClient(HttpBackend):
     """Deliver outbox entries to one opencode server and verify them in its transcript.
 
     ``base_url``: the server, e.g. ``"http://127.0.0.1:4096"`` (a path prefix
@@ -262,40 +260,22 @@ class OpencodeClient:
         self.base_url = base_url.rstrip("/")
         self.username = username
         self.password = password
-        self.max_response_bytes = int(max_response_bytes)
-        self.connect_timeout = float(connect_timeout)
-        self.timeout = float(timeout)
         self.verify_timeout = float(verify_timeout)
         self.clock_skew = float(clock_skew)
-        self._transport = transport
-        self._clients = LoopClients(self._new_client)
+        super().__init__(
+            connect_timeout=connect_timeout,
+            timeout=timeout,
+            max_response_bytes=max_response_bytes,
+            transport=transport,
+        )
 
     def __repr__(self) -> str:
         return f"<OpencodeClient {self.base_url}>"
 
     # -- the httpx client of the running loop ------------------------------------
 
-    def _new_client(self) -> httpx.AsyncClient:
-        auth = None if self.password is None else (self.username, self.password)
-        return httpx.AsyncClient(
-            auth=auth,
-            timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
-            transport=self._transport,
-            # identity: what is read is what is counted (no decompression bomb)
-            headers={"Accept": "application/json", "Accept-Encoding": "identity"},
-        )
-
-    def _client(self) -> httpx.AsyncClient:
-        return self._clients.get()
-
-    async def aclose(self) -> None:
-        """Close the running loop's httpx client (a no-op if it has none)."""
-        await self._clients.aclose()
-
-    @property
-    def has_clients(self) -> bool:
-        """True while some event loop still holds an open httpx client of this object."""
-        return self._clients.any_open
+    def _credentials(self) -> tuple[dict[str, str], tuple[str, str] | None]:
+        return {}, None if self.password is None else (self.username, self.password)
 
     # -- deliver -------------------------------------------------------------------
 
@@ -381,12 +361,7 @@ class OpencodeClient:
                 f"sent to opencode at {self.base_url} but got no answer: ReadTimeout: {late}",
                 late,
             ) from exc
-        except (
-            httpx.ConnectError,
-            httpx.ConnectTimeout,
-            httpx.PoolTimeout,
-            httpx.ProxyError,
-        ) as exc:
+        except NOT_SENT as exc:
             raise TransientDeliveryError(
                 f"could not connect to opencode at {self.base_url}: {type(exc).__name__}: {exc}",
                 exc,
@@ -394,37 +369,23 @@ class OpencodeClient:
         except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
             raise OpencodeError(f"invalid request to {url}: {type(exc).__name__}: {exc}") from exc
         except httpx.TransportError as exc:
-            raise AmbiguousError(
-                f"sent to opencode at {self.base_url} but got no answer: {type(exc).__name__}: "
-                f"{exc}".rstrip(": "),
-                exc,
-            ) from exc
+            sent = f"sent to opencode at {self.base_url} but got no answer"
+            raise described(AmbiguousError, sent, exc) from exc
         status = response.status_code
         raw = b""
-        encoding = response.headers.get("content-encoding", "").strip().lower()
         try:
-            if not 200 <= status < 300 and encoding in ("", "identity"):
-                async with asyncio.timeout_at(deadline):
-                    async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
-                        raw += chunk
-                        if len(raw) >= _ERROR_BODY_BYTES:
-                            raw = raw[:_ERROR_BODY_BYTES]
-                            break
-        except (httpx.HTTPError, TimeoutError):
-            pass  # the status is known; the body only decorates the error
+            if not 200 <= status < 300:
+                raw = await read_excerpt(response, until=deadline)
         finally:
             with contextlib.suppress(httpx.HTTPError):
                 await response.aclose()
         if 200 <= status < 300:
             return
-        error = OpencodeHTTPError(status, _excerpt(raw.decode("utf-8", "replace")), url)
-        if status == 429:  # a rate limit in front of opencode: nothing was stored
-            wait = parse_retry_after(response.headers.get("retry-after"))
-            if wait is not None:
-                raise HoldDeliveryError(str(error), error, retry_after=wait) from error
-        if status >= 500:
-            raise AmbiguousError(str(error), error) from error
-        raise error
+        error = OpencodeHTTPError(status, excerpt(raw), url)
+        raised = refusal(status, response.headers, error)
+        if raised is error:
+            raise error
+        raise raised from error
 
     # -- abort -----------------------------------------------------------------------
 
@@ -445,14 +406,8 @@ class OpencodeClient:
         async with self._client().stream("POST", url, timeout=limits) as response:
             if 200 <= response.status_code < 300:
                 return
-            raw = b""
-            async for chunk in response.aiter_raw():
-                raw += chunk
-                if len(raw) >= _ERROR_BODY_BYTES:
-                    raw = raw[:_ERROR_BODY_BYTES]
-                    break
-            excerpt = _excerpt(raw.decode("utf-8", "replace"))
-            raise OpencodeHTTPError(response.status_code, excerpt, url)
+            raw = await read_excerpt(response)
+            raise OpencodeHTTPError(response.status_code, excerpt(raw), url)
 
     # -- verify ----------------------------------------------------------------------
 
@@ -531,7 +486,7 @@ class OpencodeClient:
                 next_url = httpx.URL(urljoin(str(response.url), link))
             except httpx.InvalidURL as exc:  # not an httpx.HTTPError
                 raise Unreadable(f"an invalid next link: {exc}") from exc
-            if next_url.userinfo or _origin(next_url) != _origin(httpx.URL(self.base_url)):
+            if next_url.userinfo or origin(next_url) != origin(httpx.URL(self.base_url)):
                 raise Unreadable("a next link to another origin")
             return response.status_code, body, str(next_url)
 
@@ -586,15 +541,12 @@ class OpencodeClient:
 
 # --- settings-driven module functions ---------------------------------------------
 #
-# OUTBOX["OPENCODE"] is parsed and validated by django_outbox.conf (OpencodeSettings).
-# The clients below are cached per base URL for the settings object they were made
-# from: when conf.py rebuilds its settings (setting_changed, conf.reset()), the next
-# client_for() sees a new object and retires the old clients, so one place drives it.
+# OUTBOX["OPENCODE"] is parsed and validated by django_outbox.conf (OpencodeSettings). One
+# client per base URL, made from the settings object it came from: when conf.py rebuilds its
+# settings (setting_changed, conf.reset()), the next client_for() sees a new object and makes
+# new clients, the old ones kept until aclose() has closed them.
 
-_state_lock = threading.Lock()
-_made_from: OpencodeSettings | None = None  # the settings the clients in _by_url were made from
-_by_url: dict[str, OpencodeClient] = {}
-_retired: list[OpencodeClient] = []  # clients of replaced settings, closed by aclose()
+_made = Made()
 
 
 def _opencode_settings() -> OpencodeSettings:
@@ -616,61 +568,20 @@ async def client_for(workspace_id: str) -> OpencodeClient:
     workspace or ``None`` falls back to ``BASE_URL``
     (:meth:`django_outbox.conf.OpencodeSettings.aurl_for`).
     """
-    global _made_from
     s = _opencode_settings()
     url = await s.aurl_for(workspace_id)
-    with _state_lock:
-        if s is not _made_from:
-            _retired.extend(c for c in _by_url.values() if c.has_clients)
-            _by_url.clear()
-            _made_from = s
-        client = _by_url.get(url)
-        if client is None:
-            client = _by_url[url] = OpencodeClient(
-                url,
-                username=s.username,
-                password=s.password,
-                connect_timeout=s.connect_timeout,
-                timeout=s.timeout,
-                verify_timeout=s.verify_timeout,
-                clock_skew=s.clock_skew,
-                max_response_bytes=s.max_response_bytes,
-            )
-        return client
+    _made.drop(lambda key, source: source is s)  # settings replaced: every URL's client
+
+    def make() -> OpencodeClient:
+        names = "username password connect_timeout timeout verify_timeout clock_skew"
+        return OpencodeClient(url, **settings_kwargs(s, names + " max_response_bytes"))
+
+    client: OpencodeClient = _made.get(url, s, make)
+    return client
 
 
-async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
-    """``OUTBOX["DELIVERER"]``: :meth:`OpencodeClient.deliver` on the workspace's server."""
-    client = await client_for(workspace_id)
-    await client.deliver(entry, workspace_id=workspace_id, session_id=session_id, attempt=attempt)
-
-
-async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
-    """``OUTBOX["VERIFIER"]``: :meth:`OpencodeClient.verify` on the workspace's server.
-
-    Raises ``ImproperlyConfigured`` for bad settings (the outbox then counts
-    the pass as inconclusive); never raises for network problems.
-    """
-    client = await client_for(workspace_id)
-    return await client.verify(entry, workspace_id=workspace_id, session_id=session_id)
-
-
-async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> None:
-    """``OUTBOX["ABORTER"]``: :meth:`OpencodeClient.abort` on the workspace's server
-    (ends the session's running turn; docs/howto/cutting.md)."""
-    client = await client_for(workspace_id)
-    await client.abort(entry, workspace_id=workspace_id, session_id=session_id)
-
-
-async def aclose() -> None:
-    """Close the running loop's httpx clients of every cached (and replaced) opencode client.
-
-    Call it from each event loop that used :func:`deliver` / :func:`verify`
-    before that loop ends (the worker at shutdown; tests at teardown).
-    """
-    with _state_lock:
-        clients = [*_by_url.values(), *_retired]
-    for client in clients:
-        await client.aclose()
-    with _state_lock:
-        _retired[:] = [c for c in _retired if c.has_clients]
+# A merged delivery is one message with a text part per prompt. aclose closes the running
+# loop's httpx clients of every cached (and replaced) opencode client: call it from each
+# event loop that used deliver / verify before that loop ends (the worker at shutdown).
+deliver, verify, abort = module_face(client_for, OpencodeClient, __name__)
+aclose = _made.aclose

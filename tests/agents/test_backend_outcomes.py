@@ -232,15 +232,25 @@ HTTP_DELIVER = [
     Row("deliver-425-is-failed", posted(425), "failed", says=("HTTP 425",)),
     Row("deliver-499-is-failed", posted(499), "failed", says=("HTTP 499",)),
     Row("deliver-429-without-retry-after-is-failed", posted(429), "failed", says=("HTTP 429",)),
+    # A Retry-After that cannot be read still says "not now": held, the wait read as 0 and
+    # HOLD_FLOOR deciding (docs/howto/agents.md#held-retry-after).
     Row(
-        "deliver-429-with-unreadable-retry-after-is-failed",
+        "deliver-429-with-unreadable-retry-after-is-held-at-the-floor",
         posted(429, {"Retry-After": "soon"}),
-        "failed",
+        "held",
+        hold=0,
     ),
     Row(
-        "deliver-429-with-fractional-retry-after-is-failed",
+        "deliver-429-with-fractional-retry-after-is-held-at-the-floor",
         posted(429, {"Retry-After": "1.5"}),
-        "failed",
+        "held",
+        hold=0,
+    ),
+    Row(
+        "deliver-429-with-negative-retry-after-is-held-at-the-floor",
+        posted(429, {"Retry-After": "-30"}),
+        "held",
+        hold=0,
     ),
     Row(
         "deliver-429-with-retry-after-seconds-is-held",
@@ -290,9 +300,10 @@ HTTP_DELIVER = [
         "deliver-503-without-retry-after-is-ambiguous", posted(503), "ambiguous", says=("HTTP 503",)
     ),
     Row(
-        "deliver-503-with-unreadable-retry-after-is-ambiguous",
+        "deliver-503-with-unreadable-retry-after-is-held-at-the-floor",
         posted(503, {"Retry-After": "later"}),
-        "ambiguous",
+        "held",
+        hold=0,
     ),
     Row(
         "deliver-500-with-retry-after-is-ambiguous",
@@ -656,14 +667,16 @@ OPENCODE_DELIVER = [
         hold=60,
     ),
     Row(
-        "deliver-429-with-unreadable-retry-after-is-failed",
+        "deliver-429-with-unreadable-retry-after-is-held-at-the-floor",
         sent_message(429, {"Retry-After": "in a while"}),
-        "failed",
+        "held",
+        hold=0,
     ),
     Row(
-        "deliver-503-with-retry-after-is-ambiguous",
+        "deliver-503-with-retry-after-is-held",
         sent_message(503, {"Retry-After": "20"}),
-        "ambiguous",
+        "held",
+        hold=20,
         says=("HTTP 503",),
     ),
     Row("deliver-499-is-failed", sent_message(499), "failed", says=("HTTP 499",)),
@@ -1071,19 +1084,27 @@ LANGGRAPH_DELIVER = [
         hold=60,
     ),
     Row(
-        "deliver-run-429-with-unreadable-retry-after-is-failed",
+        "deliver-run-429-with-unreadable-retry-after-is-held-at-the-floor",
         at("POST", LG_RUN, 429, headers={"Retry-After": "later"}),
-        "failed",
+        "held",
+        hold=0,
         says=("HTTP 429",),
     ),
     Row(
-        "deliver-run-503-with-retry-after-is-ambiguous",
+        "deliver-run-503-with-retry-after-is-held",
         at("POST", LG_RUN, 503, headers={"Retry-After": "15"}),
-        "ambiguous",
+        "held",
+        hold=15,
     ),
     Row(
         "deliver-thread-429-with-retry-after-is-held",
         at("POST", LG_THREADS, 429, headers={"Retry-After": "5"}),
+        "held",
+        hold=5,
+    ),
+    Row(
+        "deliver-thread-503-with-retry-after-is-held",
+        at("POST", LG_THREADS, 503, headers={"Retry-After": "5"}),
         "held",
         hold=5,
     ),

@@ -6,7 +6,7 @@ is refused, whether its length is declared or only seen while reading."""
 import httpx
 import pytest
 
-from django_outbox.delivery._httpx import Unreadable, read_bounded
+from django_outbox.delivery.base import Unreadable, read_bounded
 from tests.support.http_agent import AgentServer
 from tests.support.scripted_http import Answer, ScriptedServer
 

@@ -46,7 +46,7 @@ def http_agent(name, opts):
 @pytest.fixture
 async def outbox_with(make_outbox):
     """``outbox_with(options)``: an outbox whose one agent is the HTTP agent with them;
-    verifications are due at once, retries after 0.05 s."""
+    verifications are due at once, retries and holds of ``Retry-After: 0`` after 0.05 s."""
     made = []
 
     def make(opts, **tunables):
@@ -57,6 +57,7 @@ async def outbox_with(make_outbox):
             verify_delay=0,
             verify_backoff=0.05,
             max_verify_backoff=0.1,
+            hold_floor=0.05,
             **tunables,
         )
         made.append(outbox)
@@ -107,8 +108,29 @@ async def test_the_default_body_carries_every_placeholder(server, outbox_with):
         "workspace_id": WS,
         "session_id": "s1",
         "text": "hello",
+        "parts": ["hello"],
         "model": None,
     }
+
+
+async def test_a_merged_delivery_carries_every_prompt_and_is_verified_whole(server, outbox_with):
+    """Merge prompts reach the HTTP agent in one request: ``{parts}`` lists each text in
+    queue order and ``{text}`` joins them, so a ``BODY`` written before merging existed
+    (``{text}`` alone) still carries every prompt; a cut answer is verified for the
+    group (the head's key) and nothing is sent twice."""
+    body = {"prompt": "{text}", "each": "{parts}"}
+    server.plan = ["drop_after"]
+    outbox = outbox_with(options(server, BODY=body))
+    head = await accept(outbox, key="k1", text="alpha", if_busy="merge")
+    await accept(outbox, key="k2", text="beta", if_busy="merge")
+    await accept(outbox, key="k3", text="gamma", if_busy="merge")
+    while await outbox.adeliver_once(WS, "s1"):
+        pass
+    assert await outbox.alist(WS, "s1") == []
+    [(_, headers, sent)] = server.prompts()
+    assert sent == {"prompt": "alpha\n\nbeta\n\ngamma", "each": ["alpha", "beta", "gamma"]}
+    assert headers["idempotency-key"] == head.id
+    assert server.runs == [head.id]
 
 
 # --- nothing sent: transient ---------------------------------------------------------------
@@ -513,3 +535,38 @@ async def test_a_429_with_a_retry_after_of_hundreds_of_digits_holds_for_hold_max
     assert (held.status, held.holds, held.attempts) == (Status.PENDING, 1, 0)
     wait = (parse_time(held.next_attempt_at) - parse_time(held.last_attempt_at)) / 1e6
     assert 59 <= wait <= 61, wait
+
+
+@pytest.mark.parametrize(
+    "retry_after",
+    ["0", "-5", "soon", email.utils.formatdate(time.time() - 3600, usegmt=True)],
+    ids=["zero", "negative", "malformed", "a-past-date"],
+)
+async def test_an_agent_answering_retry_after_zero_is_not_hammered(
+    server, make_outbox, retry_after
+):
+    """A 429 whose Retry-After says "now" (0, negative, unreadable, a past date) is a hold
+    of at least HOLD_FLOOR (default 1 s), doubling while the agent keeps refusing: a worker
+    left running sends the third request no sooner than 1 + 2 s after the first, and the
+    prompt stays pending (holds end by time held, not by a count)."""
+    server.plan = [("status", 429, {"Retry-After": retry_after}, b"busy")] * 50
+    outbox = make_outbox(agents={"web": http_agent("web", options(server))})
+    await accept(outbox)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(outbox.arun(stop=stop, tick=0.05, heartbeat=False))
+    try:
+        deadline = time.monotonic() + 15
+        while len(server.prompts()) < 3:
+            assert time.monotonic() < deadline, f"{len(server.prompts())} requests in 15 s"
+            await asyncio.sleep(0.02)
+        seconds = time.monotonic()
+    finally:
+        stop.set()
+        await worker
+    sent_at = [t for t in server.sent_at]
+    assert sent_at[2] - sent_at[0] >= 3 - 0.05, sent_at
+    entry = await only(outbox)
+    assert entry.status is Status.PENDING and entry.holds >= 3 and entry.attempts == 0
+    assert seconds  # the wait above ended on the third request
+    await outbox.aclose()
+    await http.aclose()

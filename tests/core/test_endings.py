@@ -33,6 +33,9 @@ async def noop(entry, **kwargs):
     return None
 
 
+noop.outbox_capabilities = frozenset({"merge"})  # type: ignore[attr-defined]
+
+
 def step(outbox, ses: str = SES) -> bool:
     """One delivery step for the session, on a loop of its own (closed after)."""
 

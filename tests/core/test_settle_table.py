@@ -55,6 +55,9 @@ class Agent:
         self.once: dict[str, Callable[[Entry], Awaitable[Any]]] = {}
         self.aborts = 0
 
+    #: It takes a merged delivery (the rows read what the claim merged, not the agent).
+    outbox_capabilities = frozenset({"merge"})
+
     async def deliver(self, entry: Entry, **kwargs: Any) -> None:
         self.calls.append(("deliver", entry.text))
         if "deliver" in self.once:
@@ -136,7 +139,7 @@ ENDINGS: dict[str, tuple[str, Any, dict[str, Any], list[tuple[str, Any]]]] = {
     "held_last": (
         "deliver",
         _raises(HoldDeliveryError("429", retry_after=0)),
-        {"max_holds": 1},
+        {"hold_max_total": 0.000_001},  # held a microsecond: the second hold gives up
         [("deliver", _raises(HoldDeliveryError("429", retry_after=0)))],
     ),
     "failed_after_hold": (
@@ -345,7 +348,7 @@ ROWS = [
     R("held", "nothing", "pending", "updated", None, True, "deliver a", "a b",
       "pending, b waits behind it"),
     R("held_last", "nothing", "error/hold_exhausted", "updated", None, False, "deliver b", "a b",
-      "error past MAX_HOLDS"),
+      "error once held HOLD_MAX_TOTAL"),
     R("failed_after_hold", "nothing", "pending", "updated", None, True, "deliver a", "a b",
       "a failure ends the run of holds"),
     R("unknown_had", "nothing", "verifying", "updated", None, False, "verify a", "a b",
@@ -633,7 +636,7 @@ async def _run_row(amake, r, row: Row) -> None:
         "max_verify_backoff": 1,
         "max_attempts": 5,
         "max_transient_failures": 5,
-        "max_holds": 5,
+        "hold_floor": 0.001,
         "max_verify_attempts": 5,
         **settings,
     }
@@ -653,6 +656,10 @@ async def _run_row(amake, r, row: Row) -> None:
     for step, does in before:  # the attempts before the row's (e.g. the unknown one)
         agent.once[step] = lambda entry, does=does: does(run, entry)
         assert await outbox.adeliver_once(WS, SES)
+        # A hold waits at least HOLD_FLOOR (1 ms here): until a is due again
+        due = {e.id: e for e in await outbox.alist(WS, SES)}[a.id].next_attempt_at
+        if due is not None:
+            await wait_for(lambda due=due: time.time() > _parse(due) + 0.001, timeout=10)
     assert not agent.once, "an attempt before the row's was not made"
 
     meanwhile = MEANWHILE[row.meanwhile]
@@ -753,7 +760,8 @@ def _hold(seconds: float):
 
 
 BACKOFF = {"retry_backoff": 10, "max_backoff": 30, "verify_delay": 7, "verify_backoff": 5,
-           "max_verify_backoff": 15, "hold_max": 60}  # fmt: skip
+           "max_verify_backoff": 15, "hold_max": 60, "hold_floor": 1,
+           "hold_max_total": 86400}  # fmt: skip
 
 
 #: (what it shows, the attempts, the status after the last, its wait in seconds)
@@ -767,8 +775,15 @@ WAITS = [
     ("a transient failure counts its own backoff, not the attempts",
      [("deliver", FAIL), ("deliver", REFUSED)], "pending", 10),
     ("a hold waits the agent's Retry-After", [("deliver", _hold(20))], "pending", 20),
-    ("holds in a row do not double", [("deliver", _hold(20))] * 2, "pending", 20),
+    ("an agent's wait above the floor is not doubled", [("deliver", _hold(20))] * 2,
+     "pending", 20),
     ("a hold is capped at HOLD_MAX", [("deliver", _hold(90))], "pending", 60),
+    ("Retry-After 0 waits HOLD_FLOOR", [("deliver", _hold(0))], "pending", 1),
+    ("the floor doubles with each hold in a row", [("deliver", _hold(0))] * 3, "pending", 4),
+    ("the floor is capped at HOLD_MAX", [("deliver", _hold(0))] * 8, "pending", 60),
+    ("a failure ends the run: the floor starts again",
+     [("deliver", _hold(0)), ("deliver", _hold(0)), ("deliver", FAIL), ("deliver", _hold(0))],
+     "pending", 1),
     ("an unknown outcome is verified after VERIFY_DELAY",
      [("deliver", _raises(UNKNOWN))], "verifying", 7),
     ("first inconclusive check waits VERIFY_BACKOFF",

@@ -1,6 +1,7 @@
 """The outcome ``held`` (docs/howto/agents.md#held-retry-after): an agent that says "not now,
 come back in N seconds" keeps the entry pending until then, its session waiting behind it,
-without using an attempt; holds in a row are capped."""
+without using an attempt, never sooner than a floor that grows while it keeps refusing;
+holds in a row end by the time they last (HOLD_MAX_TOTAL), never by their count."""
 
 import pytest
 
@@ -61,19 +62,82 @@ async def test_a_long_retry_after_is_cut_to_hold_max(make_outbox):
     await outbox.aclose()
 
 
-async def test_holds_in_a_row_past_max_holds_end_in_error(make_outbox):
-    agent = Busy(times=100, retry_after=0)
-    outbox = make_outbox(deliverer=agent, max_holds=3)
+class Clock:
+    """An injected clock (epoch seconds) the test moves by hand."""
+
+    def __init__(self, now: float = 1_764_466_959.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def due_in(entry) -> float:
+    """Seconds from the entry's last attempt until it is due again."""
+    return (parse_time(entry.next_attempt_at) - parse_time(entry.last_attempt_at)) / 1e6
+
+
+@pytest.mark.parametrize("retry_after", [0, 0.0001, 0.4])
+async def test_a_hold_waits_at_least_a_floor_that_doubles_while_the_agent_refuses(
+    make_outbox, retry_after
+):
+    """``Retry-After: 0`` (or a past date, or garbage read as 0) never makes a request
+    storm: each hold in a row waits at least HOLD_FLOOR, doubled per hold, up to HOLD_MAX."""
+    clock = Clock()
+    agent = Busy(times=100, retry_after=retry_after)
+    outbox = make_outbox(deliverer=agent, clock=clock, hold_floor=1, hold_max=10)
     await outbox.aaccept(WS, "s", user_id="u", client_message_id="k", text="t")
-    for _ in range(4):
+    waits = []
+    for _ in range(6):
         assert await outbox.adeliver_once(WS, "s")
+        [entry] = await outbox.alist(WS, "s")
+        waits.append(due_in(entry))
+        assert not await outbox.adeliver_once(WS, "s")  # not due before the floor
+        clock.now += waits[-1]
+    assert waits == [1, 2, 4, 8, 10, 10]
+    assert entry.status is Status.PENDING and entry.attempts == 0 and entry.holds == 6
+    await outbox.aclose()
+
+
+async def test_an_agents_longer_wait_beats_the_floor(make_outbox):
+    clock = Clock()
+    outbox = make_outbox(deliverer=Busy(times=2, retry_after=7), clock=clock, hold_floor=1)
+    await outbox.aaccept(WS, "s", user_id="u", client_message_id="k", text="t")
+    assert await outbox.adeliver_once(WS, "s")
+    [entry] = await outbox.alist(WS, "s")
+    assert due_in(entry) == 7
+    await outbox.aclose()
+
+
+async def test_holds_end_in_error_by_time_held_not_by_their_count(make_outbox):
+    """HOLD_MAX_TOTAL decides: holds in a row for less than it go on however many there
+    were; the first hold answered at or past it ends the entry in error."""
+    clock = Clock()
+    agent = Busy(times=1000, retry_after=0)
+    outbox = make_outbox(
+        deliverer=agent, clock=clock, hold_floor=0.001, hold_max=2, hold_max_total=600
+    )
+    await outbox.aaccept(WS, "s", user_id="u", client_message_id="k", text="t")
+    assert await outbox.adeliver_once(WS, "s")
+    [first] = await outbox.alist(WS, "s")
+    assert first.held_since == first.last_attempt_at
+    entry = first
+    began = parse_time(first.held_since) / 1e6
+    while clock.now + due_in(entry) < began + 600:  # each hold at once when due
+        clock.now += due_in(entry) + 0.000_001  # (microseconds: never a hair early)
+        assert await outbox.adeliver_once(WS, "s")
+        [entry] = await outbox.alist(WS, "s")
+    assert entry.status is Status.PENDING and entry.holds > 250  # far past the old count
+    assert entry.held_since == first.held_since  # the run of holds began at the first
+    clock.now += due_in(entry) + 0.000_001  # the first hold answered past HOLD_MAX_TOTAL
+    assert await outbox.adeliver_once(WS, "s")
     [entry] = await outbox.alist(WS, "s")
     assert entry.status is Status.ERROR and entry.reason == "hold_exhausted"
-    assert entry.attempts == 0 and len(agent.calls) == 4
-    # An operator's retry starts the count again.
+    assert entry.attempts == 0 and entry.held_since is None
+    # An operator's retry starts the run of holds again.
     await outbox.aretry(WS, "s", entry.id)
     [entry] = await outbox.alist(WS, "s")
-    assert entry.status is Status.PENDING and entry.holds == 0
+    assert entry.status is Status.PENDING and entry.holds == 0 and entry.held_since is None
     await outbox.aclose()
 
 
@@ -86,12 +150,17 @@ async def test_only_holds_in_a_row_count(make_outbox):
             raise HoldDeliveryError("busy", retry_after=0)
         raise RuntimeError("refused")
 
-    outbox = make_outbox(deliverer=flaky, max_holds=1, retry_backoff=0, max_attempts=10)
+    clock = Clock()
+    outbox = make_outbox(
+        deliverer=flaky, clock=clock, hold_floor=0.001, retry_backoff=0, max_attempts=10
+    )
     await outbox.aaccept(WS, "s", user_id="u", client_message_id="k", text="t")
     for _ in range(6):
+        clock.now += 1
         assert await outbox.adeliver_once(WS, "s")
     [entry] = await outbox.alist(WS, "s")
     assert entry.status is Status.PENDING and entry.attempts == 3 and entry.holds == 0
+    assert entry.held_since is None
     await outbox.aclose()
 
 

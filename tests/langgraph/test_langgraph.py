@@ -98,6 +98,35 @@ async def test_each_entry_becomes_one_run_on_its_sessions_thread_in_order(
         ]
 
 
+async def test_a_merged_delivery_is_one_run_holding_every_prompt(server, client, make_outbox):
+    """Merge prompts become one run whose input has a user message per prompt, in queue
+    order: the thread holds every one of them, and the run carries the first's ID."""
+    outbox = make_outbox(deliverer=client.deliver, verifier=client.verify)
+    ses = "lg-merge"
+    try:
+        head = await outbox.aaccept(
+            WS, ses, user_id="u", client_message_id="k1", text="alpha", if_busy="merge"
+        )
+        for key, text in (("k2", "beta"), ("k3", "gamma")):
+            await outbox.aaccept(
+                WS, ses, user_id="u", client_message_id=key, text=text, if_busy="merge"
+            )
+        while await outbox.alist(WS, ses):
+            assert await outbox.adeliver_once(WS, ses)
+    finally:
+        await outbox.aclose()
+    thread = thread_id_for(WS, ses)
+    [run] = server.runs(thread)
+    assert run["metadata"][ENTRY_KEY] == head.id
+    assert server.messages(thread) == [
+        ("human", "alpha"),
+        ("human", "beta"),
+        ("human", "gamma"),
+        ("ai", "echo: gamma"),
+    ]
+    assert await verify(client, head, ses) is Verdict.DELIVERED
+
+
 # --- verify -------------------------------------------------------------------------------
 
 

@@ -505,9 +505,9 @@ async def test_settings_change_rebuilds_clients(fake):
         second = await opencode.client_for("w1")
         assert second is not first
         assert (second.password, second.timeout, second.connect_timeout) == ("pw", 42.0, 1.5)
-        assert opencode._retired == [first]
+        assert opencode._made.retired == [first]
         await opencode.aclose()
-        assert opencode._retired == []
+        assert opencode._made.retired == []
         assert not first.has_clients
 
 
@@ -522,7 +522,7 @@ async def test_clients_are_rebuilt_whenever_conf_rebuilds_its_settings(fake):
         conf.reset()
         second = await opencode.client_for("w1")
         assert second is not first and second.base_url == first.base_url
-        assert opencode._retired == [first]
+        assert opencode._made.retired == [first]
         await opencode.aclose()
         assert not first.has_clients
 

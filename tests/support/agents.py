@@ -90,10 +90,10 @@ async def deliver(entry, *, workspace_id, session_id, attempt):
         if pid != os.getpid() and _alive(pid):
             await r.rpush("test:violations", f"{session_id}: {me} while {holder.decode()}")
     await r.set(key, me)
-    first_line = entry.text.partition("\n")[0]
     async with r.pipeline(transaction=True) as persist:  # the agent persists atomically
         persist.sadd("test:sent", entry.id)
-        persist.rpush("test:log", f"{session_id} {first_line}")
+        for text in entry.parts or (entry.text,):  # every prompt of a merged delivery
+            persist.rpush("test:log", f"{session_id} {text.partition(chr(10))[0]}")
         await persist.execute()
     try:
         await asyncio.sleep(float(os.environ.get("OUTBOX_TEST_TURN", "0")))
@@ -102,6 +102,15 @@ async def deliver(entry, *, workspace_id, session_id, attempt):
     finally:
         if (await r.get(key) or b"").decode() == me:
             await r.delete(key)
+
+
+deliver.outbox_capabilities = frozenset({"merge"})  # it logs every part of a merged delivery
+
+
+async def deliver_text_only(entry, *, workspace_id, session_id, attempt):
+    """A deliverer written before merging existed: it sends ``entry.text`` alone and
+    declares no ``outbox_capabilities``, so merge prompts for it are refused at accept."""
+    await _client().rpush("test:log", f"{session_id} {entry.text}")
 
 
 async def verify(entry, *, workspace_id, session_id):

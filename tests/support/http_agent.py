@@ -28,6 +28,8 @@ class AgentServer:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        #: ``time.monotonic()`` of each POST to a prompts URL, as it arrived.
+        self.sent_at: list[float] = []
         self.stored: dict[str, Any] = {}  # Idempotency-Key -> the JSON body
         self.runs: list[str] = []  # keys in the order their prompt "ran" (once each)
         self.plan: list[Any] = []
@@ -96,6 +98,8 @@ class AgentServer:
         headers = {k.lower(): v for k, v in h.headers.items()}
         with self.lock:
             self.requests.append((method, h.path, headers, body))
+            if method == "POST" and h.path.endswith("/prompts"):
+                self.sent_at.append(time.monotonic())
             if method == "GET":
                 behaviour = self.verify_plan.pop(0) if self.verify_plan else "lookup"
             elif h.path.endswith("/prompts"):

@@ -184,6 +184,13 @@ ROWS: dict[str, Row] = {
     "accept-interrupt-without-aborter-409": Row(
         "post", messages, (409, "not_supported"), accept_body(ifBusy="interrupt")
     ),
+    "accept-merge-to-an-agent-without-parts-409": Row(
+        "post",
+        messages,
+        (409, "not_supported"),
+        accept_body(ifBusy="merge"),
+        settings={"DELIVERER": "tests.support.agents.deliver_text_only"},
+    ),
     "accept-text-over-max-bytes-413": Row(
         "post", messages, (413, "too_large"), accept_body(text="x" * 1001), settings=TOO_LONG_TEXT
     ),

@@ -9,7 +9,11 @@ local ORDER = {'id', 'status', 'reason', 'parkedFrom', 'attempts', 'verifyAttemp
 -- interrupted: the turn of this entry was cut (docs/howto/cutting.md); kept before
 -- userDigest, which stays last.
 table.insert(ORDER, #ORDER, 'interrupted')
-local ZERO_OMITTED = {verifyAttempts = true, transientFails = true, holds = true}
+-- heldSince: when the current run of holds began; revision: how often the request changed
+-- (its idempotency key, docs/howto/agents.md#the-idempotency-key). Before userDigest too.
+table.insert(ORDER, #ORDER, 'heldSince')
+table.insert(ORDER, #ORDER, 'revision')
+local ZERO_OMITTED = {verifyAttempts = true, transientFails = true, holds = true, revision = true}
 
 local function split(raw)
   local i = string.find(raw, MARK, 1, true)

@@ -31,16 +31,23 @@ local CANCELS_A_CUT = {failed = true, absent = true, transient = true, prior_pen
 -- counters, status, reason, gate and lastError (`err`, '' keeps it).
 local function apply_outcome(st, outcome, err, policy)
   local next_status, reason, next_at = nil, nil, nil
-  local holds = st.holds
-  st.holds = nil  -- holds count only while they follow one another
+  local holds, held_since = st.holds, st.heldSince
+  st.holds, st.heldSince = nil, nil  -- holds count only while they follow one another
   if outcome == 'held' then
-    -- Due again at the agent's time (capped), no attempt used; MAX_HOLDS in a row end it.
-    if not policy.max_holds then error({err = 'outbox: held needs the hold arguments'}) end
+    -- Due again at the agent's time, but never sooner than a floor that doubles with each
+    -- hold in a row (a Retry-After of 0, a past date or garbage never makes a request
+    -- storm), and never later than HOLD_MAX; no attempt used. Held HOLD_MAX_TOTAL since
+    -- the first hold of the run: given up (docs/howto/agents.md#held-retry-after).
+    if not policy.hold_total then error({err = 'outbox: held needs the hold arguments'}) end
     st.holds = (holds or 0) + 1
-    if st.holds > policy.max_holds then
+    st.heldSince = held_since or iso(NOW)
+    if NOW - parse_iso(st.heldSince) >= policy.hold_total then
       next_status, reason = 'error', 'hold_exhausted'
+      st.heldSince = nil
     else
       local hold = policy.hold
+      local floor = backoff(policy.hold_floor, policy.hold_max, st.holds)
+      if hold < floor then hold = floor end
       if hold > policy.hold_max then hold = policy.hold_max end
       next_status, next_at = 'pending', NOW + hold
     end
@@ -111,8 +118,8 @@ end
 -- ambiguous | inconclusive | unverifiable) of the delivery of entry `id` under the lease `token`;
 -- `err` is the error text ('' keeps lastError), `policy` what settle_policy returns;
 -- 'held' (the agent asked to be left alone until a time: docs/howto/agents.md) also
--- reads policy.hold (us, the agent's Retry-After), policy.hold_max (us) and
--- policy.max_holds, which settle.lua adds.
+-- reads policy.hold (us, the agent's Retry-After), policy.hold_floor, policy.hold_max and
+-- policy.hold_total (us), which settle.lua adds.
 -- acknowledged: the caller acknowledges a delivered entry's signal in the same script
 -- (settle_next.lua), so it leaves staging at once.
 -- Returns the reply, and (only when a delivery was recorded with `acknowledged`) what

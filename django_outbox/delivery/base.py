@@ -1,0 +1,406 @@
+"""What every built-in HTTP agent shares, written once
+(docs/howto/agents.md#what-every-agent-carries).
+
+Each backend (:mod:`~django_outbox.delivery.opencode`, :mod:`~django_outbox.delivery.http`,
+:mod:`~django_outbox.delivery.langgraph`) keeps only its protocol: its URLs, bodies,
+verification and abort. From here it takes:
+
+* :class:`HttpBackend`: one :class:`httpx.AsyncClient` per running event loop (a client
+  is bound to the loop it was made on), closed by :meth:`HttpBackend.aclose`;
+* :func:`read_bounded` and :func:`read_excerpt`: an answer read up to a limit, never
+  decompressed (the clients ask for ``identity``, so what is read is what is counted;
+  docs/explanation/security.md, "Credentials and hostile agents");
+* :func:`refusal`: how a non-2xx answer to the request that carried the prompt is
+  classified, the same for every agent (docs/explanation/lifecycle.md):
+
+  =================================================  ==========================================
+  answer                                             outcome
+  =================================================  ==========================================
+  429 or 503 with a ``Retry-After`` (any value)      held (:class:`HoldDeliveryError`), no attempt
+                                                     used; a wait that says "now" (0, a past
+                                                     date, negative, unreadable) is 0, and the
+                                                     outbox's ``HOLD_FLOOR`` decides
+  5xx otherwise                                      ambiguous: verified, never resent blindly
+  anything else                                      the backend's own error: a definitive failure
+  =================================================  ==========================================
+
+* :data:`NOT_SENT` (errors raised before any of the request was written: transient) and
+  :data:`INVALID_REQUEST` (no valid request could be formed: definitive);
+* :class:`Made`: the backends made from settings, one per settings object, the replaced
+  ones kept until their clients are closed;
+* :func:`module_face`: the module-level ``deliver`` / ``verify`` / ``abort`` /
+  ``aclose`` an ``OUTBOX`` setting names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import math
+import re
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from datetime import UTC
+from typing import Any
+
+import httpx
+
+from ..core.entry import Entry, Verdict
+from ..core.redaction import redact
+from ..errors import AmbiguousError, HoldDeliveryError
+
+__all__ = [
+    "EXCERPT_CHARS",
+    "INVALID_REQUEST",
+    "LONGEST_RETRY_AFTER",
+    "NOT_SENT",
+    "HttpBackend",
+    "LoopClients",
+    "Made",
+    "Unreadable",
+    "described",
+    "excerpt",
+    "module_face",
+    "origin",
+    "parse_retry_after",
+    "read_bounded",
+    "read_excerpt",
+    "refusal",
+]
+
+#: Characters of an error answer kept in an exception's text (whitespace collapsed).
+EXCERPT_CHARS = 500
+#: Bytes read of an error answer for its excerpt.
+EXCERPT_BYTES = 4 * EXCERPT_CHARS
+#: Errors httpx raises only before any of the request was written: nothing reached the
+#: agent, so the attempt is transient.
+NOT_SENT: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ProxyError,
+)
+#: No valid request could be formed (a bad URL, a header httpx refuses): definitive.
+INVALID_REQUEST: tuple[type[Exception], ...] = (
+    httpx.LocalProtocolError,
+    httpx.UnsupportedProtocol,
+    httpx.InvalidURL,
+)
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class Unreadable(Exception):
+    """An answer not read: larger than the limit, or compressed though none was asked for;
+    the agents raise it too for what they will not follow or parse (a next link elsewhere,
+    not JSON)."""
+
+
+class LoopClients:
+    """One :class:`httpx.AsyncClient` per running event loop (a client is bound to the
+    loop it was made on), made by ``factory`` on first use or after it was closed."""
+
+    def __init__(self, factory: Callable[[], httpx.AsyncClient]) -> None:
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> httpx.AsyncClient:
+        """The running loop's client. Raises ``RuntimeError`` outside a running loop."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None or client.is_closed:
+                client = self._clients[loop] = self._factory()
+            return client
+
+    async def aclose(self) -> None:
+        """Close the running loop's client (a no-op if it has none)."""
+        with self._lock:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    @property
+    def any_open(self) -> bool:
+        """True while some event loop still holds an open client."""
+        with self._lock:
+            return any(not c.is_closed for c in self._clients.values())
+
+
+class HttpBackend:
+    """The base of a built-in agent's client: :meth:`_new_client` makes the httpx client
+    (the subclass says how), :meth:`_client` gives the running loop's one, :meth:`aclose`
+    closes it, :attr:`has_clients` tells whether some loop still holds one open.
+
+    ``connect_timeout`` (seconds): to establish a connection; ``timeout`` (seconds): the
+    delivery's deadline (each backend says what it covers); ``max_response_bytes``: the most
+    read of one answer; ``transport``: an httpx async transport (tests)."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        timeout: float,
+        max_response_bytes: int,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.connect_timeout = float(connect_timeout)
+        self.timeout = float(timeout)
+        self.max_response_bytes = int(max_response_bytes)
+        self._transport = transport
+        self._clients = LoopClients(self._new_client)
+
+    #: Seconds one read of the client may wait by default (None: ``timeout``).
+    read_timeout: float | None = None
+
+    def _credentials(self) -> tuple[dict[str, str], tuple[str, str] | None]:
+        """``(headers, Basic auth or None)`` the backend's every request carries (its
+        credentials: to its own origin only, never shown)."""
+        return {}, None
+
+    def _new_client(self) -> httpx.AsyncClient:
+        headers, auth = self._credentials()
+        read = self.timeout if self.read_timeout is None else self.read_timeout
+        return httpx.AsyncClient(
+            auth=auth,
+            timeout=httpx.Timeout(read, connect=self.connect_timeout),
+            transport=self._transport,
+            follow_redirects=False,  # credentials go to the agent's origin only
+            # identity: what is read is what is counted (no decompression bomb)
+            headers={"Accept": "application/json", "Accept-Encoding": "identity", **headers},
+        )
+
+    def _client(self) -> httpx.AsyncClient:
+        return self._clients.get()
+
+    async def aclose(self) -> None:
+        """Close the running loop's httpx client (a no-op if it has none)."""
+        await self._clients.aclose()
+
+    @property
+    def has_clients(self) -> bool:
+        """True while some event loop still holds an open httpx client of this object."""
+        return self._clients.any_open
+
+
+def origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """``(scheme, host, port)`` of ``url``, lower-cased, the default port filled in: where a
+    request may carry the agent's credentials (the same origin only)."""
+    scheme = url.scheme.lower()
+    return scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(scheme)
+
+
+def excerpt(raw: bytes | str, chars: int = EXCERPT_CHARS) -> str:
+    """A short, redacted excerpt of an answer for an error text: whitespace collapsed, at
+    most ``chars`` characters (then ``...``)."""
+    text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+    text = " ".join(text.split())
+    text = text if len(text) <= chars else text[:chars] + "..."
+    return redact(text)
+
+
+async def read_bounded(response: httpx.Response, limit: int) -> bytearray:
+    """The raw body of a streamed ``response``, at most ``limit`` bytes. Raises
+    :class:`Unreadable` for a compressed body or one over ``limit`` (declared or read),
+    httpx errors as they come."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise Unreadable(f"a {encoding}-compressed answer, though none was asked for")
+    declared = response.headers.get("content-length", "").strip()
+    if declared.isdigit() and int(declared) > limit:
+        raise Unreadable(f"an answer of {declared} bytes; the limit is {limit}")
+    body = bytearray()
+    async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
+        body += chunk
+        if len(body) > limit:
+            raise Unreadable(f"an answer over {limit} bytes")
+    return body
+
+
+async def read_excerpt(
+    response: httpx.Response, limit: int = EXCERPT_BYTES, *, until: float | None = None
+) -> bytes:
+    """At most ``limit`` bytes of a streamed ``response``'s body, read until the loop time
+    ``until`` (None: no deadline); what came before a cut, an error or the deadline, and
+    nothing of a compressed body. Never raises: the status is known, the body only
+    decorates the error."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        return b""
+    raw = bytearray()
+    with contextlib.suppress(httpx.HTTPError, TimeoutError):
+        async with asyncio.timeout_at(until):
+            async for chunk in response.aiter_raw():  # raw: a chunk is at most 64 KiB
+                raw += chunk
+                if len(raw) >= limit:
+                    return bytes(raw[:limit])
+    return bytes(raw)
+
+
+#: The longest wait :func:`parse_retry_after` reads, in seconds (about 31 years): a longer
+#: ``Retry-After`` is this long. ``HOLD_MAX`` bounds every hold far below it.
+LONGEST_RETRY_AFTER = 1e9
+
+_DELTA_SECONDS = re.compile(r"[0-9]+")
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds, or an HTTP date
+    measured against ``now``, epoch seconds, default the local clock); None when absent
+    or unreadable. A date in the past is 0. Delta-seconds are ASCII digits only (RFC 9110,
+    10.2.3: another script's digits are unreadable); any wait, however many digits it has, is
+    read as at most :data:`LONGEST_RETRY_AFTER` seconds — the hold itself is bounded by
+    ``HOLD_MAX`` (docs/howto/agents.md#held-retry-after) — never as an error."""
+    if value is None:
+        return None
+    value = value.strip()
+    if _DELTA_SECONDS.fullmatch(value):
+        # float() reads digits of any length (inf past ~309 of them); int() would refuse
+        # more than 4300 and float(int()) overflow past ~309.
+        return min(float(value), LONGEST_RETRY_AFTER)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(max(0.0, seconds), LONGEST_RETRY_AFTER) if math.isfinite(seconds) else None
+
+
+def described(kind: type[Exception], what: str, exc: BaseException) -> Exception:
+    """``kind(text, exc)``: an outcome error whose text is ``what``, then ``exc``'s type and
+    message (redacted; no trailing colon when the message is empty), carrying ``exc``."""
+    text = redact(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))
+    return kind(text, exc)
+
+
+def refusal(status: int, headers: Mapping[str, str], error: Exception) -> Exception:
+    """What a non-2xx answer to the request that carried the prompt raises, ``error`` being
+    the backend's own error for it (its status, URL and excerpt): see the module's table.
+    A 429 or 503 with a ``Retry-After`` is a hold whatever the header says: the agent said
+    "not now", nothing was taken; a wait that cannot be read counts as 0, and the outbox
+    waits at least ``HOLD_FLOOR`` anyway (docs/howto/agents.md#held-retry-after)."""
+    if status in (429, 503) and "retry-after" in headers:
+        wait = parse_retry_after(headers.get("retry-after"))
+        return HoldDeliveryError(str(error), error, retry_after=wait or 0.0)
+    if status >= 500:
+        return AmbiguousError(str(error), error)
+    return error
+
+
+class Made:
+    """The backends a module made from settings: one per ``key`` (an agent's name, a base
+    URL, a settings block), remade when the object its settings come from is replaced
+    (``setting_changed``, ``conf.reset()``); a replaced backend is kept until
+    :meth:`aclose` has closed its clients in every loop that used it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: dict[Hashable, tuple[object, HttpBackend]] = {}
+        self._retired: list[HttpBackend] = []
+
+    def get(self, key: Hashable, source: object, make: Callable[[], HttpBackend]) -> Any:
+        """The backend of ``key`` made from ``source`` (compared by identity), made now by
+        ``make`` when there is none or ``source`` is not the one it was made from."""
+        with self._lock:
+            made = self._made.get(key)
+            if made is not None and made[0] is source:
+                return made[1]
+            if made is not None and made[1].has_clients:
+                self._retired.append(made[1])
+            backend = make()
+            self._made[key] = (source, backend)
+            return backend
+
+    @property
+    def retired(self) -> list[HttpBackend]:
+        """The replaced backends whose clients are not closed yet (a copy)."""
+        with self._lock:
+            return list(self._retired)
+
+    def drop(self, keep: Callable[[Hashable, object], bool]) -> None:
+        """Forget (retire) every backend whose ``(key, source)`` ``keep`` refuses."""
+        with self._lock:
+            for key, (source, backend) in list(self._made.items()):
+                if not keep(key, source):
+                    del self._made[key]
+                    if backend.has_clients:
+                        self._retired.append(backend)
+
+    async def aclose(self) -> None:
+        """Close the running loop's httpx clients of every backend made (and replaced)."""
+        with self._lock:
+            backends = [backend for _, backend in self._made.values()] + list(self._retired)
+        for backend in backends:
+            await backend.aclose()
+        with self._lock:
+            self._retired[:] = [b for b in self._retired if b.has_clients]
+
+
+#: What every built-in backend's ``deliver`` declares: it sends every part of a merged
+#: delivery (:data:`~django_outbox.core.agents.CAPABILITY_MERGE`).
+CARRIES_MERGE = frozenset({"merge"})
+
+
+def settings_kwargs(block: object, names: str) -> dict[str, Any]:
+    """``{name: block.name}`` for each of the space-separated ``names``: a backend's
+    keyword arguments read off its validated settings block."""
+    return {name: getattr(block, name) for name in names.split()}
+
+
+def module_face(
+    resolve: Callable[[str], Awaitable[Any]],
+    backend: type[HttpBackend],
+    module: str,
+    validators: tuple[Callable[..., None], ...] = (),
+    capabilities: frozenset[str] = CARRIES_MERGE,
+) -> tuple[Callable[..., Awaitable[None]], Callable[..., Awaitable[Verdict]], Callable[..., Any]]:
+    """``(deliver, verify, abort)``: the functions an ``OUTBOX`` setting names, each calling
+    the method of that name on the ``backend`` object ``await resolve(workspace_id)`` gives
+    (which raises ``ImproperlyConfigured`` for bad settings). ``module`` is the module they
+    are published in (their ``__module__``); ``validators``, one per function in that
+    order, check an ``AGENTS`` entry that names it (their ``validate_agent_options``:
+    ``manage.py check`` and the worker's start); ``capabilities`` is what ``deliver`` (and
+    ``backend.deliver``) declare they carry out
+    (:func:`~django_outbox.core.agents.capabilities_of`)."""
+
+    async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
+        found = await resolve(workspace_id)
+        await found.deliver(
+            entry, workspace_id=workspace_id, session_id=session_id, attempt=attempt
+        )
+
+    async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
+        found = await resolve(workspace_id)
+        verdict: Verdict = await found.verify(
+            entry, workspace_id=workspace_id, session_id=session_id
+        )
+        return verdict
+
+    async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> Any:
+        found = await resolve(workspace_id)
+        return await found.abort(entry, workspace_id=workspace_id, session_id=session_id)
+
+    what = f":class:`{backend.__name__}` (the one the settings name)"
+    deliver.__doc__ = f"An agent's ``DELIVERER``: ``deliver`` of {what}."
+    verify.__doc__ = (
+        f"An agent's ``VERIFIER``: ``verify`` of {what}; never raises for network problems."
+    )
+    abort.__doc__ = f"An agent's ``ABORTER``: ``abort`` of {what} (docs/howto/cutting.md)."
+    functions: tuple[Any, Any, Any] = (deliver, verify, abort)
+    for function in functions:
+        function.__module__ = module
+        function.__qualname__ = function.__name__
+    for function, validator in zip(functions, validators, strict=False):
+        function.validate_agent_options = validator
+    deliver.outbox_capabilities = capabilities  # type: ignore[attr-defined]
+    backend.deliver.outbox_capabilities = capabilities  # type: ignore[attr-defined]
+    return functions
