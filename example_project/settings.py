@@ -157,7 +157,7 @@ if AGENT_KIND == "http":
             "VERIFIER": "django_outbox.delivery.http.verify",
             "ABORTER": "django_outbox.delivery.http.abort",  # Stop / Send now cut the turn
             "SEND_URL": _session + "/prompts",
-            "VERIFY_URL": _session + "/prompts/{entry_id}",
+            "VERIFY_URL": _session + "/prompts/{idempotency_key}",
             "ABORT_URL": _session + "/abort",
             "HEADERS": {"Authorization": f"Basic {_basic}"} if AGENT_PASSWORD else {},
         }

@@ -288,6 +288,18 @@ class EntrySerializer(serializers.Serializer):
         help_text="Holds in a row: the agent asked to be left alone until a time (HTTP 429 "
         "or 503 with Retry-After); no attempt used (omitted if 0).",
     )
+    heldSince = serializers.CharField(
+        required=False,
+        help_text="When the current run of holds began (RFC 3339, server clock); holds that "
+        "last HOLD_MAX_TOTAL end in error hold_exhausted (omitted while not held).",
+    )
+    revision = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="How often the request to the agent changed (an edit, an operator's retry "
+        "after a definitive failure): its Idempotency-Key is the ID, then '<id>.<revision>' "
+        "(omitted if 0).",
+    )
     acceptedAt = serializers.CharField(help_text="RFC 3339 UTC with microseconds.")
     lastAttemptAt = serializers.CharField(required=False)
     nextAttemptAt = serializers.CharField(

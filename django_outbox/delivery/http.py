@@ -1,5 +1,6 @@
-"""The generic HTTP agent: POST each prompt to a URL with ``Idempotency-Key: <entry ID>``,
-verify an unknown outcome with a GET (docs/howto/http-agent.md).
+"""The generic HTTP agent: POST each prompt to a URL with an ``Idempotency-Key`` (the entry
+ID; ``<entry ID>.<revision>`` once the request changed), verify an unknown outcome with a GET
+(docs/howto/http-agent.md).
 
 Configure it as an ``OUTBOX["AGENTS"]`` entry; its keys besides the callables are its
 settings (:class:`HttpAgentSettings`)::
@@ -11,7 +12,7 @@ settings (:class:`HttpAgentSettings`)::
                 "VERIFIER": "django_outbox.delivery.http.verify",
                 "ABORTER": "django_outbox.delivery.http.abort",  # optional
                 "SEND_URL": "https://agent.internal/v1/sessions/{session_id}/prompts",
-                "VERIFY_URL": "https://agent.internal/v1/prompts/{entry_id}",
+                "VERIFY_URL": "https://agent.internal/v1/prompts/{idempotency_key}",
                 "ABORT_URL": "https://agent.internal/v1/sessions/{session_id}/abort",
                 "HEADERS": {"Authorization": "Bearer ..."},
             },
@@ -28,7 +29,8 @@ the send (``POST SEND_URL``)                               outcome
 2xx                                                        delivered
 refused, unreachable, or the deadline passed connecting    transient (no attempt used)
 timeout once sent, connection cut, 5xx (502, 504, 500...)  ambiguous: verified, never resent
-429 or 503 with ``Retry-After``                            held until then, no attempt used
+429 or 503 with ``Retry-After`` (any value)                held, no attempt used (at least
+                                                           ``HOLD_FLOOR``: a "now" is no storm)
 other 4xx, 429 without ``Retry-After``, a redirect          failed (an attempt used)
 =========================================================  ==================================
 
@@ -94,14 +96,18 @@ __all__ = [
 #: The body sent when the entry sets no ``BODY``: every placeholder once.
 DEFAULT_BODY: Mapping[str, Any] = {
     "entry_id": "{entry_id}",
+    "idempotency_key": "{idempotency_key}",
     "workspace_id": "{workspace_id}",
     "session_id": "{session_id}",
     "text": "{text}",
     "parts": "{parts}",
     "model": "{model}",
 }
-#: The names a URL template may use (each value is percent-encoded whole).
-URL_PLACEHOLDERS = ("workspace_id", "session_id", "entry_id")
+#: The names a URL template may use (each value is percent-encoded whole), in its path or
+#: query only: a client-chosen ID never picks the host. ``{idempotency_key}`` is the
+#: request's ``Idempotency-Key`` (``Entry.request_key``): the entry ID, then
+#: ``<entry ID>.<revision>`` once the request changed.
+URL_PLACEHOLDERS = ("workspace_id", "session_id", "entry_id", "idempotency_key")
 #: The names a ``BODY`` string may use: a string that is exactly ``"{model}"`` becomes the
 #: entry's model object (or null), one that is exactly ``"{parts}"`` the list of the
 #: delivery's texts (one for a prompt alone; each merged prompt's, in queue order, for a
@@ -151,9 +157,16 @@ def _url_template(agent: str, key: str, value: Any, *, required: bool) -> str | 
         remember_url(value)
         unknown = sorted(set(_PLACEHOLDER.findall(value)) - set(URL_PLACEHOLDERS))
         try:
-            parts = urlsplit(_fill_url(value, "w", "s", "e"))
+            parts = urlsplit(_fill_url(value, "w", "s", "e", "k"))
+            chosen_host = "{" in urlsplit(value).netloc
         except (ValueError, KeyError):
-            parts = None
+            parts, chosen_host = None, False
+        if chosen_host:
+            raise ImproperlyConfigured(
+                f"{_name(agent, key)} has a placeholder in its host ({redact(value)!r}): the "
+                "IDs filled in come from clients, and a client must never choose where the "
+                "outbox sends requests (and the agent's credentials); put them in the path"
+            )
         if not unknown and parts and parts.scheme in ("http", "https") and parts.netloc:
             return value
         if unknown:
@@ -310,8 +323,13 @@ def _validate_abort(agent: str, options: Mapping[str, Any]) -> None:
 # --- requests ---------------------------------------------------------------------------
 
 
-def _fill_url(template: str, workspace_id: str, session_id: str, entry_id: str) -> str:
-    values = {"workspace_id": workspace_id, "session_id": session_id, "entry_id": entry_id}
+def _fill_url(template: str, workspace_id: str, session_id: str, entry_id: str, key: str) -> str:
+    values = {
+        "workspace_id": workspace_id,
+        "session_id": session_id,
+        "entry_id": entry_id,
+        "idempotency_key": key,
+    }
     return _PLACEHOLDER.sub(lambda m: quote(values[m[1]], safe=""), template)
 
 
@@ -438,20 +456,24 @@ class HttpAgent(HttpBackend):
     async def deliver(
         self, entry: Entry, *, workspace_id: str, session_id: str, attempt: int
     ) -> None:
-        """``POST SEND_URL`` with the ``BODY`` and ``Idempotency-Key: <entry ID>`` (the same
-        for every attempt, so an agent that honours it never runs a prompt twice). A merged
+        """``POST SEND_URL`` with the ``BODY`` and ``Idempotency-Key:`` the entry's
+        :attr:`~django_outbox.core.entry.Entry.request_key` (the same for every resend of the
+        same request, so an agent that honours it never runs a prompt twice; new once the
+        request changed, after an edit or an operator's retry of a failure). A merged
         delivery sends every prompt's text: ``{parts}`` lists them, ``{text}`` joins them.
         Returns on 2xx; raises :class:`TransientDeliveryError` (nothing was sent),
         :class:`AmbiguousError` (maybe sent), :class:`HoldDeliveryError` (429/503 with
         ``Retry-After``) or :class:`HttpAgentError` (refused), as the module's table says.
         """
         s = self.settings
-        url = _fill_url(s.send_url, workspace_id, session_id, entry.id)
+        key = entry.request_key
+        url = _fill_url(s.send_url, workspace_id, session_id, entry.id, key)
         texts = list(entry.parts or (entry.text,))
         values = {
             "workspace_id": workspace_id,
             "session_id": session_id,
             "entry_id": entry.id,
+            "idempotency_key": key,
             "text": MERGED_TEXT_SEPARATOR.join(texts),
             "parts": texts,
             "model": entry.model,
@@ -460,9 +482,7 @@ class HttpAgent(HttpBackend):
         }
         body = json.dumps(_fill_body(s.body, values), ensure_ascii=False).encode("utf-8")
         try:
-            status, headers, raw = await self._exchange(
-                "POST", url, s.timeout, body=body, key=entry.id
-            )
+            status, headers, raw = await self._exchange("POST", url, s.timeout, body=body, key=key)
         except NOT_SENT as exc:
             raise TransientDeliveryError(
                 redact(f"could not connect to the agent at {url}: {type(exc).__name__}: {exc}"),
@@ -497,15 +517,17 @@ class HttpAgent(HttpBackend):
     # -- verify ----------------------------------------------------------------------
 
     async def verify(self, entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
-        """``GET VERIFY_URL``: 200 → DELIVERED, 404 → ABSENT, anything else (another
-        status, a timeout, a cut, a redirect elsewhere) → INCONCLUSIVE. Never raises for
-        network problems; ``ImproperlyConfigured`` without a ``VERIFY_URL``."""
+        """``GET VERIFY_URL`` with ``Idempotency-Key:`` the key of the request it verifies
+        (also ``{idempotency_key}`` in the URL): 200 → DELIVERED, 404 → ABSENT, anything else
+        (another status, a timeout, a cut, a redirect elsewhere) → INCONCLUSIVE. Never raises
+        for network problems; ``ImproperlyConfigured`` without a ``VERIFY_URL``."""
         s = self.settings
         if s.verify_url is None:
             raise ImproperlyConfigured(f"{_name(self.name, 'VERIFY_URL')} is not set")
-        url = _fill_url(s.verify_url, workspace_id, session_id, entry.id)
+        key = entry.request_key
+        url = _fill_url(s.verify_url, workspace_id, session_id, entry.id, key)
         try:
-            status, _, _ = await self._exchange("GET", url, s.verify_timeout)
+            status, _, _ = await self._exchange("GET", url, s.verify_timeout, key=key)
         except (httpx.HTTPError, HttpAgentError, TimeoutError):
             return Verdict.INCONCLUSIVE
         if status == 200:
@@ -517,18 +539,19 @@ class HttpAgent(HttpBackend):
     # -- abort -----------------------------------------------------------------------
 
     async def abort(self, entry: Entry, *, workspace_id: str, session_id: str) -> None:
-        """``POST ABORT_URL`` (with ``Idempotency-Key: <entry ID>`` and the ``BODY``'s
+        """``POST ABORT_URL`` (with the request's ``Idempotency-Key`` and the ``BODY``'s
         placeholders' values as JSON): cut the running turn. Returns on 2xx; raises
         :class:`HttpAgentError` for another status, httpx errors or ``TimeoutError``
         otherwise; ``ImproperlyConfigured`` without an ``ABORT_URL``."""
         s = self.settings
         if s.abort_url is None:
             raise ImproperlyConfigured(f"{_name(self.name, 'ABORT_URL')} is not set")
-        url = _fill_url(s.abort_url, workspace_id, session_id, entry.id)
+        key = entry.request_key
+        url = _fill_url(s.abort_url, workspace_id, session_id, entry.id, key)
         body = json.dumps(
             {"entry_id": entry.id, "workspace_id": workspace_id, "session_id": session_id}
         ).encode()
-        status, _, raw = await self._exchange("POST", url, s.abort_timeout, body=body, key=entry.id)
+        status, _, raw = await self._exchange("POST", url, s.abort_timeout, body=body, key=key)
         if not 200 <= status < 300:
             said = excerpt(raw)
             raise HttpAgentError(

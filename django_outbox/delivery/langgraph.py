@@ -20,7 +20,8 @@ or build a :class:`LangGraphClient` and pass its bound ``deliver`` / ``verify`` 
   message (``input: {"messages": [{"role": "user", "content": text}]}``; a merged
   delivery puts one user message per merged prompt, in queue order, in that one run), the
   entry's model as ``context: {"model": ...}``) and ``metadata.outbox_entry_id`` =
-  the entry ID, ``multitask_strategy: "enqueue"`` (a run still going on the thread
+  the entry ID (``outbox_request_key``: its request key, which an edit changes),
+  ``multitask_strategy: "enqueue"`` (a run still going on the thread
   is never cut by the next prompt: it waits its turn on the server).
 * The deliverer **waits for the run to finish** (``GET .../runs/{run_id}/join``)
   for at most ``TIMEOUT`` (and the outbox's ``DELIVERY_TIMEOUT``); longer is
@@ -77,6 +78,7 @@ from .base import HttpBackend, Made, Unreadable, module_face
 
 __all__ = [
     "ENTRY_KEY",
+    "REQUEST_KEY",
     "LangGraphClient",
     "LangGraphError",
     "LangGraphHTTPError",
@@ -90,6 +92,9 @@ __all__ = [
 
 #: The run metadata key that carries the entry ID (what the verifier looks for).
 ENTRY_KEY = "outbox_entry_id"
+#: The run metadata key that carries the request's idempotency key (``Entry.request_key``):
+#: a run made for an earlier revision of the entry (before an edit) is not this request's.
+REQUEST_KEY = "outbox_request_key"
 PAGE_SIZE = 100  # runs per page of the verifier's search
 MAX_PAGES = 50  # pages the verifier reads before it calls the search inconclusive
 
@@ -225,8 +230,8 @@ class LangGraphClient(HttpBackend):
            ``{"messages": [{"role": "user", "content": entry.text}]}`` (a merged
            delivery: one such message per prompt, in queue order), ``context:
            {"model": entry.model}`` when the entry has one, ``metadata``
-           (``outbox_entry_id``, ``outbox_workspace_id``, ``outbox_session_id``,
-           ``outbox_attempt``), ``multitask_strategy: "enqueue"`` and
+           (``outbox_entry_id``, ``outbox_request_key``, ``outbox_workspace_id``,
+           ``outbox_session_id``, ``outbox_attempt``), ``multitask_strategy: "enqueue"`` and
            ``if_not_exists: "create"``. Refused before sending →
            :class:`TransientDeliveryError`; timeout, cut connection, 5xx, or a 2xx
            without a run ID → :class:`AmbiguousError` (the verifier looks for the run);
@@ -242,7 +247,8 @@ class LangGraphClient(HttpBackend):
         thread_id = self.thread_id(workspace_id, session_id)
         ids = {"outbox_workspace_id": workspace_id, "outbox_session_id": session_id}
         await self._ensure_thread(thread_id, ids)
-        run_id = await self._create_run(entry, thread_id, {ENTRY_KEY: entry.id, **ids}, attempt)
+        keys = {ENTRY_KEY: entry.id, REQUEST_KEY: entry.request_key}
+        run_id = await self._create_run(entry, thread_id, {**keys, **ids}, attempt)
         await self._join(thread_id, run_id)
 
     async def _ensure_thread(self, thread_id: str, metadata: dict[str, str]) -> None:
@@ -351,7 +357,9 @@ class LangGraphClient(HttpBackend):
             for run in runs:
                 if not isinstance(run, dict) or not isinstance(run.get("metadata"), dict | None):
                     raise ValueError("a run that is not an object with a metadata object")
-                if (run.get("metadata") or {}).get(ENTRY_KEY) == entry.id:
+                said = run.get("metadata") or {}
+                key = said.get(REQUEST_KEY, entry.request_key)  # (older runs carry none)
+                if said.get(ENTRY_KEY) == entry.id and key == entry.request_key:
                     return run
             if len(runs) < PAGE_SIZE:
                 return None

@@ -126,11 +126,12 @@ class OpencodeSessionIDError(OpencodeError, ValueError):
 
 
 def message_id_for(entry: Entry) -> str:
-    """The opencode ``messageID`` for ``entry``: the same for every attempt.
+    """The opencode ``messageID`` for ``entry``: the same for every attempt of one request.
 
     opencode's shape: 12 hex digits of time in its encoding (``ms * 0x1000`` plus
     a counter, 48 bits; here the counter is the microseconds within the
-    millisecond) and 14 base62 characters, here from a SHA-256 of the entry ID.
+    millisecond) and 14 base62 characters, here from a SHA-256 of the entry's request key
+    (its ID until the request changes: an edit, an operator's retry of a failure).
     The time is ``acceptedAt``, stamped on Valkey's clock, so a session's
     messageIDs (which order opencode's transcript) follow accept order even when
     the web processes' clocks disagree (one running minutes ahead cannot put its
@@ -143,7 +144,7 @@ def message_id_for(entry: Entry) -> str:
     except (TypeError, ValueError):
         ms, micros = 0, 0
     time_part = (ms * 0x1000 + micros) & 0xFFFF_FFFF_FFFF
-    digest = int.from_bytes(hashlib.sha256(entry.id.encode("utf-8")).digest(), "big")
+    digest = int.from_bytes(hashlib.sha256(entry.request_key.encode("utf-8")).digest(), "big")
     tail = []
     for _ in range(14):
         digest, digit = divmod(digest, 62)

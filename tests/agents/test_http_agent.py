@@ -30,7 +30,7 @@ def server():
 def options(server, **extra):
     return {
         "SEND_URL": server.url + "/w/{workspace_id}/s/{session_id}/prompts",
-        "VERIFY_URL": server.url + "/prompts/{entry_id}",
+        "VERIFY_URL": server.url + "/prompts/{idempotency_key}",
         "ABORT_URL": server.url + "/w/{workspace_id}/s/{session_id}/abort",
         "HEADERS": {"Authorization": f"Bearer {TOKEN}"},
         "TIMEOUT": 5,
@@ -105,6 +105,7 @@ async def test_the_default_body_carries_every_placeholder(server, outbox_with):
     [(_, _, sent)] = server.prompts()
     assert sent == {
         "entry_id": entry.id,
+        "idempotency_key": entry.id,
         "workspace_id": WS,
         "session_id": "s1",
         "text": "hello",
@@ -570,3 +571,58 @@ async def test_an_agent_answering_retry_after_zero_is_not_hammered(
     assert seconds  # the wait above ended on the third request
     await outbox.aclose()
     await http.aclose()
+
+
+# --- the Idempotency-Key follows the request ---------------------------------------------------
+
+
+async def test_the_key_is_new_after_an_edit_and_after_a_retry_of_a_failure(server, outbox_with):
+    """An agent that caches its first answer per key (Stripe's way, a 400 included) would
+    replay a refusal forever if the key outlived the request: the key stays the same for
+    every resend of one request, and an edit, or staff's retry after a definitive failure,
+    makes a new request under a new key; verification asks with the key it verifies."""
+    server.cache_answers = True
+    server.plan = [("status", 400, {}, b"transient validation problem")] * 2
+    outbox = outbox_with(options(server), max_attempts=1)
+    entry = await accept(outbox, text="first wording")
+    assert await outbox.adeliver_once(WS, "s1")  # 400: error / max_attempts
+    failed = await only(outbox)
+    assert failed.status is Status.ERROR and failed.request_key == entry.id
+    # Staff press Retry: a new request, a new key; the agent refuses it anew (its plan).
+    await outbox.aretry(WS, "s1", entry.id)
+    assert (await only(outbox)).request_key == f"{entry.id}.1"
+    assert await outbox.adeliver_once(WS, "s1")
+    # The user edits the prompt: another request, another key; the agent now takes it.
+    snap = await outbox.asnapshot(WS, "s1")
+    await outbox.aedit(WS, "s1", entry.id, text="second wording", if_version=snap.version)
+    await outbox.aretry(WS, "s1", entry.id)
+    edited = await only(outbox)
+    assert edited.request_key == f"{entry.id}.3"  # the edit, then the retry of its failure
+    assert await outbox.adeliver_once(WS, "s1")
+    assert await outbox.alist(WS, "s1") == []
+    keys = [headers["idempotency-key"] for _, headers, _ in server.prompts()]
+    assert keys == [entry.id, f"{entry.id}.1", f"{entry.id}.3"]
+    assert server.stored[f"{entry.id}.3"]["text"] == "second wording"
+    # Verification asks for the request it verifies, by URL and by header.
+    verdict = await http.agent_for(http_agent("web", options(server))).verify(
+        edited, workspace_id=WS, session_id="s1"
+    )
+    assert verdict.name == "DELIVERED"
+    [get] = [r for r in server.requests if r[0] == "GET"]
+    assert get[1] == f"/prompts/{entry.id}.3" and get[2]["idempotency-key"] == entry.id + ".3"
+
+
+async def test_resends_of_one_request_keep_its_key(server, outbox_with):
+    """A cut answer is verified, found absent, and sent again: the same request, the same
+    key, so an agent that honours keys can never run it twice."""
+    server.plan = ["drop_before", "ok"]
+    server.verify_plan = ["lookup"]
+    outbox = outbox_with(options(server))
+    entry = await accept(outbox)
+    deadline = time.monotonic() + 10
+    while await outbox.alist(WS, "s1"):  # cut, verified absent, due again after 0.05 s
+        assert time.monotonic() < deadline, "never delivered"
+        if not await outbox.adeliver_once(WS, "s1"):
+            await asyncio.sleep(0.01)
+    keys = [headers["idempotency-key"] for _, headers, _ in server.prompts()]
+    assert keys == [entry.id, entry.id]

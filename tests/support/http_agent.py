@@ -30,6 +30,10 @@ class AgentServer:
         self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
         #: ``time.monotonic()`` of each POST to a prompts URL, as it arrived.
         self.sent_at: list[float] = []
+        #: True: an agent that caches its first answer per ``Idempotency-Key`` (as Stripe
+        #: does, a 4xx included) and replays it for every later POST with that key.
+        self.cache_answers = False
+        self.answers: dict[str, tuple[int, dict[str, str], bytes]] = {}
         self.stored: dict[str, Any] = {}  # Idempotency-Key -> the JSON body
         self.runs: list[str] = []  # keys in the order their prompt "ran" (once each)
         self.plan: list[Any] = []
@@ -113,8 +117,15 @@ class AgentServer:
             if session:
                 self.in_flight[session] = self.in_flight.get(session, 0) + 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight[session])
+        key = headers.get("idempotency-key", "")
+        cached = self.answers.get(key) if self.cache_answers and method == "POST" else None
+        if cached is not None:
+            behaviour = ("status", *cached)
+        elif self.cache_answers and method == "POST" and isinstance(behaviour, tuple):
+            if behaviour[0] == "status":
+                self.answers[key] = behaviour[1:]
         try:
-            self._behave(h, behaviour, headers.get("idempotency-key", ""), body)
+            self._behave(h, behaviour, key, body)
         finally:
             if session:
                 with self.lock:

@@ -1,6 +1,7 @@
 #!lua
 -- edit: replace the content (text, model) of one entry that waits: pending, parked from
--- pending, expired or error (docs/howto/steering.md#edit). The state members are kept;
+-- pending, expired or error (docs/howto/steering.md#edit). The state members are kept but
+-- the revision, counted up when the content changes (the request's idempotency key);
 -- the dedupe marker is left as it is, so a resend of the original request still answers
 -- duplicate with this entry's ID. Compare-and-set on the content the caller read, so two
 -- edits never lose one another silently.
@@ -24,6 +25,10 @@ return hinted(function()
   local st, content = split(raw)
   if pinned(st, lock_entry) then return unchanged_reply('busy') end
   if content ~= seen then return unchanged_reply('changed') end
+  -- Another request from now on: its idempotency key changes with the revision, so an
+  -- agent that cached its answer to the old one never replays it
+  -- (docs/howto/agents.md#the-idempotency-key)
+  if content_new ~= content then st.revision = (st.revision or 0) + 1 end
   local new = join(st, content_new)
   redis.call('LSET', Q, idx, new)
   return operator_reply('updated', 1, {new}, history_ttl)

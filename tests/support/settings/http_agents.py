@@ -17,7 +17,7 @@ def _agent(url: str) -> dict:
         "DELIVERER": "django_outbox.delivery.http.deliver",
         "VERIFIER": "django_outbox.delivery.http.verify",
         "SEND_URL": url + "/w/{workspace_id}/s/{session_id}/prompts",
-        "VERIFY_URL": url + "/prompts/{entry_id}",
+        "VERIFY_URL": url + "/prompts/{idempotency_key}",
         "TIMEOUT": 60,
     }
 

@@ -1,0 +1,243 @@
+"""The agent conformance suite (django_outbox.testing.agents;
+docs/howto/agents.md#what-every-agent-carries) against every agent the package ships or tests with: the HTTP agent on a real HTTP server,
+opencode (the tests' fake and the real ``opencode serve``), LangGraph (a real
+``langgraph dev``) and the recording in-process agent the worker tests use.
+
+Each check names one rule of the contract; a backend that breaks it fails here, whichever
+backend it is, so a capability of the queue reaches every agent or none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+
+from django_outbox.core.agents import Agent
+from django_outbox.delivery import http
+from django_outbox.delivery.langgraph import REQUEST_KEY, LangGraphClient, thread_id_for
+from django_outbox.delivery.opencode import OpencodeClient
+from django_outbox.testing.agents import AgentContract, AgentUnderTest, ProxiedRequest
+from tests.support import agents as recording
+from tests.support.fake_opencode import FakeOpencode
+from tests.support.http_agent import AgentServer
+
+WS = "wconf"
+CHECKS = AgentContract.CHECKS
+
+
+async def run(under_test: AgentUnderTest, check: str) -> None:
+    async with AgentContract(under_test) as contract:
+        why_not = contract.applies(check)
+        if why_not is not None:
+            pytest.skip(why_not)
+        await contract.run(check)
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def body_json(request: ProxiedRequest) -> dict:
+    return json.loads(request.body or b"{}")
+
+
+# --- the recording agent, in process -------------------------------------------------------
+
+
+@pytest.mark.parametrize("check", CHECKS)
+async def test_the_recording_agent(check, r):
+    async def received(workspace_id, session_id):
+        lines = [line.split(" ", 1) for line in r.lrange("test:log", 0, -1)]
+        return [text for session, text in lines if session == session_id]
+
+    under_test = AgentUnderTest(
+        build=lambda url: Agent("recording", recording.deliver, recording.verify),
+        received=received,
+        session=lambda: (WS, fresh("rec")),
+    )
+    try:
+        await run(under_test, check)
+    finally:
+        client = recording._clients.pop(id(asyncio.get_running_loop()), None)
+        if client is not None:
+            await client.aclose()
+
+
+# --- the HTTP agent, on a real HTTP server -------------------------------------------------
+
+
+@pytest.fixture
+def agent_server():
+    server = AgentServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("check", CHECKS)
+async def test_the_http_agent(check, agent_server):
+    def build(url):
+        options = {
+            "SEND_URL": url + "/w/{workspace_id}/s/{session_id}/prompts",
+            "VERIFY_URL": url + "/prompts/{idempotency_key}",
+            "TIMEOUT": 5,
+            "VERIFY_TIMEOUT": 5,
+        }
+        return Agent(fresh("web"), http.deliver, http.verify, None, options)
+
+    def received(workspace_id, session_id):
+        with agent_server.lock:
+            bodies = list(agent_server.stored.values())
+        return [p for b in bodies if b["session_id"] == session_id for p in b["parts"]]
+
+    under_test = AgentUnderTest(
+        build=build,
+        received=received,
+        session=lambda: (WS, fresh("s")),
+        upstream=agent_server.url,
+        request_key=lambda request: request.headers.get("idempotency-key"),
+    )
+    try:
+        await run(under_test, check)
+    finally:
+        await http.aclose()
+
+
+# --- opencode: the tests' fake server ------------------------------------------------------
+
+
+class LongTurns(FakeOpencode):
+    """The fake opencode, whose prompts starting with ``long`` turn until a Stop."""
+
+    def plan_turn(self, session_id, text):
+        turn = super().plan_turn(session_id, text)
+        if text.startswith("long"):
+            turn.seconds = 600.0
+        return turn
+
+
+@pytest.mark.parametrize("check", CHECKS)
+async def test_opencode_against_the_fake_server(check):
+    async with LongTurns() as fake:
+        made = []
+
+        def build(url):
+            made.append(OpencodeClient(url, connect_timeout=2, timeout=5, verify_timeout=5))
+            client = made[-1]
+            return Agent("opencode", client.deliver, client.verify, client.abort)
+
+        def received(workspace_id, session_id):
+            return [text for parts in fake.user_texts(session_id) for text in parts]
+
+        under_test = AgentUnderTest(
+            build=build,
+            received=received,
+            session=lambda: (WS, fake.create_session()),
+            upstream=fake.base_url,
+            request_key=lambda request: body_json(request).get("messageID"),
+            long_text=lambda marker: f"long turn {marker}",
+        )
+        try:
+            await run(under_test, check)
+        finally:
+            for client in made:
+                await client.aclose()
+
+
+# --- opencode: the real server -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def opencode_server(tmp_path_factory):
+    from tests.support.opencode_server import OpencodeServer
+
+    server = OpencodeServer(tmp_path_factory.mktemp("opencode")).spawn()
+    try:
+        yield server.ready()
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CHECKS)
+async def test_opencode_against_the_real_server(check, opencode_server):
+    made = []
+
+    def build(url):
+        made.append(OpencodeClient(url, connect_timeout=2, timeout=5, verify_timeout=5))
+        client = made[-1]
+        return Agent("opencode", client.deliver, client.verify, client.abort)
+
+    async def received(workspace_id, session_id):
+        return [
+            text for _, texts in await opencode_server.user_messages(session_id) for text in texts
+        ]
+
+    async def session():
+        return WS, await opencode_server.new_session()
+
+    under_test = AgentUnderTest(
+        build=build,
+        received=received,
+        session=session,
+        upstream=opencode_server.base_url,
+        request_key=lambda request: body_json(request).get("messageID"),
+        long_text=lambda marker: f"a turn that never ends {marker}",
+        turns_end=False,  # no LLM provider: a turn ends only when it is cut
+    )
+    try:
+        await run(under_test, check)
+    finally:
+        for client in made:
+            await client.aclose()
+
+
+# --- LangGraph: a real langgraph dev -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def langgraph(tmp_path_factory):
+    from tests.support.langgraph_server import LangGraphServer
+
+    server = LangGraphServer(tmp_path_factory.mktemp("langgraph")).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CHECKS)
+async def test_langgraph_against_a_real_server(check, langgraph, tmp_path):
+    from tests.support.langgraph_server import ASSISTANT
+
+    made = []
+
+    def build(url):
+        made.append(LangGraphClient(url, ASSISTANT, timeout=30.0, request_timeout=10.0))
+        client = made[-1]
+        return Agent("graph", client.deliver, client.verify, client.abort)
+
+    async def received(workspace_id, session_id):
+        thread = thread_id_for(workspace_id, session_id)
+        messages = await asyncio.to_thread(langgraph.messages, thread)
+        return [text for role, text in messages if role == "human"]
+
+    def request_key(request):
+        if not request.path.endswith("/runs"):
+            return None
+        return body_json(request).get("metadata", {}).get(REQUEST_KEY)
+
+    under_test = AgentUnderTest(
+        build=build,
+        received=received,
+        session=lambda: (WS, fresh("lg")),
+        upstream=langgraph.url,
+        request_key=request_key,
+        long_text=lambda marker: f"hold {tmp_path / marker}",
+    )
+    try:
+        await run(under_test, check)
+    finally:
+        for client in made:
+            await client.aclose()
