@@ -45,7 +45,7 @@ class Message:
     label: str
     session: str  # "A", "B", "C"
     kind: str  # plain duplicate disconnect late-disconnect ambiguous worker-kill while-down
-    #            busy stop
+    #            busy stop slow merge (ifBusy merge, sent while a slow turn runs)
     text: str
     cmid: str = field(default_factory=lambda: str(uuid.uuid4()))
     entry_id: str | None = None
@@ -235,10 +235,11 @@ class Smoke:
     async def post(self, message: Message) -> httpx.Response:
         if message.posted_at is None:
             message.posted_at = time.monotonic()
+        body = {"clientMessageID": message.cmid, "text": message.text}
+        if message.kind == "merge":
+            body["ifBusy"] = "merge"  # joins the next delivery with the merge prompts behind
         return await self.web.post(
-            self.messages_path(message.session),
-            json={"clientMessageID": message.cmid, "text": message.text},
-            headers={"X-CSRFToken": self.csrf},
+            self.messages_path(message.session), json=body, headers={"X-CSRFToken": self.csrf}
         )
 
     async def accept(self, message: Message) -> None:
@@ -282,6 +283,16 @@ class Smoke:
             if m["info"]["role"] == "user"
             for part in m["parts"]
             if part.get("type") == "text"
+        ]
+
+    async def message_parts(self, key: str) -> list[list[str]]:
+        """The text parts of each of the session's user messages (opencode's transcript)."""
+        r = await self.agent.get(f"/session/{self.sessions[key]}/message")
+        r.raise_for_status()
+        return [
+            [part["text"] for part in m["parts"] if part.get("type") == "text"]
+            for m in r.json()
+            if m["info"]["role"] == "user"
         ]
 
     async def thread_prompts(self, key: str) -> list[str]:
@@ -330,25 +341,25 @@ class Smoke:
             kinds = {
                 "A": ["plain", "duplicate", "plain", "worker-kill", "while-down", "while-down"],
                 "B": ["plain", "disconnect", "plain", "late-disconnect", "plain"],
-                "C": ["plain", "ambiguous", "busy", "stop", "plain"],
+                "C": ["plain", "ambiguous", "busy", "stop", "plain", "slow", "merge", "merge"],
             }
         elif self.fake:
             kinds = {
                 "A": ["plain", "duplicate", "plain", "worker-kill", "while-down", "while-down"],
                 "B": ["plain", "disconnect", "plain", "late-disconnect", "plain"],
-                "C": ["plain", "ambiguous", "plain", "plain"],
+                "C": ["plain", "ambiguous", "plain", "plain", "slow", "merge", "merge"],
             }
         elif self.langgraph:  # no fault knobs: the worker kill is the verified one
             kinds = {
                 "A": ["plain", "duplicate", "worker-kill", "while-down", "while-down"],
                 "B": ["plain", "disconnect", "plain", "late-disconnect"],
-                "C": ["plain", "plain", "plain"],
+                "C": ["plain", "plain", "slow", "merge", "merge"],
             }
         else:  # the real opencode: every turn times out and is verified; keep it short
             kinds = {
                 "A": ["duplicate", "worker-kill", "while-down"],
                 "B": ["disconnect", "plain"],
-                "C": ["plain", "plain"],
+                "C": ["plain", "slow", "merge", "merge"],
             }
         words = ["fix the flaky test", "explain the diff", "rename the module", "add a README"]
         out: dict[str, list[Message]] = {}
@@ -359,6 +370,8 @@ class Smoke:
                 text = f"smoke {self.run_id} {label}: {words[i % len(words)]} ✓"
                 if self.langgraph and kind == "worker-kill":
                     text = f"sleep 8 {text}"  # the echo graph thinks 8 s: killed mid-turn
+                if self.langgraph and kind == "slow":
+                    text = f"sleep 3 {text}"  # the merge prompts are sent meanwhile
                 message = Message(label, key, kind, text)
                 out[key].append(message)
                 self.messages.append(message)
@@ -395,6 +408,11 @@ class Smoke:
                 if r.status_code != 202 or r.json().get("result") != "cut":
                     raise SmokeFailure(f"{m.label}: Stop answered {r.status_code}: {r.text}")
                 m.note = "Stop mid-turn: cut through the abort URL"
+            elif m.kind == "slow":
+                await self.accept(m)
+                await watcher.wait_state(m.entry_id or "", "delivering", 20)
+                await self.wait_in_transcript(m, 20)  # its turn runs: the merge prompts wait
+                m.note = "a slow turn; the merge prompts are sent while it runs"
             elif m.kind == "worker-kill":
                 await self.accept(m)
                 await watcher.wait_state(m.entry_id or "", "delivering", 20)
@@ -450,6 +468,8 @@ class Smoke:
                     m.note = "agent answered 429, Retry-After: 1; held, then sent"
                 elif m.kind == "stop":
                     rules.append({"match": m.text, "action": "delay", "seconds": 30})
+                elif m.kind == "slow":
+                    rules.append({"match": m.text, "action": "delay", "seconds": 3})
             r = await self.agent.post("/_fake/control", json={"rules": rules})
             r.raise_for_status()
             ambiguous.note = "agent cut the connection after storing it"
@@ -488,6 +508,17 @@ class Smoke:
             seen = [t for t in dict.fromkeys(got) if t in expected]
             if seen != [t for t in expected if t in seen]:
                 self.problems.append(f"MISORDERED: session {key} has {seen}, sent {expected}")
+        merged = [m for m in self.messages if m.kind == "merge"]
+        if merged and not self.langgraph:
+            together = await self.message_parts(merged[0].session)
+            if [m.text for m in merged] not in together:
+                self.problems.append(
+                    f"MERGE: {[m.label for m in merged]} were not one agent message with a part "
+                    f"each: the agent's user messages hold {together}"
+                )
+            else:
+                for m in merged:
+                    m.note = "merged: one agent message, a part each"
         for key, watcher in self.watchers.items():
             if watcher.drops:
                 self.problems.append(

@@ -1,7 +1,8 @@
 """The agent conformance suite (django_outbox.testing.agents;
-docs/howto/agents.md#what-every-agent-carries) against every agent the package ships or tests with: the HTTP agent on a real HTTP server,
-opencode (the tests' fake and the real ``opencode serve``), LangGraph (a real
-``langgraph dev``) and the recording in-process agent the worker tests use.
+docs/howto/agents.md#what-every-agent-carries) against every agent the package ships or
+tests with: the HTTP agent on a real HTTP server, opencode (the tests' fake and the real
+``opencode serve``), LangGraph (a real ``langgraph dev``) and the recording in-process agent
+the worker tests use.
 
 Each check names one rule of the contract; a backend that breaks it fails here, whichever
 backend it is, so a capability of the queue reaches every agent or none.

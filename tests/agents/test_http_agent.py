@@ -429,6 +429,11 @@ async def test_a_worker_delivers_two_http_agents_by_the_router(make_outbox):
         ({"TIMEOUT": 0}, "TIMEOUT'] must be positive"),
         ({"MAX_RESPONSE_BYTES": 0}, "MAX_RESPONSE_BYTES'] must be an integer >= 1"),
         ({"SEND_URLS": "x"}, "unknown keys ['SEND_URLS']"),
+        # A client-chosen ID must never choose the host (nor the port, nor userinfo)
+        ({"SEND_URL": "http://{workspace_id}:8080/p"}, "has a placeholder in its host"),
+        ({"VERIFY_URL": "http://agent.{session_id}.internal/v"}, "placeholder in its host"),
+        ({"ABORT_URL": "http://agent:{entry_id}/a"}, "placeholder in its host"),
+        ({"SEND_URL": "http://{idempotency_key}@agent/p"}, "placeholder in its host"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(server, extra, message):

@@ -230,3 +230,14 @@ def test_a_lease_shorter_than_a_workers_stall_warns(valkey, lock_ttl, warned):
 def test_a_lease_check_leaves_invalid_settings_to_e001():
     with override_settings(OUTBOX={**GOOD, "LOCK_TTL": -1}):
         assert ids() == ["django_outbox.E001"]
+
+
+def test_max_holds_is_no_longer_read_and_says_so(valkey):
+    """Holds end by time held (HOLD_MAX_TOTAL): a MAX_HOLDS left in the settings would be
+    silently ignored, so check says it is (docs/howto/agents.md#held-retry-after)."""
+    with override_settings(OUTBOX={**GOOD, "MAX_HOLDS": 5}):
+        messages = checks.run_checks(tags=["outbox"])
+    assert [m.id for m in messages] == ["django_outbox.W016"]
+    assert "HOLD_MAX_TOTAL" in messages[0].msg and messages[0].level == checks.WARNING
+    with override_settings(OUTBOX={**GOOD, "HOLD_MAX_TOTAL": 60}):
+        assert checks.run_checks(tags=["outbox"]) == []
