@@ -45,14 +45,18 @@ import weakref
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from datetime import UTC
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+from django.core.exceptions import ImproperlyConfigured
 
+from ..core.config import ConfigError, declared, kinds
 from ..core.entry import Entry, Verdict
-from ..core.redaction import redact
+from ..core.redaction import redact, remember_url
 from ..errors import AmbiguousError, HoldDeliveryError
 
 __all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "EXCERPT_CHARS",
     "INVALID_REQUEST",
     "LONGEST_RETRY_AFTER",
@@ -63,12 +67,15 @@ __all__ = [
     "Unreadable",
     "described",
     "excerpt",
+    "http_url",
     "module_face",
     "origin",
+    "parse_block",
     "parse_retry_after",
     "read_bounded",
     "read_excerpt",
     "refusal",
+    "response_bytes",
 ]
 
 #: Characters of an error answer kept in an exception's text (whitespace collapsed).
@@ -404,3 +411,72 @@ def module_face(
     deliver.outbox_capabilities = capabilities  # type: ignore[attr-defined]
     backend.deliver.outbox_capabilities = capabilities  # type: ignore[attr-defined]
     return functions
+
+
+# --- a backend's own block of settings ---------------------------------------------------
+
+#: The most a backend reads of one answer from its agent, by default (16 MiB).
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+
+
+def response_bytes(key: str, value: Any) -> int:
+    """A ``MAX_RESPONSE_BYTES``: an integer >= 1; raises ``ConfigError`` naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, f"must be an integer >= 1 (bytes), got {value!r}")
+    return value
+
+
+def http_url(value: Any, example: str) -> tuple[str | None, str]:
+    """``(the URL without a trailing slash, "")`` when ``value`` is an http(s) URL, else
+    ``(None, why)``: a rule naming ``example``, the value shown redacted. A URL's
+    credentials are remembered for redaction either way."""
+    if isinstance(value, str):
+        remember_url(value)
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            parts = None
+        if parts is not None and parts.scheme in ("http", "https") and parts.netloc:
+            return value.rstrip("/"), ""
+    shown = redact(value) if isinstance(value, str) else value
+    return None, f"must be an http(s) URL such as {example}, got {shown!r}"
+
+
+def parse_block(
+    cls: type[Any],
+    raw: Any,
+    where: str,
+    *,
+    delivery_timeout: float,
+    required: tuple[str, ...] = (),
+    values: dict[str, Any] | None = None,
+) -> Any:
+    """``cls`` (a settings dataclass whose fields are declared with
+    :func:`~django_outbox.core.config.setting`) made from the block ``raw``: each key is a
+    field in upper case, checked in declaration order by its kind; ``TIMEOUT`` defaults to
+    the outbox's ``DELIVERY_TIMEOUT``. ``where`` names the block in errors
+    (``OUTBOX['OPENCODE']``, an ``AGENTS`` entry). Raises ``ImproperlyConfigured`` naming
+    the first wrong key and its rule: a block that is not a dict, an unknown key (a typo is
+    not ignored), a missing ``required`` key. ``values`` (a dict the caller owns) receives
+    the keys checked so far, also when a later one is wrong."""
+    declarations = declared(cls)
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict")
+    known = {name.upper() for name in declarations}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ImproperlyConfigured(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
+    for key in required:
+        if raw.get(key) is None:
+            raise ImproperlyConfigured(f"{where}[{key!r}] is required")
+    defaults = {name: declaration.default for name, declaration in declarations.items()}
+    if "timeout" in defaults:
+        defaults["timeout"] = delivery_timeout  # TIMEOUT's default is DELIVERY_TIMEOUT
+    values = {} if values is None else values
+    try:
+        for name, kind in kinds(cls).items():
+            key = name.upper()
+            values[name] = kind(key, raw.get(key, defaults[name]))
+    except ConfigError as exc:
+        raise ImproperlyConfigured(f"{where}[{exc.key!r}] {exc.rule}") from exc
+    return cls(**values)

@@ -56,25 +56,30 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 
-from ..conf import (
-    DEFAULT_LANGGRAPH_NAMESPACE,
-    DEFAULT_MAX_RESPONSE_BYTES,
-    LangGraphSettings,
-    langgraph_block,
-    outbox_settings,
-)
+from ..conf import outbox_settings
 from ..core.agents import Agent, current_agent
+from ..core.config import DURATION, Config, ConfigError, declared, setting
 from ..core.entry import Entry, Verdict
 from ..core.redaction import redact, remember_secret
 from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
 from . import base
-from .base import HttpBackend, Made, Unreadable, module_face
+from .base import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    HttpBackend,
+    Made,
+    Unreadable,
+    module_face,
+    parse_block,
+    response_bytes,
+)
 
 __all__ = [
     "ENTRY_KEY",
@@ -82,14 +87,19 @@ __all__ = [
     "LangGraphClient",
     "LangGraphError",
     "LangGraphHTTPError",
+    "LangGraphSettings",
     "abort",
     "aclose",
     "client_for",
     "deliver",
+    "parse_settings",
     "thread_id_for",
     "verify",
 ]
 
+#: Default of ``OUTBOX["LANGGRAPH"]["THREAD_NAMESPACE"]``: the UUID namespace of the
+#: thread IDs (uuid5 of workspace and session; docs/howto/langgraph.md).
+DEFAULT_LANGGRAPH_NAMESPACE = "6f7c2d0e-4b1a-5c8e-9a3d-0d1b2c3e4f50"
 #: The run metadata key that carries the entry ID (what the verifier looks for).
 ENTRY_KEY = "outbox_entry_id"
 #: The run metadata key that carries the request's idempotency key (``Entry.request_key``):
@@ -440,9 +450,95 @@ class LangGraphClient(HttpBackend):
         return True
 
 
+# --- its settings: OUTBOX["LANGGRAPH"] ------------------------------------------------------------
+
+
+def _langgraph_url(key: str, value: Any) -> str:
+    """An http(s) URL without a trailing slash and without credentials (the key goes in
+    API_KEY); a URL's credentials are remembered for redaction all the same."""
+    url, why = base.http_url(value, "http://127.0.0.1:2024")
+    if url is None:
+        raise ConfigError(key, why)
+    if "@" in urlsplit(url).netloc:
+        raise ConfigError(key, "must not carry credentials; set API_KEY instead")
+    return url
+
+
+def _assistant_id(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(key, "must be a non-empty string (a graph name or assistant UUID)")
+    return value
+
+
+def _api_key(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or any(c in value for c in "\r\n"):
+        raise ConfigError(key, "must be a non-empty string on one line, or None")
+    return value
+
+
+def _namespace(key: str, value: Any) -> str:
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        raise ConfigError(key, f"must be a UUID, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class LangGraphSettings:
+    """Validated ``OUTBOX["LANGGRAPH"]`` (docs/howto/langgraph.md): each key is a field
+    below, in lower case. ``url`` is stored without a trailing slash, timeouts in float
+    seconds, ``thread_namespace`` as a canonical UUID string."""
+
+    url: str = setting("", kind=_langgraph_url, doc="the LangGraph Agent Server; required")
+    assistant_id: str = setting(
+        "", kind=_assistant_id, doc="the graph name or assistant ID each run uses; required"
+    )
+    api_key: str | None = setting(None, kind=_api_key, doc="sent as X-Api-Key; no key when None")
+    connect_timeout: float = setting(5.0, kind=DURATION, doc="connecting to the server")
+    request_timeout: float = setting(
+        30.0, kind=DURATION, doc="each read of a thread, run, search or cancel request"
+    )
+    timeout: float = setting(
+        declared(Config)["delivery_timeout"].default,
+        kind=DURATION,
+        doc="waiting for a run to finish; the default is DELIVERY_TIMEOUT",
+    )
+    max_response_bytes: int = setting(
+        DEFAULT_MAX_RESPONSE_BYTES, kind=response_bytes, doc="the most read of one answer"
+    )
+    thread_namespace: str = setting(
+        DEFAULT_LANGGRAPH_NAMESPACE,
+        kind=_namespace,
+        doc="the UUID namespace of the thread IDs",
+    )
+
+
+def parse_settings(
+    raw: Any, delivery_timeout: float, where: str = "OUTBOX['LANGGRAPH']"
+) -> LangGraphSettings:
+    """Validate one LangGraph block: ``OUTBOX["LANGGRAPH"]`` (``django_outbox.conf`` calls it
+    when the block is set), or the options of an ``AGENTS`` entry (``where`` names it in the
+    errors). Raises ``ImproperlyConfigured`` naming the key and its rule
+    (docs/howto/langgraph.md#settings)."""
+    if isinstance(raw, Mapping):  # remembered first: a wrong later key never shows the key
+        remember_secret(raw.get("API_KEY"))
+    return parse_block(
+        LangGraphSettings,
+        raw,
+        where,
+        delivery_timeout=delivery_timeout,
+        required=("URL", "ASSISTANT_ID"),
+    )
+
+
+#: The name this module's block parser had before (docs/howto/langgraph.md).
+langgraph_block = parse_settings
+
 # --- settings-driven module functions ---------------------------------------------
 #
-# The settings are OUTBOX["LANGGRAPH"] (parsed by django_outbox.conf, LangGraphSettings), or,
+# The settings are OUTBOX["LANGGRAPH"] (parse_settings above, for django_outbox.conf), or,
 # for an OUTBOX["AGENTS"] entry that carries its own keys (URL, ASSISTANT_ID, ...), that
 # entry's options, parsed by the same rules (docs/howto/agents.md). One client per settings
 # object: when they are rebuilt, the next client_for() makes a new one and keeps the old
@@ -463,13 +559,14 @@ def _settings_of(agent: Agent | None) -> tuple[object, LangGraphSettings]:
     conf = outbox_settings()
     if agent is not None and agent.options:
         where = _entry(agent.name)
-        return agent.options, langgraph_block(agent.options, conf.config.delivery_timeout, where)
-    if conf.langgraph is None:
+        return agent.options, parse_settings(agent.options, conf.config.delivery_timeout, where)
+    block: LangGraphSettings | None = conf.blocks.get("LANGGRAPH")
+    if block is None:
         raise ImproperlyConfigured(
             "OUTBOX['LANGGRAPH'] (or the AGENTS entry's own URL and ASSISTANT_ID) is required "
             "by django_outbox.delivery.langgraph: docs/howto/langgraph.md#settings"
         )
-    return conf.langgraph, conf.langgraph
+    return block, block
 
 
 def client_for(agent: Agent | None = None) -> LangGraphClient:

@@ -51,31 +51,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
-from ..conf import DEFAULT_MAX_RESPONSE_BYTES, OpencodeSettings, outbox_settings
+from ..conf import outbox_settings
+from ..core.config import DURATION, DURATION_OR_ZERO, Config, ConfigError, declared, setting
 from ..core.entry import Entry, Verdict, parse_time
 from ..core.redaction import redact, remember_credentials
 from ..errors import AmbiguousError, TransientDeliveryError
 from .base import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     NOT_SENT,
     HttpBackend,
     Made,
     Unreadable,
     described,
     excerpt,
+    http_url,
     module_face,
     origin,
+    parse_block,
     read_bounded,
     read_excerpt,
     refusal,
+    response_bytes,
     settings_kwargs,
 )
 
@@ -85,10 +94,12 @@ __all__ = [
     "OpencodeError",
     "OpencodeHTTPError",
     "OpencodeSessionIDError",
+    "OpencodeSettings",
     "aclose",
     "client_for",
     "deliver",
     "message_id_for",
+    "parse_settings",
     "verify",
 ]
 
@@ -540,9 +551,160 @@ class OpencodeClient(HttpBackend):
         return Verdict.DELIVERED if created >= window_ms else None
 
 
+# --- its settings: OUTBOX["OPENCODE"] -------------------------------------------------------------
+
+
+def _opencode_name(key: str) -> str:
+    return f"OUTBOX['OPENCODE'][{key!r}]"
+
+
+def _http_url(name: str, value: Any) -> str:
+    """``value`` without a trailing slash if it is an http(s) URL (its credentials are
+    remembered for redaction), else raise naming ``name`` (credentials redacted)."""
+    url, why = http_url(value, "http://127.0.0.1:4096")
+    if url is None:
+        raise ImproperlyConfigured(f"{name} {why}")
+    return url
+
+
+def _workspace_urls(value: Any) -> Mapping[str, str] | Callable[[str], Any]:
+    """A ``WORKSPACE_URLS`` dict with its URLs checked, or a callable; raises otherwise."""
+    name = _opencode_name("WORKSPACE_URLS")
+    if isinstance(value, Mapping):
+        return {ws: _http_url(f"{name}[{ws!r}]", url) for ws, url in value.items()}
+    if callable(value):
+        return value
+    raise ImproperlyConfigured(f"{name} must be a dict, a callable or a dotted path to one")
+
+
+# The kinds of the OPENCODE keys raise ConfigError naming the key inside the block (_opencode
+# puts OUTBOX['OPENCODE'] in front), or, for a URL, ImproperlyConfigured naming the entry.
+
+
+def _base_url(key: str, value: Any) -> str | None:
+    return None if value is None else _http_url(_opencode_name(key), value)
+
+
+def _workspace_urls_setting(key: str, value: Any) -> Any:
+    """A dotted path is kept as it is: it is imported on first use (``_workspace_lookup``)."""
+    return value if value is None or isinstance(value, str) else _workspace_urls(value)
+
+
+def _username(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value or ":" in value:
+        raise ConfigError(key, "must be a non-empty string without ':'")
+    return value
+
+
+def _password(key: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(key, "must be a string or None")
+    return value
+
+
+@dataclass(frozen=True)
+class OpencodeSettings:
+    """Validated ``OUTBOX["OPENCODE"]`` (docs/howto/deliverer.md, "The built-in opencode
+    deliverer"): each key is a field below, in lower case.
+
+    As stored: ``base_url`` without a trailing slash; ``workspace_urls`` a dict with its
+    URLs checked, a callable (sync or async), or its dotted path (imported on first use,
+    see :meth:`aurl_for`); credentials in a URL's userinfo are used when ``password`` is
+    None; timeouts and ``clock_skew`` in float seconds.
+    """
+
+    # Checked in this order (a block with two wrong keys names the first).
+    base_url: str | None = setting(
+        None, kind=_base_url, doc="the opencode serve URL; required unless WORKSPACE_URLS"
+    )
+    # setting() returns a dataclasses.field, which RUF009 cannot see through this annotation.
+    workspace_urls: Mapping[str, str] | Callable[[str], Any] | str | None = setting(  # noqa: RUF009
+        None,
+        kind=_workspace_urls_setting,
+        doc="{workspace_id: URL}, a callable (workspace_id) -> URL or None, or its path",
+    )
+    username: str = setting("opencode", kind=_username, doc="the HTTP Basic user")
+    password: str | None = setting(
+        None, kind=_password, doc="the HTTP Basic password; no auth when None"
+    )
+    max_response_bytes: int = setting(
+        DEFAULT_MAX_RESPONSE_BYTES,
+        kind=response_bytes,
+        doc="the most the verifier reads of one answer",
+    )
+    connect_timeout: float = setting(5.0, kind=DURATION, doc="connecting to the agent")
+    timeout: float = setting(
+        declared(Config)["delivery_timeout"].default,
+        kind=DURATION,
+        doc="one delivery request; the default is DELIVERY_TIMEOUT",
+    )
+    verify_timeout: float = setting(30.0, kind=DURATION, doc="each read of the verifier's GETs")
+    clock_skew: float = setting(
+        2.0, kind=DURATION_OR_ZERO, doc="tolerance comparing the agent's times with the entry's"
+    )
+
+    @cached_property
+    def _workspace_lookup(self) -> Mapping[str, str] | Callable[[str], Any] | None:
+        value = self.workspace_urls
+        if isinstance(value, str):
+            try:
+                value = import_string(value)
+            except ImportError as exc:
+                raise ImproperlyConfigured(
+                    f"{_opencode_name('WORKSPACE_URLS')} cannot be imported: {exc}"
+                ) from exc
+            value = _workspace_urls(value)
+        return value
+
+    async def aurl_for(self, workspace_id: str) -> str:
+        """The opencode server URL for ``workspace_id`` (no trailing slash).
+
+        ``WORKSPACE_URLS`` first (a missing workspace or a callable's None falls back
+        to ``BASE_URL``). Raises ``ImproperlyConfigured`` when there is no URL, when a
+        dotted path does not import, or when the callable returns a non-http(s) URL.
+        """
+        lookup = self._workspace_lookup
+        url: Any = None
+        if isinstance(lookup, Mapping):
+            url = lookup.get(workspace_id)
+        elif lookup is not None:
+            url = lookup(workspace_id)
+            if inspect.isawaitable(url):
+                url = await url
+            if url is not None:
+                url = _http_url(f"{_opencode_name('WORKSPACE_URLS')}({workspace_id!r})", url)
+        url = url or self.base_url
+        if url is None:
+            raise ImproperlyConfigured(
+                f"no opencode URL for workspace {workspace_id!r}: "
+                f"{_opencode_name('WORKSPACE_URLS')} has none and BASE_URL is not set"
+            )
+        return url
+
+
+def parse_settings(raw: Any, delivery_timeout: float) -> OpencodeSettings:
+    """Validate ``OUTBOX["OPENCODE"]`` (``django_outbox.conf`` calls it when the block is
+    set). Raises ``ImproperlyConfigured`` naming the first wrong key and its rule."""
+    if isinstance(raw, Mapping) and raw.get("BASE_URL") is None and not raw.get("WORKSPACE_URLS"):
+        raise ImproperlyConfigured(f"{_opencode_name('BASE_URL')} is required (or WORKSPACE_URLS)")
+    values: dict[str, Any] = {}
+    try:
+        return parse_block(
+            OpencodeSettings,
+            raw,
+            "OUTBOX['OPENCODE']",
+            delivery_timeout=delivery_timeout,
+            values=values,
+        )
+    finally:
+        # Good credentials are redacted from now on, even when a later key is wrong.
+        if "password" in values:
+            remember_credentials(values["username"], values["password"])
+
+
 # --- settings-driven module functions ---------------------------------------------
 #
-# OUTBOX["OPENCODE"] is parsed and validated by django_outbox.conf (OpencodeSettings). One
+# OUTBOX["OPENCODE"] is parsed by parse_settings above, for django_outbox.conf. One
 # client per base URL, made from the settings object it came from: when conf.py rebuilds its
 # settings (setting_changed, conf.reset()), the next client_for() sees a new object and makes
 # new clients, the old ones kept until aclose() has closed them.
@@ -551,7 +713,7 @@ _made = Made()
 
 
 def _opencode_settings() -> OpencodeSettings:
-    block = outbox_settings().opencode
+    block: OpencodeSettings | None = outbox_settings().blocks.get("OPENCODE")
     if block is None:
         raise ImproperlyConfigured(
             "OUTBOX['OPENCODE'] is required by django_outbox.delivery.opencode "
@@ -567,7 +729,7 @@ async def client_for(workspace_id: str) -> OpencodeClient:
     ``WORKSPACE_URLS`` may be a dict, or a callable ``(workspace_id) -> URL | None``
     (sync or async; a sync one must not block) or its dotted path; a missing
     workspace or ``None`` falls back to ``BASE_URL``
-    (:meth:`django_outbox.conf.OpencodeSettings.aurl_for`).
+    (:meth:`OpencodeSettings.aurl_for`).
     """
     s = _opencode_settings()
     url = await s.aurl_for(workspace_id)

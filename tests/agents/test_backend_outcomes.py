@@ -540,7 +540,8 @@ async def test_http_agent_verify(row, server):
     assert verdict is row.kind
     for seen in server.seen("GET", "^/prompts/"):
         assert seen.headers["authorization"] == f"Bearer {SECRET}"
-        assert "idempotency-key" not in seen.headers
+        # it asks with the key of the request it verifies (docs/howto/agents.md)
+        assert seen.headers["idempotency-key"] == entry.request_key
     if row.url != "refused":
         assert server.requests[0].path == f"/prompts/{entry.id}"
 
