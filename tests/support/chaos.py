@@ -1484,21 +1484,23 @@ def _langgraph_for_row(tmp: Path) -> tuple[object | None, str]:
 
 
 def _langgraph_log(server, ids: dict[str, list[str]]) -> tuple[list[tuple[str, int]], int]:
-    """``(session, prompt number)`` of every run on the LangGraph threads of the ``g``
-    sessions, in run order (a prompt with two runs appears twice), and how many runs carry
-    no entry ID of ours."""
+    """``(session, prompt number)`` of every user message on the LangGraph threads of the
+    ``g`` sessions, in thread order (a prompt received twice appears twice; the prompts of a
+    merged delivery are one run's user messages, one each), and how many runs carry no entry
+    ID of ours."""
     from django_outbox.delivery.langgraph import ENTRY_KEY, thread_id_for
 
     log, strangers = [], 0
     for ses, per in ids.items():
         if not ses.startswith("g"):
             continue
-        for run in server.runs(thread_id_for("w1", ses)):
-            entry_id = (run.get("metadata") or {}).get(ENTRY_KEY)
-            if entry_id in per:
-                log.append((ses, per.index(entry_id)))
-            else:
+        thread = thread_id_for("w1", ses)
+        for run in server.runs(thread):
+            if (run.get("metadata") or {}).get(ENTRY_KEY) not in per:
                 strangers += 1
+        for role, text in server.messages(thread):
+            if role == "human":  # "sleep <s> <n>"
+                log.append((ses, int(text.split()[-1])))
     return log, strangers
 
 
@@ -1523,8 +1525,11 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
     graph; runs of 0.3 s, checked on the server's own record of runs: the entry ID in each
     run's metadata) and the recording agent as the default agent (with its own faults).
     Three outbox_worker processes, one SIGKILLed every 0.5-2 s. A prompt one of the HTTP
-    agents, or the LangGraph server, ran twice is a duplicate. Without .venv-langgraph the
+    agents, or the LangGraph server, ran twice is a duplicate. Two prompts of three are sent with
+    ``ifBusy: "merge"``, so merged deliveries reach every backend, and each of their prompts
+    must arrive (the agents' records list every part). Without .venv-langgraph the
     row runs without the LangGraph agent and says so."""
+    from django_outbox.delivery.langgraph import thread_id_for
     from django_outbox.outbox import Outbox
     from tests.support.http_agent import AgentServer
     from tests.support.workers import Workers
@@ -1553,7 +1558,14 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
             for ses in ids:
                 # The echo graph sleeps LG_TURN s on "sleep <s> <n>"; the others take "<n>".
                 text = f"sleep {LG_TURN} {n}" if ses.startswith("g") else str(n)
-                entry = outbox.accept("w1", ses, user_id="u", client_message_id=f"k{n}", text=text)
+                entry = outbox.accept(
+                    "w1",
+                    ses,
+                    user_id="u",
+                    client_message_id=f"k{n}",
+                    text=text,
+                    if_busy="merge" if n % 3 else "queue",  # runs of two merge: every backend
+                )
                 ids[ses].append(entry.id)
         w = Workers(
             server.url,
@@ -1591,13 +1603,19 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
         w.stop_all()
         log = [(s, int(n)) for s, n in (x.split(" ", 1) for x in r.lrange("test:log", 0, -1))]
         for agent in (north, south):
-            log += [(body["session_id"], int(body["text"])) for _, body in agent.processed]
+            log += [
+                (body["session_id"], int(part))
+                for _, body in agent.processed
+                for part in body.get("parts") or [body["text"]]
+            ]
             row.faults += sum(1 for m, *_ in agent.requests if m == "POST") - len(agent.runs)
         if graph is not None:
             graph_log, strangers = _langgraph_log(graph, ids)
             log += graph_log
             row.notes.append(
-                f"LangGraph: {len(graph_log)} runs, {kills_mid_run} of {kills} SIGKILLs "
+                f"LangGraph: {len(graph_log)} prompts in "
+                f"{sum(len(graph.runs(thread_id_for('w1', s))) for s in ids if s[0] == 'g')} "
+                f"runs, {kills_mid_run} of {kills} SIGKILLs "
                 "while one of its runs was pending or running"
             )
             if strangers:
