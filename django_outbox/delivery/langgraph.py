@@ -54,15 +54,17 @@ most a 500-character excerpt of an answer, redacted.
 
 from __future__ import annotations
 
+import inspect
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from ..conf import outbox_settings
 from ..core.agents import Agent, current_agent
@@ -162,6 +164,8 @@ class LangGraphClient(HttpBackend):
         timeout: float = 600.0,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         thread_namespace: str = DEFAULT_LANGGRAPH_NAMESPACE,
+        thread_id: Callable[[str, str], str] | str | None = None,
+        run_options: Callable[..., Any] | str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         remember_secret(api_key)  # never shown, wherever it appears
@@ -170,6 +174,8 @@ class LangGraphClient(HttpBackend):
         self.api_key = api_key
         self.read_timeout = self.request_timeout = float(request_timeout)
         self.thread_namespace = str(uuid.UUID(thread_namespace))
+        self.thread_id_of = _imported("THREAD_ID", thread_id)
+        self.run_options = _imported("RUN_OPTIONS", run_options)
         limits: dict[str, Any] = {"connect_timeout": connect_timeout, "timeout": timeout}
         super().__init__(max_response_bytes=max_response_bytes, transport=transport, **limits)
 
@@ -182,8 +188,16 @@ class LangGraphClient(HttpBackend):
         return ({} if self.api_key is None else {"X-Api-Key": self.api_key}), None
 
     def thread_id(self, workspace_id: str, session_id: str) -> str:
-        """:func:`thread_id_for` under this client's namespace."""
-        return thread_id_for(workspace_id, session_id, self.thread_namespace)
+        """The session's thread: ``thread_id(workspace_id, session_id)`` when one is given
+        (a thread your app made, e.g. one per conversation in your database: it must give
+        the same ID every time), else :func:`thread_id_for` under this client's namespace.
+        Raises ``ValueError`` when the callable gives no non-empty string."""
+        if self.thread_id_of is None:
+            return thread_id_for(workspace_id, session_id, self.thread_namespace)
+        found = self.thread_id_of(workspace_id, session_id)
+        if not isinstance(found, str) or not found:
+            raise ValueError(f"THREAD_ID gave {found!r} for {workspace_id}/{session_id}")
+        return found
 
     # -- reading answers -------------------------------------------------------------
 
@@ -254,11 +268,19 @@ class LangGraphClient(HttpBackend):
 
         Cancellation (the outbox's ``DELIVERY_TIMEOUT``) propagates; the run goes on.
         """
-        thread_id = self.thread_id(workspace_id, session_id)
+        try:
+            thread_id = self.thread_id(workspace_id, session_id)
+            extra = await self._run_options(entry, workspace_id, session_id)
+        except Exception as exc:  # the app's hook: nothing was sent
+            raise LangGraphError(
+                f"the LangGraph THREAD_ID or RUN_OPTIONS hook failed: {type(exc).__name__}: "
+                f"{redact(str(exc))}"
+            ) from exc
         ids = {"outbox_workspace_id": workspace_id, "outbox_session_id": session_id}
         await self._ensure_thread(thread_id, ids)
         keys = {ENTRY_KEY: entry.id, REQUEST_KEY: entry.request_key}
-        run_id = await self._create_run(entry, thread_id, {**keys, **ids}, attempt)
+        mine = {**keys, **ids, "outbox_user_id": entry.user_id}
+        run_id = await self._create_run(entry, thread_id, mine, attempt, extra)
         await self._join(thread_id, run_id)
 
     async def _ensure_thread(self, thread_id: str, metadata: dict[str, str]) -> None:
@@ -279,10 +301,33 @@ class LangGraphClient(HttpBackend):
         if not 200 <= status < 300:
             raise LangGraphHTTPError(status, excerpt, f"{self.url}/threads")
 
+    async def _run_options(
+        self, entry: Entry, workspace_id: str, session_id: str
+    ) -> dict[str, Any]:
+        """The ``RUN_OPTIONS`` hook's ``{"config", "context", "metadata"}`` for this entry's
+        run ({} without a hook; sync or async). Raises ``ValueError`` for another shape."""
+        if self.run_options is None:
+            return {}
+        found = self.run_options(entry, workspace_id=workspace_id, session_id=session_id)
+        if inspect.isawaitable(found):
+            found = await found
+        found = {} if found is None else found
+        if not isinstance(found, Mapping) or set(found) - {"config", "context", "metadata"}:
+            raise ValueError("RUN_OPTIONS must give a dict of config, context and metadata")
+        if not all(isinstance(value, Mapping) for value in found.values()):
+            raise ValueError("RUN_OPTIONS' config, context and metadata must be dicts")
+        return dict(found)
+
     async def _create_run(
-        self, entry: Entry, thread_id: str, metadata: dict[str, Any], attempt: int
+        self,
+        entry: Entry,
+        thread_id: str,
+        metadata: dict[str, Any],
+        attempt: int,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
         path = f"/threads/{quote(thread_id, safe='')}/runs"
+        extra = extra or {}
         body: dict[str, Any] = {
             "assistant_id": self.assistant_id,
             # A merged delivery: one user message per prompt, in queue order, in one run.
@@ -291,12 +336,18 @@ class LangGraphClient(HttpBackend):
                     {"role": "user", "content": text} for text in (entry.parts or (entry.text,))
                 ]
             },
-            "metadata": {**metadata, "outbox_attempt": attempt},
+            # the app's metadata first: the outbox's own keys are never overridden
+            "metadata": {**extra.get("metadata", {}), **metadata, "outbox_attempt": attempt},
             "multitask_strategy": "enqueue",
             "if_not_exists": "create",
         }
+        context = {**extra.get("context", {})}
         if entry.model is not None:
-            body["context"] = {"model": entry.model}
+            context["model"] = entry.model
+        if context:
+            body["context"] = context
+        if "config" in extra:
+            body["config"] = dict(extra["config"])
         try:
             status, run, excerpt = await self._json("POST", path, hold=True, json=body)
         except base.NOT_SENT as exc:
@@ -478,6 +529,24 @@ def _api_key(key: str, value: Any) -> str | None:
     return value
 
 
+def _imported(key: str, value: Any) -> Any:
+    """``value`` imported when it is a dotted path (``OUTBOX['LANGGRAPH'][key]``)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return import_string(value)
+    except ImportError as exc:
+        where = f"OUTBOX['LANGGRAPH'][{key!r}]"
+        raise ImproperlyConfigured(f"{where} cannot be imported: {exc}") from exc
+
+
+def _callable_or_path(key: str, value: Any) -> Any:
+    """A callable, its dotted path (imported when the client is made), or None."""
+    if value is not None and not isinstance(value, str) and not callable(value):
+        raise ConfigError(key, "must be a callable or a dotted path to one")
+    return value
+
+
 def _namespace(key: str, value: Any) -> str:
     try:
         return str(uuid.UUID(str(value)))
@@ -512,6 +581,17 @@ class LangGraphSettings:
         DEFAULT_LANGGRAPH_NAMESPACE,
         kind=_namespace,
         doc="the UUID namespace of the thread IDs",
+    )
+    # setting() returns a dataclasses.field, which RUF009 cannot see through this annotation.
+    thread_id: Callable[[str, str], str] | str | None = setting(  # noqa: RUF009
+        None,
+        kind=_callable_or_path,
+        doc="(workspace_id, session_id) -> an existing thread's ID, or its path; None: uuid5",
+    )
+    run_options: Callable[..., Any] | str | None = setting(  # noqa: RUF009
+        None,
+        kind=_callable_or_path,
+        doc="(entry, workspace_id, session_id) -> {config, context, metadata} of its run",
     )
 
 
@@ -581,7 +661,8 @@ def client_for(agent: Agent | None = None) -> LangGraphClient:
 
     def make() -> LangGraphClient:
         names = "api_key connect_timeout request_timeout timeout max_response_bytes"
-        options = base.settings_kwargs(block, names + " thread_namespace")
+        more = " thread_namespace thread_id run_options"
+        options = base.settings_kwargs(block, names + more)
         return LangGraphClient(block.url, block.assistant_id, **options)
 
     client: LangGraphClient = _made.get(key, source, make)

@@ -22,6 +22,7 @@ from django_outbox.core.redaction import redact
 from django_outbox.delivery.langgraph import (
     ENTRY_KEY,
     LangGraphClient,
+    LangGraphError,
     LangGraphHTTPError,
     thread_id_for,
 )
@@ -125,6 +126,47 @@ async def test_a_merged_delivery_is_one_run_holding_every_prompt(server, client,
         ("ai", "echo: gamma"),
     ]
     assert await verify(client, head, ses) is Verdict.DELIVERED
+
+
+async def test_a_session_maps_to_an_existing_thread_and_its_run_gets_the_apps_options(server):
+    """THREAD_ID maps a session to a thread the app made (verification looks there too);
+    RUN_OPTIONS gives each prompt's run its config, context and metadata, never overriding
+    the outbox's own keys; the run's metadata names the accepting user."""
+    thread = await asyncio.to_thread(server.create_thread)
+    seen = []
+
+    async def run_options(entry, *, workspace_id, session_id):
+        seen.append((entry.id, workspace_id, session_id))
+        return {
+            "config": {"tags": [f"user:{entry.user_id}"], "recursion_limit": 7},
+            "context": {"tone": "brief"},
+            "metadata": {"team": "blue", ENTRY_KEY: "not the outbox's"},
+        }
+
+    lg = LangGraphClient(
+        server.url,
+        ASSISTANT,
+        timeout=30.0,
+        thread_id=lambda ws, ses: thread if ses == "lg-mapped" else "",
+        run_options=run_options,
+    )
+    entry = make_entry("to the app's thread")
+    try:
+        await deliver(lg, entry, "lg-mapped")
+        assert await verify(lg, entry, "lg-mapped") is Verdict.DELIVERED
+        with pytest.raises(LangGraphError, match="THREAD_ID"):
+            await deliver(lg, make_entry("no thread"), "lg-unmapped")
+        assert await verify(lg, entry, "lg-unmapped") is Verdict.INCONCLUSIVE
+    finally:
+        await lg.aclose()
+    [run] = server.runs(thread)
+    metadata = run["metadata"]
+    assert metadata[ENTRY_KEY] == entry.id and metadata["team"] == "blue"
+    assert metadata["outbox_user_id"] == entry.user_id
+    assert run["kwargs"]["config"]["recursion_limit"] == 7
+    assert run["kwargs"]["context"]["tone"] == "brief"
+    assert seen == [(entry.id, WS, "lg-mapped")]
+    assert server.messages(thread_id_for(WS, "lg-mapped")) == []  # nothing on the uuid5 one
 
 
 # --- verify -------------------------------------------------------------------------------
@@ -288,6 +330,8 @@ async def test_the_api_key_is_sent_and_never_shown(server):
         ({"URL": "http://h:1", "ASSISTANT_ID": " "}, "must be a non-empty string"),
         ({"URL": "http://h:1", "ASSISTANT_ID": "a", "TIMEOUT": 0}, "['TIMEOUT'] must be positive"),
         ({"URL": "http://h:1", "ASSISTANT_ID": "a", "THREAD_NAMESPACE": "x"}, "must be a UUID"),
+        ({"URL": "http://h:1", "ASSISTANT_ID": "a", "THREAD_ID": 5}, "THREAD_ID'] must be a"),
+        ({"URL": "http://h:1", "ASSISTANT_ID": "a", "RUN_OPTIONS": {}}, "RUN_OPTIONS'] must be"),
         ({"URL": "http://h:1", "ASSISTANT_ID": "a", "PORT": 1}, "unknown keys ['PORT']"),
         ("http://h:1", "OUTBOX['LANGGRAPH'] must be a dict"),
     ],

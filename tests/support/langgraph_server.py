@@ -141,14 +141,23 @@ class LangGraphServer:
         response.raise_for_status()
         return list(reversed(response.json()))
 
+    def create_thread(self) -> str:
+        """A new thread made on the server (as an app would, for a conversation); its ID."""
+        response = httpx.post(f"{self.url}/threads", json={})
+        response.raise_for_status()
+        return response.json()["thread_id"]
+
     def thread(self, thread_id: str) -> dict:
         response = httpx.get(f"{self.url}/threads/{thread_id}")
         response.raise_for_status()
         return response.json()
 
     def messages(self, thread_id: str) -> list[tuple[str, str]]:
-        """The thread's messages as ``(type, content)`` pairs (``human``/``ai``)."""
+        """The thread's messages as ``(type, content)`` pairs (``human``/``ai``); [] when
+        the thread does not exist."""
         response = httpx.get(f"{self.url}/threads/{thread_id}/state")
+        if response.status_code == 404:
+            return []
         response.raise_for_status()
         values = response.json().get("values") or {}
         return [(m["type"], m["content"]) for m in values.get("messages", [])]
