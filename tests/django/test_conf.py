@@ -15,9 +15,9 @@ from django.test import override_settings
 
 from django_outbox import conf, get_outbox
 from django_outbox.conf import CALLABLE_KEYS, OWN_SETTINGS, outbox_settings
-from django_outbox.delivery.opencode import OpencodeSettings
 from django_outbox.core.config import MAX_HISTORY_WINDOW, Config, declared, kinds
 from django_outbox.core.rules import min_snapshot_frame_bytes
+from django_outbox.delivery.opencode import OpencodeSettings
 from tests.support.paths import ROOT
 
 
