@@ -103,7 +103,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             errors.append(
                 checks.Error(
                     redact(str(exc)),
-                    hint=f"Point OUTBOX[{key!r}] at a callable (or a dotted path to one).",
+                    hint=f"Point OUTBOX[{key!r}] at a callable (or a dotted path to one) and "
+                    "give it the settings it names (a built-in backend's block: "
+                    "docs/howto/agents.md).",
                     id="django_outbox.E002",
                 )
             )

@@ -140,9 +140,15 @@ class OutboxSettings:
         """Import and return the callable configured for ``key`` (e.g. ``"DELIVERER"``).
 
         Raises ``ImproperlyConfigured`` if the dotted path does not import or the
-        object is not callable.
+        object is not callable, and, for the single ``DELIVERER``, ``VERIFIER`` or
+        ``ABORTER``, when the callable's ``validate_agent_options`` refuses the settings it
+        needs (a built-in backend whose block is missing: docs/howto/agents.md).
         """
-        return _import_callable(f"OUTBOX[{key!r}]", getattr(self, key.lower()))
+        found = _import_callable(f"OUTBOX[{key!r}]", getattr(self, key.lower()))
+        validate = getattr(found, "validate_agent_options", None)
+        if key in AGENT_CALLABLE_KEYS and callable(validate):
+            validate(DEFAULT_AGENT, {})
+        return found
 
     def resolve_agents(self) -> dict[str, Agent]:
         """The ``AGENTS`` entries as :class:`~django_outbox.core.agents.Agent` objects, their

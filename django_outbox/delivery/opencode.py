@@ -746,5 +746,11 @@ async def client_for(workspace_id: str) -> OpencodeClient:
 # A merged delivery is one message with a text part per prompt. aclose closes the running
 # loop's httpx clients of every cached (and replaced) opencode client: call it from each
 # event loop that used deliver / verify before that loop ends (the worker at shutdown).
-deliver, verify, abort = module_face(client_for, OpencodeClient, __name__)
+def _validate(name: str, options: Any) -> None:
+    """``validate_agent_options`` of the callables below: ``manage.py check`` (E002, E008)
+    and the worker's start refuse them without an ``OUTBOX["OPENCODE"]`` block."""
+    _opencode_settings()
+
+
+deliver, verify, abort = module_face(client_for, OpencodeClient, __name__, (_validate,) * 3)
 aclose = _made.aclose

@@ -241,3 +241,22 @@ def test_max_holds_is_no_longer_read_and_says_so(valkey):
     assert "HOLD_MAX_TOTAL" in messages[0].msg and messages[0].level == checks.WARNING
     with override_settings(OUTBOX={**GOOD, "HOLD_MAX_TOTAL": 60}):
         assert checks.run_checks(tags=["outbox"]) == []
+
+
+@pytest.mark.parametrize(
+    ("backend", "block"),
+    [("opencode", "OUTBOX['OPENCODE']"), ("langgraph", "OUTBOX['LANGGRAPH']")],
+)
+def test_a_built_in_backend_without_its_block_is_an_error(valkey, backend, block):
+    """The single DELIVERER (and VERIFIER) of a built-in backend whose block is missing is
+    refused by check (and by the worker's start, which resolves the same callables), not
+    found out at the first delivery."""
+    single = {
+        "DELIVERER": f"django_outbox.delivery.{backend}.deliver",
+        "VERIFIER": f"django_outbox.delivery.{backend}.verify",
+    }
+    with override_settings(OUTBOX={**GOOD, **single}):
+        messages = checks.run_checks(tags=["outbox"])
+    errors = [m for m in messages if m.level >= checks.ERROR]
+    assert [m.id for m in errors] == ["django_outbox.E002"] * 2
+    assert all(block in m.msg for m in errors)
