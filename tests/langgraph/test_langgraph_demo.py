@@ -55,3 +55,35 @@ def test_the_demo_on_langgraph_cuts_turns_with_the_langgraph_aborter():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["django_outbox.delivery.langgraph.abort"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "says", "not_said"),
+    [
+        ("langgraph", "LangGraph Agent Server", "opencode serve"),
+        ("opencode", "opencode serve", "LangGraph"),
+        ("http", "In-house HTTP agent", "opencode serve"),
+    ],
+)
+def test_the_demo_page_describes_the_agent_actually_running(kind, says, not_said):
+    """The queue page's agent panel names the agent the demo delivers to: with
+    ``AGENT=langgraph`` it said "the real opencode serve"."""
+    code = (
+        "import django; django.setup()\n"
+        "from django.template.loader import render_to_string\n"
+        "from example_project.demo.agent import kind\n"
+        "page = {'agentKind': kind(), 'controlsAgent': False}\n"
+        "print(render_to_string('demo/queue.html', {'page': page, 'session': 's1'}))\n"
+    )
+    env = {
+        **demo_env(),
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "DEMO_AGENT_KIND": kind,
+        "DEMO_AGENT_URL": "http://127.0.0.1:9",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    panel = proc.stdout.split('id="agent-panel"', 1)[1].split("</section>", 1)[0]
+    assert says in panel and not_said not in panel
