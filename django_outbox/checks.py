@@ -42,6 +42,7 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
 - ``W015`` ``LOCK_TTL`` is below 7.5 s: a worker stalled for two thirds of it loses the
   lease of the delivery it is making, and the prompt may be sent twice
 - ``W016`` ``MAX_HOLDS`` is set but no longer read (holds end by ``HOLD_MAX_TOTAL``)
+- ``W017`` (deploy) ``USER_ACCEPTS_PER_MINUTE_ALL`` counts in a per-process ``LocMemCache``
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight
@@ -691,5 +692,40 @@ def check_deprecated(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
             hint="Remove MAX_HOLDS; set OUTBOX['HOLD_MAX_TOTAL'] (seconds) instead "
             "(docs/howto/agents.md#held-retry-after).",
             id="django_outbox.W016",
+        )
+    ]
+
+
+#: Django's caches that keep their counts in each process: a bound counted there is per
+#: process, so N web processes let a user through N times.
+_PER_PROCESS_CACHES = {"django.core.cache.backends.locmem.LocMemCache"}
+
+
+@checks.register("outbox", deploy=True)
+def check_accept_throttle_shared(
+    app_configs: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W017 (``check --deploy``): ``USER_ACCEPTS_PER_MINUTE_ALL`` counts in Django's default
+    cache, and that cache is the per-process ``LocMemCache`` (Django's own default): with
+    several web processes each keeps its own count, so the bound is per process (two
+    processes let 120 of 200 accepts through a bound of 60:
+    docs/explanation/idempotency.md#per-user-bounds)."""
+    try:
+        conf = outbox_settings()
+    except ImproperlyConfigured:
+        return []  # E001 says so
+    backend = getattr(settings, "CACHES", {}).get("default", {}).get("BACKEND", "")
+    if not conf.user_accepts_per_minute_all or backend not in _PER_PROCESS_CACHES:
+        return []
+    return [
+        checks.Warning(
+            f"OUTBOX['USER_ACCEPTS_PER_MINUTE_ALL'] ({conf.user_accepts_per_minute_all}) "
+            "counts in the default cache, which is LocMemCache: each web process counts on "
+            "its own, so with N processes one user gets N times the bound over every "
+            "workspace.",
+            hint="Point CACHES['default'] at a shared cache (Redis/Valkey, Memcached, the "
+            "database cache); the per-workspace bounds count in Valkey and are not affected "
+            "(docs/explanation/idempotency.md#per-user-bounds).",
+            id="django_outbox.W017",
         )
     ]

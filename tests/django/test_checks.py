@@ -11,6 +11,11 @@ GOOD = {
     "DELIVERER": "tests.support.agents.deliver",
     "ACCESS_POLICY": "tests.support.policies.own_workspace",
 }
+#: A default cache shared by every process (never touched by the checks), as a deployment's
+#: is: Django's own default, LocMemCache, draws W017 under --deploy.
+SHARED_CACHE = {
+    "default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "t"}
+}
 
 
 def ids(deploy=False, **kwargs):
@@ -61,7 +66,7 @@ def test_evicting_valkey_is_an_error(valkey, r, policy):
 
 def test_no_persistence_warns_under_deploy(valkey):
     # the test server runs with appendonly no and no save points
-    with override_settings(OUTBOX=GOOD):
+    with override_settings(OUTBOX=GOOD, CACHES=SHARED_CACHE):
         assert ids() == []
         assert ids(deploy=True) == ["django_outbox.W003"]
 
@@ -71,7 +76,7 @@ def test_snapshots_alone_are_persistence_enough(valkey, r):
     the queue across a restart (docs/reference/checks.md)."""
     r.config_set("save", "3600 1")
     try:
-        with override_settings(OUTBOX=GOOD):
+        with override_settings(OUTBOX=GOOD, CACHES=SHARED_CACHE):
             assert ids(deploy=True) == []
     finally:
         r.config_set("save", "")
@@ -95,12 +100,12 @@ def test_appendfsync_no_warns_under_deploy(tmp_path, monkeypatch):
     server = ValkeyProcess(tmp_path, appendonly="yes", appendfsync="no").start()
     monkeypatch.setenv("OUTBOX_VALKEY_URL", server.url)
     try:
-        with override_settings(OUTBOX=GOOD):
+        with override_settings(OUTBOX=GOOD, CACHES=SHARED_CACHE):
             assert ids(deploy=True) == ["django_outbox.W004"]
         client = redis.Redis.from_url(server.url)
         client.config_set("appendfsync", "everysec")
         client.close()
-        with override_settings(OUTBOX=GOOD):
+        with override_settings(OUTBOX=GOOD, CACHES=SHARED_CACHE):
             assert ids(deploy=True) == []
     finally:
         server.stop()
@@ -260,3 +265,19 @@ def test_a_built_in_backend_without_its_block_is_an_error(valkey, backend, block
     errors = [m for m in messages if m.level >= checks.ERROR]
     assert [m.id for m in errors] == ["django_outbox.E002"] * 2
     assert all(block in m.msg for m in errors)
+
+
+def test_a_per_process_cache_under_the_bound_over_every_workspace_warns_on_deploy(valkey):
+    """Django's default cache is LocMemCache, one per process: USER_ACCEPTS_PER_MINUTE_ALL
+    counted there is a bound per process (two processes: 120 of 200 through a bound of 60);
+    check --deploy says so, plain check does not."""
+    locmem = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(OUTBOX=GOOD, CACHES=locmem):
+        deploy = [m.id for m in checks.run_checks(tags=["outbox"], include_deployment_checks=True)]
+        plain = [m.id for m in checks.run_checks(tags=["outbox"])]
+        with override_settings(OUTBOX={**GOOD, "USER_ACCEPTS_PER_MINUTE_ALL": 0}):
+            off = checks.run_checks(tags=["outbox"], include_deployment_checks=True)
+    with override_settings(OUTBOX=GOOD, CACHES=SHARED_CACHE):
+        elsewhere = checks.run_checks(tags=["outbox"], include_deployment_checks=True)
+    assert "django_outbox.W017" in deploy and "django_outbox.W017" not in plain
+    assert "django_outbox.W017" not in [m.id for m in off + elsewhere]
