@@ -102,6 +102,8 @@ class _Fault:
     marker: bytes
     action: str
     answer: tuple[int, dict[str, str], bytes] | None = None
+    #: Aimed at the request that follows the one carrying the marker (a LangGraph join, say)
+    after: bool = False
 
 
 class FaultProxy:
@@ -130,6 +132,7 @@ class FaultProxy:
         self.upstream = (host or "127.0.0.1", int(port or 80))
         self.requests: list[ProxiedRequest] = []
         self._faults: list[_Fault] = []
+        self._next: _Fault | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
@@ -161,13 +164,22 @@ class FaultProxy:
         marker: str,
         action: str,
         answer: tuple[int, dict[str, str], bytes] | None = None,
+        *,
+        after: bool = False,
     ) -> None:
-        """Arm a one-shot fault for the first request whose body holds ``marker``."""
+        """Arm a one-shot fault for the first request whose body holds ``marker`` (with
+        ``after``: for the request that follows that one, whatever it carries: a backend's
+        wait for the turn, say)."""
         if action not in ("cut_before", "cut_after", "lost_reply", "stall", "respond"):
             raise ValueError(f"unknown fault {action!r}")
         if (action == "respond") != (answer is not None):
             raise ValueError("an answer goes with 'respond' only")
-        self._faults.append(_Fault(marker.encode(), action, answer))
+        self._faults.append(_Fault(marker.encode(), action, answer, after))
+
+    def disarm(self) -> None:
+        """Forget every fault armed and not met yet."""
+        self._faults.clear()
+        self._next = None
 
     def carrying(self, marker: str) -> list[ProxiedRequest]:
         """The requests whose body holds ``marker``, in order."""
@@ -203,9 +215,14 @@ class FaultProxy:
             name, _, value = line.partition(":")
             if name:
                 headers[name.strip().lower()] = value.strip()
-        fault = next((f for f in self._faults if f.marker in body), None)
-        if fault is not None:
-            self._faults.remove(fault)
+        fault = self._next
+        self._next = None
+        if fault is None:
+            fault = next((f for f in self._faults if f.marker in body), None)
+            if fault is not None:
+                self._faults.remove(fault)
+            if fault is not None and fault.after:  # this one passes, the next one meets it
+                self._next, fault = fault, None
         self.requests.append(
             ProxiedRequest(method, path, headers, body, fault.action if fault else "forward")
         )
@@ -359,6 +376,7 @@ class AgentContract:
         "cut_after_sending_is_verified",
         "lost_reply_is_verified",
         "timeout_is_verified",
+        "failure_after_sending_is_verified",
         *(f"held_{code}_retry_after_{form}" for code in (429, 503) for form in RETRY_AFTER_FORMS),
         "refusal_is_definitive",
         "key_follows_the_request",
@@ -575,6 +593,29 @@ class AgentContract:
         )
         got = await self._shows(where, [entry.text])
         _expect(entry.text in got, "the agent never showed the prompt sent before the deadline")
+        verdict = await self._verify(entry, where)
+        _expect(verdict is Verdict.DELIVERED, f"a prompt the agent holds verified {verdict.name}")
+
+    async def _failure_after_sending_is_verified(self) -> None:
+        """A backend that makes more requests once the prompt was sent (LangGraph waits for
+        its run with a GET ``join``) must take a failure of any of them as ambiguous: the
+        agent holds the prompt. The request that follows the prompt's is cut; a backend that
+        makes none delivers as usual."""
+        assert self.proxy is not None
+        where = await self._session()
+        await self._plain_in(where)
+        mark = _marker()
+        entry = _entry(f"then cut {mark}")
+        self.proxy.arm(mark, "cut_before", after=True)
+        outcome = await self._outcome(entry, where)
+        self.proxy.disarm()  # (not met when the backend made no further request)
+        _expect(
+            outcome in ("ambiguous", "delivered", "timeout"),
+            f"a request after the prompt was sent failed and the delivery ended "
+            f"{self._said(outcome)}: the agent holds the prompt, so it must be verified",
+        )
+        got = await self._shows(where, [entry.text])
+        _expect(entry.text in got, "the agent never showed the prompt sent")
         verdict = await self._verify(entry, where)
         _expect(verdict is Verdict.DELIVERED, f"a prompt the agent holds verified {verdict.name}")
 

@@ -631,3 +631,11 @@ async def test_resends_of_one_request_keep_its_key(server, outbox_with):
             await asyncio.sleep(0.01)
     keys = [headers["idempotency-key"] for _, headers, _ in server.prompts()]
     assert keys == [entry.id, entry.id]
+
+
+def test_retry_after_zero_is_read_as_no_wait_not_as_unreadable():
+    # "0" is a wait of none, which the reader says (None is for a value it cannot read): the
+    # hold it makes waits HOLD_FLOOR either way, but a caller of parse_retry_after can tell
+    # "now" from garbage.
+    assert http.parse_retry_after("0") == 0.0
+    assert http.parse_retry_after(" 000 ") == 0.0

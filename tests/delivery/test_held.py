@@ -141,6 +141,32 @@ async def test_holds_end_in_error_by_time_held_not_by_their_count(make_outbox):
     await outbox.aclose()
 
 
+async def test_a_hold_answered_exactly_hold_max_total_after_the_first_gives_up(make_outbox):
+    """The bound is inclusive: a hold a second short of HOLD_MAX_TOTAL since the run began
+    waits on; one answered exactly HOLD_MAX_TOTAL after it ends the entry in error."""
+    clock = Clock()
+    began = clock.now
+    outbox = make_outbox(
+        deliverer=Busy(times=10, retry_after=0),
+        clock=clock,
+        hold_floor=0.001,
+        hold_max_total=600,
+    )
+    await outbox.aaccept(WS, "s", user_id="u", client_message_id="k", text="t")
+    assert await outbox.adeliver_once(WS, "s")
+    [entry] = await outbox.alist(WS, "s")
+    assert parse_time(entry.held_since) == int(began * 1_000_000)
+    clock.now = began + 599
+    assert await outbox.adeliver_once(WS, "s")
+    [entry] = await outbox.alist(WS, "s")
+    assert entry.status is Status.PENDING and entry.holds == 2
+    clock.now = began + 600  # exactly: whole seconds from a whole second, no rounding
+    assert await outbox.adeliver_once(WS, "s")
+    [entry] = await outbox.alist(WS, "s")
+    assert entry.status is Status.ERROR and entry.reason == "hold_exhausted"
+    await outbox.aclose()
+
+
 async def test_only_holds_in_a_row_count(make_outbox):
     calls = []
 
