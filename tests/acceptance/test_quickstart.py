@@ -30,8 +30,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from django_outbox.conf import OPENCODE_KEYS, OWN_KEYS
-from django_outbox.core.config import Config
+from django_outbox.conf import OWN_KEYS
+from django_outbox.core.config import Config, declared
+from django_outbox.delivery.opencode import OpencodeSettings
 from django_outbox.testing import ValkeyServer, free_port, wait_until
 from tests.support.paths import ROOT as REPO
 
@@ -343,6 +344,7 @@ def test_relative_links_resolve(page):
 def test_settings_reference_names_every_key():
     """docs/reference/settings.md documents every OUTBOX key the package accepts."""
     page = read(DOCS / "reference" / "settings.md")
-    keys = {f.name.upper() for f in dataclasses.fields(Config)} | OWN_KEYS | set(OPENCODE_KEYS)
+    opencode = {name.upper() for name in declared(OpencodeSettings)}
+    keys = {f.name.upper() for f in dataclasses.fields(Config)} | OWN_KEYS | opencode
     missing = sorted(k for k in keys if f"`{k}`" not in page)
     assert not missing, f"undocumented settings: {missing}"
