@@ -404,7 +404,10 @@ class Smoke:
                 await watcher.wait_state(m.entry_id or "", "delivering", 20)
                 await self.wait_in_transcript(m, 20)  # the agent runs its (long) turn
                 path = self.messages_path(m.session).removesuffix("messages/") + "interrupt/"
-                r = await self.web.post(path, headers={"X-CSRFToken": self.csrf})
+                # A Stop names the prompt it stops (docs/howto/cutting.md).
+                r = await self.web.post(
+                    path, json={"entryID": m.entry_id}, headers={"X-CSRFToken": self.csrf}
+                )
                 if r.status_code != 202 or r.json().get("result") != "cut":
                     raise SmokeFailure(f"{m.label}: Stop answered {r.status_code}: {r.text}")
                 m.note = "Stop mid-turn: cut through the abort URL"

@@ -5,7 +5,8 @@ Both need the access-policy action ``interrupt``. A cut is carried out by the le
 holder, wherever it runs, within about a second, and its outcome is verified: the
 answer is 202 with ``{"result": "cut" | "already"}`` once it is recorded, 200 when there
 was nothing to cut. Without ``OUTBOX["ABORTER"]`` they answer 409 ``not_supported`` and
-change nothing.
+change nothing. A Stop names the entry it stops (``{"entryID"}``): 409 ``not_in_flight``,
+nothing cut, once that entry is not the one in flight.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..outbox import get_outbox
 from .base import OutboxAPIView
 from .errors import busy_response, error_response, not_found_response
 from .schema import (
+    BODY_ERRORS,
     ENTRY_PARAM,
     SESSION_PARAM,
     UNAVAILABLE_RETRY_AFTER_HEADER,
@@ -27,7 +29,7 @@ from .schema import (
     documented,
     with_common_errors,
 )
-from .serializers import ErrorSerializer
+from .serializers import ErrorSerializer, InterruptRequestSerializer
 
 #: The results that mean a turn is being cut (answered 202: carried out asynchronously).
 _CUTTING = frozenset({"cut", "already"})
@@ -54,6 +56,19 @@ def not_supported_response() -> Response:
     )
 
 
+def not_in_flight_response() -> Response:
+    """409 ``not_in_flight``: the entry a Stop names is not the one in flight (its turn
+    ended: delivered, gone, back in the queue, or another entry is in flight); nothing
+    was cut."""
+    return error_response(
+        status.HTTP_409_CONFLICT,
+        "not_in_flight",
+        "That message is not in flight any more (delivered, gone or queued, or another "
+        "message is in flight now); nothing was cut. Stop the one in flight now by its ID "
+        "if you mean to.",
+    )
+
+
 def _answer(result: str) -> Response:
     code = status.HTTP_202_ACCEPTED if result in _CUTTING else status.HTTP_200_OK
     return Response({"result": result}, status=code)
@@ -77,18 +92,33 @@ class SessionInterruptView(OutboxAPIView):
         description="Cut the agent's running turn in this session and send nothing new; "
         "queued prompts stay queued. The prompt in flight ends verified: `delivered` with "
         "`interrupted: true` when the agent has it, else removed as `cancelled` (never sent "
-        "again). Idempotent. Needs `interrupt`.",
+        "again). Idempotent. Needs `interrupt`. Send `entryID`, the message the client "
+        "shows in flight: only its turn is cut, and 409 `not_in_flight` (nothing cut) once "
+        "it is not the one in flight. Without it (no body), whatever turn is in flight when "
+        "the request arrives is cut: a Stop sent as a turn ends may cut the next prompt's.",
         parameters=[WORKSPACE_PARAM, SESSION_PARAM, UNAVAILABLE_RETRY_AFTER_HEADER],
-        request=None,
+        request=InterruptRequestSerializer,
         responses=with_common_errors(
-            {**_CUT_RESPONSES, 409: OpenApiResponse(ErrorSerializer, _NOT_SUPPORTED)}
+            {
+                **_CUT_RESPONSES,
+                409: OpenApiResponse(
+                    ErrorSerializer,
+                    f"The named message is not in flight (not_in_flight), or {_NOT_SUPPORTED}.",
+                ),
+                **BODY_ERRORS,
+            }
         ),
         tags=["outbox"],
     )
     def post(self, request: Request, workspace_id: str, session_id: str) -> Response:
-        result = get_outbox().interrupt(workspace_id, session_id)
+        serializer = InterruptRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        named = serializer.validated_data.get("entryID")
+        result = get_outbox().interrupt(workspace_id, session_id, entry_id=named)
         if result is InterruptResult.NOT_SUPPORTED:
             return not_supported_response()
+        if result is InterruptResult.NOT_IN_FLIGHT:
+            return not_in_flight_response()
         return _answer(result.value)
 
 

@@ -24,6 +24,7 @@ body shape / content rule (serializer)              400     ``invalid`` + ``fiel
 ``RetryResult``/``DismissResult.BUSY``              409     ``busy``
 ``EditResult.VERSION_MISMATCH`` (stale ``If-Match``)  412     ``version_mismatch``
 ``CutNotSupported`` (no ``ABORTER``)                409     ``not_supported``
+``InterruptResult.NOT_IN_FLIGHT`` (a Stop's entry)  409     ``not_in_flight``
 ``MergeNotSupported`` (agent sends no parts)        409     ``not_supported``
 ``OutboxUnavailable``                               503     ``unavailable`` + ``accepted``
 ``KeySpaceClaimed`` (another project's key space)   503     ``unavailable`` + ``accepted``

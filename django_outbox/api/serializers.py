@@ -231,6 +231,22 @@ class MoveRequestSerializer(serializers.Serializer):
         return attrs
 
 
+class InterruptRequestSerializer(serializers.Serializer):
+    """POST body of ``interrupt/`` ("Stop"): ``{"entryID"?}``, the entry whose turn the
+    client showed in flight (docs/howto/cutting.md). No body, or none of it: the turn in
+    flight when the request arrives is cut, which races the end of the turn the user saw."""
+
+    entryID = StrictStringField(
+        required=False,
+        validators=[RegexValidator(rf"\A{IDENTIFIER_RE.pattern}\Z", "Must be an entry ID.")],
+        help_text="The entry whose turn to stop: the one the client shows in flight. Its "
+        "turn is cut only while it is the entry in flight; otherwise nothing is cut and the "
+        "answer is 409 not_in_flight (it was delivered, is gone or queued, or another entry "
+        "is in flight). Without it, whatever turn is in flight when the request arrives is "
+        "cut: a Stop sent as a turn ends may cut the next prompt's turn.",
+    )
+
+
 class ParkRequestSerializer(serializers.Serializer):
     """POST body of ``park/``: ``{reason}``, a machine code such as ``mode_transition``."""
 
@@ -391,7 +407,7 @@ class ErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
     code = serializers.CharField(
         help_text="Stable machine code: invalid, invalid_identifier, not_found, busy, "
-        "session_busy, version_mismatch, "
+        "session_busy, version_mismatch, not_supported, not_in_flight, "
         "idempotency_conflict, outbox_full (with scope: session or user), rate_limited, "
         "too_large, unavailable, not_authenticated, "
         "authentication_failed, permission_denied, parse_error, unsupported_media_type, "

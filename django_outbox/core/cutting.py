@@ -132,14 +132,21 @@ class TurnCuts(DeliveryStep):
 
     # -- the request: mark the cut ---------------------------------------------------------
 
-    def _cut_plan(self, ws: str, ses: str, entry_id: str) -> Plan[InterruptResult]:
+    def _cut_plan(
+        self, ws: str, ses: str, entry_id: str, named: str | None = None
+    ) -> Plan[InterruptResult]:
+        """``entry_id``: the entry whose turn :meth:`cut` cuts (``""``: the one in flight);
+        ``named``: the entry a Stop names (:meth:`interrupt`), compared with the one in
+        flight inside ``cut.lua``, in the same script that cuts."""
         check_identifier("workspace ID", ws)
         check_identifier("session ID", ses)
         if entry_id:
             check_identifier("entry ID", entry_id)
+        if named is not None:
+            check_identifier("entry ID", named)
         if self._aborter(ws, ses) is None:
             return InterruptResult.NOT_SUPPORTED
-        argv = cut_argv(entry_id, self._lock_ttl_ms)
+        argv = cut_argv(entry_id, self._lock_ttl_ms, named or "")
         call = self._session_eval(
             "cut", ws, ses, extra_args=argv, extra_keys=[self.keys.cut(ws, ses)]
         )
@@ -150,7 +157,9 @@ class TurnCuts(DeliveryStep):
             )
         return InterruptResult(reply.result)
 
-    def interrupt(self, workspace_id: str, session_id: str) -> InterruptResult:
+    def interrupt(
+        self, workspace_id: str, session_id: str, *, entry_id: str | None = None
+    ) -> InterruptResult:
         """ "Stop": cut the session's running turn and send nothing new (docs/howto/cutting.md).
 
         Marks the entry in flight (or, when none is staged, the first one being verified)
@@ -158,15 +167,26 @@ class TurnCuts(DeliveryStep):
         :data:`CUT_POLL` seconds, stops a send not yet made and calls the aborter. The
         entry then ends verified: ``delivered`` with ``interrupted: true`` if the agent
         has it, else removed as ``cancelled``; it is never sent again. Queued entries
-        stay queued. Returns :class:`InterruptResult` (``IDLE`` when nothing is in
-        flight, ``NOT_SUPPORTED`` without an aborter). Raises ``ValueError`` for a bad
+        stay queued.
+
+        ``entry_id`` names the entry whose turn to stop: the one the caller showed in
+        flight. Its turn is cut only while it is the entry in flight, checked and cut in
+        one script; else nothing is cut and the answer is ``NOT_IN_FLIGHT`` (it was
+        delivered, is gone or queued, or another entry is in flight). Without it, the
+        Stop cuts whatever turn is in flight when it arrives: one sent as a turn ends may
+        cut the next prompt's turn.
+
+        Returns :class:`InterruptResult` (``IDLE`` when nothing is in flight and no entry
+        is named, ``NOT_SUPPORTED`` without an aborter). Raises ``ValueError`` for a bad
         ID, :class:`~django_outbox.core.errors.OutboxUnavailable`.
         """
-        return self._run(self._cut_plan(workspace_id, session_id, ""))
+        return self._run(self._cut_plan(workspace_id, session_id, "", entry_id))
 
-    async def ainterrupt(self, workspace_id: str, session_id: str) -> InterruptResult:
+    async def ainterrupt(
+        self, workspace_id: str, session_id: str, *, entry_id: str | None = None
+    ) -> InterruptResult:
         """Async :meth:`interrupt`."""
-        return await self._arun(self._cut_plan(workspace_id, session_id, ""))
+        return await self._arun(self._cut_plan(workspace_id, session_id, "", entry_id))
 
     def cut(self, workspace_id: str, session_id: str, entry_id: str) -> InterruptResult:
         """Cut the turn of entry ``entry_id`` if it is in flight or being verified (the

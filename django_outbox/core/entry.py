@@ -101,7 +101,10 @@ class InterruptResult(enum.Enum):
     is verified; ``ALREADY``: it was cut before (idempotent); ``IDLE``: nothing is in
     flight; ``QUEUED``: the named entry waits in the queue and was never sent (nothing
     to cut: cancel it as a queued prompt); ``NOT_FOUND``; ``NOT_SUPPORTED``: no aborter
-    is configured (REST: 409 ``not_supported``)."""
+    is configured (REST: 409 ``not_supported``); ``NOT_IN_FLIGHT``: the entry a Stop
+    names (``interrupt(..., entry_id=...)``) is not the one in flight any more
+    (delivered, gone, queued, or another entry is in flight), so nothing was cut (REST:
+    409 ``not_in_flight``)."""
 
     CUT = "cut"
     ALREADY = "already"
@@ -109,6 +112,7 @@ class InterruptResult(enum.Enum):
     QUEUED = "queued"
     NOT_FOUND = "not_found"
     NOT_SUPPORTED = "not_supported"
+    NOT_IN_FLIGHT = "not_in_flight"
 
 
 class SendNowResult(enum.Enum):

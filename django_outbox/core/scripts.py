@@ -371,12 +371,14 @@ def cancel_argv(entry_id: str, history_ttl_ms: int) -> list[Any]:
     return [entry_id, history_ttl_ms]
 
 
-def cut_argv(entry_id: str, signal_ttl_ms: int) -> list[Any]:
-    """ARGV[6..7] of ``cut.lua``: the entry ID (``""``: the one in flight) and the cut
-    signal's TTL (ms); its extra key is the session's cut signal
+def cut_argv(entry_id: str, signal_ttl_ms: int, named: str = "") -> list[Any]:
+    """ARGV[6..8] of ``cut.lua``: the entry ID (``""``: the one in flight), the cut
+    signal's TTL (ms) and the entry a Stop names (``""``: none; with ``entry_id`` ``""``
+    only: the turn is cut only while that entry is the one in flight, else the reply is
+    ``not_in_flight``); its extra key is the session's cut signal
     (:meth:`~django_outbox.core.keys.KeySpace.cut`). Reply:
     :class:`~django_outbox.core.replies.OperatorReply` (docs/howto/cutting.md)."""
-    return [entry_id, signal_ttl_ms]
+    return [entry_id, signal_ttl_ms, named]
 
 
 def send_now_argv(entry_id: str, signal_ttl_ms: int) -> list[Any]:

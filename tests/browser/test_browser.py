@@ -154,3 +154,70 @@ def test_stop_on_the_queue_page_cuts_the_agent_s_turn(tmp_path):
     finally:
         driver.quit()
         demo.stop()
+
+
+#: The queue of the page's session as the server has it: ``{text: interrupted}``.
+SERVER_QUEUE_JS = """
+const [done] = arguments;
+const page = JSON.parse(document.getElementById("outbox-page").textContent);
+fetch(`${page.apiBase}api/workspaces/${page.workspace}/sessions/${page.session}/messages/`, {
+  credentials: "same-origin", headers: {Accept: "application/json"},
+}).then((r) => r.json()).then((data) => done(
+  Object.fromEntries(data.entries.map((e) => [e.text, Boolean(e.interrupted)]))));
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_pressed_as_its_turn_ended_cuts_nothing_on_the_queue_page(tmp_path):
+    """Case 36 on the demo page: a Stop press that lands after the turn it was aimed at
+    has ended (its button still on the screen as the next prompt starts) names that
+    prompt: the server cuts nothing (409 not_in_flight), the page says so, and the next
+    prompt's turn runs on. The press is the first prompt's own Stop button, clicked again
+    once the next prompt is being delivered."""
+    browser_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    demo = DemoProcess(tmp_path, "--latency", "60").start()
+    driver = start_chrome(tmp_path)
+    wait = WebDriverWait(driver, DEADLINE, poll_frequency=0.05)
+    first, second = (f"{n} {uuid.uuid4().hex[:8]}" for n in ("first", "second"))
+    try:
+        driver.get(f"{demo.url}/")
+        wait.until(ec.presence_of_element_located((By.ID, "id_username"))).send_keys("demo")
+        driver.find_element(By.ID, "id_password").send_keys("demo")
+        driver.find_element(By.ID, "login-submit").click()
+        prompt = wait.until(ec.element_to_be_clickable((By.ID, "prompt")))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "connection"), "live"))
+        for text in (first, second):
+            prompt.send_keys(text)
+            driver.find_element(By.ID, "send").click()
+
+        def row(text: str) -> str:
+            return f'//ol[@id="queue"]/li[div[@class="text"][.="{text}"]]'
+
+        stop = wait.until(
+            ec.element_to_be_clickable(
+                (By.XPATH, f'{row(first)}[@data-state="delivering"]//button[.="Stop"]')
+            )
+        )
+        driver.execute_script("window.__staleStop = arguments[0];", stop)
+        stop.click()  # the first prompt's turn is cut (and verified) ...
+        wait.until(
+            ec.presence_of_element_located((By.XPATH, f'{row(second)}[@data-state="delivering"]'))
+        )
+        # ... the second prompt is in flight; a press on the first one's Stop lands now.
+        driver.execute_script("window.__staleStop.click();")
+        error = wait.until(ec.visibility_of_element_located((By.ID, "queue-error")))
+        assert "nothing was cut" in error.text, error.text
+        queue = driver.execute_async_script(SERVER_QUEUE_JS)
+        assert queue == {second: False}, queue
+        detail = text_at(wait, f'{row(second)}[@data-state="delivering"]')
+        assert "its turn is being cut" not in detail, detail
+    except Exception:
+        print(demo.log())
+        raise
+    finally:
+        driver.quit()
+        demo.stop()

@@ -3,7 +3,8 @@
 The page of ``tests/support/asgi/close_codes.py``, served by
 ``tests/support/asgi/refusals.py`` with the real
 :class:`~django_outbox.ws.consumer.OutboxConsumer` behind the logging origin validator: a
-refusal reaches the browser as 4403 / 4400 (not 1006), so the client stops and says why;
+refusal reaches the browser as 4403 (not 1006), so the client stops and says why (an
+invalid ID never reaches the consumer: outbox.js refuses it first);
 4429 (too many sockets for the user) is transient: the client keeps trying, with backoff,
 and connects once a socket of the user closes.
 """
@@ -51,8 +52,7 @@ def open_page(driver, url: str, session: str, user: str | None = None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("session", "user", "code", "close_code"),
-    [("s1", "alice", "forbidden", 4403), ("-x", "ws1", "invalid", 4400)],
+    ("session", "user", "code", "close_code"), [("s1", "alice", "forbidden", 4403)]
 )
 def test_the_real_consumer_s_refusals_stop_the_client(
     server, driver, session, user, code, close_code
@@ -67,6 +67,25 @@ def test_the_real_consumer_s_refusals_stop_the_client(
     view = last_view(driver)
     assert view["error"]["code"] == code and view["error"]["closeCode"] == close_code, view
     assert view["connected"] is False
+
+
+def test_an_id_the_consumer_would_refuse_is_refused_by_the_client_without_a_socket(server, driver):
+    """Session ``-x`` breaks the ID rule: the real consumer would close its socket with
+    4400 (tests/django/ws), but outbox.js checks the ID first (case 41): ``subscribe()``
+    throws ``OutboxError`` ``invalid_identifier`` and no socket is opened."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, log = server
+    open_page(driver, url, "-x", "ws1")
+    refused = WebDriverWait(driver, DEADLINE, poll_frequency=0.05).until(
+        lambda d: d.execute_script("return window.refused;"), "subscribe() refused"
+    )
+    assert refused == {"name": "OutboxError", "code": "invalid_identifier", "status": 0}
+    assert driver.execute_script("return [window.subscription, window.views.length];") == [
+        None,
+        0,
+    ]
+    assert "/sessions/-x/" not in log.read_text(errors="replace")
 
 
 def test_too_many_sockets_is_transient(server, driver, valkey):

@@ -172,6 +172,8 @@ OPS = {
     "move_last": lambda ob, ids: ob.move(WS, SES, ids["x"], to="last"),
     "send_now": lambda ob, ids: ob.send_now(WS, SES, ids["x"]),
     "cut": lambda ob, ids: ob.cut(WS, SES, ids["x"]),
+    # Stop naming x (docs/howto/cutting.md): x's turn is cut only while x is in flight.
+    "stop": lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["x"]),
     "retry": lambda ob, ids: ob.retry(WS, SES, ids["x"]),
 }
 
@@ -280,6 +282,31 @@ EXPECTED: dict[str, dict[str, Any]] = {
         ),
         **dict.fromkeys(("owed", "ended"), InterruptResult.NOT_FOUND),
     },
+    "stop": {
+        **dict.fromkeys(
+            (
+                "pending",
+                "parked",
+                "error",
+                "expired",
+                "expired_unswept",
+                "owed",
+                "ended",
+            ),
+            InterruptResult.NOT_IN_FLIGHT,
+        ),
+        **dict.fromkeys(
+            (
+                "parked_verifying",
+                "parked_in_flight",
+                "in_flight",
+                "orphaned",
+                "verifying",
+                "being_verified",
+            ),
+            InterruptResult.CUT,
+        ),
+    },
     "retry": {
         **dict.fromkeys(
             ("pending", "orphaned", "verifying", "error", "expired", "expired_unswept"),
@@ -340,7 +367,7 @@ def _check_allowed(op: str, state: str, outbox, r, ids) -> None:
     elif op == "send_now":
         assert _order(outbox, ids) == ["x", "b", "c"]  # in front of every pending entry
         assert str(entries[x].status) == "pending"
-    elif op == "cut":
+    elif op in ("cut", "stop"):
         assert entries[x].interrupted is True
         assert r.get(outbox.keys.cut(WS, SES)) == x
         in_staging = state in ("in_flight", "orphaned", "parked_in_flight")
@@ -740,6 +767,70 @@ ROWS_SESSION = [
         "interrupt-without_an_aborter",
         turn_in_flight,
         lambda ob, ids: ob.interrupt(WS, SES),
+        InterruptResult.NOT_SUPPORTED,
+        aborter=False,
+    ),
+    # A Stop naming an entry cuts its turn only while it is the one in flight
+    Row(
+        "stop_naming-the_turn_in_flight",
+        turn_in_flight,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["y"]),
+        InterruptResult.CUT,
+        lambda ob, r, ids: _interrupted(ob, ids, "y") and r.get(ob.keys.cut(WS, SES)) == ids["y"],
+    ),
+    Row(
+        "stop_naming-a_queued_prompt_while_another_turn_runs",
+        turn_in_flight,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["x"]),
+        InterruptResult.NOT_IN_FLIGHT,
+    ),
+    Row(
+        "stop_naming-a_prompt_queued_behind_a_verifying_head",
+        verifying_head,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["b"]),
+        InterruptResult.NOT_IN_FLIGHT,
+    ),
+    Row(
+        "stop_naming-the_verifying_head",
+        verifying_head,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["v"]),
+        InterruptResult.CUT,
+        lambda ob, r, ids: _interrupted(ob, ids, "v") and not _interrupted(ob, ids, "b"),
+    ),
+    Row(
+        "stop_naming-an_ended_entry_while_another_turn_runs",
+        ended_and_owed,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["e"]),
+        InterruptResult.NOT_IN_FLIGHT,
+    ),
+    Row(
+        "stop_naming-a_delivered_entry_whose_signal_is_owed",
+        ended_and_owed,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["o"]),
+        InterruptResult.NOT_IN_FLIGHT,
+    ),
+    Row(
+        "stop_naming-a_turn_cut_before",
+        turn_cut,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["y"]),
+        InterruptResult.ALREADY,
+    ),
+    Row(
+        "stop_naming-an_entry_never_seen",
+        turn_in_flight,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id="never-seen"),
+        InterruptResult.NOT_IN_FLIGHT,
+    ),
+    Row(
+        "stop_naming-in_an_emptied_session",
+        empty,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["e"]),
+        InterruptResult.NOT_IN_FLIGHT,
+    ),
+    Row(
+        "stop_naming-without_an_aborter",
+        turn_in_flight,
+        lambda ob, ids: ob.interrupt(WS, SES, entry_id=ids["y"]),
         InterruptResult.NOT_SUPPORTED,
         aborter=False,
     ),

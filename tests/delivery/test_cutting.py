@@ -117,6 +117,133 @@ async def test_stop_cuts_the_running_turn_and_the_entry_ends_delivered_interrupt
     await outbox.aclose()
 
 
+async def _first_delivered_second_running(outbox, agent):
+    """Accept "first" and "second"; deliver "first" while a page shows it in flight, end its
+    turn, and let the worker start "second" (its turn runs, its step returned)."""
+    first = await aaccept(outbox, "k1", "first")
+    second = await aaccept(outbox, "k2", "second")
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)  # the page shows "first" in flight
+    agent.running.clear()
+    agent.turn_over.set()  # ... and its turn ends before the user's Stop arrives
+    assert await asyncio.wait_for(step, 5)
+    step = asyncio.ensure_future(outbox.adeliver_once(WS, SES))
+    await asyncio.wait_for(agent.running.wait(), 5)  # the worker has started "second"
+    assert agent.transcript == [first.id, second.id]
+    return first, second, step
+
+
+async def test_a_stop_naming_a_turn_that_has_just_ended_never_cuts_the_next_one(
+    cutting_outbox, agent, r, signals_log
+):
+    """Case 36: the page shows "first" in flight and the user presses Stop just as its turn
+    ends; by the time the request arrives the worker runs "second". A Stop names the entry
+    it stops (docs/howto/cutting.md): "first" is not in flight any more, so the answer is
+    NOT_IN_FLIGHT and nothing is cut — no mark, no signal, no abort; "second" runs on. A
+    Stop naming "second" then cuts it, as one without a name would have."""
+    outbox = cutting_outbox(agent)
+    first, second, step = await _first_delivered_second_running(outbox, agent)
+
+    assert await outbox.ainterrupt(WS, SES, entry_id=first.id) is InterruptResult.NOT_IN_FLIGHT
+    assert outbox.interrupt(WS, SES, entry_id=first.id) is InterruptResult.NOT_IN_FLIGHT
+    [running] = await outbox.alist(WS, SES)
+    assert (running.id, str(running.status), running.interrupted) == (
+        second.id,
+        "delivering",
+        False,
+    )
+    assert r.get(outbox.keys.cut(WS, SES)) is None  # no signal for the holder to see
+    assert not [e for e, _ in signals_log.calls["updated"] if e.interrupted]
+    assert (agent.aborts, step.done(), agent.running.is_set()) == (0, False, True)
+
+    assert await outbox.ainterrupt(WS, SES, entry_id=second.id) is InterruptResult.CUT
+    assert await outbox.ainterrupt(WS, SES, entry_id=second.id) is InterruptResult.ALREADY
+    await asyncio.wait_for(step, 5)  # the holder aborted the turn of "second"
+    assert agent.aborts == 1
+    [cut] = await outbox.alist(WS, SES)
+    assert (cut.id, str(cut.status), cut.interrupted) == (second.id, "verifying", True)
+    assert [e.id for e, _ in signals_log.calls["delivered"]] == [first.id]
+    assert signals_log.calls["delivered"][0][0].interrupted is False
+    await outbox.aclose()
+
+
+async def test_a_stop_without_an_entry_keeps_its_old_meaning_and_races_the_turn_s_end(
+    cutting_outbox, agent
+):
+    """Without an entry, a Stop cuts whatever turn is in flight when it arrives: the one the
+    user saw, or, arriving as that turn ends, the next prompt's (docs/howto/cutting.md)."""
+    outbox = cutting_outbox(agent)
+    _, second, step = await _first_delivered_second_running(outbox, agent)
+    assert await outbox.ainterrupt(WS, SES) is InterruptResult.CUT
+    await asyncio.wait_for(step, 5)
+    [cut] = await outbox.alist(WS, SES)
+    assert (cut.id, cut.interrupted) == (second.id, True)
+    await outbox.aclose()
+
+
+#: When the Stop aimed at "first" is sent, in seconds after its turn ended, as the worker
+#: goes on to "second" (seven trials, as the field report's); the last once "second"'s
+#: turn runs.
+STOP_DELAYS = (0, 0, 0.001, 0.003, 0.01, 0.03, None)
+
+
+async def test_a_stop_racing_the_end_of_the_turn_it_names_cuts_that_turn_or_nothing(
+    cutting_outbox, r
+):
+    """Case 36's trials: a Stop naming "first" is sent 0 to 30 ms after its turn ended, or
+    once "second" runs, while the worker moves straight on to "second". Whichever comes
+    first, "first"'s settle or
+    the Stop (one script reads the entry in flight and cuts it), "second"'s turn is never
+    cut: the answer is CUT (the Stop came first: "first" is marked, and ends delivered) or
+    NOT_IN_FLIGHT (nothing is marked)."""
+    answers = []
+    for trial, delay in enumerate(STOP_DELAYS):
+        agent = TurnAgent()
+        outbox = cutting_outbox(agent)
+        ses = f"race{trial}"
+        first = await aaccept(outbox, "k1", "first", ses=ses)
+        second = await aaccept(outbox, "k2", "second", ses=ses)
+        step = asyncio.ensure_future(outbox.adeliver_once(WS, ses))
+        await asyncio.wait_for(agent.running.wait(), 5)
+        agent.running.clear()
+
+        async def worker(outbox, step, ses):
+            await step
+            return await outbox.adeliver_once(WS, ses)  # "second", at once
+
+        running = asyncio.ensure_future(worker(outbox, step, ses))
+        agent.turn_over.set()  # the turn of "first" ends ...
+        if delay is None:  # ... and the Stop aimed at it goes out once "second" runs
+            await asyncio.wait_for(agent.running.wait(), 5)
+        else:  # ... or this much later, racing the worker
+            await asyncio.sleep(delay)
+        answer = await outbox.ainterrupt(WS, ses, entry_id=first.id)
+        answers.append(answer)
+        await asyncio.wait_for(agent.running.wait(), 5)  # "second"'s turn runs
+        listed = {e.id: e for e in await outbox.alist(WS, ses)}
+        assert not listed[second.id].interrupted, (trial, delay, answer)
+        assert r.get(outbox.keys.cut(WS, ses)) in (None, first.id)
+        assert answer in (InterruptResult.CUT, InterruptResult.NOT_IN_FLIGHT), answer
+        agent.turn_over.set()  # "second"'s turn ends on its own
+        assert await asyncio.wait_for(running, 5)
+        assert agent.aborts == 0 and agent.transcript == [first.id, second.id]
+        assert await outbox.alist(WS, ses) == []  # both delivered, "second" uncut
+        await outbox.aclose()
+    assert InterruptResult.NOT_IN_FLIGHT in answers
+
+
+async def test_a_stop_names_its_entry_by_a_valid_id(cutting_outbox, agent):
+    outbox = cutting_outbox(agent)
+    await aaccept(outbox)
+    for bad in ("", "bad id", "..", "x" * 129):
+        with pytest.raises(ValueError):
+            await outbox.ainterrupt(WS, SES, entry_id=bad)
+        with pytest.raises(ValueError):
+            outbox.interrupt(WS, SES, entry_id=bad)
+    assert not (await outbox.alist(WS, SES))[0].interrupted
+    await outbox.aclose()
+
+
 async def test_a_cut_before_the_send_ends_cancelled_and_is_never_sent(cutting_outbox, signals_log):
     agent = TurnAgent(gate_open=False)  # claimed, not yet sent
     outbox = cutting_outbox(agent)

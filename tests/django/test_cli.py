@@ -157,6 +157,37 @@ def test_interrupt_cuts_the_turn_in_flight_and_is_refused_without_an_aborter(mak
         assert "Nothing to cut" in run("interrupt", WS, SES)
 
 
+def test_interrupt_with_entry_cuts_only_that_entry_s_turn(make_outbox):
+    """``interrupt WS SES --entry ID`` (case 36): the Stop names the turn the operator saw.
+    While it is queued, and once it is delivered and the next one runs, it is refused (2)
+    and nothing is cut; naming the entry in flight cuts it; a malformed ID is refused
+    (2)."""
+    outbox = make_outbox()
+    first, second = accept(outbox, "a"), accept(outbox, "b")
+
+    async def deliver_first():
+        await outbox.adeliver_once(WS, SES, deliverer=lambda entry, **kw: None)
+        await outbox.aclose()
+
+    with override_settings(OUTBOX={"ABORTER": "tests.support.agents.abort"}):
+        assert exit_code("interrupt", WS, SES, "--entry", first.id) == 2  # queued: not cut
+        asyncio.run(deliver_first())  # "a" is delivered ...
+        kind, claimed, _ = outbox._run(outbox._claim_plan(WS, SES, "holder", []))
+        assert (kind, claimed.id) == ("deliver", second.id)  # ... and "b" is in flight
+        with pytest.raises(CommandError) as raised:
+            run("interrupt", WS, SES, "--entry", first.id)
+        assert raised.value.returncode == 2
+        assert f"{first.id} is not in flight" in str(raised.value)
+        assert "nothing was cut" in str(raised.value)
+        assert not outbox.list(WS, SES)[0].interrupted
+        assert exit_code("interrupt", WS, SES, "--entry", "../x") == 2
+        text = run("interrupt", WS, SES, "--entry", second.id)
+        assert f"Cutting the running turn of {WS}/{SES} {second.id}:" in text
+        assert "cut before" in run("interrupt", WS, SES, "--entry", second.id)
+        (listed,) = outbox.list(WS, SES)
+        assert (listed.id, listed.interrupted) == (second.id, True)
+
+
 def test_bad_identifier_is_refused(outbox):
     assert exit_code("retry", "bad id!", SES, "e1") == 2
     assert exit_code("park", WS, "--reason", " ") == 2  # an empty reason

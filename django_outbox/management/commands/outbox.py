@@ -17,8 +17,9 @@ Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the
   receivers as done without running them (docs/reference/signals.md#a-receiver-that-keeps-failing).
 - ``claim [--force]``, ``release``: this project's claim on the key space
   (docs/howto/valkey.md#one-project-per-key-space).
-- ``interrupt <workspace> <session>``: "Stop", cut the session's running turn
-  (docs/howto/cutting.md; refused, exit 2, without ``OUTBOX["ABORTER"]``).
+- ``interrupt <workspace> <session> [--entry ID]``: "Stop", cut the session's running
+  turn; with ``--entry`` only that entry's, refused (exit 2, nothing cut) once it is not
+  the one in flight (docs/howto/cutting.md; refused, exit 2, without ``OUTBOX["ABORTER"]``).
 
 Exit codes scripts can rely on: 0 done, 1 not found (no such entry, session or
 workspace), 2 refused (busy under a live lease, bad input, a cleanup not confirmed, a
@@ -220,6 +221,12 @@ class Command(BaseCommand):
         )
         interrupt.add_argument("workspace")
         interrupt.add_argument("session")
+        interrupt.add_argument(
+            "--entry",
+            metavar="ID",
+            help="the entry whose turn to stop (the one you saw in flight): refused, nothing "
+            "cut, once it is not in flight; without it, whatever turn runs now is cut",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         outbox = get_outbox()
@@ -545,20 +552,27 @@ class Command(BaseCommand):
         )
 
     def _interrupt(self, outbox: Outbox, options: dict[str, Any]) -> None:
-        ws, ses = options["workspace"], options["session"]
-        result = outbox.interrupt(ws, ses)
+        ws, ses, named = options["workspace"], options["session"], options.get("entry")
+        result = outbox.interrupt(ws, ses, entry_id=named)
         if result is InterruptResult.NOT_SUPPORTED:
             raise _exit(
                 "Not supported: no OUTBOX['ABORTER'] is configured, so a running turn cannot "
                 "be cut.",
                 REFUSED,
             )
+        if result is InterruptResult.NOT_IN_FLIGHT:
+            raise _exit(
+                f"Not cut: {ws}/{ses} {named} is not in flight (delivered, gone or queued, or "
+                "another prompt is in flight now); nothing was cut.",
+                REFUSED,
+            )
         if result is InterruptResult.IDLE:
             self.stdout.write(f"Nothing to cut: {ws}/{ses} has no prompt in flight.")
             return
         again = " (it was cut before)" if result is InterruptResult.ALREADY else ""
+        target = f"{ws}/{ses} {named}" if named else f"{ws}/{ses}"
         self.stdout.write(
-            f"Cutting the running turn of {ws}/{ses}{again}: the worker aborts it; the prompt "
+            f"Cutting the running turn of {target}{again}: the worker aborts it; the prompt "
             "ends sent (interrupted) or cancelled, as the verifier finds."
         )
 

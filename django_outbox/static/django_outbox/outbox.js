@@ -12,6 +12,7 @@
  *     sub.edit(entryID, { text: "better words" }); sub.move(entryID, { to: "next" });
  *     sub.cancel(entryID);
  *     sub.stop(); sub.sendNow(entryID);   // cut the running turn (docs/howto/cutting.md)
+ *     outbox.stop("ws1", "ses_1", entryID);  // Stop names the turn it stops: the one shown
  *     outbox.send("ws1", "ses_1", "Do this instead", { ifBusy: "interrupt" }); // next, and cut
  *   </script>
  *
@@ -53,6 +54,14 @@
  * {"type": "ack", "ack": <token>} once applied: the server sends no further snapshot
  * until the last one is acknowledged, and closes with 4408 a socket that stopped reading
  * (reconnected like 4503: the new socket starts with a fresh snapshot).
+ *
+ * Every workspace, session and entry ID is checked against the server's rule for IDs
+ * (1 to 128 ASCII letters, digits, ".", "_" and "-", starting with a letter or digit)
+ * before any URL is built from it, and each path segment is encoded: an ID such as "..",
+ * "a/b" or "%2e%2e" (from a page's URL, a message or another user) never becomes a
+ * request on another resource. Such an ID is refused with an OutboxError whose code is
+ * "invalid_identifier" and status 0 (no request was made): a rejected promise, a thrown
+ * error from subscribe(), a "rejected" event for a send().
  */
 
 const PENDING = ":pending:"; // `${storageKey}:pending:${clientMessageID}` holds one prompt
@@ -123,6 +132,32 @@ export class OutboxError extends Error {
     this.code = code || "";
     this.detail = detail || "";
   }
+}
+
+/**
+ * The server's rule for workspace, session and entry IDs (IDENTIFIER_RE in
+ * django_outbox/core/rules.py): no "." or ".." segment, no "/", no "%" can pass it.
+ */
+const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+/** `value` if it is a valid ID, else throws OutboxError(0, "invalid_identifier"). */
+function checkedID(kind, value) {
+  if (typeof value === "string" && IDENTIFIER.test(value)) return value;
+  const shown =
+    typeof value !== "string"
+      ? `(a ${value === null ? "null" : typeof value})`
+      : JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
+  throw new OutboxError(
+    0,
+    "invalid_identifier",
+    `Invalid ${kind} ${shown}: an ID is 1 to 128 ASCII letters, digits, '.', '_' and '-', ` +
+      "starting with a letter or digit. No request was made.",
+  );
+}
+
+/** One path segment made of an ID: checked (checkedID), then encoded. */
+function segment(kind, value) {
+  return encodeURIComponent(checkedID(kind, value));
 }
 
 function readCookie(name) {
@@ -206,6 +241,16 @@ function authHold(status, data, redirected = false) {
     return { reason: "login", code: "csrf_failed", status, serverCode: code, detail };
   }
   return { reason: "forbidden", code: code || "forbidden", status, serverCode: code, detail };
+}
+
+/** Rows by acceptedAt (ISO strings sort as times). */
+function byTime(a, b) {
+  return a.acceptedAt < b.acceptedAt ? -1 : a.acceptedAt > b.acceptedAt ? 1 : 0;
+}
+
+/** Live rows in the queue's order: where each stood, then by acceptedAt. */
+function inQueueOrder(a, b) {
+  return (a.pos ?? 0) - (b.pos ?? 0) || byTime(a, b);
 }
 
 /** The display state of a snapshot entry: queued (never tried) or pending (backing off). */
@@ -316,9 +361,23 @@ export function createOutbox(options = {}) {
     return Boolean(now) && now !== loginMark;
   }
 
-  const messagesURL = (workspace, session) =>
-    `${base}api/workspaces/${encodeURIComponent(workspace)}/sessions/` +
-    `${encodeURIComponent(session)}/messages/`;
+  // Every URL of the API is built here, from checked IDs only (see segment()).
+  const sessionURL = (workspace, session) =>
+    `${base}api/workspaces/${segment("workspace ID", workspace)}/sessions/` +
+    `${segment("session ID", session)}/`;
+  const messagesURL = (workspace, session) => `${sessionURL(workspace, session)}messages/`;
+  const entryURL = (workspace, session, id) =>
+    `${messagesURL(workspace, session)}${segment("entry ID", id)}/`;
+
+  /** The OutboxError refusing a prompt's workspace or session ID, or null if both are valid. */
+  function idError(item) {
+    try {
+      sessionURL(item.workspace, item.session);
+      return null;
+    } catch (error) {
+      return error;
+    }
+  }
 
   const doFetch = (url, init) => (opts.fetch ? opts.fetch(url, init) : globalThis.fetch(url, init));
 
@@ -527,6 +586,13 @@ export function createOutbox(options = {}) {
       createdAt: Date.now(),
       seq: ++seq,
     };
+    const invalid = idError(item);
+    if (invalid) {
+      // Never stored, never sent: the server would refuse it, and its URL could name
+      // another resource.
+      emit({ type: "rejected", item, status: 0, error: invalid });
+      return Promise.reject(invalid);
+    }
     if (user) item.user = user;
     if (sendOptions.model !== undefined) item.model = sendOptions.model;
     // Accept options (docs/howto/steering.md); an unknown one is the server's 400, final.
@@ -581,6 +647,13 @@ export function createOutbox(options = {}) {
     }
     const heads = new Map();
     for (const item of missing ? all() : items) {
+      const invalid = idError(item);
+      if (invalid) {
+        // Left by an earlier version or another page: final, reported, never sent.
+        settle(item, { type: "rejected", status: 0, code: invalid.code, detail: invalid.detail });
+        emit({ type: "rejected", item, status: 0, error: invalid });
+        continue;
+      }
       const key = pairKey(item.workspace, item.session);
       if (!heads.has(key)) heads.set(key, item);
     }
@@ -602,6 +675,7 @@ export function createOutbox(options = {}) {
   }
 
   async function post(key, item) {
+    const url = messagesURL(item.workspace, item.session); // pump() checked its IDs
     inFlight.add(key);
     const state = progressOf(item.clientMessageID);
     const body = { clientMessageID: item.clientMessageID, text: item.text };
@@ -619,7 +693,7 @@ export function createOutbox(options = {}) {
     state.sending = true;
     emit({ type: "sending", item });
     try {
-      const response = await doFetch(messagesURL(item.workspace, item.session), {
+      const response = await doFetch(url, {
         method: "POST",
         credentials: "same-origin",
         headers: {
@@ -706,10 +780,11 @@ export function createOutbox(options = {}) {
   /**
    * Stop resending a prompt that was never acknowledged (a POST on the wire may still
    * land): cancel(clientMessageID). With three arguments, cancel(workspace, session, id)
-   * cancels a queued prompt on the server instead (see cancelMessage).
+   * cancels a queued prompt on the server instead (see cancelMessage; any call with more
+   * than one argument is that one, so a missing ID is refused, never taken for the other).
    */
   function cancel(clientMessageID, session, id) {
-    if (id !== undefined) return cancelMessage(clientMessageID, session, id);
+    if (arguments.length > 1) return cancelMessage(clientMessageID, session, id);
     const item = find(clientMessageID) ||
       waiters.get(clientMessageID)?.item || { clientMessageID };
     // The session's next prompt gets its own try (the refusal was this one's).
@@ -749,51 +824,61 @@ export function createOutbox(options = {}) {
     return data;
   }
 
+  // Each method below is async: an invalid ID rejects its promise (OutboxError
+  // "invalid_identifier", status 0) and no request is made.
+
   /** Re-arm an entry (error → pending, or skip its backoff). 404/409 throw OutboxError. */
-  function retry(workspace, session, id) {
-    return call("POST", `${messagesURL(workspace, session)}${encodeURIComponent(id)}/retry/`);
+  async function retry(workspace, session, id) {
+    return call("POST", `${entryURL(workspace, session, id)}retry/`);
   }
 
   /** Remove an entry from the queue. 404/409 (busy: being delivered) throw OutboxError. */
-  function dismiss(workspace, session, id) {
-    return call("DELETE", `${messagesURL(workspace, session)}${encodeURIComponent(id)}/`);
+  async function dismiss(workspace, session, id) {
+    return call("DELETE", entryURL(workspace, session, id));
   }
 
   // -- steering (docs/howto/steering.md) ----------------------------------------------
-
-  function entryURL(workspace, session, id) {
-    return `${messagesURL(workspace, session)}${encodeURIComponent(id)}/`;
-  }
 
   /**
    * Edit a waiting prompt: change = {text?, model?}. `version` (the session version you
    * last saw) is sent as If-Match: 412 version_mismatch if the queue changed since. 409
    * busy once it is being delivered or verified, 404 gone: all throw OutboxError.
    */
-  function edit(workspace, session, id, change, { version } = {}) {
+  async function edit(workspace, session, id, change, { version } = {}) {
     const headers = version === undefined || version === null ? {} : { "If-Match": `"${version}"` };
     return call("PATCH", entryURL(workspace, session, id), change, headers);
   }
 
   /** Reorder a queued prompt: place = {before: id} or {to: "next" | "last"}. */
-  function move(workspace, session, id, place) {
-    return call("POST", `${entryURL(workspace, session, id)}move/`, place);
+  async function move(workspace, session, id, place) {
+    const url = `${entryURL(workspace, session, id)}move/`;
+    const before = place && typeof place === "object" && "before" in place;
+    if (before) checkedID("entry ID", place.before);
+    return call("POST", url, place);
   }
 
   /** Cancel a queued prompt on the server (removed, as dismiss). 409 while in flight. */
-  function cancelMessage(workspace, session, id) {
+  async function cancelMessage(workspace, session, id) {
     return call("POST", `${entryURL(workspace, session, id)}cancel/`);
   }
 
   // -- cutting the running turn (docs/howto/cutting.md) ----------------------------------
 
   /**
-   * "Stop": cut the session's running turn and send nothing new. Resolves to
-   * {result: "cut"|"already"|"idle"}; 409 not_supported (no aborter) throws OutboxError.
-   * The cut prompt ends verified: sent with `interrupted: true`, or cancelled.
+   * "Stop": cut the running turn of entry `entryID` (the one the page shows in flight)
+   * and send nothing new. Resolves to {result: "cut"|"already"}; 409 not_in_flight (that
+   * entry is not in flight any more: its turn ended, or another one runs; nothing was
+   * cut) and 409 not_supported (no aborter) throw OutboxError. The cut prompt ends
+   * verified: sent with `interrupted: true`, or cancelled. The 2-argument call
+   * stop(workspace, session) names no entry and cuts whatever turn runs when the request
+   * arrives ({result: "idle"} when none does): pressed as a turn ends, it may cut the next
+   * prompt's turn. A third argument that is no valid ID (undefined, null included) is
+   * refused like any bad ID: it never falls back to that meaning.
    */
-  function stop(workspace, session) {
-    return call("POST", messagesURL(workspace, session).replace(/messages\/$/, "interrupt/"));
+  async function stop(workspace, session, entryID) {
+    const url = `${sessionURL(workspace, session)}interrupt/`;
+    if (arguments.length < 3) return call("POST", url);
+    return call("POST", url, { entryID: checkedID("entry ID", entryID) });
   }
 
   /**
@@ -801,13 +886,15 @@ export function createOutbox(options = {}) {
    * {result: "cut"|"already"|"moved"}; 404, 409 busy (not a queued prompt) and 409
    * not_supported throw OutboxError.
    */
-  function sendNow(workspace, session, id) {
-    return call("POST", `${messagesURL(workspace, session)}${encodeURIComponent(id)}/send-now/`);
+  async function sendNow(workspace, session, id) {
+    return call("POST", `${entryURL(workspace, session, id)}send-now/`);
   }
 
   // -- watching ------------------------------------------------------------------------
 
+  /** Watch a session's queue. An invalid ID throws OutboxError (invalid_identifier). */
   function subscribe(workspace, session, onChange) {
+    const workerURL = `${sessionURL(workspace, session)}worker/`; // checks both IDs
     const sub = new Subscription(workspace, session, onChange, {
       opts,
       pending: () => pending(workspace, session),
@@ -817,10 +904,9 @@ export function createOutbox(options = {}) {
       edit: (id, change, options) => edit(workspace, session, id, change, options),
       move: (id, place) => move(workspace, session, id, place),
       cancel: (id) => cancelMessage(workspace, session, id),
-      stop: () => stop(workspace, session),
+      stop: (entryID) => stop(workspace, session, entryID),
       sendNow: (id) => sendNow(workspace, session, id),
-      workerURL: `${base}api/workspaces/${encodeURIComponent(workspace)}/sessions/` +
-        `${encodeURIComponent(session)}/worker/`,
+      workerURL,
       fetch: doFetch,
       forget: () => subscriptions.delete(sub),
     });
@@ -1031,9 +1117,29 @@ class Subscription {
     return this.ctx.cancel(id);
   }
 
-  /** "Stop": cut this session's running turn (see the client's stop()). */
-  stop() {
-    return this.ctx.stop();
+  /**
+   * "Stop": cut the turn of entry `entryID` as the client's stop() does; sub.stop()
+   * without an argument names the entry this view shows in flight (being delivered, else
+   * the first being verified). With nothing shown in flight it rejects with OutboxError
+   * "not_in_flight" (status 0) and makes no request: a Stop cuts the turn the user saw
+   * or nothing.
+   */
+  async stop(...named) {
+    const entryID = named.length ? named[0] : this.inFlightID();
+    if (!named.length && entryID === null) {
+      const detail = "No prompt is in flight in this view; nothing was cut.";
+      throw new OutboxError(0, "not_in_flight", detail);
+    }
+    return this.ctx.stop(entryID);
+  }
+
+  /** The ID of the entry this view shows in flight, or null: see stop(). */
+  inFlightID() {
+    const rows = [...this.entries.values()].sort(inQueueOrder);
+    const was = (row, status) =>
+      row.state === status || (row.state === "parked" && row.entry?.parkedFrom === status);
+    const row = rows.find((r) => was(r, "delivering")) || rows.find((r) => was(r, "verifying"));
+    return row?.id ?? null;
   }
 
   /** Make queued prompt `id` the next one and cut the running turn. */
@@ -1077,8 +1183,8 @@ class Subscription {
     }
     if (!origin.endsWith("/")) origin += "/";
     return (
-      `${origin}ws/outbox/workspaces/${encodeURIComponent(this.workspace)}` +
-      `/sessions/${encodeURIComponent(this.session)}/`
+      `${origin}ws/outbox/workspaces/${segment("workspace ID", this.workspace)}` +
+      `/sessions/${segment("session ID", this.session)}/`
     );
   }
 
@@ -1358,9 +1464,6 @@ class Subscription {
 
   _render() {
     if (this.closed) return;
-    const byTime = (a, b) =>
-      a.acceptedAt < b.acceptedAt ? -1 : a.acceptedAt > b.acceptedAt ? 1 : 0;
-    const inQueueOrder = (a, b) => (a.pos ?? 0) - (b.pos ?? 0) || byTime(a, b);
     const live = [...this.entries.values()].sort(inQueueOrder).map((row) => {
       const waiting = row.state === "queued" || row.state === "pending";
       const blocked = waiting && this.leaseSince !== null;

@@ -4,6 +4,8 @@ each gated by its access-table permission and saying what happened."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.test import override_settings
@@ -75,6 +77,28 @@ def test_stop_cuts_the_turn_in_flight_and_says_what_it_did_with_each(operator, o
     again = post_action(operator, "cut_entries", refs[:1])
     assert texts(again) == [f"Already being cut (1): ws/ses/{running.id}."]
     assert LogEntry.objects.count() == 1
+
+
+@override_settings(OUTBOX=ABORTER)
+def test_stop_of_a_prompt_whose_turn_ended_never_cuts_the_next_one(operator, outbox):
+    """Case 36 in the admin: the list showed "running" in flight and staff select it for
+    Stop; meanwhile it was delivered and the worker runs "next". The Stop names the
+    selected entry, so it cuts nothing (not found: delivered) and "next" runs on."""
+    running = accept(outbox, "ws", "ses", "running")
+    following = accept(outbox, "ws", "ses", "next")
+
+    async def deliver_running():
+        try:
+            assert await outbox.adeliver_once("ws", "ses", deliverer=lambda entry, **kw: None)
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(deliver_running())
+    assert hold_lease(outbox, "ws", "ses").id == following.id
+    (message,) = texts(post_action(operator, "cut_entries", [f"ws/ses/{running.id}"]))
+    assert message.startswith(f"Not found (1): ws/ses/{running.id} — delivered")
+    assert [(e.id, e.interrupted) for e in outbox.list("ws", "ses")] == [(following.id, False)]
+    assert not LogEntry.objects.exists()
 
 
 def test_stop_without_an_aborter_cuts_nothing_and_says_why(operator, outbox):

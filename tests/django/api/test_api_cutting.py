@@ -7,6 +7,8 @@ process and carried out by the worker holding the lease.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from django.test import override_settings
@@ -84,6 +86,67 @@ def test_a_turn_cut_before_answers_202_already_and_send_now_of_the_prompt_in_fli
     response = alice.post(f"{BASE}messages/{first}/send-now/")
     assert (response.status_code, response.json()["code"]) == (409, "busy")
     assert [e.id for e in outbox.list("alice", "s1")] == [first, second]
+
+
+def _deliver_first_and_start_the_next(outbox) -> str:
+    """The head is delivered (its turn ended) and the next prompt is claimed: in flight
+    under a live lease, as a worker that goes straight on leaves the session. Returns the
+    ID of the prompt in flight."""
+
+    async def deliver_head():
+        await outbox.adeliver_once("alice", "s1", deliverer=lambda entry, **kw: None)
+        await outbox.aclose()
+
+    asyncio.run(deliver_head())
+    kind, claimed, _ = outbox._run(outbox._claim_plan("alice", "s1", "holder", []))
+    assert kind == "deliver"
+    return claimed.id
+
+
+@override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})
+def test_a_stop_naming_a_prompt_whose_turn_ended_is_409_not_in_flight_and_cuts_nothing(alice):
+    """Case 36 over REST: the page showed "one" in flight and sends Stop with its ID; by
+    then "one" was delivered and the worker runs "two". The answer is 409 ``not_in_flight``
+    and "two" is not cut; a Stop naming "two" cuts it (docs/howto/cutting.md)."""
+    first, second = _accept(alice, "k1", "one"), _accept(alice, "k2", "two")
+    outbox = get_outbox()
+    assert _deliver_first_and_start_the_next(outbox) == second
+    response = alice.post(f"{BASE}interrupt/", {"entryID": first}, format="json")
+    assert response.status_code == 409, response.content
+    assert response.json()["code"] == "not_in_flight"
+    assert "nothing was cut" in response.json()["detail"]
+    [running] = outbox.list("alice", "s1")
+    assert (running.id, running.interrupted) == (second, False)
+    assert not outbox.client.exists(outbox.keys.cut("alice", "s1"))
+    response = alice.post(f"{BASE}interrupt/", {"entryID": second}, format="json")
+    assert (response.status_code, response.json()) == (202, {"result": "cut"})
+    response = alice.post(f"{BASE}interrupt/", {"entryID": second}, format="json")
+    assert (response.status_code, response.json()) == (202, {"result": "already"})
+    assert outbox.list("alice", "s1")[0].interrupted
+
+
+@override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})
+def test_a_stop_naming_a_queued_or_unknown_prompt_is_409_not_in_flight(alice):
+    """Only the entry in flight can be stopped by name: a queued prompt behind it, one
+    never seen, or any name while nothing is in flight answers 409 and cuts nothing; an
+    ID that breaks the ID rule is a 400 before anything is read; an empty body keeps the
+    old meaning."""
+    first, second = _accept(alice, "k1", "one"), _accept(alice, "k2", "two")
+    outbox = get_outbox()
+    for name in (first, second, "never-seen"):  # nothing in flight
+        response = alice.post(f"{BASE}interrupt/", {"entryID": name}, format="json")
+        assert (response.status_code, response.json()["code"]) == (409, "not_in_flight")
+    outbox._run(outbox._claim_plan("alice", "s1", "holder", []))  # "one" in flight
+    for name in (second, "never-seen"):
+        response = alice.post(f"{BASE}interrupt/", {"entryID": name}, format="json")
+        assert (response.status_code, response.json()["code"]) == (409, "not_in_flight")
+    for body in ({"entryID": ".."}, {"entryID": "a/b"}, {"entryID": 3}, {"entryID": None}, []):
+        response = alice.post(f"{BASE}interrupt/", body, format="json")
+        assert (response.status_code, response.json()["code"]) == (400, "invalid"), body
+    assert not any(e.interrupted for e in outbox.list("alice", "s1"))
+    response = alice.post(f"{BASE}interrupt/", {}, format="json")  # no entry: the old Stop
+    assert (response.status_code, response.json()) == (202, {"result": "cut"})
+    assert [e.interrupted for e in outbox.list("alice", "s1")] == [True, False]
 
 
 @override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})

@@ -62,6 +62,8 @@ OPERATIONS = {
         200,
         202,
         409,
+        413,
+        415,
     },
     (
         "post",
@@ -118,6 +120,18 @@ def test_the_accept_schema_offers_every_if_busy_and_documents_not_supported():
     assert "cut the running turn" in field["description"]
     path = "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/messages/"
     assert "not_supported" in document["paths"][path]["post"]["responses"]["409"]["description"]
+
+
+def test_the_interrupt_schema_takes_the_entry_a_stop_names_and_documents_not_in_flight():
+    document = Client().get(SCHEMA_PATH).json()
+    path = "/outbox/api/workspaces/{workspace_id}/sessions/{session_id}/interrupt/"
+    operation = document["paths"][path]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    schema = document["components"]["schemas"][body.rsplit("/", 1)[1]]
+    assert set(schema["properties"]) == {"entryID"} and not schema.get("required")
+    assert "not_in_flight" in schema["properties"]["entryID"]["description"]
+    assert "not_in_flight" in operation["responses"]["409"]["description"]
+    assert "not_in_flight" in operation["description"]
 
 
 def test_schema_yaml_by_default():

@@ -130,6 +130,12 @@ def throttle_used_up(client: APIClient, seeded: Any) -> None:
 
 
 TOO_LONG_TEXT = {"MAX_TEXT_BYTES": 1000}
+ABORTER = {"ABORTER": "tests.support.agents.abort"}
+
+
+def interrupt(_: str) -> str:
+    return f"{BASE}sessions/{SES}/interrupt/"
+
 
 ROWS: dict[str, Row] = {
     # --- accept -------------------------------------------------------------------------
@@ -397,6 +403,34 @@ ROWS: dict[str, Row] = {
     "interrupt-without-aborter-409": Row(
         "post", lambda e: f"{BASE}sessions/{SES}/interrupt/", (409, "not_supported")
     ),
+    "interrupt-naming-an-entry-without-aborter-409": Row(
+        "post", interrupt, (409, "not_supported"), {"entryID": MISSING}
+    ),
+    # A Stop names the entry it stops: one not in flight is cut nowhere (an aborter is set)
+    "interrupt-naming-an-entry-not-in-flight-409": Row(
+        "post", interrupt, (409, "not_in_flight"), {"entryID": MISSING}, settings=ABORTER
+    ),
+    "interrupt-naming-another-entry-than-the-one-in-flight-409": Row(
+        "post",
+        interrupt,
+        (409, "not_in_flight"),
+        {"entryID": MISSING},
+        settings=ABORTER,
+        during=in_flight,
+    ),
+    **{
+        f"interrupt-entryID-{name}-400": Row(
+            "post", interrupt, (400, "invalid"), body, settings=ABORTER, field_error="entryID"
+        )
+        for name, body in {
+            "dot-dot": {"entryID": ".."},
+            "slash": {"entryID": "a/b"},
+            "empty": {"entryID": ""},
+            "129-chars": {"entryID": "e" * 129},
+            "number": {"entryID": 7},
+            "null": {"entryID": None},
+        }.items()
+    },
     # --- park, unpark, cleanup, worker ------------------------------------------------
     "park-200": Row("post", workspace("park"), (200, None), {"reason": "maint"}),
     "park-reason-missing-400": Row(

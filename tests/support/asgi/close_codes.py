@@ -2,7 +2,8 @@
 
 Served by uvicorn in ``tests/browser/test_browser_close_codes.py``. ``GET /?session=<name>``
 is a page that subscribes outbox.js to ``ws1``/``<name>`` and keeps every view in
-``window.views``; ``GET /outbox.js`` is the client; ``GET /connects`` counts the
+``window.views`` (or, for a name outbox.js refuses as an ID, its error in
+``window.refused``); ``GET /outbox.js`` is the client; ``GET /connects`` counts the
 socket connections per session. The queue socket of each session behaves as named:
 
 - ``refused``: accepted, then closed with 4403 (what the README promises for a refusal);
@@ -31,7 +32,11 @@ PAGE = """<!doctype html>
   const session = new URLSearchParams(location.search).get("session");
   window.views = [];
   const outbox = createOutbox({ user: "tester", reconnect: { initial: 100, max: 200 } });
-  window.subscription = outbox.subscribe("ws1", session, (view) => window.views.push(view));
+  try {
+    window.subscription = outbox.subscribe("ws1", session, (view) => window.views.push(view));
+  } catch (error) {  // an ID the server's rule refuses: no socket is opened
+    window.refused = { name: error.name, code: error.code, status: error.status };
+  }
 </script>
 </body></html>
 """

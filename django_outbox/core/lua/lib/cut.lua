@@ -31,13 +31,22 @@ local function in_flight(id)
   return nil, id == '' and 'idle' or 'not_found'
 end
 
--- Cut the turn of the entry in flight (see in_flight). Returns 'cut' and the entry as
--- stored now, 'already' (cut before: the signal is set again) and the entry, or nil and
--- in_flight's reason.
-local function cut_turn(id, signal, signal_ttl)
+-- Cut the turn of the entry in flight (see in_flight). named (nil or '': none) is the
+-- entry a Stop names, the one its client showed in flight: the turn is cut only while
+-- that entry is the one in flight (id must be '' then), else nothing is cut and the
+-- reason is 'not_in_flight' (it was delivered, is gone or waits in the queue, or another
+-- entry is in flight: a Stop that arrives as the turn it aimed at ends never cuts the
+-- next one). Read and cut in this one script, so no turn can start in between.
+-- Returns 'cut' and the entry as stored now, 'already' (cut before: the signal is set
+-- again) and the entry, or nil and the reason ('not_in_flight', or in_flight's).
+local function cut_turn(id, signal, signal_ttl, named)
   local key, idx, raw = in_flight(id)
+  local st, content
+  if key ~= nil then st, content = split(raw) end
+  if named ~= nil and named ~= '' and (key == nil or st.id ~= named) then
+    return nil, 'not_in_flight'
+  end
   if key == nil then return nil, idx end
-  local st, content = split(raw)
   redis.call('SET', signal, st.id, 'PX', signal_ttl)
   if st.interrupted == true then return 'already', raw end
   st.interrupted = true

@@ -103,7 +103,9 @@ function showError(message) {
 const ACTIONS = {
   retry: (id) => subscription.retry(id),
   dismiss: (id) => subscription.dismiss(id),
-  stop: () => subscription.stop(),
+  // Stop names the prompt whose button was pressed: if its turn has ended meanwhile, the
+  // server cuts nothing (409 not_in_flight) rather than the next prompt's turn.
+  stop: (id) => subscription.stop(id),
   "send now": (id) => subscription.sendNow(id),
   // Steering (docs/howto/steering.md): cancel a queued prompt, or cut the one in flight.
   cancel: (id) => subscription.cancel(id),
@@ -115,7 +117,12 @@ async function act(what, id, ...args) {
     await ACTIONS[what](id, ...args);
     showError("");
   } catch (err) {
-    const why = err.status === 409 && err.code === "busy" ? "busy: it is being delivered or verified right now" : err.detail || err.message;
+    const why =
+      err.status === 409 && err.code === "busy"
+        ? "busy: it is being delivered or verified right now"
+        : err.status === 409 && err.code === "not_in_flight"
+          ? "its turn had already ended, so nothing was cut"
+          : err.detail || err.message;
     showError(`Could not ${what}: ${why}`);
   }
 }
