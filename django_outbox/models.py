@@ -115,7 +115,9 @@ class PendingAccept(models.Model):
     row: right after the commit, or by any worker's duty when the process died first.
     ``payload`` is the prompt as JSON (``user_id``, ``text``, ``model``, ``options``; its
     escapes let any text, NUL included, fit every database's text column).
-    ``created`` and ``next_attempt`` come from the database's clock. A refused move keeps
+    ``created`` and ``next_attempt`` come from the database's clock; ``created`` is the
+    call's time, from which an ``expires_after`` counts (measured at the move on that
+    same clock). A refused move keeps
     the row ``waiting`` with the refusal in ``last_error`` and ``attempts`` counted, tried
     again at ``next_attempt``; ``failed`` rows were given up (refused for good, or not
     moved within ``DEDUPE_TTL`` of ``created``) and wait for staff (the admin's *Pending

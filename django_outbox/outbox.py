@@ -94,8 +94,13 @@ class Outbox(CoreOutbox):
 
         Checks the input at once, raising inside the transaction what :meth:`accept`
         raises for it (:class:`InvalidIdentifier`, :class:`InvalidContent`,
-        :class:`ContentTooLarge`), or ``TypeError`` for an option :meth:`accept` does
-        not take (``options`` are passed to it). Then writes a
+        :class:`ContentTooLarge`; :class:`InvalidContent` for an ``if_busy`` or
+        ``expires_after`` it refuses), or ``TypeError`` for an option :meth:`accept` does
+        not take (``options`` are passed to it). The options mean what they mean to
+        :meth:`accept`, from this call: ``expires_after`` counts from it (on the
+        database's clock until the move), and a ``SessionBusy`` answer to
+        ``if_busy="reject"`` at the move is final, kept on the row for staff
+        (docs/howto/transactions.md#accepts-options). Then writes a
         :class:`~django_outbox.models.PendingAccept` row on database ``using`` (None: the
         router's choice for that model; the transaction must be on the same database)
         and returns it. Savepoints count: a rolled-back ``atomic()`` block takes its rows
@@ -105,7 +110,7 @@ class Outbox(CoreOutbox):
         makes the move idempotent, within ``DEDUPE_TTL``.
 
         The outbox's bounds (``CAP``, the per-user bounds) and Valkey's availability are
-        met at the move, after the commit, not here: a refused move is retried with a
+        met at the move, after the commit, not here: such a refused move is retried with a
         backoff and shown to staff (admin: *Pending accepts*), never dropped silently.
         Outside a transaction (autocommit) the move runs at once. No async twin: Django
         runs transactions in sync code (an async view wraps the transaction and this call

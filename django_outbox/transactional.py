@@ -25,8 +25,21 @@ by state (``outbox_pending_accepts``):
   error: the row stays ``waiting`` and is tried again after :data:`RETRY_BACKOFF` seconds,
   doubling up to :data:`MAX_RETRY_BACKOFF` (at least a ``RateLimited``'s ``retry_after``),
   until ``DEDUPE_TTL`` after ``created``; then it is ``failed`` (logged at ERROR).
-* ``IdempotencyConflict`` (the key holds another prompt) and invalid content or options
-  (the settings changed since the call, e.g. a lower ``MAX_TEXT_BYTES``): ``failed`` at once.
+* ``IdempotencyConflict`` (the key holds another prompt), ``SessionBusy`` (the caller's
+  ``if_busy="reject"``: its answer, not a condition to wait out), ``NotSupported`` (the
+  agent cannot merge or cut) and invalid content or options (the settings changed since
+  the call, e.g. a lower ``MAX_TEXT_BYTES``): ``failed`` at once.
+
+Accept's options mean what they mean to ``accept``, from the call. ``if_busy`` is decided
+when the prompt enters the outbox, by the accept script, as for ``accept``.
+``expires_after`` counts from the call: the move gives ``accept`` what is left of it, the
+time since the call measured on the database's clock (the row's ``created``, stamped by
+the insert the call made, against the database's time at the move: one clock, whichever
+process moves the row; see :func:`_from_the_call`). A prompt whose expiry passed before
+its move is still accepted, with the shortest expiry ``accept`` takes
+(:data:`EXPIRED_AT_THE_MOVE`), so it is stored and ends ``expired`` at the first claim,
+never sent, as a prompt accepted in time that waited too long does; an ``interrupt``
+prompt then cuts nothing (it is stored as queued).
 
 A ``failed`` row stays until staff move it (the admin action, which ignores the window) or
 delete it. A duty pass that fails (the database unreachable) pauses the next ones, so an
@@ -58,8 +71,10 @@ from .core.errors import (
     MergeNotSupported,
     NotSupported,
     RateLimited,
+    SessionBusy,
 )
 from .core.rules import (
+    check_accept_options,
     check_identifier,
     check_model_allowed,
     check_user_id,
@@ -81,6 +96,11 @@ MOVE_BATCH = 100
 RETRY_BACKOFF = 1.0
 #: The longest wait between two tries of a refused move, in seconds.
 MAX_RETRY_BACKOFF = 60.0
+#: The ``expires_after`` a move gives accept for a prompt whose expiry passed before its
+#: move, in seconds: the shortest accept takes (one microsecond on Valkey's clock; 0 would
+#: mean "never"), so the entry is stored already expiring and the first claim, a later
+#: script, marks it ``expired`` instead of sending it.
+EXPIRED_AT_THE_MOVE = 1e-6
 
 
 class Moved(enum.Enum):
@@ -120,7 +140,8 @@ def accept_on_commit(
     the router's database for writing :class:`~django_outbox.models.PendingAccept`) and its
     move registered with that database's ``on_commit``; returns the row.
     Raises what ``accept`` raises for bad input (``InvalidIdentifier``, ``InvalidContent``,
-    ``ContentTooLarge``), ``CutNotSupported`` for ``if_busy="interrupt"`` in a session
+    ``ContentTooLarge``; ``InvalidContent`` also for an ``if_busy`` or ``expires_after``
+    that accept refuses), ``CutNotSupported`` for ``if_busy="interrupt"`` in a session
     whose agent cannot cut a turn (docs/howto/cutting.md), ``MergeNotSupported`` for
     ``if_busy="merge"`` in one whose agent does not deliver merged prompts
     (docs/howto/agents.md#what-every-agent-carries), ``TypeError`` for an option
@@ -129,6 +150,7 @@ def accept_on_commit(
 
     check_identifier("workspace ID", workspace_id)
     check_identifier("session ID", session_id)
+    check_accept_options(options.get("if_busy", "queue"), options.get("expires_after"))
     if options.get("if_busy") == "interrupt" and not _can_cut(outbox, workspace_id, session_id):
         # The move would be refused for good: say so inside the caller's transaction.
         raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
@@ -188,18 +210,55 @@ def move(outbox: Outbox, pending: PendingAccept, *, using: str) -> Move:
             client_message_id=pending.client_message_id,
             text=prompt["text"],
             model=prompt["model"],
-            **prompt["options"],
+            **_from_the_call(rows, pending, prompt["options"]),
         )
     except Duplicate as dup:
         rows.delete()
         return Move(Moved.ALREADY, dup.accepted_id)
-    except (IdempotencyConflict, NotSupported, ValueError, TypeError, KeyError) as exc:
-        # The key holds another prompt, or the prompt breaks today's rules: no retry helps.
+    except (IdempotencyConflict, SessionBusy, NotSupported, ValueError, TypeError, KeyError) as exc:
+        # The key holds another prompt, the caller asked for a refusal while busy, the
+        # agent cannot do what was asked, or the prompt breaks today's rules: no retry helps.
         return _refused(rows, pending, exc, final=True)
     except Exception as exc:
         return _refused(rows, pending, exc, final=False)
     rows.delete()
     return Move(Moved.MOVED, entry.id)
+
+
+def _from_the_call(rows: Any, pending: PendingAccept, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` (the row's, for ``accept``) with ``expires_after`` counted from the call:
+    what is left of it now. The time since the call is read from the database, on its
+    clock alone (``created`` was stamped there by the call's insert), so neither the web
+    process's clock nor the mover's enters; what is left is handed to accept, which counts
+    it on Valkey's clock as every expiry. Left nothing (or the row is gone: another move
+    took it, and accept answers ``Duplicate``): :data:`EXPIRED_AT_THE_MOVE`, and
+    ``if_busy="interrupt"`` becomes ``"queue"``, since a prompt that is never sent must
+    not cut the running turn. Raises ``InvalidContent`` for options accept refuses (a row
+    written before the call checked them) and what the database raises."""
+    expires_after = options.get("expires_after")
+    if expires_after is None:
+        return options
+    check_accept_options(options.get("if_busy", "queue"), expires_after)
+    found = rows.annotate(now=Now()).values_list("created", "now").first()
+    if found is not None:
+        called, now = found
+        left = expires_after - (now - called).total_seconds()
+        if left > 0:
+            return {**options, "expires_after": left}
+        logger.warning(
+            "outbox: the accept on commit %s (%s/%s key %r) expired before its move "
+            "(expires_after %g s from the call, %.1f s ago): stored to end expired, never sent",
+            pending.pk,
+            pending.workspace_id,
+            pending.session_id,
+            pending.client_message_id,
+            expires_after,
+            (now - called).total_seconds(),
+        )
+    expired = {**options, "expires_after": EXPIRED_AT_THE_MOVE}
+    if expired.get("if_busy") == "interrupt":
+        expired["if_busy"] = "queue"
+    return expired
 
 
 def _refused(rows: Any, pending: PendingAccept, exc: Exception, *, final: bool) -> Move:

@@ -92,6 +92,9 @@ CLOSE_TOO_MANY_RESYNCS = CLOSE_TOO_MANY
 #: take before it is given up: an unreachable Valkey must not hold a server's shutdown
 #: (the counts expire on their own).
 RELEASE_DEADLINE = 1.0
+#: Seconds between two cancellations of a channel-layer receive that a cancellation did
+#: not end (see :func:`receive_until_cancelled`); given up after :data:`RELEASE_DEADLINE`.
+RECEIVE_CANCEL_REPEAT = 0.05
 
 
 class OutboxConsumer(SnapshotSocket):
@@ -117,7 +120,10 @@ class OutboxConsumer(SnapshotSocket):
     def channel_receive(self) -> Callable[[], Awaitable[dict[str, Any]]]:
         """The channel layer's receive for this socket, retried on failure (channels
         calls it outside :meth:`dispatch`, so a failure there would end the socket with
-        a traceback instead of a close code)."""
+        a traceback instead of a close code), and ended by the socket's end: cancelled,
+        it ends even when the layer swallows the cancellation
+        (:func:`receive_until_cancelled`), and once the socket is closing a failure is
+        neither retried nor raised (the socket's end cancels it)."""
         return self._channel_receive
 
     @channel_receive.setter
@@ -126,8 +132,12 @@ class OutboxConsumer(SnapshotSocket):
             delay = self.LAYER_RETRY_DELAY
             for attempt in range(1, self.LAYER_RECEIVE_ATTEMPTS + 1):
                 try:
-                    return await receive()
+                    return await receive_until_cancelled(receive)
                 except Exception as exc:
+                    if self._live.closing:
+                        # Channels cancels this receive as the socket ends: raised, the
+                        # failure would end the application with a traceback instead.
+                        await asyncio.Event().wait()
                     if attempt == self.LAYER_RECEIVE_ATTEMPTS:
                         logger.warning(
                             "outbox: the channel layer's receive failed %d times: %s",
@@ -553,6 +563,45 @@ class OutboxConsumer(SnapshotSocket):
         allowed = is_allowed(user, self.workspace_id, self.session_id, "view")
         self.error_excerpts = allowed and reads_error_excerpts(user)
         return allowed
+
+
+async def receive_until_cancelled(receive: Callable[[], Awaitable[dict[str, Any]]]) -> Any:
+    """``await receive()``, run in a task of its own so that a cancellation of the caller
+    always ends it. channels-redis's receive loops until a message comes (a BZPOPMIN every
+    few seconds) and sends each command through redis-py, which sends under
+    ``asyncio.wait_for`` whenever a ``socket_timeout`` is set (redis-py 8's default is 5 s);
+    on Python 3.11 that loses a cancellation arriving as the send completes, and the
+    receive runs on with nothing ever to receive. Channels awaits the cancelled receive
+    when a consumer stops, so the consumer ran on with it, and a server's exit waited
+    for it (a refused socket's receive is cancelled right as it sends its first
+    commands: case 34, docs/howto/deploy.md#stopping-the-server). Cancelled, this
+    cancels the task again every
+    :data:`RECEIVE_CANCEL_REPEAT` seconds until it ends, for at most
+    :data:`RELEASE_DEADLINE` seconds (then leaves it, logged), and re-raises."""
+    task = asyncio.ensure_future(receive())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await _cancel_until_done(task)
+        raise
+
+
+async def _cancel_until_done(task: asyncio.Future[Any]) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RELEASE_DEADLINE
+    while not task.done():
+        left = deadline - loop.time()
+        if left <= 0:
+            logger.warning(
+                "outbox: the channel layer's receive did not end %.0f s after it was "
+                "cancelled; it is left to end on its own",
+                RELEASE_DEADLINE,
+            )
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=min(left, RECEIVE_CANCEL_REPEAT))
+    if not task.cancelled():
+        task.exception()  # a failure of a receive nobody waits for any more is no news
 
 
 def socket_user_id(user: Any) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_outbox import transactional
+from django_outbox import Status, transactional
 from django_outbox.errors import (
     ContentTooLarge,
     CutNotSupported,
@@ -88,6 +88,30 @@ def unreachable(make_outbox):
 
 def seconds_until_next_try(row: PendingAccept) -> float:
     return (row.next_attempt - timezone.now()).total_seconds()
+
+
+def called_ago(seconds: float) -> None:
+    """Every row's call was ``seconds`` ago on the database's clock, and its move is due
+    now (as if its process had died, or Valkey had been down, since)."""
+    PendingAccept.objects.update(created=Now() - timedelta(seconds=seconds), next_attempt=Now())
+
+
+def step(outbox) -> list[str]:
+    """One worker pass over the session (``adeliver_once``); returns the texts the agent
+    was handed."""
+    sent: list[str] = []
+
+    async def deliver(entry, **kwargs):
+        sent.append(entry.text)
+
+    async def main():
+        try:
+            await outbox.adeliver_once(WS, SES, deliverer=deliver)
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(main())
+    return sent
 
 
 # --- if and only if the transaction commits ---------------------------------------------------
@@ -191,6 +215,9 @@ def test_any_text_and_model_round_trip_through_the_row(outbox):
         ({"user_id": None}, InvalidContent),
         ({"ifBusy": "reject"}, TypeError),  # an option accept() does not take
         ({"if_busy": "interrupt"}, CutNotSupported),  # this outbox cannot cut a turn
+        ({"if_busy": "sometimes"}, InvalidContent),  # accept's own rules for its options
+        ({"expires_after": 0}, InvalidContent),
+        ({"expires_after": "60"}, InvalidContent),
     ],
 )
 def test_bad_input_raises_inside_the_transaction_and_writes_nothing(outbox, call, error):
@@ -327,6 +354,95 @@ def test_every_django_outbox_runs_the_mover_duty(outbox):
     [duty] = [d for d in outbox.duties if d.name == "moving accepts on commit"]
     assert (duty.interval, duty.first_after, duty.burst) == (transactional.MOVE_INTERVAL, 0, True)
     assert transactional.MOVE_INTERVAL <= 1.0
+
+
+# --- accept's options: what they mean to accept, from the call ------------------------------
+
+
+def test_if_busy_reject_in_a_busy_session_is_refused_for_good_and_shown_as_refused(
+    django_user_model, caplog
+):
+    """Case 38: ``SessionBusy`` is accept's answer to the caller's own ``if_busy="reject"``,
+    not a condition to wait out: the row is failed at once, never moved by a worker when the
+    session is idle later, and staff see the refusal."""
+    outbox = get_outbox()
+    blocker = accept(outbox, "first")  # pending: the session is busy
+    with caplog.at_level(logging.ERROR, "django_outbox"), transaction.atomic():
+        on_commit(outbox, "k1", if_busy="reject")
+
+    row = the_row()
+    assert (row.state, row.attempts) == ("failed", 1)
+    assert row.last_error.startswith("SessionBusy: the session is busy")
+    assert "refused for good" in caplog.text
+    html = login(staff(django_user_model, "view_outboxentry")).get(PENDING).content.decode()
+    assert "SessionBusy: the session is busy" in html
+
+    outbox.dismiss(WS, SES, blocker.id)  # idle now; the caller's refusal stands
+    come_due()
+    assert transactional.move_due(outbox) == 0
+    assert texts(outbox) == []
+    assert rows() == [("k1", "failed", 1)]
+
+
+def test_if_busy_reject_in_an_idle_session_moves(outbox):
+    with transaction.atomic():
+        on_commit(outbox, "k1", if_busy="reject")
+
+    assert texts(outbox) == ["work on k1"]
+    assert rows() == []
+
+
+def test_an_expiry_runs_from_the_call_not_from_the_move(outbox, make_outbox):
+    """The move gives accept what is left of ``expires_after`` (60 s, the call 20 s ago on
+    the database's clock): the entry expires about 40 s after it is accepted."""
+    with transaction.atomic():
+        on_commit(unreachable(make_outbox), "k1", expires_after=60)
+    called_ago(20)
+
+    assert transactional.move_due(outbox) == 1
+
+    [entry] = outbox.list(WS, SES)
+    assert entry.expires_at is not None
+    left = datetime.fromisoformat(entry.expires_at) - datetime.fromisoformat(entry.accepted_at)
+    assert 39 <= left.total_seconds() <= 40
+
+
+def test_a_prompt_whose_expiry_passed_before_its_move_is_never_sent_and_ends_expired(
+    outbox, make_outbox
+):
+    """Case 38: ``expires_after=2``, moved 10 s after the call. As with accept, a prompt
+    not handed to the agent in time is never sent and ends ``expired``, for a person."""
+    with transaction.atomic():
+        on_commit(unreachable(make_outbox), "k1", expires_after=2)
+    called_ago(10)
+
+    assert transactional.move_due(outbox) == 1
+
+    assert step(outbox) == []
+    assert [(e.text, e.status) for e in outbox.list(WS, SES)] == [("work on k1", Status.EXPIRED)]
+    assert rows() == []
+
+
+def test_an_interrupting_prompt_expired_before_its_move_cuts_nothing(make_outbox):
+    """It will never be sent: the move stores it behind the queue, without the Send now
+    that would cut the running turn, and it ends ``expired``."""
+
+    async def abort(entry, **kwargs):
+        return None
+
+    outbox = make_outbox(aborter=abort)
+    accept(outbox, "k0", "queued first")
+    down = make_outbox(url=f"redis://127.0.0.1:{free_port()}/0", aborter=abort)
+    with transaction.atomic():
+        on_commit(down, "k1", "now", if_busy="interrupt", expires_after=5)
+    called_ago(30)
+
+    assert transactional.move_due(outbox) == 1
+
+    assert texts(outbox) == ["queued first", "now"], "not moved ahead: nothing was cut"
+    assert step(outbox) == ["queued first"]
+    assert step(outbox) == []
+    assert [(e.text, e.status) for e in outbox.list(WS, SES)] == [("now", Status.EXPIRED)]
 
 
 # --- refused moves: visible, retried, given up -------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from datetime import datetime
 
 import pytest
 
@@ -62,9 +63,10 @@ def texts(outbox) -> list[str]:
     return [entry.text for entry in outbox.list(WS, SES)]
 
 
-def leave_behind(db: Database, valkey: str, key: str) -> None:
-    """Commit ``key`` in a process SIGKILLed between its commit and the move into Valkey."""
-    child = start_child(db, valkey, "hang", key)
+def leave_behind(db: Database, valkey: str, key: str, **env: str) -> None:
+    """Commit ``key`` in a process SIGKILLed between its commit and the move into Valkey
+    (``env``: the child's, e.g. ``OUTBOX_TEST_OPTIONS_JSON``)."""
+    child = start_child(db, valkey, "hang", key, **env)
     try:
         line = child.stdout.readline().strip()
         assert line == "committed", child.stderr.read()
@@ -172,3 +174,41 @@ def test_a_refused_move_stays_on_the_row_for_staff_and_is_moved_once_there_is_ro
     finally:
         w.stop_all()
     assert r.lrange("test:log", 0, -1) == ["s1 first", "s1 work on k1"], w.logs()
+
+
+def test_an_expiry_counts_from_the_call_whoever_moves_the_prompt(shared, outbox, valkey):
+    """Case 38, on each database's own clock: 60 s from a call made 20 s before the move
+    leave the entry about 40 s."""
+    leave_behind(shared, valkey, "k1", OUTBOX_TEST_OPTIONS_JSON='{"expires_after": 60}')
+    shared.called_ago(20)
+
+    assert run_child(shared, valkey, "move").split() == ["moved"]
+
+    [entry] = outbox.list(WS, SES)
+    left = datetime.fromisoformat(entry.expires_at) - datetime.fromisoformat(entry.accepted_at)
+    assert 39 <= left.total_seconds() <= 40
+    assert shared.pending() == []
+
+
+def test_a_prompt_whose_expiry_passed_before_a_worker_moved_it_is_never_sent(
+    shared, outbox, valkey, r, tmp_path
+):
+    """Case 38: its process died after the commit; a worker moves it after its
+    ``expires_after`` (5 s from the call) passed: stored, it ends ``expired``, unsent."""
+    leave_behind(shared, valkey, "k1", OUTBOX_TEST_OPTIONS_JSON='{"expires_after": 5}')
+    shared.called_ago(30)
+
+    w = workers(shared, valkey, tmp_path)
+    try:
+        w.start("--tick", "0.1")
+        wait_until(
+            lambda: [str(e.status) for e in outbox.list(WS, SES)] == ["expired"],
+            20,
+            0.05,
+            "the prompt moved and expired",
+        )
+    finally:
+        w.stop_all()
+
+    assert r.lrange("test:log", 0, -1) == [], w.logs()
+    assert shared.pending() == []

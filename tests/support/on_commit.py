@@ -91,6 +91,19 @@ class Database:
             dict(zip(("key", "state", "attempts", "last_error"), row, strict=True)) for row in rows
         ]
 
+    def called_ago(self, seconds: int) -> None:
+        """Every pending accept's call was ``seconds`` earlier than it was (``created``
+        moved back, on the database's clock), and its move is due now."""
+        if self.vendor == "postgresql":
+            created = f"created - interval '{seconds} seconds'"
+            now = "statement_timestamp()"
+        else:  # Django's SQLite datetime text
+            created = f"strftime('%Y-%m-%d %H:%M:%f', created, '-{seconds} seconds')"
+            now = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+        self.query(
+            f"UPDATE django_outbox_pendingaccept SET created = {created}, next_attempt = {now}"
+        )
+
     def groups(self) -> list[str]:
         """The callers' own rows (``auth.Group`` names), sorted."""
         return sorted(name for (name,) in self.query("SELECT name FROM auth_group"))

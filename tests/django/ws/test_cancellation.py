@@ -1,7 +1,8 @@
 """A queue socket whose application task is cancelled ends whole, in process: an ASGI
 server cancels it at shutdown or when a connection drops without a disconnect message,
-and nothing of the socket (its periodic check above all) may run on after it
-(docs/howto/deploy.md#stopping-the-server). Real channels-redis layer, real Valkey."""
+and nothing of the socket (its periodic check above all, and its channel-layer receive)
+may run on after it (docs/howto/deploy.md#stopping-the-server). Real channels-redis
+layer, real Valkey; the same on real servers: tests/django/ws/test_shutdown_on_servers.py."""
 
 from __future__ import annotations
 
@@ -33,9 +34,10 @@ def layers(valkey):
         yield
 
 
-def communicator():
+def communicator(workspace: str = "alice"):
+    """A socket of alice's on ``workspace``'s session s1 (another workspace: refused 4403)."""
     comm = WebsocketCommunicator(
-        URLRouter(websocket_urlpatterns), "/ws/outbox/workspaces/alice/sessions/s1/"
+        URLRouter(websocket_urlpatterns), f"/ws/outbox/workspaces/{workspace}/sessions/s1/"
     )
     comm.scope["user"] = SimpleNamespace(
         is_authenticated=True, is_active=True, is_staff=False, username="alice"
@@ -120,4 +122,87 @@ async def test_a_check_ends_even_when_its_cancellation_was_swallowed(layers, mon
         assert task.cancelled()
     finally:
         await comm.disconnect()
+        await tidy()
+
+
+async def refused(comm: WebsocketCommunicator) -> None:
+    """Connect ``comm`` (bob's workspace: alice may not see it): accepted, then closed 4403."""
+    connected, _ = await comm.connect()
+    assert connected
+    assert (await comm.receive_output(5)) == {"type": "websocket.close", "code": 4403}
+
+
+async def ended(comm: WebsocketCommunicator) -> None:
+    """Tell the application its socket is gone; it must end at once, without an error."""
+    await comm.send_input({"type": "websocket.disconnect", "code": 4403})
+    done, _ = await asyncio.wait({comm.future}, timeout=3)
+    assert done, "the socket's application did not end"
+    assert comm.future.exception() is None
+
+
+async def test_a_receive_whose_cancellation_the_layer_swallows_still_ends_with_its_socket(
+    layers, monkeypatch
+):
+    """Case 34: channels-redis's receive can lose a cancellation (one arriving while
+    redis-py's ``wait_for`` sends a command, on Python 3.11: a refused socket's receive is
+    cancelled right as it sends its first ones) and then waits on for a message that never
+    comes; channels awaits that receive when the socket ends, so the application did not
+    end, and uvicorn's exit waited for it. The socket ends at once, and the receive too."""
+    layer = get_channel_layer()
+    receiving, receive_ended = asyncio.Event(), asyncio.Event()
+
+    async def swallowing_receive(channel):
+        receiving.set()
+        swallowed = False
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(30)  # a BZPOPMIN that gets nothing
+                except asyncio.CancelledError:
+                    if swallowed:
+                        raise
+                    swallowed = True  # what the race in wait_for amounts to
+        finally:
+            receive_ended.set()
+
+    monkeypatch.setattr(layer, "receive", swallowing_receive)
+    comm = communicator("bob")
+    try:
+        await refused(comm)
+        await asyncio.wait_for(receiving.wait(), 5)
+        await ended(comm)
+        await asyncio.wait_for(receive_ended.wait(), 3)
+    finally:
+        comm.future.cancel()
+        await tidy()
+
+
+async def test_a_receive_failing_once_the_socket_is_closing_is_neither_retried_nor_raised(
+    layers, monkeypatch
+):
+    """Closing, a socket waits for its end instead of retrying a failed receive (the layer
+    gone with a server that stops); raised, the failure would end the application with
+    "Exception in ASGI application" in the server's log."""
+    layer = get_channel_layer()
+    calls = 0
+    fail = asyncio.Event()
+
+    async def failing_receive(channel):
+        nonlocal calls
+        calls += 1
+        await fail.wait()
+        raise ConnectionError("the channel layer is gone")
+
+    monkeypatch.setattr(layer, "receive", failing_receive)
+    monkeypatch.setattr(OutboxConsumer, "LAYER_RETRY_DELAY", 0.0)
+    comm = communicator("bob")
+    try:
+        await refused(comm)  # closing from here on
+        fail.set()
+        done, _ = await asyncio.wait({comm.future}, timeout=0.5)
+        assert not done, "the application ended with the receive's failure"
+        assert calls == 1, "the failed receive was retried"
+        await ended(comm)
+    finally:
+        comm.future.cancel()
         await tidy()

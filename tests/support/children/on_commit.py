@@ -16,7 +16,11 @@ Every prompt goes to workspace ``w1``, session ``s1``, user ``u``, its text ``"w
   between the commit and the move into Valkey.
 * ``race``: read every waiting row, meet the other racer at a Valkey barrier
   (``test:barrier``, two arrivals), then move each row; prints each move's outcome.
+* ``move``: move every waiting row now; prints each move's outcome.
 * ``admin``: prints the admin's *Pending accepts* page as a superuser sees it.
+
+``OUTBOX_TEST_TEXT_JSON`` (a JSON string) replaces the text, ``OUTBOX_TEST_OPTIONS_JSON`` (a
+JSON object) gives accept's options (``{"expires_after": 5}``).
 """
 
 from __future__ import annotations
@@ -50,12 +54,14 @@ class Rollback(Exception):
 def accept(key: str) -> None:
     Group.objects.create(name=key)
     text = os.environ.get("OUTBOX_TEST_TEXT_JSON")
+    options = json.loads(os.environ.get("OUTBOX_TEST_OPTIONS_JSON", "{}"))
     get_outbox().accept_on_commit(
         WS,
         SES,
         user_id="u",
         client_message_id=key,
         text=json.loads(text) if text else f"work on {key}",
+        **options,
     )
 
 
@@ -74,6 +80,12 @@ def race() -> None:
         if time.monotonic() > deadline:
             sys.exit("the other racer never came")
         time.sleep(0.001)
+    for row in rows:
+        print(transactional.move(get_outbox(), row, using="default").outcome.value, flush=True)
+
+
+def move() -> None:
+    rows = PendingAccept.objects.filter(state=PendingAccept.State.WAITING).order_by("pk")
     for row in rows:
         print(transactional.move(get_outbox(), row, using="default").outcome.value, flush=True)
 
@@ -116,6 +128,8 @@ def main(scenario: str, *keys: str) -> None:
             accept(keys[0])
     elif scenario == "race":
         race()
+    elif scenario == "move":
+        move()
     elif scenario == "admin":
         admin()
     else:

@@ -6,7 +6,9 @@ Environment: ``TEST_DB`` (sqlite file), ``OUTBOX_VALKEY_URL`` (the outbox),
 ``OUTBOX_TEST_LAYER_URL`` (the channel layer), ``OUTBOX_TEST_GROUP_EXPIRY`` (seconds,
 default a day), ``OUTBOX_TEST_WS`` (``check,resync_interval,budget``: the three live
 settings, default ``0.4,0.5,30``), ``OUTBOX_TEST_POLICY`` (the access policy, default
-``tests.support.asgi.live.revocable``).
+``tests.support.asgi.live.revocable``), ``OUTBOX_TEST_LAYER_SOCKET_TIMEOUT`` (seconds: the
+channel layer's host as the README configures it, ``{"address": ..., "socket_timeout":
+...}``; unset, a bare URL).
 """
 
 import os
@@ -26,11 +28,17 @@ OUTBOX = {
     "WS_RESYNC_INTERVAL": float(_interval),
     "WS_RESYNC_BUDGET": int(_budget),
 }
+_layer_host: str | dict = os.environ["OUTBOX_TEST_LAYER_URL"]
+if os.environ.get("OUTBOX_TEST_LAYER_SOCKET_TIMEOUT"):
+    _layer_host = {
+        "address": _layer_host,
+        "socket_timeout": float(os.environ["OUTBOX_TEST_LAYER_SOCKET_TIMEOUT"]),
+    }
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [os.environ["OUTBOX_TEST_LAYER_URL"]],
+            "hosts": [_layer_host],
             "group_expiry": int(os.environ.get("OUTBOX_TEST_GROUP_EXPIRY", "86400")),
             "capacity": 100,
             "expiry": 10,
