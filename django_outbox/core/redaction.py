@@ -8,26 +8,42 @@ error body often echoes its request headers and environment):
 
 * the userinfo of any ``scheme://user:password@host`` URL (``redis``, ``rediss``,
   ``unix``, ``http(s)``, ...): ``redis://user:***@host``; a userinfo without ``:`` is
-  taken for a token and replaced whole; and the password of a ``user:password@host``
-  written without a scheme (``app:***@db:5432``);
+  taken for a token and replaced whole; the password of a scheme-relative
+  ``//user:password@host`` (``//app:***@db:5432``; a ``//`` without a ``:`` before its
+  ``@`` is a comment, not a URL); and the password of a ``user:password@host`` written
+  without a scheme (``app:***@db:5432``);
 * the value given to any name holding a secret word as a whole part (``password``,
   ``passwd``, ``pwd``, ``pass``, ``secret``, ``token``, ``credentials``, ``api_key``,
   ``access_key``, ``private_key``, ``sessionid``, ...): environment lines
   (``DB_PASSWORD=…``, ``OPENAI_API_KEY=…``, ``AWS_SECRET_ACCESS_KEY=…``), query
   strings and ``key=value`` lists, headers (``X-Api-Key: …``), YAML (``password: …``),
-  JSON and Python mappings (``"x-api-key": "…"``), JSON escaped inside JSON;
+  JSON and Python mappings (``"x-api-key": "…"``), JSON escaped inside JSON. The sign
+  may be percent-encoded (``password%3D…``, ``%253D``, ``%22password%22%3A…``), the
+  full-width or small equals sign or colon (U+FF1D, U+FE66, U+FF1A, U+FE55, U+FE13) or a
+  colon look-alike (U+2236, U+A789), also as JSON escapes it (``\\uff1d``), with
+  ideographic spaces around it; the value may stand alone on the next line
+  (``password =\\n…``, YAML's ``password: |\\n  …``; a next line that holds more than
+  one word, "Enter password:\\nThen press Enter", is prose and stays);
 * ``Cookie`` / ``Set-Cookie`` values, every pair of them;
 * ``Authorization`` / ``Proxy-Authorization`` values and ``Basic`` / ``Bearer`` tokens
-  (a ``Bearer`` followed by a word of prose, "Bearer authentication", stays);
+  (a ``Bearer`` followed by a word of prose, "Bearer authentication", stays), also
+  percent- or form-encoded (``Bearer%20…``, ``Bearer+…``);
 * tokens of a well-known shape wherever they stand: ``sk-…`` (OpenAI, Anthropic),
-  ``sk_live_…``, ``ghp_…`` / ``gho_…`` / ``github_pat_…``, ``glpat-…``, ``xoxb-…`` and
-  the other Slack tokens, ``hf_…``, ``npm_…``, ``AIza…``, ``AKIA…`` AWS access key IDs
-  and JSON Web Tokens;
+  Stripe's secret and restricted keys (``sk_live_…``, ``rk_test_…``, ``sk-live-…``) and
+  webhook secrets (``whsec_…``), ``ghp_…`` / ``gho_…`` / ``github_pat_…``, ``glpat-…``,
+  ``xoxb-…`` and the other Slack tokens, ``hf_…``, ``npm_…``, ``AIza…``, ``AKIA…`` AWS
+  access key IDs with the secret key written next to one (``id:secret``, a CSV row),
+  and JSON Web Tokens. Stripe's publishable keys (``pk_live_…``) are public by design
+  and stay;
 * PEM private key blocks, from ``-----BEGIN … PRIVATE KEY-----`` to its ``END`` line
   (to the end of the text when a cut removed it);
-* every password the process was configured with, wherever it appears (as given,
-  percent-encoded in either case or decoded, base64-encoded, and as the Basic token it
-  makes): :func:`remember_url`, :func:`remember_credentials` and :func:`remember_secret`
+* every password the process was configured with, wherever it appears: as given or
+  decoded, base64-encoded in either alphabet, as the Basic token it makes, in any case,
+  and with any of its characters escaped (percent-encoded, once or twice; an HTML
+  reference, ``&#x73;``, ``&amp;``, escaped twice; a JSON, JavaScript or Python escape,
+  ``\\u0073``, ``\\x73``, ``\\"``, at any depth): :func:`redact` decodes the escapes
+  of a text once and masks a secret found there from its first to its last escape.
+  :func:`remember_url`, :func:`remember_credentials` and :func:`remember_secret`
   register them (the settings do it for ``VALKEY_URL`` and ``OUTBOX["OPENCODE"]``).
   Values shorter than :data:`MIN_SECRET_CHARS` are only removed where they stand as a
   credential, since removing them everywhere would mangle ordinary words.
@@ -37,20 +53,21 @@ Ordinary text stays as it is ("token bucket full", "password reset link sent",
 
 Every pattern runs in time linear in the text, whatever it holds (an agent's body is
 hostile input): each may start only where a run of its characters starts (a
-look-behind), its repeats are bounded (``{0,64}``) or cannot overlap the part that
-follows them, and a scan that looks for a closing quote or line stops at the first
-candidate. The comments at each pattern say which.
+look-behind), its repeats are bounded (``{0,64}``), cannot overlap the part that
+follows them or are taken whole (atomic), and a scan that looks for a closing quote or
+line stops at the first candidate. The comments at each pattern say which. A megabyte
+of the worst near misses takes about half a second in all (tests/django/test_redaction.py).
 """
 
 from __future__ import annotations
 
 import base64
-import json
+import bisect
 import logging
 import re
 import threading
 from collections.abc import Iterable
-from urllib.parse import quote, quote_plus, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 #: What replaces a credential.
 MASK = "***"
@@ -66,11 +83,14 @@ LOGGER_NAMES = (
     "django_outbox.policy",
 )
 
-# scheme://userinfo@ — greedy up to the last "@" before the host (a password may hold "@").
-# A scheme starts only where no scheme character precedes it, and the userinfo cannot pass
-# a "/", which every later start holds: linear on any input.
+# scheme://userinfo@ — greedy up to the last "@" before the host (a password may hold "@"),
+# or a scheme-relative "//user:password@host" (a "//" where a word may start; without a ":"
+# it is left, "//me@example.com" in a comment). A scheme starts only where no scheme
+# character precedes it, and the userinfo cannot pass a "/", which every later start holds:
+# linear on any input.
 _USERINFO = re.compile(
-    r"(?P<scheme>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#'\"<>`]*)@"
+    r"(?P<scheme>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://|//(?<![^\s\"'(<\[{=,;|>`]//))"
+    r"(?P<userinfo>[^\s/?#'\"<>`]*)@"
 )
 # user:password@host without a scheme (a DSN, "app:pw@db:5432"): it starts only after
 # whitespace, a quote, a bracket or "=", ",", ";" (or at the start); the password is
@@ -93,14 +113,16 @@ _SECRET_WORD = (
     r"|(?-i:[A-Za-z0-9]{0,24}?(?:sessionid|SESSIONID|sessid|SESSID))"
 )
 # A name: letters, digits, "_", "." and "-" (at most 64), starting with a secret word
-# where a run or a part of one starts (the look-behind: no letter or digit before it;
-# "OPENAI_API_KEY" matches from "API"), the word not followed by a letter or digit
-# ("tokenizer", "max_tokens" and "passwordless" are not secret names). Every repeat is
-# bounded: constant work per start.
+# where a run or a part of one starts (the look-behind: no letter or digit before it, or a
+# percent-escape, "%22password"; "OPENAI_API_KEY" matches from "API"), the word not
+# followed by a letter or digit ("tokenizer", "max_tokens" and "passwordless" are not
+# secret names). Every repeat is bounded: constant work per start; the name is taken whole
+# (possessive: what follows it is never a name character), and a start that is no letter or
+# digit fails at once.
 _NAME = (
-    r"(?<![A-Za-z0-9])"
+    r"(?=[a-z0-9])(?:(?<![A-Za-z0-9])|(?<=%[0-9A-Fa-f]{2}))"
     rf"(?=(?:{_SECRET_WORD})(?![a-z0-9]))"
-    r"[\w.\-]{1,64}"
+    r"[\w.\-]{1,64}+"
 )
 # A quoted value: a JSON string with its escapes, a Python repr's '...', or either quote
 # escaped (once or more: JSON inside a JSON string, \"...\", or deeper) and closed by the
@@ -114,26 +136,63 @@ _QUOTED = (
     r"|(?P<escaped>\\{1,7}[\"'])(?:(?!(?<!\\)(?P=escaped))[^\n])*(?<!\\)(?P=escaped)"
     r"|\\{0,7}[\"'][^\"'\n]*"
 )
+# The signs of an assignment: "=" and ":", their full-width and small forms (U+FF1D,
+# U+FE66; U+FF1A, U+FE55, U+FE13) and the colon look-alikes of rich text (U+2236 RATIO,
+# U+A789 MODIFIER LETTER COLON); also percent-encoded, once or twice ("password%3D…",
+# "%253D"), and those beyond ASCII as JSON escapes them ("\uff1d"; the patterns using it
+# ignore case).
+_SIGN = (
+    r"(?:[=:\uff1d\ufe66\uff1a\ufe55\ufe13\u2236\ua789]|%(?:25){0,2}3[ad]"
+    r"|\\{1,7}u(?:ff1[ad]|fe66|fe55|fe13|2236|a789))"
+)
+# Spaces around a sign: ASCII, no-break and ideographic (also as JSON escapes them).
+_SPACE = r"(?:[ \t\u00a0\u3000]|\\{1,7}u(?:00a0|3000))"
+# Where a bare value ends: space, the next pair of a list, a quote or a closing bracket, in
+# ASCII or as CJK punctuation (full-width comma, semicolon and parenthesis, the ideographic
+# comma and full stop).
+_VALUE_END = "\\s&#,;'\"<>)\\]}\uff0c\u3001\u3002\uff1b\uff09"
+# A line break, as it is or escaped in a JSON string or a repr, at any depth ("\\n").
+_BREAK = r"(?:\r?\n|\\{1,7}(?:r\\{1,7})?n)"
+# A YAML block scalar's indicator ("password: |", ">-"), its value on the lines below (or on
+# the same line, once an excerpt is written on one line).
+_BLOCK = rf"(?:[|>][-+1-9]{{0,2}}(?=[\s\\]){_SPACE}*)"
+# A value on the next line ("password =\n  hunter2", YAML's "password: |\n  hunter2"): one
+# line break, and a line that is no assignment of its own (YAML's "secrets:\n  db: …", whose
+# value is found on that line), no list item. Bounded: constant work per start.
+_NEXT_LINE = (
+    rf"{_BREAK}{_SPACE}*"
+    rf"(?!-{_SPACE}|\\{{0,7}}[\"']?[\w.\-]{{1,64}}\\{{0,7}}[\"']?{_SPACE}*{_SIGN})"
+)
 # name=value, name: value, "name": "value" (and \"name\": \"value\"), with an optional
-# auth scheme before a bare value (X-Auth-Token: Bearer abc).
+# auth scheme before a bare value (X-Auth-Token: Bearer abc); the name's quote and the sign
+# may be percent-encoded (%22password%22%3A%22…). A bare value on the next line must be all
+# that line holds ("Enter password:\nLogin failed" keeps "Login"); it is taken whole (an
+# atomic group, so no start scans it twice) and cannot pass a backslash (an escaped break).
 _ASSIGNED = re.compile(
-    rf"(?i)(?P<name>{_NAME})\\{{0,7}}[\"']?[ \t]*[=:][ \t]*"
-    rf"(?P<value>{_QUOTED}|(?:(?:bearer|basic|token)[ \t]+)?[^\s&#,;'\"<>)\]}}]+)"
+    rf"(?i)(?P<name>{_NAME})(?:\\{{0,7}}[\"']|%(?:25){{0,2}}2[27])?{_SPACE}*{_SIGN}{_SPACE}*"
+    rf"{_BLOCK}?(?P<next>{_NEXT_LINE})?"
+    rf"(?P<value>{_QUOTED}|(?:(?:bearer|basic|token)[ \t]+)?(?!{_BREAK})"
+    rf"(?(next)(?>[^{_VALUE_END}\\]+)(?={_SPACE}*(?:[\r\n\\\"'<)\]}},;]|\Z))|[^{_VALUE_END}]+))"
 )
 # Cookie / Set-Cookie: a quoted value, or every name=value pair of the header.
 _COOKIE = re.compile(
-    r"(?i)(?P<head>(?<![\w.\-])(?:set-)?cookie\\{0,7}[\"']?[ \t]*[:=][ \t]*)"
+    rf"(?i)(?P<head>(?<![\w.\-])(?:set-)?cookie\\{{0,7}}[\"']?{_SPACE}*{_SIGN}{_SPACE}*)"
     rf"(?P<value>{_QUOTED}|[^\s;,\"']+(?:;[ \t]*[^\s;,\"'=]+=[^\s;,\"']*)*)"
 )
-# Authorization: <scheme> <credentials>, as a header line or in a mapping's repr.
+# Space between a header's parts: white space, or percent-encoded or "+" in a query string.
+_GAP_CHAR = r"\s|%(?:25)?20|\+"
+_GAP = rf"(?:{_GAP_CHAR})*+"
+# Authorization: <scheme> <credentials>, as a header line or in a mapping's repr (or
+# percent-encoded: Authorization%3A%20Bearer%20…).
 _HEADER = re.compile(
-    r"(?i)(?P<head>(?<![\w-])(?:proxy-)?authorization\\{0,7}[\"']?\s*[:=]\s*\\{0,7}[\"']?"
-    r"(?:(?:basic|bearer|digest|token|negotiate)\s+)?)(?P<value>[^\s\"',;}\]\\]+)"
+    rf"(?i)(?P<head>(?<![\w-])(?:proxy-)?authorization\\{{0,7}}[\"']?{_GAP}{_SIGN}{_GAP}"
+    rf"\\{{0,7}}[\"']?(?:(?:basic|bearer|digest|token|negotiate)(?:{_GAP_CHAR})++)?)"
+    r"(?P<value>[^\s\"',;}\]\\]+)"
 )
 # A bare Basic/Bearer token: token68 characters (at least 6); see _is_credential for
 # which words after the scheme are taken for a token.
 _TOKEN = re.compile(
-    r"(?P<head>\b(?P<scheme>Basic|Bearer|basic|bearer|BASIC|BEARER)\s+)"
+    rf"(?P<head>\b(?P<scheme>Basic|Bearer|basic|bearer|BASIC|BEARER)(?:{_GAP_CHAR})++)"
     r"(?P<value>[A-Za-z0-9._~+/-]{6,}=*)"
 )
 #: Words that follow "Bearer" in prose rather than a token (6 letters or more: a shorter
@@ -149,13 +208,16 @@ _MIXED_CASE = re.compile(r"[a-z][A-Z]")
 _SHAPED = re.compile(
     r"(?<![A-Za-z0-9_\-])(?:"
     r"sk-[A-Za-z0-9_\-]{20,}"  # OpenAI (sk-, sk-proj-, sk-svcacct-), Anthropic (sk-ant-)
-    r"|[rs]k_(?:live|test)_[A-Za-z0-9]{10,}"  # Stripe
+    r"|[rs]k[_-](?:live|test)[_-][A-Za-z0-9]{10,}"  # Stripe secret, restricted: sk_live_, sk-live-
+    r"|whsec_[A-Za-z0-9+/]{20,}"  # Stripe webhook signing secrets
     r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"  # GitHub
     r"|glpat-[A-Za-z0-9_\-]{20,}"  # GitLab
     r"|xox[abeoprs]-[A-Za-z0-9\-]{10,}|xapp-[A-Za-z0-9\-]{10,}"  # Slack
     r"|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{30,}"  # Hugging Face, npm
     r"|AIza[A-Za-z0-9_\-]{35}"  # Google API keys
-    r"|(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"  # AWS access key IDs
+    # AWS access key IDs, and the secret key written next to one ("id:secret", a CSV row)
+    r"|(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"
+    r"(?:[\\\"':,;|\s]{1,8}[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=]))?"
     r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"  # JSON Web Tokens
     r")"
 )
@@ -167,17 +229,31 @@ _PEM = re.compile(
     r"[\s\S]*?(?P<end>-----END [A-Z0-9 ]{0,40}?PRIVATE KEY(?: BLOCK)?-----|\Z)"
 )
 _OPENING_QUOTE = re.compile(r"\\{0,7}[\"']")
-#: A percent-escape in a remembered spelling: matched in either case (%2f is %2F).
-_PERCENT_ESCAPE = re.compile(r"(%[0-9A-Fa-f]{2})")
+# One escaped character, as the texts around an agent write it: percent-encoded (a UTF-8
+# sequence, the "%" itself encoded up to twice more: %40, %2540), an HTML character
+# reference (&#64; &#x40; &amp; &quot;, escaped once more: &amp;#64;) or a backslash escape
+# of JSON, JavaScript or a repr (\u0040, \U0001f600, \x40, \", \/, \\; more backslashes
+# inside JSON inside JSON). Every repeat is bounded: constant work per start.
+_PERCENT_BYTE = r"%(?:25){0,2}"
+_ESCAPE = re.compile(
+    rf"{_PERCENT_BYTE}(?P<ascii>[0-7][0-9A-Fa-f])"
+    rf"|(?P<utf8>{_PERCENT_BYTE}[c-fC-F][0-9A-Fa-f](?:{_PERCENT_BYTE}[89abAB][0-9A-Fa-f]){{1,3}})"
+    r"|&(?:amp;)?#(?:(?P<decimal>[0-9]{1,7})|[xX](?P<hex>[0-9A-Fa-f]{1,6}));?"
+    r"|&(?:amp;)?(?P<named>amp|lt|gt|quot|apos);"
+    r"|\\{1,7}(?:[uU](?P<u>[0-9A-Fa-f]{4}(?:(?<=U[0-9A-Fa-f]{4})[0-9A-Fa-f]{4})?)"
+    r"|x(?P<x>[0-9A-Fa-f]{2})|(?P<char>[\"'/\\]))"
+)
+_NAMED_REFERENCES = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 
 _lock = threading.Lock()
+#: Remembered spellings (see :func:`_spellings`).
 _secrets: set[str] = set()
 _pattern: re.Pattern[str] | None = None
 
 
 def _masked_userinfo(match: re.Match[str]) -> str:
     userinfo = match["userinfo"]
-    if not userinfo:
+    if not userinfo or (match["scheme"] == "//" and ":" not in userinfo):
         return match[0]
     user, colon, _ = userinfo.partition(":")
     kept = f"{user}:{MASK}" if colon else MASK
@@ -239,6 +315,8 @@ def redact(text: str) -> str:
     pattern = _pattern
     if pattern is not None:
         text = pattern.sub(MASK, text)
+        if _ESCAPE.search(text):
+            text = _without_escaped(pattern, text)
     text = _PEM.sub(_masked_pem, text)
     text = _USERINFO.sub(_masked_userinfo, text)
     text = _BARE_USERINFO.sub(_masked_bare_userinfo, text)
@@ -252,30 +330,139 @@ def redact(text: str) -> str:
 # --- what the process was configured with -------------------------------------------------
 
 
-def _forms(value: str) -> set[str]:
-    """The ways ``value`` may be written: as given, decoded, encoded, as a repr or JSON,
-    and base64-encoded (standard and URL-safe, with and without padding)."""
+def _spellings(value: str) -> set[str]:
+    """The ways ``value`` may be written, escapes aside (:func:`redact` decodes those): as
+    given and percent-decoded, each also with "+" for a space and with a surrogate pair for
+    a character beyond U+FFFF (as JSON escapes it), and base64-encoded in either alphabet,
+    with and without its padding."""
     decoded = unquote(value)
-    forms = {value, decoded}
+    spellings = {value, decoded}
     for form in (value, decoded):
-        forms |= {quote(form, safe=""), quote(form), quote_plus(form)}
-        forms |= {repr(form)[1:-1], json.dumps(form)[1:-1]}
+        spellings.add(form.replace(" ", "+"))
+        spellings.add("".join(_surrogates(char) for char in form))
         if len(form) >= MIN_SECRET_CHARS:
             raw = form.encode("utf-8", "surrogatepass")
             for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
-                forms |= {encoded.decode("ascii"), encoded.decode("ascii").rstrip("=")}
-    return forms
+                spellings |= {encoded.decode("ascii"), encoded.decode("ascii").rstrip("=")}
+    return spellings
 
 
-def _spelled(form: str) -> str:
-    """A pattern matching ``form`` literally, its percent-escapes in either case."""
-    parts = _PERCENT_ESCAPE.split(form)
-    return "".join(
-        f"%[{part[1].upper()}{part[1].lower()}][{part[2].upper()}{part[2].lower()}]"
-        if index % 2
-        else re.escape(part)
-        for index, part in enumerate(parts)
-    )
+def _surrogates(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFFFF:
+        return char
+    code -= 0x10000
+    return chr(0xD800 + (code >> 10)) + chr(0xDC00 + (code & 0x3FF))
+
+
+def _folded(char: str) -> str:
+    lower = char.lower()
+    return lower if len(lower) == 1 else char
+
+
+_Trie = dict[str, "_Trie"]
+
+
+def _branches(node: _Trie) -> str:
+    """The pattern for what may follow ``node`` of a trie ("" marks an end): the longest
+    first (its repeats and alternatives are tried before stopping there). A run without
+    branches is written as it is (no recursion per character: a long secret is fine)."""
+    run = []
+    keys = [key for key in node if key]
+    while len(keys) == 1 and "" not in node:
+        run.append(re.escape(keys[0]))
+        node = node[keys[0]]
+        keys = [key for key in node if key]
+    branches = [re.escape(key) + _branches(node[key]) for key in sorted(keys)]
+    if not branches:
+        tail = ""
+    elif "" in node:
+        tail = f"(?:{'|'.join(branches)})?"
+    else:
+        tail = branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
+    return "".join(run) + tail
+
+
+def _secrets_pattern(spellings: Iterable[str]) -> re.Pattern[str]:
+    """One pattern for every spelling, in any case, the longest match first.
+
+    The spellings are merged into a trie, so that a start costs what their common
+    prefixes cost, not one try per spelling; and its first level is an alternation of
+    literals, each case apart (the rest ignores case), which gives the search a set of
+    first characters to skip every other character at once."""
+    trie: _Trie = {}
+    for text in spellings:
+        node = trie
+        for char in text:
+            node = node.setdefault(_folded(char), {})
+        node[""] = {}
+    alternatives = []
+    for key, child in sorted(trie.items()):
+        rest = _branches(child)
+        for variant in sorted({key, key.upper()}):
+            if len(variant) == 1:
+                alternatives.append(
+                    f"{re.escape(variant)}(?i:{rest})" if rest else re.escape(variant)
+                )
+    return re.compile("|".join(alternatives))
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    """The character an :data:`_ESCAPE` stands for (itself, if it stands for none)."""
+    kind = match.lastgroup
+    if kind == "ascii":
+        return chr(int(match["ascii"], 16))
+    if kind == "decimal":
+        code = int(match["decimal"])
+    elif kind == "named":
+        return _NAMED_REFERENCES[match["named"]]
+    elif kind == "char":
+        return match["char"]
+    elif kind == "utf8":
+        raw = bytes(int(part[-2:], 16) for part in match[0].split("%")[1:])
+        text = raw.decode("utf-8", "replace")
+        return text if len(text) == 1 else match[0]
+    else:  # hex, u, x
+        code = int(match[kind or 0], 16)
+    return chr(code) if code <= 0x10FFFF else match[0]
+
+
+def _without_escaped(pattern: re.Pattern[str], text: str) -> str:
+    """``text`` without the spellings ``pattern`` finds once its escapes are decoded
+    (:data:`_ESCAPE`): each found span is masked from the first to the last character or
+    escape it covers in ``text``. Linear: one pass to decode, one to map back when found."""
+    decoded = _ESCAPE.sub(_unescaped, text)
+    if pattern.search(decoded) is None:
+        return text
+    # Where each escape went: (start in decoded, end in decoded, start in text, end in text).
+    escapes: list[tuple[int, int, int, int]] = []
+    shift = 0  # characters decoding removed before this point
+    for match in _ESCAPE.finditer(text):
+        start, end = match.span()
+        length = len(_unescaped(match))
+        escapes.append((start - shift, start - shift + length, start, end))
+        shift += end - start - length
+    starts = [escape[0] for escape in escapes]
+
+    def original(index: int, *, end: bool) -> int:
+        """Where the decoded ``index`` (a span's start, or its end) stands in ``text``."""
+        at = bisect.bisect_right(starts, index - 1 if end else index) - 1
+        if at < 0:
+            return index
+        _, decoded_end, start, stop = escapes[at]
+        if end and index <= decoded_end:
+            return stop
+        if not end and index < decoded_end:
+            return start
+        return stop + index - decoded_end
+
+    pieces, done = [], 0
+    for match in pattern.finditer(decoded):
+        start, stop = original(match.start(), end=False), original(match.end(), end=True)
+        pieces += [text[done:start], MASK]
+        done = max(done, stop)
+    pieces.append(text[done:])
+    return "".join(pieces)
 
 
 def remember_secret(value: object) -> None:
@@ -285,12 +472,11 @@ def remember_secret(value: object) -> None:
         return
     global _pattern
     with _lock:
-        new = {form for form in _forms(value) if len(form) >= MIN_SECRET_CHARS} - _secrets
+        new = {text for text in _spellings(value) if len(text) >= MIN_SECRET_CHARS} - _secrets
         if not new:
             return
         _secrets.update(new)
-        ordered = sorted(_secrets, key=len, reverse=True)  # the longest spelling first
-        _pattern = re.compile("|".join(_spelled(s) for s in ordered))
+        _pattern = _secrets_pattern(_secrets)
 
 
 def remember_credentials(username: str | None, password: str | None) -> None:

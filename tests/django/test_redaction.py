@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import html
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import re
 import secrets
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -502,6 +504,7 @@ PW = "hunter2-Gold"
 SESSION_ID = "k3x9vq7m2p8r4t6w1y5z0abc"
 GHP = "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 BASIC = "dXNlcjpwYXNz"  # base64("user:pass"): letters only
+SK_LIVE = "sk-live-4eC39HqLyjW"  # Stripe's shape with "-": too short for the "sk-" rule
 
 
 def spelling(label: str, text: str, hidden: list[str], kept: str):
@@ -536,6 +539,41 @@ SPELLINGS = [
     spelling("kwarg accessToken", f"client(accessToken={PW}, retries=3)", [PW], "retries=3"),
     spelling("kwarg client_secret", f"client_secret={PW}&grant_type=x", [PW], "&grant_type=x"),
     spelling("query api_key", f"GET /v1?api_key={PW}&q=1", [PW], "&q=1"),
+    # percent-encoded assignments (security-3 B3)
+    spelling("query password%3D", f"GET /login?password%3D{PW}&next=/", [PW], "&next=/"),
+    spelling("query password%3d", f"GET /login?password%3d{PW}", [PW], "password%3d"),
+    spelling("query password%253D", f"GET /login?password%253D{PW}", [PW], "password%253D"),
+    spelling(
+        "query token after %26",
+        f"GET /login?user=alice%26token%3D{PW}%26next=/",
+        [PW],
+        "user=alice%26token%3D",
+    ),
+    spelling(
+        "percent-encoded JSON",
+        f"POST data=%7B%22password%22%3A%22{PW}%22%7D",
+        [PW],
+        "data=%7B%22password%22%3A",
+    ),
+    # a value on the next line (security-3 B3)
+    spelling("next line password =", f"password =\n{PW}", [PW], "password ="),
+    spelling("next line, CRLF", f"DB_PASSWORD=\r\n  {PW}\r\nDB_HOST=db", [PW], "DB_HOST=db"),
+    spelling("next line, YAML block", f"password: |\n  {PW}\nhost: db", [PW], "host: db"),
+    spelling("next line, YAML folded", f"client_secret: >-\n  {PW}\n", [PW], "client_secret:"),
+    spelling("next line, quoted", f'"password":\n    "{PW}",\n"n": 1', [PW], '"n": 1'),
+    # full-width and look-alike signs (security-3 B3)
+    spelling("full-width =", f"password\uff1d{PW}", [PW], "password\uff1d"),
+    spelling("small =", f"token\ufe66{PW}", [PW], "token\ufe66"),
+    spelling(
+        "full-width :, CJK around",
+        f"\u5bc6\u7801 password\uff1a{PW}\uff0c\u8bf7\u52ff\u5916\u4f20",
+        [PW],
+        "\uff0c\u8bf7\u52ff\u5916\u4f20",
+    ),
+    spelling("small :", f"api_key\ufe55 {PW}", [PW], "api_key\ufe55"),
+    spelling("ratio sign", f"secret \u2236 {PW}", [PW], "secret \u2236"),
+    spelling("modifier letter colon", f"DB_PASS\ua789{PW}", [PW], "DB_PASS\ua789"),
+    spelling("ideographic spaces", f"secret\u3000\uff1d\u3000{PW} end", [PW], "secret\u3000\uff1d"),
     # headers
     spelling("header X-Api-Key", f"X-Api-Key: {PW}", [PW], "X-Api-Key:"),
     spelling("json x-api-key", f'{{"x-api-key": "{SK_ANT}"}}', [SK_ANT], '"x-api-key": "'),
@@ -580,6 +618,14 @@ SPELLINGS = [
     spelling("bare sessionid", f"sessionid={SESSION_ID}", [SESSION_ID], "sessionid="),
     spelling("Cookie of any name", f"Cookie: theme=dark; __Host-app={PW}", [PW], "Cookie:"),
     spelling("Set-Cookie of any name", f"Set-Cookie: remember={PW}; Path=/", [PW], "Set-Cookie:"),
+    spelling("Cookie, full-width :", f"Cookie\uff1a theme=dark; sid={PW}", [PW], "Cookie\uff1a"),
+    spelling(
+        "header percent-encoded",
+        f"GET /echo?h=Authorization%3A%20Bearer%20{PW}",
+        [PW],
+        "Authorization%3A%20Bearer%20",
+    ),
+    spelling("form-encoded Bearer+", f"auth=Bearer+{PW}&x=1", [PW], "auth=Bearer+"),
     # YAML
     spelling("yaml password", f"database:\n  password: {PW}\n  host: db", [PW], "host: db"),
     spelling("yaml quoted password", f"password: '{PW}'", [PW], "password:"),
@@ -593,6 +639,18 @@ SPELLINGS = [
         f"cannot reach app:{PW}@db.internal:5432",
         [PW],
         "app:***@db.internal:5432",
+    ),
+    spelling(
+        "url scheme-relative",
+        f"dsn //app:{PW}@db.internal:5432/app",
+        [PW],
+        "//app:***@db.internal:5432/app",
+    ),
+    spelling(
+        "url scheme-relative, no user",
+        f'{{"url": "//:{PW}@cache.internal:6379/0"}}',
+        [PW],
+        "@cache.internal:6379/0",
     ),
     spelling(
         "url without a scheme, @ in it",
@@ -642,6 +700,26 @@ SPELLINGS = [
         "bare xoxa-", "xoxa-2-123456789012-abcdef0123456789abcdef", ["abcdef0123456789abcdef"], ""
     ),
     spelling("bare AKIA", "aws AKIAIOSFODNN7EXAMPLE denied", ["AKIAIOSFODNN7EXAMPLE"], "denied"),
+    spelling(
+        "AKIA id:secret",
+        f"aws AKIAIOSFODNN7EXAMPLE:{AWS_SECRET} denied",
+        ["AKIAIOSFODNN7EXAMPLE", AWS_SECRET],
+        "denied",
+    ),
+    spelling(
+        "AKIA, secret in a CSV row",
+        f"alice,AKIAIOSFODNN7EXAMPLE,{AWS_SECRET}\nbob",
+        ["AKIAIOSFODNN7EXAMPLE", AWS_SECRET],
+        "alice,",
+    ),
+    spelling("bare sk-live-", f"key {SK_LIVE} used", [SK_LIVE], "key *** used"),
+    spelling("bare rk-test-", "key rk-test-51HqLyjWDar used", ["51HqLyjWDar"], "key *** used"),
+    spelling(
+        "bare whsec_",
+        "signing whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        ["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
+        "signing",
+    ),
     spelling(
         "bare JWT",
         "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
@@ -751,16 +829,75 @@ def test_a_secret_cut_by_the_stored_texts_bound_leaves_nothing_behind(text, hidd
         ),
         pytest.param(lambda pw: base64.urlsafe_b64encode(pw.encode()).decode(), id="url-safe"),
         pytest.param(lambda pw: json.dumps(pw)[1:-1], id="JSON string"),
+        # (security-3 B3)
+        pytest.param(lambda pw: pw.upper(), id="upper case"),
+        pytest.param(lambda pw: pw.swapcase(), id="case swapped"),
+        pytest.param(lambda pw: "".join(f"&#{ord(c)};" for c in pw), id="HTML, decimal"),
+        pytest.param(lambda pw: "".join(f"&#X{ord(c):X}" for c in pw), id="HTML, hex, no ;"),
+        pytest.param(lambda pw: html.escape(pw), id="HTML-escaped"),
+        pytest.param(lambda pw: html.escape(html.escape(pw)), id="HTML-escaped twice"),
+        pytest.param(lambda pw: "".join(f"\\u{ord(c):04x}" for c in pw), id="JSON, all \\u"),
+        pytest.param(
+            lambda pw: json.dumps("".join(f"\\u{ord(c):04X}" for c in pw))[1:-1],
+            id="JSON, all \\u, inside JSON",
+        ),
+        pytest.param(
+            lambda pw: json.dumps(pw)[1:-1].replace("&", "\\u0026").replace("<", "\\u003c"),
+            id="JSON, HTML-safe",
+        ),
+        pytest.param(lambda pw: "".join(f"\\x{ord(c):02x}" for c in pw), id="\\x escapes"),
+        pytest.param(lambda pw: "".join(f"%{ord(c):02x}" for c in pw), id="percent, lower case"),
+        pytest.param(
+            lambda pw: "".join(
+                f"%{ord(c):02X}" if i % 2 else f"&#{ord(c)};" for i, c in enumerate(pw)
+            ),
+            id="percent and HTML mixed",
+        ),
     ],
 )
 def test_a_configured_password_is_removed_however_it_is_encoded(encode):
     from django_outbox.core.redaction import redact, remember_url
 
-    raw = f"P@ss/W{secrets.token_hex(5)}"  # a letter in its percent-escapes ("/" is %2F)
+    # a letter in its percent-escapes ("/" is %2F); "&" and "<" for HTML
+    raw = f"P@ss/W&<{secrets.token_hex(5)}"
     remember_url(f"http://opencode:{quote(raw, safe='')}@agent.internal:4096")
     spelled = encode(raw)
     redacted = redact(f"the agent echoed [{spelled}] back")
     assert spelled not in redacted and redacted == "the agent echoed [***] back"
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        pytest.param(lambda pw: pw.upper(), id="upper case"),
+        pytest.param(lambda pw: ascii(pw)[1:-1], id="Python escapes"),
+        pytest.param(lambda pw: "".join(f"&#{ord(c)};" for c in pw), id="HTML, decimal"),
+        pytest.param(lambda pw: "".join(f"&#x{ord(c):x};" for c in pw), id="HTML, hex"),
+        pytest.param(
+            lambda pw: quote(pw.upper(), safe="").lower(), id="percent-encoded upper case"
+        ),
+    ],
+)
+def test_a_configured_secret_beyond_ascii_is_removed_however_it_is_encoded(encode):
+    """A secret with an accent and an emoji (beyond U+FFFF: a surrogate pair in JSON)."""
+    from django_outbox.core.redaction import redact, remember_secret
+
+    raw = f"mot-de-passe-\u00e9\U0001f511-{secrets.token_hex(5)}"
+    remember_secret(raw)
+    spelled = encode(raw)
+    redacted = redact(f"the agent echoed [{spelled}] back")
+    assert redacted == "the agent echoed [***] back", spelled
+
+
+def test_an_escaped_secret_is_masked_from_its_first_to_its_last_escape():
+    """Only the escapes that spell the secret go; the escapes around it stay as written."""
+    from django_outbox.core.redaction import redact, remember_secret
+
+    raw = f"Tok-{secrets.token_hex(6)}"
+    remember_secret(raw)
+    spelled = "".join(f"&#{ord(c)};" for c in raw)
+    text = f"&lt;p&gt;{spelled}&lt;/p&gt; and %41{raw.upper()}%42 and \\u0041"
+    assert redact(text) == "&lt;p&gt;***&lt;/p&gt; and %41***%42 and \\u0041"
 
 
 @pytest.mark.parametrize("text", ['password="', "token: '", 'password=\\"'])
@@ -817,12 +954,89 @@ def test_a_password_with_a_raw_at_sign_is_remembered_whole():
         "ambiguous: opencode answered HTTP 500 for http://127.0.0.1:4096/session/ses_x/message: "
         '{"name":"UnknownError","data":{"message":"injected"}}',
         "HTTPStatusError: Server error '503 Service Unavailable' for url 'http://agent:8080/v1'",
+        # near the rules added for security-3 B3
+        "the password field is empty",
+        "password reset:\nsee the link we sent",
+        "Enter your password:\nThen press Enter to continue.",
+        "token%20bucket%20full at /v1?max_tokens%3D4096",
+        "//comment: see host docs",
+        "// TODO: ask me@example.com about it",
+        "//me@example.com wrote the patch",
+        "see //fileserver/share:docs for the docs",
+        "sk-test-suite failed; rk-test-runner is fine",
+        "pk_live_51HqLyjWDarjtT1zdp7dc",  # a publishable key: public by design
+        "\u6ce8\u610f\uff1a\u8bf7\u4f7f\u7528\u65b0\u7684 API \u7248\u672c",
+        "\u6a21\u578b\u7684 token \u4e0a\u9650\uff1a4096",
+        "\u8bf4\u660e\uff1atoken \u4e3a\u7a7a\u65f6\u4f7f\u7528\u9ed8\u8ba4\u503c",
+        "ratio 16\u22369, scale \uff1d 2",
     ],
 )
 def test_redact_leaves_text_without_credentials_alone(text):
     from django_outbox.core.redaction import redact
 
     assert redact(text) == text
+
+
+#: Near misses of the rules added for security-3 B3, each repeated to 1 MB: what makes a
+#: start go furthest before it fails.
+NEAR_MISSES = [
+    pytest.param("password%3", id="%3D cut short"),
+    pytest.param("%22password%22%3", id="percent-encoded JSON cut short"),
+    pytest.param("password%25%25", id="%25 runs"),
+    pytest.param("//", id="slashes"),
+    pytest.param(" //a:b", id="scheme-relative without @"),
+    pytest.param("password =\n", id="next line, no value"),
+    pytest.param("password=\\n", id="escaped break, no value"),
+    pytest.param("token=\\nAx\\n", id="escaped breaks"),
+    pytest.param("password:\nab cd\n", id="next line, not alone"),
+    pytest.param("secrets:\n  " + "d" * 60 + " ", id="next line, long name"),
+    pytest.param("password: | ", id="block indicator"),
+    pytest.param("\uff1d", id="full-width ="),
+    pytest.param("password\u3000\uff1a", id="full-width :, no value"),
+    pytest.param("password\\uff1d", id="escaped full-width ="),
+    pytest.param("sk-live-abcdefghi ", id="sk-live- too short"),
+    pytest.param("AKIAIOSFODNN7EXAMPLE:" + "a" * 39 + " ", id="AWS secret too short"),
+    pytest.param("Bearer%20", id="Bearer%20"),
+    pytest.param("&#", id="&#"),
+    pytest.param("&#x6", id="hex references"),
+    pytest.param("&amp;#", id="&amp;#"),
+    pytest.param("\\\\\\u00", id="\\u00"),
+    pytest.param("%25", id="%25"),
+    pytest.param("%E2%82%AC", id="percent UTF-8"),
+    pytest.param("Near-Miss-Secret-", id="remembered secret, one short"),
+    pytest.param("&#78;&#101;&#97;&#114;-Miss-Secret-", id="escaped secret, one short"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unit", NEAR_MISSES)
+def test_a_megabyte_of_near_misses_is_redacted_in_linear_time(unit):
+    """Worst cases of the B3 rules (security-3): 1 MB takes about half a second on a
+    laptop (the whole of :func:`redact`); the bound here only catches a quadratic pattern,
+    speed goals belong in bench/."""
+    from django_outbox.core.redaction import redact, remember_secret
+
+    remember_secret("Near-Miss-Secret-1")  # so that the remembered spellings are searched
+    text = (unit * (1_000_000 // len(unit) + 1))[:1_000_000]
+    started = time.perf_counter()
+    redacted = redact(text)
+    assert time.perf_counter() - started < 5
+    assert "Near-Miss-Secret-1" not in redacted
+
+
+@pytest.mark.slow
+def test_a_megabyte_of_escapes_around_a_secret_is_redacted_in_linear_time():
+    """The escapes are decoded, the secret found, and the spans mapped back: each once."""
+    from django_outbox.core.redaction import redact, remember_secret
+
+    raw = f"Far-{secrets.token_hex(6)}"
+    remember_secret(raw)
+    spelled = "".join(f"&#x{ord(c):x};" for c in raw)
+    text = ("&#1;" * 2_000 + spelled) * (1_000_000 // (8_000 + len(spelled)))
+    started = time.perf_counter()
+    redacted = redact(text)
+    assert time.perf_counter() - started < 5
+    assert redacted.count("***") == text.count(spelled) and spelled not in redacted
 
 
 def test_a_lowercase_word_after_basic_is_a_token_from_sixteen_letters_on():
