@@ -58,6 +58,7 @@ __all__ = [
     "RETRY_AFTER_FORMS",
     "AgentContract",
     "AgentUnderTest",
+    "CheckNotApplicable",
     "ContractBroken",
     "FaultProxy",
     "ProxiedRequest",
@@ -78,6 +79,11 @@ RETRY_AFTER_FORMS: dict[str, Callable[[], str]] = {
 }
 #: The longest a check waits for the agent to show what it received, in seconds.
 SETTLE_SECONDS = 15.0
+
+
+class CheckNotApplicable(Exception):
+    """A check that does not apply to this agent (:meth:`AgentContract.applies` says why):
+    the caller skips it (``pytest.skip(str(exc))``)."""
 
 
 class ContractBroken(AssertionError):
@@ -418,12 +424,12 @@ class AgentContract:
     async def run(self, check: str) -> None:
         """Run ``check`` (one of :data:`CHECKS`); raises :class:`ContractBroken`, or
         ``LookupError`` for an unknown name. A check that does not apply
-        (:meth:`applies`) raises ``NotImplementedError`` with the reason."""
+        (:meth:`applies`) raises :class:`CheckNotApplicable` with the reason."""
         if check not in self.CHECKS:
             raise LookupError(f"no check {check!r}; known: {self.CHECKS}")
         why_not = self.applies(check)
         if why_not is not None:
-            raise NotImplementedError(why_not)
+            raise CheckNotApplicable(why_not)
         if check.startswith("held_"):
             _, status, _, _, form = check.split("_", 4)
             await self._held(int(status), form)

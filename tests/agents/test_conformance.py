@@ -119,32 +119,39 @@ class LongTurns(FakeOpencode):
         return turn
 
 
+async def run_opencode(check: str, base_url: str, **agent) -> None:
+    """``check`` against the opencode server at ``base_url`` through ``OpencodeClient``s
+    with short deadlines (closed afterwards); ``agent``: the rest of the
+    :class:`AgentUnderTest` (how to read the server, make a session, a long turn)."""
+    made: list[OpencodeClient] = []
+
+    def build(url):
+        made.append(OpencodeClient(url, connect_timeout=2, timeout=5, verify_timeout=5))
+        return Agent("opencode", made[-1].deliver, made[-1].verify, made[-1].abort)
+
+    under_test = AgentUnderTest(
+        build=build,
+        upstream=base_url,
+        request_key=lambda request: body_json(request).get("messageID"),
+        **agent,
+    )
+    try:
+        await run(under_test, check)
+    finally:
+        for client in made:
+            await client.aclose()
+
+
 @pytest.mark.parametrize("check", CHECKS)
 async def test_opencode_against_the_fake_server(check):
     async with LongTurns() as fake:
-        made = []
-
-        def build(url):
-            made.append(OpencodeClient(url, connect_timeout=2, timeout=5, verify_timeout=5))
-            client = made[-1]
-            return Agent("opencode", client.deliver, client.verify, client.abort)
-
-        def received(workspace_id, session_id):
-            return [text for parts in fake.user_texts(session_id) for text in parts]
-
-        under_test = AgentUnderTest(
-            build=build,
-            received=received,
+        await run_opencode(
+            check,
+            fake.base_url,
+            received=lambda ws, ses: [text for parts in fake.user_texts(ses) for text in parts],
             session=lambda: (WS, fake.create_session()),
-            upstream=fake.base_url,
-            request_key=lambda request: body_json(request).get("messageID"),
             long_text=lambda marker: f"long turn {marker}",
         )
-        try:
-            await run(under_test, check)
-        finally:
-            for client in made:
-                await client.aclose()
 
 
 # --- opencode: the real server -------------------------------------------------------------
@@ -164,35 +171,21 @@ def opencode_server(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("check", CHECKS)
 async def test_opencode_against_the_real_server(check, opencode_server):
-    made = []
-
-    def build(url):
-        made.append(OpencodeClient(url, connect_timeout=2, timeout=5, verify_timeout=5))
-        client = made[-1]
-        return Agent("opencode", client.deliver, client.verify, client.abort)
-
     async def received(workspace_id, session_id):
-        return [
-            text for _, texts in await opencode_server.user_messages(session_id) for text in texts
-        ]
+        messages = await opencode_server.user_messages(session_id)
+        return [text for _, texts in messages for text in texts]
 
     async def session():
         return WS, await opencode_server.new_session()
 
-    under_test = AgentUnderTest(
-        build=build,
+    await run_opencode(
+        check,
+        opencode_server.base_url,
         received=received,
         session=session,
-        upstream=opencode_server.base_url,
-        request_key=lambda request: body_json(request).get("messageID"),
         long_text=lambda marker: f"a turn that never ends {marker}",
         turns_end=False,  # no LLM provider: a turn ends only when it is cut
     )
-    try:
-        await run(under_test, check)
-    finally:
-        for client in made:
-            await client.aclose()
 
 
 # --- LangGraph: a real langgraph dev -------------------------------------------------------

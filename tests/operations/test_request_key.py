@@ -5,26 +5,11 @@ prompt whose attempts failed for good; kept where the outcome is still unknown."
 
 from __future__ import annotations
 
-import pytest
-
 from django_outbox import Status
 from django_outbox.errors import AmbiguousError
+from tests.support.scenarios import amake  # noqa: F401  (the fixture)
 
 WS, SES = "w1", "s1"
-
-
-@pytest.fixture
-async def make(make_outbox):
-    """``make_outbox`` whose outboxes' async clients are closed in the test's loop."""
-    made = []
-
-    def build(**kwargs):
-        made.append(make_outbox(**kwargs))
-        return made[-1]
-
-    yield build
-    for outbox in made:
-        await outbox.aclose()
 
 
 async def refuse(entry, **kwargs):
@@ -44,15 +29,15 @@ async def accept(outbox, text="t"):
     return await outbox.aaccept(WS, SES, user_id="u", client_message_id="k", text=text)
 
 
-async def test_a_new_entry_is_keyed_by_its_id(make):
-    outbox = make(deliverer=refuse)
+async def test_a_new_entry_is_keyed_by_its_id(amake):  # noqa: F811
+    outbox = amake(deliverer=refuse)
     entry = await accept(outbox)
     assert (entry.revision, entry.request_key) == (0, entry.id)
     assert "revision" not in entry.to_dict()
 
 
-async def test_an_edit_that_changes_the_content_makes_a_new_request(make):
-    outbox = make(deliverer=refuse)
+async def test_an_edit_that_changes_the_content_makes_a_new_request(amake):  # noqa: F811
+    outbox = amake(deliverer=refuse)
     entry = await accept(outbox, "one")
     await outbox.aedit(WS, SES, entry.id, text="two")
     assert (await only(outbox)).request_key == f"{entry.id}.1"
@@ -61,8 +46,8 @@ async def test_an_edit_that_changes_the_content_makes_a_new_request(make):
     assert edited.request_key == f"{entry.id}.1" and edited.to_dict()["revision"] == 1
 
 
-async def test_a_retry_after_a_definitive_failure_makes_a_new_request(make):
-    outbox = make(deliverer=refuse, max_attempts=1)
+async def test_a_retry_after_a_definitive_failure_makes_a_new_request(amake):  # noqa: F811
+    outbox = amake(deliverer=refuse, max_attempts=1)
     entry = await accept(outbox)
     assert await outbox.aretry(WS, SES, entry.id) is not None  # never attempted: same key
     assert (await only(outbox)).request_key == entry.id
@@ -74,8 +59,8 @@ async def test_a_retry_after_a_definitive_failure_makes_a_new_request(make):
     assert retried.status is Status.PENDING and retried.request_key == f"{entry.id}.1"
 
 
-async def test_a_retry_of_an_unknown_outcome_keeps_the_key_its_verification_asks_with(make):
-    outbox = make(deliverer=cut)  # no verifier: error / unverifiable
+async def test_a_retry_of_an_unknown_outcome_keeps_the_key_its_verification_asks_with(amake):  # noqa: F811
+    outbox = amake(deliverer=cut)  # no verifier: error / unverifiable
     entry = await accept(outbox)
     assert await outbox.adeliver_once(WS, SES)
     unknown = await only(outbox)
