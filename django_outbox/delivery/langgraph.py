@@ -64,9 +64,9 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
 
-from ..conf import outbox_settings
+# The OUTBOX settings' own rule and import for a callable or its dotted path.
+from ..conf import _callable_or_path, _import_callable, outbox_settings
 from ..core.agents import Agent, current_agent
 from ..core.config import DURATION, Config, ConfigError, declared, setting
 from ..core.entry import Entry, Verdict
@@ -174,8 +174,8 @@ class LangGraphClient(HttpBackend):
         self.api_key = api_key
         self.read_timeout = self.request_timeout = float(request_timeout)
         self.thread_namespace = str(uuid.UUID(thread_namespace))
-        self.thread_id_of = _imported("THREAD_ID", thread_id)
-        self.run_options = _imported("RUN_OPTIONS", run_options)
+        self.thread_id_of = _import_callable("OUTBOX['LANGGRAPH']['THREAD_ID']", thread_id)
+        self.run_options = _import_callable("OUTBOX['LANGGRAPH']['RUN_OPTIONS']", run_options)
         limits: dict[str, Any] = {"connect_timeout": connect_timeout, "timeout": timeout}
         super().__init__(max_response_bytes=max_response_bytes, transport=transport, **limits)
 
@@ -526,24 +526,6 @@ def _api_key(key: str, value: Any) -> str | None:
         return None
     if not isinstance(value, str) or not value or any(c in value for c in "\r\n"):
         raise ConfigError(key, "must be a non-empty string on one line, or None")
-    return value
-
-
-def _imported(key: str, value: Any) -> Any:
-    """``value`` imported when it is a dotted path (``OUTBOX['LANGGRAPH'][key]``)."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return import_string(value)
-    except ImportError as exc:
-        where = f"OUTBOX['LANGGRAPH'][{key!r}]"
-        raise ImproperlyConfigured(f"{where} cannot be imported: {exc}") from exc
-
-
-def _callable_or_path(key: str, value: Any) -> Any:
-    """A callable, its dotted path (imported when the client is made), or None."""
-    if value is not None and not isinstance(value, str) and not callable(value):
-        raise ConfigError(key, "must be a callable or a dotted path to one")
     return value
 
 
