@@ -574,8 +574,8 @@ async def receive_until_cancelled(receive: Callable[[], Awaitable[dict[str, Any]
     receive runs on with nothing ever to receive. Channels awaits the cancelled receive
     when a consumer stops, so the consumer ran on with it, and a server's exit waited
     for it (a refused socket's receive is cancelled right as it sends its first
-    commands: case 34, docs/howto/deploy.md#stopping-the-server). Cancelled, this
-    cancels the task again every
+    commands: a shutdown held by a lost cancellation, docs/howto/deploy.md#stopping-the-server).
+    Cancelled, this cancels the task again every
     :data:`RECEIVE_CANCEL_REPEAT` seconds until it ends, for at most
     :data:`RELEASE_DEADLINE` seconds (then leaves it, logged), and re-raises."""
     task = asyncio.ensure_future(receive())

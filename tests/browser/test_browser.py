@@ -169,7 +169,7 @@ fetch(`${page.apiBase}api/workspaces/${page.workspace}/sessions/${page.session}/
 
 @pytest.mark.slow
 def test_a_stop_pressed_as_its_turn_ended_cuts_nothing_on_the_queue_page(tmp_path):
-    """Case 36 on the demo page: a Stop press that lands after the turn it was aimed at
+    """A stale Stop on the demo page: a Stop press that lands after the turn it was aimed at
     has ended (its button still on the screen as the next prompt starts) names that
     prompt: the server cuts nothing (409 not_in_flight), the page says so, and the next
     prompt's turn runs on. The press is the first prompt's own Stop button, clicked again

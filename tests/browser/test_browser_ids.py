@@ -1,4 +1,5 @@
-"""outbox.js in headless Chromium never builds a URL from an unchecked ID (case 41).
+"""outbox.js in headless Chromium never builds a URL from an unchecked ID (an ID of ".." had turned
+a dismiss into DELETE of the workspace).
 
 ``dismiss("wsZ", "..", "..")`` once fetched ``DELETE .../workspaces/wsZ/sessions/../
 messages/../``, which the browser normalised to ``DELETE /outbox/api/workspaces/wsZ/``: a

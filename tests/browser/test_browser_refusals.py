@@ -71,7 +71,8 @@ def test_the_real_consumer_s_refusals_stop_the_client(
 
 def test_an_id_the_consumer_would_refuse_is_refused_by_the_client_without_a_socket(server, driver):
     """Session ``-x`` breaks the ID rule: the real consumer would close its socket with
-    4400 (tests/django/ws), but outbox.js checks the ID first (case 41): ``subscribe()``
+    4400 (tests/django/ws), but outbox.js checks the ID first (an ID of ".." had turned a dismiss
+    into DELETE of the workspace): ``subscribe()``
     throws ``OutboxError`` ``invalid_identifier`` and no socket is opened."""
     from selenium.webdriver.support.ui import WebDriverWait
 

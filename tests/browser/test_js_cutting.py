@@ -87,7 +87,7 @@ process.exit(0);
 
 
 def test_outbox_js_stops_the_entry_it_shows_sends_now_and_follows_a_cut(tmp_path):
-    """``stop(ws, ses, entryID)`` sends ``{"entryID"}`` (case 36: a Stop names what it
+    """``stop(ws, ses, entryID)`` sends ``{"entryID"}`` (a Stop names what it
     stops), the 2-argument call still sends none; a 409 ``not_in_flight`` throws
     ``OutboxError``. ``sub.stop()`` names the entry its view shows in flight (being
     delivered, else being verified) and, with none shown, refuses without a request."""

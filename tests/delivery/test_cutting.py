@@ -136,7 +136,7 @@ async def _first_delivered_second_running(outbox, agent):
 async def test_a_stop_naming_a_turn_that_has_just_ended_never_cuts_the_next_one(
     cutting_outbox, agent, r, signals_log
 ):
-    """Case 36: the page shows "first" in flight and the user presses Stop just as its turn
+    """A stale Stop: the page shows "first" in flight and the user presses Stop just as its turn
     ends; by the time the request arrives the worker runs "second". A Stop names the entry
     it stops (docs/howto/cutting.md): "first" is not in flight any more, so the answer is
     NOT_IN_FLIGHT and nothing is cut — no mark, no signal, no abort; "second" runs on. A
@@ -190,7 +190,8 @@ STOP_DELAYS = (0, 0, 0.001, 0.003, 0.01, 0.03, None)
 async def test_a_stop_racing_the_end_of_the_turn_it_names_cuts_that_turn_or_nothing(
     cutting_outbox, r
 ):
-    """Case 36's trials: a Stop naming "first" is sent 0 to 30 ms after its turn ended, or
+    """The Stop-after-the-turn-ended trials: a Stop naming "first" is sent 0 to 30 ms after its
+    turn ended, or
     once "second" runs, while the worker moves straight on to "second". Whichever comes
     first, "first"'s settle or
     the Stop (one script reads the entry in flight and cuts it), "second"'s turn is never

@@ -158,7 +158,8 @@ def test_interrupt_cuts_the_turn_in_flight_and_is_refused_without_an_aborter(mak
 
 
 def test_interrupt_with_entry_cuts_only_that_entry_s_turn(make_outbox):
-    """``interrupt WS SES --entry ID`` (case 36): the Stop names the turn the operator saw.
+    """``interrupt WS SES --entry ID`` (a Stop sent just as a turn ended must not cut the next):
+    the Stop names the turn the operator saw.
     While it is queued, and once it is delivered and the next one runs, it is refused (2)
     and nothing is cut; naming the entry in flight cuts it; a malformed ID is refused
     (2)."""

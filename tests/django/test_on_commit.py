@@ -362,7 +362,8 @@ def test_every_django_outbox_runs_the_mover_duty(outbox):
 def test_if_busy_reject_in_a_busy_session_is_refused_for_good_and_shown_as_refused(
     django_user_model, caplog
 ):
-    """Case 38: ``SessionBusy`` is accept's answer to the caller's own ``if_busy="reject"``,
+    """accept_on_commit keeps if_busy: ``SessionBusy`` is accept's answer to the caller's own
+    ``if_busy="reject"``,
     not a condition to wait out: the row is failed at once, never moved by a worker when the
     session is idle later, and staff see the refusal."""
     outbox = get_outbox()
@@ -410,7 +411,8 @@ def test_an_expiry_runs_from_the_call_not_from_the_move(outbox, make_outbox):
 def test_a_prompt_whose_expiry_passed_before_its_move_is_never_sent_and_ends_expired(
     outbox, make_outbox
 ):
-    """Case 38: ``expires_after=2``, moved 10 s after the call. As with accept, a prompt
+    """accept_on_commit keeps expires_after: ``expires_after=2``, moved 10 s after the call. As
+    with accept, a prompt
     not handed to the agent in time is never sent and ends ``expired``, for a person."""
     with transaction.atomic():
         on_commit(unreachable(make_outbox), "k1", expires_after=2)

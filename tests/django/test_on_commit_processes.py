@@ -177,7 +177,8 @@ def test_a_refused_move_stays_on_the_row_for_staff_and_is_moved_once_there_is_ro
 
 
 def test_an_expiry_counts_from_the_call_whoever_moves_the_prompt(shared, outbox, valkey):
-    """Case 38, on each database's own clock: 60 s from a call made 20 s before the move
+    """An expiry through accept_on_commit, on each database's own clock: 60 s from a call made 20 s
+    before the move
     leave the entry about 40 s."""
     leave_behind(shared, valkey, "k1", OUTBOX_TEST_OPTIONS_JSON='{"expires_after": 60}')
     shared.called_ago(20)
@@ -193,7 +194,8 @@ def test_an_expiry_counts_from_the_call_whoever_moves_the_prompt(shared, outbox,
 def test_a_prompt_whose_expiry_passed_before_a_worker_moved_it_is_never_sent(
     shared, outbox, valkey, r, tmp_path
 ):
-    """Case 38: its process died after the commit; a worker moves it after its
+    """An expiry through accept_on_commit: its process died after the commit; a worker moves it
+    after its
     ``expires_after`` (5 s from the call) passed: stored, it ends ``expired``, unsent."""
     leave_behind(shared, valkey, "k1", OUTBOX_TEST_OPTIONS_JSON='{"expires_after": 5}')
     shared.called_ago(30)

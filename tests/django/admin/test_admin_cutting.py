@@ -81,7 +81,7 @@ def test_stop_cuts_the_turn_in_flight_and_says_what_it_did_with_each(operator, o
 
 @override_settings(OUTBOX=ABORTER)
 def test_stop_of_a_prompt_whose_turn_ended_never_cuts_the_next_one(operator, outbox):
-    """Case 36 in the admin: the list showed "running" in flight and staff select it for
+    """A stale Stop in the admin: the list showed "running" in flight and staff select it for
     Stop; meanwhile it was delivered and the worker runs "next". The Stop names the
     selected entry, so it cuts nothing (not found: delivered) and "next" runs on."""
     running = accept(outbox, "ws", "ses", "running")

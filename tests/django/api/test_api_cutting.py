@@ -105,7 +105,7 @@ def _deliver_first_and_start_the_next(outbox) -> str:
 
 @override_settings(OUTBOX={**OWN, "ABORTER": ABORTER})
 def test_a_stop_naming_a_prompt_whose_turn_ended_is_409_not_in_flight_and_cuts_nothing(alice):
-    """Case 36 over REST: the page showed "one" in flight and sends Stop with its ID; by
+    """A stale Stop over REST: the page showed "one" in flight and sends Stop with its ID; by
     then "one" was delivered and the worker runs "two". The answer is 409 ``not_in_flight``
     and "two" is not cut; a Stop naming "two" cuts it (docs/howto/cutting.md)."""
     first, second = _accept(alice, "k1", "one"), _accept(alice, "k2", "two")

@@ -143,7 +143,8 @@ async def ended(comm: WebsocketCommunicator) -> None:
 async def test_a_receive_whose_cancellation_the_layer_swallows_still_ends_with_its_socket(
     layers, monkeypatch
 ):
-    """Case 34: channels-redis's receive can lose a cancellation (one arriving while
+    """A server slow to exit after refused sockets: channels-redis's receive can lose a
+    cancellation (one arriving while
     redis-py's ``wait_for`` sends a command, on Python 3.11: a refused socket's receive is
     cancelled right as it sends its first ones) and then waits on for a message that never
     comes; channels awaits that receive when the socket ends, so the application did not

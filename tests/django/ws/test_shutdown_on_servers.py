@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.standalone]
 
 #: Seconds a server may take to exit after SIGTERM.
 EXIT_BOUND = 3.0
-#: Seconds a server may take to exit after SIGTERM once its sockets are gone (case 34).
+#: Seconds a server may take to exit after SIGTERM once its sockets are gone (it once waited 26 s
+#: for a lost cancellation).
 QUIET_EXIT_BOUND = 5.0
 #: Sockets refused per run (alternately 4400 and 4403). Before the fix, about one refused
 #: socket in ten left its channel-layer receive running (measured: 5 runs in 6 held
@@ -109,7 +110,8 @@ async def refuse_or_serve(server, sockets: str) -> set[int]:
 async def test_sigterm_after_refused_or_served_sockets_exits_promptly_and_quietly(
     kind, sockets, tmp_path
 ):
-    """Case 34: with the channel layer configured as the README says (``socket_timeout``
+    """A server slow to exit after refused sockets: with the channel layer configured as the README
+    says (``socket_timeout``
     30), a refused socket's channel-layer receive, cancelled as it sent its first command,
     lost that cancellation inside the layer (Python 3.11's ``wait_for`` in redis-py) and
     ran on; uvicorn's exit waited for it ("Waiting for background tasks to complete")
