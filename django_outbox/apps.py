@@ -12,6 +12,7 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, conf  # noqa: F401  (registers checks, connects setting_changed)
+        from .ws import checks as ws_checks  # noqa: F401  (registers W018)
         from .ws import publish, revoke
 
         publish.subscribe()

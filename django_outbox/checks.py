@@ -43,6 +43,9 @@ IDs are stable; the letter matches the level (``E`` errors, ``W`` warnings):
   lease of the delivery it is making, and the prompt may be sent twice
 - ``W016`` ``MAX_HOLDS`` is set but no longer read (holds end by ``HOLD_MAX_TOTAL``)
 - ``W017`` (deploy) ``USER_ACCEPTS_PER_MINUTE_ALL`` counts in a per-process ``LocMemCache``
+- ``W018`` a channels-redis layer on the outbox's own Valkey database whose ``prefix``
+  and ``KEY_PREFIX`` overlap: the layer's ``flush()`` deletes ``<prefix>*``, the queue
+  with it (registered by :mod:`django_outbox.ws.checks`)
 
 On a cluster the Valkey checks run on every primary. The server's settings come
 from the core (``core.reads.read_server_settings``), which the worker's preflight

@@ -6,6 +6,7 @@ over ``MAX_TEXT_BYTES`` or a model over 16 KiB (HTTP 413).
 """
 
 from .core.errors import (
+    AgentMisconfigured,
     AmbiguousError,
     ContentTooLarge,
     CutNotSupported,
@@ -15,6 +16,7 @@ from .core.errors import (
     InvalidContent,
     InvalidIdentifier,
     KeySpaceClaimed,
+    KeySpaceTakenOver,
     MergeNotSupported,
     ModelNotAllowed,
     NotSupported,
@@ -29,6 +31,7 @@ from .core.errors import (
 )
 
 __all__ = [
+    "AgentMisconfigured",
     "AmbiguousError",
     "ContentTooLarge",
     "CutNotSupported",
@@ -38,6 +41,7 @@ __all__ = [
     "InvalidContent",
     "InvalidIdentifier",
     "KeySpaceClaimed",
+    "KeySpaceTakenOver",
     "MergeNotSupported",
     "ModelNotAllowed",
     "NotSupported",

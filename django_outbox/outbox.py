@@ -8,6 +8,7 @@ WebSocket wing's publisher, from ``OutboxConfig.ready``), to the core service;
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -221,13 +222,16 @@ def _count_failures(
 
 
 def _signal_kwargs(event: OutboxEvent) -> dict[str, Any]:
-    return {
+    kwargs = {
         "entry": event.entry,
         "workspace_id": event.workspace_id,
         "session_id": event.session_id,
         "version": event.version,
         "state": event.state,
     }
+    if event.kind == "delivered":  # the agent's reference to it: docs/reference/signals.md
+        kwargs["agent_ref"] = event.entry.agent_ref
+    return kwargs
 
 
 # --- the project as the owner of its key space ------------------------------------------
@@ -266,6 +270,36 @@ def key_space_owner(conf: OutboxSettings | None = None) -> KeySpaceOwner:
         label=getattr(settings, "SETTINGS_MODULE", None)
         or os.environ.get("DJANGO_SETTINGS_MODULE", ""),
     )
+
+
+#: Hex digits of :func:`key_space_tag`: 48 bits, so projects sharing one channel layer
+#: are told apart by chance of one in 2**48 per pair, in a group name of 60 characters.
+KEY_SPACE_TAG_LENGTH = 12
+#: What the tag's hash is made for (so it stands for nothing else made of the identity).
+_TAG_SALT = "django_outbox.key_space_tag"
+#: This process's :func:`key_space_tag`, made on first use and forgotten when a setting it
+#: is made of changes (:func:`_settings_changed`).
+_tag: str | None = None
+
+
+def key_space_tag() -> str:
+    """This project's name on the infrastructure it may share with other projects (a
+    channel layer): :data:`KEY_SPACE_TAG_LENGTH` (12) hex digits of SHA-256 over the
+    key space owner's identity, ``key_space_owner().id``, which is itself an HMAC of
+    ``KEY_PREFIX`` keyed with ``SECRET_KEY``; so it reveals nothing of the key
+    (docs/howto/valkey.md#sharing-a-channel-layer). Every process of a deployment computes
+    the same tag from the same ``SECRET_KEY`` and ``KEY_PREFIX``; two projects, or two
+    key spaces of one, get different ones. Cached per process, rebuilt when ``OUTBOX`` or
+    ``SECRET_KEY`` changes. Raises ``ImproperlyConfigured`` when ``SECRET_KEY`` is not
+    set or ``OUTBOX`` is invalid.
+    """
+    global _tag
+    tag = _tag
+    if tag is None:
+        owner = key_space_owner().id
+        tag = hashlib.sha256(f"{_TAG_SALT}\x00{owner}".encode()).hexdigest()
+        tag = _tag = tag[:KEY_SPACE_TAG_LENGTH]
+    return tag
 
 
 _lock = threading.Lock()
@@ -313,5 +347,7 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     # The instance is built from what conf.py reads, which depends on these settings
     # (CACHES through CONNECTION_ALIAS, the SECRET_KEYs through key_space_owner); conf.py
     # forgets its own copy on the same signal.
+    global _tag
     if setting in ("OUTBOX", "CACHES", "SECRET_KEY", "SECRET_KEY_FALLBACKS"):
         reset_outbox()
+        _tag = None

@@ -2,7 +2,10 @@
 (docs/howto/access-policy.md).
 
 An access policy is a callable ``(user, workspace_id, session_id, action) -> bool``,
-set as ``OUTBOX["ACCESS_POLICY"]``. The REST API and the WebSocket ask it through
+set as ``OUTBOX["ACCESS_POLICY"]``; one that also takes a keyword ``entry`` is given the
+entry an action is about (:class:`EntryRef`: its ID, author and status) for the actions on
+one prompt (:data:`ENTRY_ACTIONS`), so it can let members act on their own prompts only
+(:func:`takes_entry`). The REST API and the WebSocket ask it through
 :func:`is_allowed`; the admin asks :func:`has_outbox_permission` (Django model
 permissions). :data:`ACCESS_TABLE` is the one place that says which action each
 REST endpoint, WebSocket frame and admin action needs, and which permission of
@@ -34,11 +37,33 @@ from .core.transport import is_async_callable
 
 logger = logging.getLogger("django_outbox.policy")
 
-Policy = Callable[[Any, str, "str | None", str], bool]
+Policy = Callable[..., bool]
 
 #: The attribute that says a policy checks that a session belongs to its workspace
 #: (set by :func:`session_scoped`; read by system check ``W007``).
 CHECKS_SESSION = "checks_session_in_workspace"
+#: The attribute that says whether a policy takes the keyword ``entry`` (set by
+#: :func:`session_scoped` on the policy it wraps; else read from the signature).
+TAKES_ENTRY = "takes_entry"
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRef:
+    """The entry an action is about, as an access policy is given it (keyword ``entry``;
+    docs/howto/access-policy.md#one-persons-prompt): ``id``; ``user_id``, its author (the
+    ``userID`` its accept stored: the REST API stores the user's pk as a string, so
+    ``entry.user_id == str(user.pk)`` is "the user's own prompt"); ``status`` as stored
+    when the policy is asked (``pending``, ``delivering``, ``verifying``, ``error``,
+    ``parked``, ``expired``). Never its text."""
+
+    id: str
+    user_id: str
+    status: str
+
+    @classmethod
+    def of(cls, entry: Any) -> EntryRef:
+        """The reference of an :class:`~django_outbox.core.entry.Entry`."""
+        return cls(id=entry.id, user_id=entry.user_id, status=str(entry.status))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +153,11 @@ ACTIONS: tuple[str, ...] = tuple(row.name for row in ACCESS_TABLE)
 WORKSPACE_ACTIONS = frozenset({"park", "cleanup"})
 #: What a policy is asked for each action: the workspace operations are all ``operate``.
 POLICY_ACTION = {"park": "operate", "cleanup": "operate"}
+#: The actions on one prompt: a policy that takes ``entry`` is given it (an
+#: :class:`EntryRef`) for these; ``interrupt`` names one in ``send-now/``, in a Stop sent
+#: with its ``entryID`` and in the admin's Stop, and none (``entry`` None) in a Stop sent
+#: without.
+ENTRY_ACTIONS = frozenset({"retry", "dismiss", "edit", "move", "cancel", "interrupt"})
 _operation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "outbox_operation", default=None
 )
@@ -203,6 +233,28 @@ def decision(answer: Any, what: str) -> bool:
     return bool(answer)
 
 
+def takes_entry(policy: Any) -> bool:
+    """Whether ``policy`` takes the keyword ``entry`` (a parameter named ``entry`` that
+    may be passed by keyword, or ``**kwargs``): it is then called
+    ``policy(user, workspace_id, session_id, action, entry=...)``, and the outbox reads
+    the entry an action on one prompt is about before asking it. A policy of the first
+    form, ``(user, workspace_id, session_id, action)``, is called as it always was: it
+    cannot tell one member's prompt from another's (docs/howto/access-policy.md#upgrading).
+    The mark
+    :data:`TAKES_ENTRY` (set by :func:`session_scoped`) wins over the signature."""
+    marked = getattr(policy, TAKES_ENTRY, None)
+    if marked is not None:
+        return bool(marked)
+    try:
+        parameters = inspect.signature(policy).parameters
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        return False
+    named = parameters.get("entry")
+    if named is not None and named.kind in (named.POSITIONAL_OR_KEYWORD, named.KEYWORD_ONLY):
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
 def session_scoped(
     session_in_workspace: Callable[[str, str], bool],
 ) -> Callable[[Policy], Policy]:
@@ -210,11 +262,12 @@ def session_scoped(
     whose session does not belong to the workspace, for every user, before the policy
     is asked. ``session_in_workspace(workspace_id, session_id) -> bool`` answers from the
     project's own records. Workspace actions (``park``, ``cleanup``) go straight to the
-    policy. The result is marked for system check ``W007``::
+    policy. The result is marked for system check ``W007``, and passes ``entry`` on to a
+    policy that takes it (:func:`takes_entry`)::
 
         @session_scoped(lambda ws, ses: AgentSession.objects.filter(
             workspace_id=ws, session_id=ses).exists())
-        def may_use_outbox(user, workspace_id, session_id, action): ...
+        def may_use_outbox(user, workspace_id, session_id, action, entry=None): ...
     """
 
     if is_async_callable(session_in_workspace):
@@ -224,15 +277,27 @@ def session_scoped(
         if is_async_callable(policy):
             raise TypeError("an outbox access policy must be a plain function, not an async one")
 
+        with_entry = takes_entry(policy)
+
         @functools.wraps(policy)
-        def checked(user: Any, workspace_id: str, session_id: str | None, action: str) -> bool:
+        def checked(
+            user: Any,
+            workspace_id: str,
+            session_id: str | None,
+            action: str,
+            entry: EntryRef | None = None,
+        ) -> bool:
             if session_id is not None and not decision(
                 session_in_workspace(workspace_id, session_id), "session_in_workspace"
             ):
                 return False
-            return decision(policy(user, workspace_id, session_id, action), "access policy")
+            extra = {"entry": entry} if with_entry else {}
+            return decision(
+                policy(user, workspace_id, session_id, action, **extra), "access policy"
+            )
 
         setattr(checked, CHECKS_SESSION, True)
+        setattr(checked, TAKES_ENTRY, with_entry)
         return checked
 
     return decorate
@@ -244,13 +309,33 @@ def configured_policy() -> Policy:
     return outbox_settings().resolve("ACCESS_POLICY") or staff_only
 
 
-def is_allowed(user: Any, workspace_id: str, session_id: str | None, action: str) -> bool:
+def policy_takes_entry() -> bool:
+    """Whether the configured policy :func:`takes_entry`: the surfaces then read the entry
+    an action on one prompt is about before asking it. False when the policy does not
+    import (:func:`is_allowed` refuses everything then)."""
+    try:
+        return takes_entry(configured_policy())
+    except Exception:
+        return False
+
+
+def is_allowed(
+    user: Any,
+    workspace_id: str,
+    session_id: str | None,
+    action: str,
+    *,
+    entry: EntryRef | None = None,
+) -> bool:
     """Ask the configured policy whether ``user`` may do ``action`` (one of
-    :data:`ACTIONS`) on ``workspace_id`` / ``session_id`` (None for workspace actions).
+    :data:`ACTIONS`) on ``workspace_id`` / ``session_id`` (None for workspace actions),
+    and, for an action on one prompt, on ``entry`` (passed to a policy that
+    :func:`takes_entry`; docs/howto/access-policy.md#one-persons-prompt).
 
     Refused without asking: no user, an unauthenticated or inactive one, an unknown
-    action, a workspace action with a session or a session action without one. A policy
-    that raises is logged and refuses. IDs must already be valid identifiers.
+    action, a workspace action with a session or a session action without one, an
+    ``entry`` for an action not on one prompt. A policy that raises is logged and
+    refuses. IDs must already be valid identifiers.
     """
     if user is None or not getattr(user, "is_authenticated", False):
         return False
@@ -258,13 +343,18 @@ def is_allowed(user: Any, workspace_id: str, session_id: str | None, action: str
         return False
     if action not in ACTIONS or (action in WORKSPACE_ACTIONS) != (session_id is None):
         return False
+    if entry is not None and action not in ENTRY_ACTIONS:
+        return False
     try:
         policy = configured_policy()
         if policy is staff_only:  # the built-in policy tells park from cleanup
             return has_outbox_permission(user, action)
+        extra = {"entry": entry} if takes_entry(policy) else {}
         token = _operation.set(action if action in WORKSPACE_ACTIONS else None)
         try:
-            answer = policy(user, workspace_id, session_id, POLICY_ACTION.get(action, action))
+            answer = policy(
+                user, workspace_id, session_id, POLICY_ACTION.get(action, action), **extra
+            )
         finally:
             _operation.reset(token)
         return decision(answer, "access policy")

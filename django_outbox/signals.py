@@ -8,7 +8,9 @@ session's version after the change) and ``state`` (the queue-UI state, docs/refe
   delivery, never lost: a worker killed after the receivers ran and before its
   acknowledgement reached Valkey leaves the signal owed, and the next claim of
   the session fires it again with the same idempotency key
-  ``(entry.id, entry.delivered_at)``. A receiver connected with ``once=True``
+  ``(entry.id, entry.delivered_at)``. Its receivers also get ``agent_ref``: the agent's
+  own reference to the delivery (``entry.agent_ref``, e.g. LangGraph's ``{"threadID",
+  "runID"}``; None when the agent gave none). A receiver connected with ``once=True``
   (``entry_delivered.connect(fn, once=True)`` or
   ``@receiver(entry_delivered, once=True)``) has exactly-once *effects* in the
   Django database: it runs inside ``transaction.atomic()`` with the insert of a

@@ -297,12 +297,13 @@ class Smoke:
 
     async def thread_prompts(self, key: str) -> list[str]:
         """LangGraph: the user messages of the session's thread (docs/howto/langgraph.md)."""
-        from django_outbox.delivery.langgraph import thread_id_for
-
-        thread = thread_id_for(WORKSPACE, self.sessions[key])
-        r = await self.agent.get(f"/threads/{thread}/state")
-        if r.status_code == 404:
+        # Found by its metadata: the thread ID carries the demo project's identity.
+        where = {"outbox_workspace_id": WORKSPACE, "outbox_session_id": self.sessions[key]}
+        found = await self.agent.post("/threads/search", json={"metadata": where, "limit": 1})
+        found.raise_for_status()
+        if not found.json():
             return []  # its thread comes with its first prompt
+        r = await self.agent.get(f"/threads/{found.json()[0]['thread_id']}/state")
         r.raise_for_status()
         messages = (r.json().get("values") or {}).get("messages") or []
         return [m["content"] for m in messages if m.get("type") == "human"]

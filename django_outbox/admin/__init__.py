@@ -38,6 +38,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import LogEntry
 from django.contrib.admin.utils import quote, unquote
+from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
@@ -45,6 +46,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
+from ..core.actors import actor_user_pk, changes_of
 from ..core.errors import InvalidIdentifier, KeySpaceClaimed, OutboxUnavailable
 from ..core.rules import check_identifier
 from ..models import OutboxDashboard, OutboxEntry
@@ -388,6 +390,7 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             view=view,
             pretty_json=pretty,
             blocked_by_in_flight=entry.blocked_by_in_flight if entry else False,
+            changed_by=changed_by(entry) if entry is not None else [],
             history=history,
             can_retry=self.has_retry_permission(request),
             can_dismiss=self.has_dismiss_permission(request),
@@ -468,3 +471,23 @@ class OutboxDashboardAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(
             reverse(f"{self.admin_site.name}:django_outbox_outboxentry_dashboard")
         )
+
+
+def changed_by(entry: Any) -> list[tuple[str, str]]:
+    """The entry page's "Changed by" rows: each change the entry records (edited, moved,
+    cancelled, stopped) and its actor, a ``user:<pk>`` or ``staff:<pk>`` one followed by
+    the username when that user exists (docs/reference/admin.md)."""
+    changes = changes_of(entry)
+    pks = {pk for _, actor in changes if (pk := actor_user_pk(actor)) is not None}
+    names: dict[str, str] = {}
+    if pks:
+        try:
+            users = get_user_model().objects.filter(pk__in=sorted(pks))
+            names = {str(user.pk): user.get_username() for user in users}
+        except (ValueError, TypeError):  # a pk of another type than the user model's
+            names = {}
+    rows = []
+    for what, actor in changes:
+        name = names.get(actor_user_pk(actor) or "")
+        rows.append((what, f"{actor} ({name})" if name else actor))
+    return rows

@@ -12,6 +12,7 @@ changed and returns None (back to the page) or a confirmation page.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
+from ..core.actors import staff_actor
 from ..core.entry import CancelResult, DismissResult, InterruptResult, RetryResult
 from ..core.errors import InvalidIdentifier
 from ..core.rules import check_identifier, has_unprintable
@@ -214,13 +216,13 @@ def cancel_entries(
     modeladmin: ActionAdmin, request: HttpRequest, refs: list[str], workspaces: list[str]
 ) -> None:
     """Cancel each selected prompt that waits in the queue (docs/howto/steering.md#cancel):
-    removed, never sent, watchers see ``cancelled``. One in flight is left alone and named
-    (Stop cuts its turn)."""
+    removed, never sent, watchers see ``cancelled`` (``cancelledBy``: the staff user). One
+    in flight is left alone and named (Stop cuts its turn)."""
     per_entry(
         modeladmin,
         request,
         refs,
-        get_outbox().cancel,
+        functools.partial(get_outbox().cancel, actor=staff_actor(request.user.pk)),
         CancelResult.REMOVED,
         CancelResult.IN_FLIGHT,
         DELETION,
@@ -264,11 +266,13 @@ def cut_entries(
 ) -> None:
     """Cut the running turn of each selected prompt in flight (``Outbox.cut``,
     docs/howto/cutting.md): its outcome is then verified, never guessed. Reports each
-    :class:`InterruptResult` apart (``CUT_MESSAGES``) and logs the entries cut."""
+    :class:`InterruptResult` apart (``CUT_MESSAGES``) and logs the entries cut; each cut
+    entry records the staff user as ``stoppedBy``."""
     found: dict[InterruptResult, list[str]] = {}
     outbox = get_outbox()
+    actor = staff_actor(request.user.pk)
     for ws, ses, entry_id in entry_refs(modeladmin, request, refs):
-        result = outbox.cut(ws, ses, entry_id)
+        result = outbox.cut(ws, ses, entry_id, actor=actor)
         found.setdefault(result, []).append(f"{ws}/{ses}/{entry_id}")
     cut = found.get(InterruptResult.CUT, [])
     _log(request, [OutboxEntry(ref=r) for r in cut], CHANGE, "Stopped from the admin: turn cut.")

@@ -270,6 +270,9 @@ def charts(history: History, per_point: int) -> dict[str, SafeString]:
         Series("delivered", [float(sum(m.delivered for m in g)) for g in groups]),
         Series("failed", [float(sum(m.failed for m in g)) for g in groups]),
         Series("unknown", [float(sum(m.unknown for m in g)) for g in groups]),
+        # A member's own Stop is neither a failure nor unknown (docs/howto/cutting.md).
+        Series("cut", [float(sum(m.cut for m in g)) for g in groups]),
+        Series("cancelled", [float(sum(m.cancelled for m in g)) for g in groups]),
         Series("parked", [float(sum(m.get("p") for m in g)) for g in groups]),
     ]
 
@@ -308,6 +311,8 @@ def tiles(history: History, depth: dict[str, int] | None = None) -> list[tuple[s
         ("delivered", f"{totals['delivered']:,}"),
         ("failed attempts", f"{totals['failedAttempts']:,}"),
         ("unknown outcomes", f"{totals['unknownOutcomes']:,}"),
+        ("stopped turns", f"{totals['cutTurns']:,}"),
+        ("cancelled", f"{totals['cancelled']:,}"),
         ("moved to error", f"{totals['movedToError']:,}"),
         (
             "p95 latency",

@@ -16,6 +16,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from ..core.actors import user_actor
 from ..core.rules import check_identifier
 from .errors import outbox_exception_handler
 from .permissions import OutboxAccessPolicy
@@ -76,6 +77,24 @@ class OutboxAPIView(APIView):
             check_identifier("entry ID", self.kwargs["entry_id"])
         return workspace_id, session_id
 
+    def outbox_entry_id(self, request: Request) -> str | None:
+        """The entry an action on one prompt is about, for an access policy that takes
+        ``entry``: the path's entry ID (None when the path names none)."""
+        return self.kwargs.get("entry_id")
+
+    def outbox_cuts(self, request: Request) -> bool:
+        """Whether the request cuts the session's running turn besides its own action
+        (send-now, an accept with ``ifBusy: "interrupt"``): a policy that takes ``entry`` is
+        then asked ``interrupt`` of the entry in flight too."""
+        return False
+
     def get_exception_handler(self) -> Any:
         """:func:`outbox_exception_handler`, whatever the project's ``EXCEPTION_HANDLER``."""
         return outbox_exception_handler
+
+
+def request_actor(request: Request) -> str:
+    """Who acts, as an edit, move, cancel or Stop over REST records it: ``user:<pk>``,
+    the request's user as an accept stores its ``userID``
+    (docs/explanation/storage.md#who-changed-an-entry)."""
+    return user_actor(request.user.pk)

@@ -17,8 +17,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ..core.entry import InterruptResult, SendNowResult
+from ..core.rules import IDENTIFIER_RE
 from ..outbox import get_outbox
-from .base import OutboxAPIView
+from .base import OutboxAPIView, request_actor
 from .errors import busy_response, error_response, not_found_response
 from .schema import (
     BODY_ERRORS,
@@ -86,6 +87,13 @@ class SessionInterruptView(OutboxAPIView):
 
     actions = {"POST": "interrupt"}
 
+    def outbox_entry_id(self, request: Request) -> str | None:
+        """The ``entryID`` the Stop names, when it is a well-formed ID (else None: the
+        body's own validation answers it)."""
+        data = request.data
+        named = data.get("entryID") if isinstance(data, dict) else None
+        return named if isinstance(named, str) and IDENTIFIER_RE.fullmatch(named) else None
+
     @documented(
         operation_id="outbox_session_interrupt",
         summary="Stop: cut the running turn",
@@ -114,7 +122,9 @@ class SessionInterruptView(OutboxAPIView):
         serializer = InterruptRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         named = serializer.validated_data.get("entryID")
-        result = get_outbox().interrupt(workspace_id, session_id, entry_id=named)
+        result = get_outbox().interrupt(
+            workspace_id, session_id, entry_id=named, actor=request_actor(request)
+        )
         if result is InterruptResult.NOT_SUPPORTED:
             return not_supported_response()
         if result is InterruptResult.NOT_IN_FLIGHT:
@@ -127,6 +137,10 @@ class MessageSendNowView(OutboxAPIView):
     the next one and cut the running turn."""
 
     actions = {"POST": "interrupt"}
+
+    def outbox_cuts(self, request: Request) -> bool:
+        """Sending a prompt now cuts the running turn, whoever's it is."""
+        return True
 
     @documented(
         operation_id="outbox_message_send_now",
@@ -149,7 +163,13 @@ class MessageSendNowView(OutboxAPIView):
         tags=["outbox"],
     )
     def post(self, request: Request, workspace_id: str, session_id: str, entry_id: str) -> Response:
-        result = get_outbox().send_now(workspace_id, session_id, entry_id)
+        result = get_outbox().send_now(
+            workspace_id,
+            session_id,
+            entry_id,
+            actor=request_actor(request),
+            cut_only=getattr(request, "outbox_cut_only", None),
+        )
         if result is SendNowResult.NOT_SUPPORTED:
             return not_supported_response()
         if result is SendNowResult.NOT_FOUND:

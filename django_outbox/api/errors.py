@@ -35,7 +35,8 @@ next accept can succeed, and 503 ``Retry-After: 5`` (:data:`FULL_RETRY_AFTER`,
 :data:`UNAVAILABLE_RETRY_AFTER`; docs/explanation/idempotency.md#per-user-bounds). DRF's
 own refusals keep their status and code
 (``not_authenticated``, ``permission_denied``, ``parse_error``,
-``unsupported_media_type``, …) in the same ``{"detail", "code"}`` body. Any other
+``unsupported_media_type``, …) in the same ``{"detail", "code"}`` body; a 403
+``permission_denied`` adds ``action``, the access-policy action refused. Any other
 exception, a plain ``ValueError`` included, is a server bug and answers 500.
 """
 
@@ -48,7 +49,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from rest_framework import status
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -260,7 +261,24 @@ def outbox_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
             else "; ".join(f"{k}: {v}" for k, v in _messages(raw).items())
         )
         response.data = {"detail": str(detail), "code": _code_of(exc)}
+        if isinstance(exc, PermissionDenied):
+            refused = _refused_action(context)
+            if refused is not None:
+                response.data["action"] = refused
     return response
+
+
+def _refused_action(context: dict[str, Any]) -> str | None:
+    """The access-policy action the refused request needed (None when the view names none):
+    ``interrupt`` when it was refused cutting the running turn besides its own action."""
+    view, request = (context or {}).get("view"), (context or {}).get("request")
+    if getattr(request, "outbox_refused_cut", False):
+        return "interrupt"
+    outbox_action = getattr(view, "outbox_action", None)
+    if outbox_action is None or request is None:
+        return None
+    action = outbox_action(request)
+    return action if isinstance(action, str) else None
 
 
 def _is_write(context: dict[str, Any]) -> bool:

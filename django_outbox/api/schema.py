@@ -18,6 +18,7 @@ from .errors import FULL_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER
 from .serializers import (
     IDENTIFIER_PATTERN,
     ErrorSerializer,
+    ForbiddenSerializer,
     UnavailableSerializer,
     ValidationErrorSerializer,
 )
@@ -75,9 +76,9 @@ def with_common_errors(own: dict[int, Any]) -> dict[int, Any]:
             "authentication class sends one).",
         ),
         403: OpenApiResponse(
-            ErrorSerializer,
+            ForbiddenSerializer,
             "Not authenticated (not_authenticated, session authentication), CSRF failed, or "
-            "the access policy refused the action (permission_denied).",
+            "the access policy refused the action (permission_denied, naming it in action).",
         ),
         406: OpenApiResponse(ErrorSerializer, "The Accept header excludes application/json."),
         503: OpenApiResponse(

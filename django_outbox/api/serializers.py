@@ -355,6 +355,29 @@ class EntrySerializer(serializers.Serializer):
         help_text="For a merge prompt delivered in one message with others: the ID of that "
         "message's first entry (while its outcome is being verified).",
     )
+    agentRef = serializers.DictField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="With deliveredAt: the agent's own reference to the delivery, e.g. "
+        '{"threadID": ..., "runID": ...} for LangGraph or {"sessionID": ..., "messageID": '
+        "...} for opencode; at most 8 string members (absent: the agent gave none).",
+    )
+    editedBy = serializers.CharField(
+        required=False,
+        help_text="Who last edited its text or model: user:<pk> (REST), staff:<pk> (admin), "
+        "cli:<login> (manage.py outbox) or system (Python); absent until an edit.",
+    )
+    movedBy = serializers.CharField(
+        required=False, help_text="Who last moved it (a move, a send-now); absent until then."
+    )
+    cancelledBy = serializers.CharField(
+        required=False,
+        help_text="Who cancelled it (only on the removed entry a WebSocket cancelled update "
+        "carries).",
+    )
+    stoppedBy = serializers.CharField(
+        required=False, help_text="Who cut its turn (a Stop, a cancel of it in flight)."
+    )
     clientMessageID = serializers.CharField()
     userID = serializers.CharField(help_text="The accepting user's primary key.")
     text = serializers.CharField()
@@ -412,6 +435,18 @@ class ErrorSerializer(serializers.Serializer):
         "too_large, unavailable, not_authenticated, "
         "authentication_failed, permission_denied, parse_error, unsupported_media_type, "
         "method_not_allowed, not_acceptable, throttled."
+    )
+
+
+class ForbiddenSerializer(ErrorSerializer):
+    """A 403: not authenticated, CSRF failed, or the access policy refused the action
+    (``permission_denied``, naming it in ``action``)."""
+
+    action = serializers.CharField(
+        required=False,
+        help_text="With permission_denied: the access-policy action refused (view, accept, "
+        "retry, dismiss, edit, move, cancel, park, cleanup, interrupt; "
+        "docs/howto/access-policy.md).",
     )
 
 

@@ -34,7 +34,7 @@ from ..core.rules import entry_for_viewer
 from ..errors import Duplicate, InvalidContent
 from ..outbox import get_outbox
 from ..policy import reads_error_excerpts
-from .base import OutboxAPIView
+from .base import OutboxAPIView, request_actor
 from .cutting import CutSerializer, not_supported_response
 from .errors import (
     busy_response,
@@ -83,6 +83,11 @@ class MessagesView(OutboxAPIView):
     """``api/workspaces/<ws>/sessions/<ses>/messages/``: the session's queue; accept a prompt."""
 
     actions = {"GET": "view", "POST": "accept"}
+
+    def outbox_cuts(self, request: Request) -> bool:
+        """An accept with ``ifBusy: "interrupt"`` cuts the running turn, whoever's it is."""
+        data = request.data if request.method == "POST" else None
+        return isinstance(data, dict) and data.get("ifBusy") == "interrupt"
 
     def get_throttles(self) -> list[Any]:
         """The project's throttles, and on an accept one user's bound over every workspace
@@ -162,17 +167,23 @@ class MessagesView(OutboxAPIView):
         serializer = AcceptRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        options = {
+            "user_id": str(request.user.pk),
+            "client_message_id": data["clientMessageID"],
+            "text": data["text"],
+            "model": data.get("model"),
+            "if_busy": data["ifBusy"],
+            "expires_after": data.get("expiresAfter"),
+        }
+        cut_only = getattr(request, "outbox_cut_only", None)
+        outbox = get_outbox()
         try:
-            entry = get_outbox().accept(
-                workspace_id,
-                session_id,
-                user_id=str(request.user.pk),
-                client_message_id=data["clientMessageID"],
-                text=data["text"],
-                model=data.get("model"),
-                if_busy=data["ifBusy"],
-                expires_after=data.get("expiresAfter"),
-            )
+            if cut_only is not None and data["ifBusy"] == "interrupt":
+                entry = outbox.accept_interrupting(
+                    workspace_id, session_id, cut_only=cut_only, **options
+                )[0]
+            else:
+                entry = outbox.accept(workspace_id, session_id, **options)
         except Duplicate as dup:
             return Response({"id": dup.accepted_id, "duplicate": True}, status=status.HTTP_200_OK)
         return Response(entries_for(request, entry)[0], status=status.HTTP_202_ACCEPTED)
@@ -256,6 +267,7 @@ class MessageView(OutboxAPIView):
             text=data.get("text"),
             model=data.get("model"),
             if_version=if_version,
+            actor=request_actor(request),
         )
         if result is EditResult.NOT_FOUND:
             return not_found_response()
@@ -336,7 +348,12 @@ class MessageMoveView(OutboxAPIView):
         data = serializer.validated_data
         outbox = get_outbox()
         result = outbox.move(
-            workspace_id, session_id, entry_id, before=data.get("before"), to=data.get("to")
+            workspace_id,
+            session_id,
+            entry_id,
+            before=data.get("before"),
+            to=data.get("to"),
+            actor=request_actor(request),
         )
         if result is MoveResult.NOT_FOUND:
             return not_found_response()
@@ -354,7 +371,8 @@ def cancel_in_flight_response(
     changed); 404 when it is gone meanwhile. Back in the queue meanwhile (its attempt
     failed): cancelled as a queued prompt, 204; anything else: 409 ``busy``."""
     outbox = get_outbox()
-    result = outbox.cut(workspace_id, session_id, entry_id)
+    actor = request_actor(request)
+    result = outbox.cut(workspace_id, session_id, entry_id, actor=actor)
     if result is InterruptResult.NOT_SUPPORTED:
         return not_supported_response()
     if result is InterruptResult.NOT_FOUND:
@@ -362,7 +380,7 @@ def cancel_in_flight_response(
     if result in (InterruptResult.CUT, InterruptResult.ALREADY):
         return Response({"result": result.value}, status=status.HTTP_202_ACCEPTED)
     if result is InterruptResult.QUEUED:
-        if outbox.cancel(workspace_id, session_id, entry_id) is CancelResult.REMOVED:
+        if outbox.cancel(workspace_id, session_id, entry_id, actor=actor) is CancelResult.REMOVED:
             return Response(status=status.HTTP_204_NO_CONTENT)
     return busy_response()
 
@@ -395,7 +413,9 @@ class MessageCancelView(OutboxAPIView):
         tags=["outbox"],
     )
     def post(self, request: Request, workspace_id: str, session_id: str, entry_id: str) -> Response:
-        result = get_outbox().cancel(workspace_id, session_id, entry_id)
+        result = get_outbox().cancel(
+            workspace_id, session_id, entry_id, actor=request_actor(request)
+        )
         if result is CancelResult.NOT_FOUND:
             return not_found_response()
         if result is CancelResult.IN_FLIGHT:

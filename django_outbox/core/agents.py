@@ -14,13 +14,15 @@ agent, :mod:`django_outbox.delivery.http`) finds its own entry's settings there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .errors import OutboxError
+from .errors import AgentMisconfigured, OutboxError
+from .redaction import redact
 
 #: The name of the agent made of the single ``DELIVERER`` / ``VERIFIER`` (/ ``ABORTER``).
 DEFAULT_AGENT = "default"
@@ -70,6 +72,40 @@ def capabilities_of(deliverer: Callable[..., Any] | None) -> frozenset[str]:
 #: The agent whose callable runs now (set by the delivery step around each deliverer,
 #: verifier and aborter call; None elsewhere). Copied into ``asyncio.to_thread`` calls.
 current_agent: ContextVar[Agent | None] = ContextVar("outbox_current_agent", default=None)
+
+
+#: Seconds one agent's start-up probe may take before the worker starts without its answer.
+PROBE_TIMEOUT = 10.0
+
+
+async def probe_agents(agents: Iterable[Agent], seconds: float = PROBE_TIMEOUT) -> list[str]:
+    """Run the start-up probe of each agent whose deliverer has one (its ``outbox_probe``
+    attribute: an async callable without arguments, called with :data:`current_agent`
+    naming the agent; docs/howto/agents.md#the-start-up-probe). A probe returns when the
+    agent takes what the settings name and raises :class:`AgentMisconfigured` when the
+    agent says it does not: raised again here, naming the agent (the worker does not
+    start). Returns a warning per probe that could not tell (any other error, or no answer
+    within ``seconds``): the worker starts, and the deliveries will say more."""
+    warnings: list[str] = []
+    for agent in agents:
+        probe = getattr(agent.deliverer, "outbox_probe", None)
+        if probe is None:
+            continue
+        serving = current_agent.set(agent)
+        try:
+            async with asyncio.timeout(seconds):
+                await probe()
+        except AgentMisconfigured as exc:
+            raise AgentMisconfigured(f"agent {agent.name!r}: {exc}") from exc
+        except Exception as exc:
+            said = f"no answer within {seconds:g}s" if isinstance(exc, TimeoutError) else exc
+            warnings.append(
+                f"agent {agent.name!r}: the start-up probe could not tell whether it takes "
+                f"the settings ({type(exc).__name__}: {redact(str(said))}); starting anyway"
+            )
+        finally:
+            current_agent.reset(serving)
+    return warnings
 
 
 class UnknownAgent(OutboxError, LookupError):

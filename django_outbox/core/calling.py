@@ -30,7 +30,7 @@ from .errors import (
     PriorAttemptPendingError,
     TransientDeliveryError,
 )
-from .rules import describe_error
+from .rules import agent_ref_json, describe_error
 from .transport import is_async_callable
 
 logger = logging.getLogger("django_outbox")
@@ -56,10 +56,12 @@ class AgentCalls(OutboxBase):
 
     async def _deliver(
         self, agent: Agent, entry: Entry, ws: str, ses: str
-    ) -> tuple[str, str, float]:
+    ) -> tuple[str, str, float, str]:
         """Call the agent's deliverer; classify its ending as ``(outcome, error text,
-        hold seconds)`` (the hold only for ``held``: a
-        :class:`~django_outbox.core.errors.HoldDeliveryError`, the agent's ``Retry-After``).
+        hold seconds, agent reference)`` (the hold only for ``held``: a
+        :class:`~django_outbox.core.errors.HoldDeliveryError`, the agent's ``Retry-After``;
+        the reference only for ``delivered``: what the deliverer returned, as
+        :func:`~django_outbox.core.rules.agent_ref_json` keeps it, else ``""``).
 
         Once ``DELIVERY_TIMEOUT`` has passed, the call's outcome is unknown whatever
         the deliverer does next — returns, raises, or swallows the cancellation —
@@ -72,7 +74,7 @@ class AgentCalls(OutboxBase):
         """
         deliverer = agent.deliverer
         if deliverer is None:
-            return "transient", f"transient: agent {agent.name!r} has no deliverer", 0.0
+            return "transient", f"transient: agent {agent.name!r} has no deliverer", 0.0, ""
         timeout = self.config.delivery_timeout
         task = asyncio.current_task()
         cancelling = task.cancelling() if task is not None else 0
@@ -81,32 +83,32 @@ class AgentCalls(OutboxBase):
         try:
             if is_async_callable(deliverer):
                 async with asyncio.timeout(timeout):
-                    await deliverer(
+                    returned = await deliverer(
                         entry, workspace_id=ws, session_id=ses, attempt=entry.attempts + 1
                     )
             else:
-                await self._invoke_sync_deliverer(deliverer, entry, ws, ses)
+                returned = await self._invoke_sync_deliverer(deliverer, entry, ws, ses)
         except AmbiguousError as exc:
-            return unknown, f"ambiguous: {describe_error(exc, with_type=False)}", 0.0
+            return unknown, f"ambiguous: {describe_error(exc, with_type=False)}", 0.0, ""
         except TimeoutError as exc:
-            return unknown, self._timed_out(exc), 0.0
+            return unknown, self._timed_out(exc), 0.0, ""
         except Exception as exc:
             if time.monotonic() >= deadline:
-                return unknown, self._timed_out(exc), 0.0
+                return unknown, self._timed_out(exc), 0.0, ""
             if isinstance(exc, TransientDeliveryError):
-                return "transient", f"transient: {describe_error(exc, with_type=False)}", 0.0
+                return "transient", f"transient: {describe_error(exc, with_type=False)}", 0.0, ""
             if isinstance(exc, PriorAttemptPendingError):
                 text = describe_error(exc, with_type=False)
-                return "prior_pending", f"prior attempt pending: {text}", 0.0
+                return "prior_pending", f"prior attempt pending: {text}", 0.0, ""
             if isinstance(exc, HoldDeliveryError):
                 text = describe_error(exc, with_type=False)
-                return "held", f"held for {exc.retry_after:g}s: {text}", exc.retry_after
-            return "failed", describe_error(exc), 0.0
+                return "held", f"held for {exc.retry_after:g}s: {text}", exc.retry_after, ""
+            return "failed", describe_error(exc), 0.0, ""
         if task is not None and task.cancelling() > cancelling:
             raise asyncio.CancelledError("the deliverer swallowed a cancellation")
         if time.monotonic() >= deadline:
-            return unknown, self._timed_out(None), 0.0
-        return "delivered", "", 0.0
+            return unknown, self._timed_out(None), 0.0, ""
+        return "delivered", "", 0.0, _agent_ref(agent, entry, returned)
 
     def _timed_out(self, exc: BaseException | None) -> str:
         text = f"timed out after {self.config.delivery_timeout}s"
@@ -116,8 +118,9 @@ class AgentCalls(OutboxBase):
 
     async def _invoke_sync_deliverer(
         self, deliverer: Callable[..., Any], entry: Entry, ws: str, ses: str
-    ) -> None:
-        """Run a sync deliverer in a thread and wait for it to *finish*.
+    ) -> Any:
+        """Run a sync deliverer in a thread and wait for it to *finish*; returns what it
+        returned (awaited when it is awaitable).
 
         A thread cannot be interrupted: abandoning it at ``DELIVERY_TIMEOUT``
         would release the lease while it still sends, and a verification that
@@ -144,25 +147,30 @@ class AgentCalls(OutboxBase):
         result = await asyncio.shield(call)
         if inspect.isawaitable(result):
             async with asyncio.timeout(self.config.delivery_timeout):
-                await result
+                return await result
+        return result
 
     async def _verify(
         self, entry: Entry, ws: str, ses: str, verifier: Callable[..., Any] | None
-    ) -> tuple[str, str]:
+    ) -> tuple[str, str, str]:
+        """Call the verifier; ``(outcome, error text, agent reference)``. A verifier returns
+        a :class:`~django_outbox.core.entry.Verdict`, or ``(Verdict.DELIVERED, reference)``
+        (docs/howto/deliverer.md#what-it-returns): the reference as in :meth:`_deliver`."""
         if verifier is None:
-            return "unverifiable", "outcome unknown and no verifier is configured"
+            return "unverifiable", "outcome unknown and no verifier is configured", ""
         try:
             async with asyncio.timeout(self.config.delivery_timeout):
                 verdict = await self._invoke(verifier, entry, workspace_id=ws, session_id=ses)
         except Exception as exc:
-            return "inconclusive", f"verifier failed: {describe_error(exc)}"
+            return "inconclusive", f"verifier failed: {describe_error(exc)}", ""
+        verdict, ref = Verdict.split(verdict)
         if verdict is Verdict.DELIVERED:
-            return "delivered", ""
+            return "delivered", "", _agent_ref(None, entry, ref)
         if verdict is Verdict.ABSENT:
-            return "absent", "verifier: the agent does not have it (absent)"
+            return "absent", "verifier: the agent does not have it (absent)", ""
         if verdict is not Verdict.INCONCLUSIVE:
             logger.warning("outbox: verifier returned a %s, not a Verdict", type(verdict).__name__)
-        return "inconclusive", "verifier: inconclusive"
+        return "inconclusive", "verifier: inconclusive", ""
 
     async def _invoke(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if is_async_callable(fn):
@@ -171,3 +179,14 @@ class AgentCalls(OutboxBase):
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+def _agent_ref(agent: Agent | None, entry: Entry, returned: Any) -> str:
+    """What the entry keeps of ``returned`` as its ``agentRef``
+    (:func:`~django_outbox.core.rules.agent_ref_json`); a mapping that breaks its rules is
+    logged and dropped: the delivery stands."""
+    ref, why = agent_ref_json(returned)
+    if why:
+        said = f"agent {agent.name!r}'s deliverer" if agent is not None else "the verifier"
+        logger.warning("outbox: %s for %s returned %s; not kept", said, entry.id, why)
+    return ref

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
+from .actors import SYSTEM, check_actor, user_actor
 from .agents import Agent, UnknownAgent
 from .entry import Entry, InterruptResult, OutboxEvent, SendNowResult
 from .errors import CutNotSupported, InvalidContent
@@ -133,20 +134,27 @@ class TurnCuts(DeliveryStep):
     # -- the request: mark the cut ---------------------------------------------------------
 
     def _cut_plan(
-        self, ws: str, ses: str, entry_id: str, named: str | None = None
+        self,
+        ws: str,
+        ses: str,
+        entry_id: str,
+        named: str | None = None,
+        actor: Any = SYSTEM,
     ) -> Plan[InterruptResult]:
         """``entry_id``: the entry whose turn :meth:`cut` cuts (``""``: the one in flight);
         ``named``: the entry a Stop names (:meth:`interrupt`), compared with the one in
-        flight inside ``cut.lua``, in the same script that cuts."""
+        flight inside ``cut.lua``, in the same script that cuts; ``actor``: recorded as
+        the cut entry's ``stoppedBy``."""
         check_identifier("workspace ID", ws)
         check_identifier("session ID", ses)
         if entry_id:
             check_identifier("entry ID", entry_id)
         if named is not None:
             check_identifier("entry ID", named)
+        check_actor(actor)
         if self._aborter(ws, ses) is None:
             return InterruptResult.NOT_SUPPORTED
-        argv = cut_argv(entry_id, self._lock_ttl_ms, named or "")
+        argv = cut_argv(entry_id, self._lock_ttl_ms, named or "", actor)
         call = self._session_eval(
             "cut", ws, ses, extra_args=argv, extra_keys=[self.keys.cut(ws, ses)]
         )
@@ -158,7 +166,12 @@ class TurnCuts(DeliveryStep):
         return InterruptResult(reply.result)
 
     def interrupt(
-        self, workspace_id: str, session_id: str, *, entry_id: str | None = None
+        self,
+        workspace_id: str,
+        session_id: str,
+        *,
+        entry_id: str | None = None,
+        actor: str = SYSTEM,
     ) -> InterruptResult:
         """ "Stop": cut the session's running turn and send nothing new (docs/howto/cutting.md).
 
@@ -176,36 +189,52 @@ class TurnCuts(DeliveryStep):
         Stop cuts whatever turn is in flight when it arrives: one sent as a turn ends may
         cut the next prompt's turn.
 
-        Returns :class:`InterruptResult` (``IDLE`` when nothing is in flight and no entry
-        is named, ``NOT_SUPPORTED`` without an aborter). Raises ``ValueError`` for a bad
-        ID, :class:`~django_outbox.core.errors.OutboxUnavailable`.
+        ``actor`` (:mod:`~django_outbox.core.actors`) is recorded as the cut entry's
+        ``stoppedBy`` (a turn cut before keeps its first). Returns
+        :class:`InterruptResult` (``IDLE`` when nothing is in flight and no entry is named,
+        ``NOT_SUPPORTED`` without an aborter). Raises ``ValueError`` for a bad ID or actor,
+        :class:`~django_outbox.core.errors.OutboxUnavailable`.
         """
-        return self._run(self._cut_plan(workspace_id, session_id, "", entry_id))
+        return self._run(self._cut_plan(workspace_id, session_id, "", entry_id, actor))
 
     async def ainterrupt(
-        self, workspace_id: str, session_id: str, *, entry_id: str | None = None
+        self,
+        workspace_id: str,
+        session_id: str,
+        *,
+        entry_id: str | None = None,
+        actor: str = SYSTEM,
     ) -> InterruptResult:
         """Async :meth:`interrupt`."""
-        return await self._arun(self._cut_plan(workspace_id, session_id, "", entry_id))
+        return await self._arun(self._cut_plan(workspace_id, session_id, "", entry_id, actor))
 
-    def cut(self, workspace_id: str, session_id: str, entry_id: str) -> InterruptResult:
+    def cut(
+        self, workspace_id: str, session_id: str, entry_id: str, *, actor: str = SYSTEM
+    ) -> InterruptResult:
         """Cut the turn of entry ``entry_id`` if it is in flight or being verified (the
-        in-flight branch of cancel); as :meth:`interrupt` otherwise. ``QUEUED``: the entry
-        waits in the queue and was never sent (remove it as a queued prompt instead);
-        ``NOT_FOUND``: it is not in the session."""
-        return self._run(self._cut_plan(workspace_id, session_id, entry_id))
+        in-flight branch of cancel); as :meth:`interrupt` otherwise (``actor``: its
+        ``stoppedBy``). ``QUEUED``: the entry waits in the queue and was never sent
+        (remove it as a queued prompt instead); ``NOT_FOUND``: it is not in the session."""
+        return self._run(self._cut_plan(workspace_id, session_id, entry_id, None, actor))
 
-    async def acut(self, workspace_id: str, session_id: str, entry_id: str) -> InterruptResult:
+    async def acut(
+        self, workspace_id: str, session_id: str, entry_id: str, *, actor: str = SYSTEM
+    ) -> InterruptResult:
         """Async :meth:`cut`."""
-        return await self._arun(self._cut_plan(workspace_id, session_id, entry_id))
+        return await self._arun(self._cut_plan(workspace_id, session_id, entry_id, None, actor))
 
-    def _send_now_plan(self, ws: str, ses: str, entry_id: str) -> Plan[SendNowResult]:
+    def _send_now_plan(
+        self, ws: str, ses: str, entry_id: str, actor: Any = SYSTEM, cut_only: str | None = None
+    ) -> Plan[SendNowResult]:
         check_identifier("workspace ID", ws)
         check_identifier("session ID", ses)
         check_identifier("entry ID", entry_id)
+        if cut_only:
+            check_identifier("entry ID", cut_only)
+        check_actor(actor)
         if self._aborter(ws, ses) is None:
             return SendNowResult.NOT_SUPPORTED
-        argv = send_now_argv(entry_id, self._lock_ttl_ms)
+        argv = send_now_argv(entry_id, self._lock_ttl_ms, actor, cut_only)
         call = self._session_eval(
             "send_now", ws, ses, extra_args=argv, extra_keys=[self.keys.cut(ws, ses)]
         )
@@ -220,22 +249,43 @@ class TurnCuts(DeliveryStep):
             yield Emit(events)
         return SendNowResult(reply.result)
 
-    def send_now(self, workspace_id: str, session_id: str, entry_id: str) -> SendNowResult:
+    def send_now(
+        self,
+        workspace_id: str,
+        session_id: str,
+        entry_id: str,
+        *,
+        actor: str = SYSTEM,
+        cut_only: str | None = None,
+    ) -> SendNowResult:
         """Make queued prompt ``entry_id`` the session's next and cut the running turn
         (docs/howto/cutting.md). The prompt goes in front of every pending entry (entries
         being verified stay ahead: a cut turn is verified before anything else is sent);
         the turn in flight is cut as by :meth:`interrupt`. Only a ``pending`` prompt can
         be sent now (else ``BUSY``). Without an aborter nothing moves (``NOT_SUPPORTED``).
-        Returns :class:`SendNowResult`; raises ``ValueError`` for a bad ID,
+        ``actor`` is recorded as the prompt's ``movedBy`` and the cut entry's
+        ``stoppedBy``. ``cut_only`` (an entry ID) cuts the turn only while it is that entry's
+        (the one a caller was allowed to stop: docs/howto/access-policy.md#one-persons-prompt),
+        ``""`` cuts none; else the prompt moves and nothing is cut (``MOVED``). Returns
+        :class:`SendNowResult`; raises ``ValueError`` for a bad ID or actor,
         :class:`~django_outbox.core.errors.OutboxUnavailable`."""
-        return self._run(self._send_now_plan(workspace_id, session_id, entry_id))
+        return self._run(self._send_now_plan(workspace_id, session_id, entry_id, actor, cut_only))
 
-    async def asend_now(self, workspace_id: str, session_id: str, entry_id: str) -> SendNowResult:
+    async def asend_now(
+        self,
+        workspace_id: str,
+        session_id: str,
+        entry_id: str,
+        *,
+        actor: str = SYSTEM,
+        cut_only: str | None = None,
+    ) -> SendNowResult:
         """Async :meth:`send_now`."""
-        return await self._arun(self._send_now_plan(workspace_id, session_id, entry_id))
+        plan = self._send_now_plan(workspace_id, session_id, entry_id, actor, cut_only)
+        return await self._arun(plan)
 
     def accept_interrupting(
-        self, workspace_id: str, session_id: str, **accept: Any
+        self, workspace_id: str, session_id: str, *, cut_only: str | None = None, **accept: Any
     ) -> tuple[Entry, SendNowResult]:
         """``ifBusy: "interrupt"``: accept a prompt (``accept``: the keyword arguments of
         :meth:`Outbox.accept`), make it the session's next, ahead of queued prompts, and
@@ -245,22 +295,32 @@ class TurnCuts(DeliveryStep):
         aborter, before anything is stored (no idempotency marker either), and whatever
         ``accept`` raises (a resend of the same key raises ``Duplicate`` and cuts nothing).
         ``accept(if_busy="interrupt")`` comes here; the entry's ``mode`` is ``interrupt``;
-        an ``if_busy`` other than ``"interrupt"`` raises ``InvalidContent``."""
+        an ``if_busy`` other than ``"interrupt"`` raises ``InvalidContent``. ``cut_only``: as
+        for :meth:`send_now`."""
         accept = _interrupting(accept)
+        if cut_only:
+            check_identifier("entry ID", cut_only)
         if self._aborter(workspace_id, session_id) is None:
             raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
         entry: Entry = cast(Any, self)._accept_stored(workspace_id, session_id, **accept)
-        return entry, self.send_now(workspace_id, session_id, entry.id)
+        # The accepting user's own act: the prompt's author moves it and cuts the turn.
+        by = user_actor(entry.user_id)
+        return entry, self.send_now(workspace_id, session_id, entry.id, actor=by, cut_only=cut_only)
 
     async def aaccept_interrupting(
-        self, workspace_id: str, session_id: str, **accept: Any
+        self, workspace_id: str, session_id: str, *, cut_only: str | None = None, **accept: Any
     ) -> tuple[Entry, SendNowResult]:
         """Async :meth:`accept_interrupting`."""
         accept = _interrupting(accept)
+        if cut_only:
+            check_identifier("entry ID", cut_only)
         if self._aborter(workspace_id, session_id) is None:
             raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
         entry: Entry = await cast(Any, self)._aaccept_stored(workspace_id, session_id, **accept)
-        return entry, await self.asend_now(workspace_id, session_id, entry.id)
+        by = user_actor(entry.user_id)
+        return entry, await self.asend_now(
+            workspace_id, session_id, entry.id, actor=by, cut_only=cut_only
+        )
 
     # -- the holder: watch the attempt, abort, let the verifier decide -------------------
 
@@ -269,7 +329,7 @@ class TurnCuts(DeliveryStep):
 
     async def _deliver(
         self, agent: Agent, entry: Entry, ws: str, ses: str
-    ) -> tuple[str, str, float]:
+    ) -> tuple[str, str, float, str]:
         if agent.aborter is None:
             return await super()._deliver(agent, entry, ws, ses)
         task = asyncio.ensure_future(super()._deliver(agent, entry, ws, ses))
@@ -280,9 +340,9 @@ class TurnCuts(DeliveryStep):
         task.cancel()
         if (await asyncio.wait({task}, timeout=CANCEL_GRACE))[0]:
             if not task.cancelled() and task.exception() is None:
-                outcome, error, hold = task.result()
+                outcome, error, hold, ref = task.result()
                 if outcome in ENDED_BEFORE_THE_CUT:
-                    return outcome, error, hold
+                    return outcome, error, hold, ref
             await self._abort(agent.aborter, entry, ws, ses)
         else:
             # The call swallowed the cancellation and may run until the turn ends: abort
@@ -301,11 +361,11 @@ class TurnCuts(DeliveryStep):
             await self._abort(agent.aborter, entry, ws, ses)
             await asyncio.wait({task})
         unknown = "ambiguous" if agent.verifier is not None else "unverifiable"
-        return unknown, "interrupted: the turn was cut; the verifier decides", 0.0
+        return unknown, "interrupted: the turn was cut; the verifier decides", 0.0, ""
 
     async def _verify(
         self, entry: Entry, ws: str, ses: str, verifier: Callable[..., Any] | None
-    ) -> tuple[str, str]:
+    ) -> tuple[str, str, str]:
         aborter = self._aborter(ws, ses)
         if aborter is None:
             return await super()._verify(entry, ws, ses, verifier)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from .rules import CLIENT_MESSAGE_ID_RE, check_identifier, encode_stored
+from .rules import CLIENT_MESSAGE_ID_RE, check_identifier, encode_stored, is_agent_ref
 
 
 class Status(enum.StrEnum):
@@ -45,6 +45,15 @@ class Verdict(enum.Enum):
     INCONCLUSIVE = "inconclusive"  #: could not tell; check again with backoff
     DELIVERED = "delivered"  #: the message is in the agent's transcript
     ABSENT = "absent"  #: proven not there; safe to send again
+
+    @staticmethod
+    def split(returned: Any) -> tuple[Any, Any]:
+        """``(verdict, agent reference)`` of what a verifier returned: a :class:`Verdict`
+        alone (reference None), or ``(Verdict.DELIVERED, reference)``: the agent's own
+        reference to the delivery it found (docs/howto/deliverer.md#what-it-returns)."""
+        if isinstance(returned, tuple) and len(returned) == 2:
+            return returned[0], returned[1]
+        return returned, None
 
 
 class RetryResult(enum.Enum):
@@ -258,6 +267,19 @@ _STATE_FIELDS += (("interrupted", "interrupted"),)
 #: request was changed (an edit, an operator's retry of a definitive failure), which makes
 #: its ``request_key``; both after interrupted, as in lib/entry.lua's ORDER.
 _STATE_FIELDS += (("heldSince", "held_since"), ("revision", "revision"))
+#: ``agentRef``: the agent's own reference to the delivery (a LangGraph thread and run, an
+#: opencode session and message); after revision, as in lib/entry.lua's ORDER.
+_STATE_FIELDS += (("agentRef", "agent_ref"),)
+#: Who last edited, moved, cancelled and stopped the entry (an actor,
+#: :mod:`django_outbox.core.actors`), written by the script of that transition; omitted
+#: while unset; after agentRef, as in lib/entry.lua's ORDER.
+ACTOR_FIELDS: tuple[tuple[str, str], ...] = (
+    ("editedBy", "edited_by"),
+    ("movedBy", "moved_by"),
+    ("cancelledBy", "cancelled_by"),
+    ("stoppedBy", "stopped_by"),
+)
+_STATE_FIELDS += ACTOR_FIELDS
 _CONTENT_FIELDS = (
     ("clientMessageID", "client_message_id"),
     ("userID", "user_id"),
@@ -281,6 +303,7 @@ _STRING_FIELDS = {
     "traceparent": "traceparent",
     "mode": "mode",
     "mergedInto": "merged_into",
+    **dict(ACTOR_FIELDS),
 }
 _PARKED_FROM = {"pending", "verifying", "delivering"}
 #: State members the scripts keep that an Entry does not carry: ``userDigest``, the
@@ -398,6 +421,25 @@ class Entry:
     #: verified, a cut is under way; on a delivered entry, the agent got it and its turn
     #: was cut (docs/howto/cutting.md). Omitted from JSON while False.
     interrupted: bool = False
+    #: The agent's own reference to the delivery (``agentRef``), e.g. ``{"threadID": ...,
+    #: "runID": ...}`` for LangGraph: what its deliverer returned, or its verifier with
+    #: ``Verdict.DELIVERED``; set with ``delivered_at`` by the settle, None when the agent
+    #: gave none (docs/howto/deliverer.md#what-it-returns). At most 8 string members,
+    #: 1,024 bytes.
+    agent_ref: dict[str, str] | None = None
+    #: Who last edited the entry's text or model (``editedBy``): an actor
+    #: (:mod:`django_outbox.core.actors`: ``user:<userID>``, ``staff:<pk>``,
+    #: ``cli:<login>``, ``system``); None (omitted from JSON) until an edit.
+    edited_by: str | None = None
+    #: Who last moved it in the queue (``movedBy``: a move, or a send-now); None until then.
+    moved_by: str | None = None
+    #: Who cancelled it (``cancelledBy``): carried by the removed entry a cancel reports
+    #: (the ``cancelled`` event), since a cancelled prompt is no longer stored.
+    cancelled_by: str | None = None
+    #: Who cut its turn (``stoppedBy``: a Stop, a cancel of the prompt in flight, a
+    #: send-now of another prompt); kept while its outcome is verified and on the
+    #: delivered entry. None until then.
+    stopped_by: str | None = None
     #: Set by ``list`` / snapshots only, never stored (``blockedByInFlight``): a pending
     #: entry waiting behind a delivery in flight in its session.
     blocked_by_in_flight: bool = False
@@ -475,6 +517,8 @@ class Entry:
             raise ValueError("clientMessageID must be 1 to 128 printable ASCII characters")
         if "model" in kwargs and not isinstance(kwargs["model"], dict):
             raise ValueError("model must be a JSON object")
+        if "agent_ref" in kwargs and not is_agent_ref(kwargs["agent_ref"]):
+            raise ValueError("agentRef must be an object of up to 8 short string members")
         if not isinstance(kwargs.get("interrupted", False), bool):
             raise ValueError("interrupted must be a boolean")
         if kwargs.get("parked_from") not in (None, *_PARKED_FROM):

@@ -149,6 +149,26 @@ class KeySpaceClaimed(OutboxError):
         self.claimed_by = claimed_by
 
 
+class KeySpaceTakenOver(KeySpaceClaimed):
+    """Another project claimed the key space while this worker ran (``outbox claim
+    --force``): the worker stopped claiming and delivering there at once, its in-flight
+    deliveries cancelled and left to the new owner's workers to verify
+    (docs/howto/valkey.md#taking-a-key-space-over). ``prefix`` and ``claimed_by`` as
+    :class:`KeySpaceClaimed`'s."""
+
+    def __init__(self, prefix: str, claimed_by: str) -> None:
+        OutboxError.__init__(
+            self,
+            f"the outbox key space {prefix!r} on this Valkey database was claimed by "
+            f"another project ({claimed_by}) while this worker ran: it stopped claiming and "
+            "delivering there at once, and left its in-flight deliveries to the new owner's "
+            "workers to verify. Give this project its own KEY_PREFIX or database number "
+            "(docs/howto/valkey.md#taking-a-key-space-over)",
+        )
+        self.prefix = prefix
+        self.claimed_by = claimed_by
+
+
 class ServerUnsupported(OutboxError):
     """The server cannot do what the outbox or its settings need (too old, or without a
     command such as WAITAOF for ``WAIT_AOF``): the worker does not start
@@ -157,6 +177,12 @@ class ServerUnsupported(OutboxError):
     def __init__(self, unmet: list[Any]) -> None:
         super().__init__(" ".join(f"{u.message} {u.hint}" for u in unmet))
         self.unmet = unmet
+
+
+class AgentMisconfigured(OutboxError):
+    """An agent's start-up probe found that it refuses what the settings name (a LangGraph
+    ``ASSISTANT_ID`` the server does not know): the worker does not start
+    (docs/howto/agents.md#the-start-up-probe)."""
 
 
 class NotSupported(OutboxError):

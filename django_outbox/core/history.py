@@ -17,6 +17,12 @@ Fields (all counts, except the samples):
 ``o:<outcome>`` settles of any other outcome: ``failed``, ``absent``, ``transient``,
                 ``prior_pending``, ``held``, ``ambiguous``, ``inconclusive``, ``unverifiable``
 ``e``           entries a settle moved to error (attempts or verification exhausted)
+``c``           turns cut by a Stop (docs/howto/cutting.md): the settle of the attempt or
+                verification a cut stopped, counted here instead of ``o:<outcome>`` (the
+                outcome of a cut call is the cut's doing, neither a failure nor unknown)
+``k``           queued prompts cancelled (``cancel.lua``, in the same script)
+``kc``          cut prompts that proved never delivered and left as cancelled (the
+                settle of a cut entry that cancels it)
 ``x``           entries an operator changed (retry, dismiss, unpark, ...: the operator scripts)
                 and workspace cleanups
 ``l<i>``        deliveries (``d`` and the verifier's ``v``) whose accept → delivered
@@ -113,11 +119,11 @@ FLUSH_EVERY = 2.0
 MAX_PENDING_MINUTES = 60
 #: The fields only scripts count (so only a workspace's HASH has them on a cluster,
 #: where the sampler adds them into the total).
-ROLLED_UP = ("a", "p", "vl", "x")
+ROLLED_UP = ("a", "p", "vl", "x", "k")
 #: Fields that count a change of some entry's status (besides the ``o:<outcome>``
 #: settles): accepts, parks, deliveries, verifications, ledger confirmations, moves to
 #: error and operator changes (``x``: retries, dismissals, unparks, cleanups).
-CHANGES = ("a", "p", "d", "v", "vl", "e", "x")
+CHANGES = ("a", "p", "d", "v", "vl", "e", "x", "c", "kc")
 #: The depth sample walks every session's statuses at least this often, minutes (and
 #: whenever something changed since the last walk, see :meth:`asample_history`).
 DEPTH_REFRESH_MINUTES = 60
@@ -132,6 +138,7 @@ ROLLUP_MAX_WORKSPACES = 10_000
 
 _DELIVERED_AT = '"deliveredAt":"'
 _ERROR_STATE = '"status":"error"'
+_INTERRUPTED = '"interrupted":true'
 _CONTENT = ',"clientMessageID":'
 _CONTENT_B = _CONTENT.encode()
 _DELIVERED_AT_B = _DELIVERED_AT.encode()
@@ -238,10 +245,30 @@ class HistoryCounter:
         ``replayed``, ``lost``, ``gone``) and the stored entry it answered with (``raw``,
         None for a replay). A lost or gone settle recorded nothing: not counted.
         ``members``: the other entries of a merged message, counted alike
-        (:meth:`settled_members`)."""
-        if not self.enabled or kind not in ("removed", "updated", "replayed"):
+        (:meth:`settled_members`).
+
+        A settle that is not a delivery of an entry a Stop cut (its stored state says
+        ``interrupted``) is no failure: it counts ``c`` when the cut came during this
+        attempt (the entry was claimed uncut) and ``kc`` when it removed the entry as
+        cancelled (``kind`` ``cancelled``: never delivered), instead of ``o:<outcome>``;
+        a later verification of a cut entry whose outcome stays unknown counts as any
+        other (docs/howto/cutting.md)."""
+        if not self.enabled or kind not in ("removed", "updated", "replayed", "cancelled"):
             return
         self.settled_members(workspace_id, outcome, kind, members)
+        if outcome != "delivered" and raw is not None and _INTERRUPTED in _state_part(raw):
+            cut_now = not entry.interrupted
+            if cut_now:
+                self.add(workspace_id, "c")
+            if kind == "cancelled":
+                self.add(workspace_id, "kc")
+            elif not cut_now:
+                self.add(workspace_id, f"o:{outcome}")
+            if _ERROR_STATE in _state_part(raw):
+                self.add(workspace_id, "e")
+            return
+        if kind == "cancelled":  # (a cut entry's settle answers nothing else)
+            return
         if outcome != "delivered":
             self.add(workspace_id, f"o:{outcome}")
             if raw is not None and _ERROR_STATE in _state_part(raw):
@@ -344,6 +371,17 @@ class HistoryMinute:
         return sum(self.get(f"o:{o}") for o in UNKNOWN_OUTCOMES)
 
     @property
+    def cut(self) -> int:
+        """Turns a Stop cut in the minute (``c``): neither failures nor unknown."""
+        return self.get("c")
+
+    @property
+    def cancelled(self) -> int:
+        """Prompts cancelled in the minute: queued ones (``k``) and cut ones that proved
+        never delivered (``kc``)."""
+        return self.get("k") + self.get("kc")
+
+    @property
     def sampled(self) -> bool:
         """Whether a worker sampled depth in this minute."""
         return "workers" in self.fields
@@ -427,7 +465,9 @@ def summary(history: History) -> dict[str, Any]:
     """A window's totals as the command line and the dashboard report them: ``accepted``,
     ``delivered`` (deliverer, verifier and ledger), ``failedAttempts`` (attempts known not
     to have delivered), ``unknownOutcomes`` (ambiguous attempts and inconclusive
-    verifications), ``movedToError``, ``parked``, and ``latencySeconds``: ``p50``,
+    verifications), ``cutTurns`` (turns a Stop cut, counted in neither of those),
+    ``cancelled`` (queued prompts cancelled, and cut ones that proved never delivered),
+    ``movedToError``, ``parked``, and ``latencySeconds``: ``p50``,
     ``p95``, ``p99`` of accept → delivered as bucket upper bounds (seconds; ``"+Inf"``
     past the last bound, the way Prometheus names it; None when nothing was delivered)."""
 
@@ -441,6 +481,8 @@ def summary(history: History) -> dict[str, Any]:
         "delivered": sum(m.delivered for m in history.minutes),
         "failedAttempts": sum(m.failed for m in history.minutes),
         "unknownOutcomes": sum(m.unknown for m in history.minutes),
+        "cutTurns": sum(m.cut for m in history.minutes),
+        "cancelled": sum(m.cancelled for m in history.minutes),
         "movedToError": history.total("e"),
         "parked": history.total("p"),
         "latencySeconds": {"p50": bound(0.5), "p95": bound(0.95), "p99": bound(0.99)},

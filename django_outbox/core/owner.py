@@ -13,9 +13,14 @@ claims nothing and is refused nothing.
 When the claim is made and checked (:class:`OwnedKeySpace`):
 
 - a worker's start claims the space (or confirms the claim) before it recovers or
-  delivers anything;
+  delivers anything, and a running worker confirms it again every
+  :data:`CLAIM_RECHECK` seconds: finding another project's claim there, it stops at
+  once (``Worker``, :class:`~django_outbox.core.errors.KeySpaceTakenOver`);
 - ``cleanup_workspace`` confirms it every time (claiming an unclaimed space);
-- ``accept`` claims it on the process's first accept, then never asks again;
+- ``accept`` claims it on the process's first accept, then confirms it again when its
+  last confirmation is :data:`CLAIM_RECHECK` seconds old or more (one GET at most that
+  often per process), so a web process refuses accepts within about that long of
+  another project's ``claim --force``;
 - ``claim_key_space(force=True)`` takes the space over; ``release_key_space`` gives it up.
   Reads never write a claim (the system check only reads).
 
@@ -32,6 +37,8 @@ import enum
 import json
 import logging
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +57,12 @@ logger = logging.getLogger("django_outbox")
 
 #: Seconds the system check's read of the claim waits for Valkey.
 PROBE_TIMEOUT = 1.0
+#: Seconds a process trusts the claim it last confirmed: an accept reads the owner key
+#: again (one GET) once its last confirmation is this old, and a running worker reads it
+#: this often. Another project's ``outbox claim --force`` is therefore seen within about
+#: this long (docs/howto/valkey.md#taking-a-key-space-over): one GET per process every
+#: two seconds at most, against the five-second bound the takeover promises.
+CLAIM_RECHECK = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +161,23 @@ class OwnedKeySpace(OutboxBase):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.key_space_owner = key_space_owner
-        #: This process saw the space claimed by its owner (accept asks only until then).
-        self._key_space_confirmed = False
+        #: Seconds between confirmations of the claim (:data:`CLAIM_RECHECK`): an accept's
+        #: and a running worker's. A test may set its own.
+        self.claim_recheck: float = CLAIM_RECHECK
+        #: The clock of :attr:`claim_recheck` (monotonic seconds); a test may set its own.
+        self.claim_clock: Callable[[], float] = time.monotonic
+        #: When (:attr:`claim_clock`) this process last saw the space claimed by its owner;
+        #: None: not yet, or another project holds it (an accept asks first then).
+        self._key_space_confirmed_at: float | None = None
+
+    def _key_space_due(self) -> bool:
+        """Whether an accept must confirm the claim first: never confirmed, or last
+        confirmed :attr:`claim_recheck` seconds ago or more."""
+        confirmed = self._key_space_confirmed_at
+        return confirmed is None or self.claim_clock() - confirmed >= self.claim_recheck
+
+    def _key_space_confirmed(self, confirmed: bool) -> None:
+        self._key_space_confirmed_at = self.claim_clock() if confirmed else None
 
     def _key_space_plan(self, force: bool = False) -> Plan[ClaimResult | None]:
         owner = self.key_space_owner
@@ -159,10 +187,10 @@ class OwnedKeySpace(OutboxBase):
         held = Claim.parse((yield Cmd(("GET", key))))
         if held is not None and not force:
             if held.id == owner.id:
-                self._key_space_confirmed = True
+                self._key_space_confirmed(True)
                 return ClaimResult.OWNED
             if not owner.owns(held):
-                self._key_space_confirmed = False
+                self._key_space_confirmed(False)
                 raise KeySpaceClaimed(self.keys.prefix, held.describe())
         now = _claim_time((yield Cmd(("TIME",))))
         claim = Claim(owner.id, owner.label, socket.gethostname(), now).to_json()
@@ -183,10 +211,11 @@ class OwnedKeySpace(OutboxBase):
             # Claimed meanwhile (NX wrote nothing): by this project, or refused.
             held = Claim.parse((yield Cmd(("GET", key))))
             if held is not None and not owner.owns(held):
+                self._key_space_confirmed(False)
                 raise KeySpaceClaimed(self.keys.prefix, held.describe())
-            self._key_space_confirmed = held is not None
+            self._key_space_confirmed(held is not None)
             return ClaimResult.OWNED
-        self._key_space_confirmed = True
+        self._key_space_confirmed(True)
         if held is None:
             return ClaimResult.CLAIMED
         if held.id == owner.id:
@@ -201,8 +230,9 @@ class OwnedKeySpace(OutboxBase):
     def claim_key_space(self, *, force: bool = False) -> ClaimResult | None:
         """Claim the key space for this outbox's :class:`KeySpaceOwner` and say what that
         did (:class:`ClaimResult`); None when the outbox has no owner (nothing to claim
-        with). ``force`` takes over a space another project holds (stop its workers
-        first: a running worker checked the claim when it started).
+        with). ``force`` takes over a space another project holds: that project's running
+        workers stop and its web processes refuse accepts within about
+        :data:`CLAIM_RECHECK` seconds (docs/howto/valkey.md#taking-a-key-space-over).
 
         Raises :class:`KeySpaceClaimed` when another project holds the space (without
         ``force``) and :class:`OutboxUnavailable`.
@@ -210,7 +240,8 @@ class OwnedKeySpace(OutboxBase):
         return self._run(self._key_space_plan(force))
 
     async def aclaim_key_space(self, *, force: bool = False) -> ClaimResult | None:
-        """Async :meth:`claim_key_space` (a worker's start calls it)."""
+        """Async :meth:`claim_key_space` (a worker's start calls it, and its key space
+        watch every :attr:`claim_recheck` seconds while it runs)."""
         return await self._arun(self._key_space_plan(force))
 
     def release_key_space(self) -> bool:
@@ -228,7 +259,7 @@ class OwnedKeySpace(OutboxBase):
             return False
         if not owner.owns(held):
             raise KeySpaceClaimed(self.keys.prefix, held.describe())
-        self._key_space_confirmed = False
+        self._key_space_confirmed(False)
         return bool(self._run(iter_once(Cmd(("DEL", self.keys.owner)))))
 
 

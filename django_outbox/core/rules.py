@@ -25,7 +25,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,6 +258,7 @@ class ErrorKind(enum.StrEnum):
     REJECTED = "rejected"  #: the agent answered another non-2xx status
     NO_ANSWER = "no_answer"  #: sent, but no answer came back (the outcome is unknown)
     INTERRUPTED = "interrupted"  #: the delivery was cancelled (a worker stopping)
+    STOPPED = "stopped"  #: a Stop cut the agent's turn (docs/howto/cutting.md); no failure
     UNCONFIRMED = "unconfirmed"  #: whether the agent has the message could not be told
     NOT_RECEIVED = "not_received"  #: the verifier found the agent does not have it
     AGENT_BUSY = "agent_busy"  #: the agent still handles an earlier attempt
@@ -274,6 +275,7 @@ ERROR_TEXTS = {
     ErrorKind.REJECTED: "the agent refused the message{status}",
     ErrorKind.NO_ANSWER: "the message was sent but no answer came back",
     ErrorKind.INTERRUPTED: "the delivery was interrupted",
+    ErrorKind.STOPPED: "stopped: the turn was cut",
     ErrorKind.UNCONFIRMED: "it could not be confirmed that the agent has the message",
     ErrorKind.NOT_RECEIVED: "the agent does not have the message",
     ErrorKind.AGENT_BUSY: "the agent is still handling an earlier attempt",
@@ -286,6 +288,7 @@ ERROR_TEXTS = {
 # core/calling.py); a test drives each through a real delivery.
 _KIND_BY_OPENING = (
     ("cancelled", ErrorKind.INTERRUPTED),
+    ("interrupted: the turn was cut", ErrorKind.STOPPED),
     ("timed out after ", ErrorKind.TIMEOUT),
     ("transient: replicas did not acknowledge", ErrorKind.UNAVAILABLE),
     ("prior attempt pending: ", ErrorKind.AGENT_BUSY),
@@ -371,13 +374,55 @@ def entry_for_viewer(data: dict[str, Any], *, excerpt: bool) -> dict[str, Any]:
     return out
 
 
+# --- the agent's reference to a delivery ---------------------------------------------------
+
+#: The most bytes of an entry's ``agentRef`` (its compact, ASCII JSON).
+MAX_AGENT_REF_BYTES = 1024
+#: The most members of an ``agentRef``.
+MAX_AGENT_REF_MEMBERS = 8
+_AGENT_REF_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+_AGENT_REF_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
+
+
+def agent_ref_json(ref: object) -> tuple[str, str]:
+    """``(compact JSON, "")`` of what a deliverer returned, or a verifier with its
+    ``Verdict.DELIVERED``, when it is an agent reference the entry keeps as ``agentRef``
+    (docs/howto/deliverer.md#what-it-returns): a mapping of at most
+    :data:`MAX_AGENT_REF_MEMBERS` names (a letter, then up to 31 letters, digits or ``_``)
+    to strings (1 to 256 characters, no control character), at most
+    :data:`MAX_AGENT_REF_BYTES` bytes as ASCII JSON. ``("", "")`` for None or anything that
+    is not a mapping (a deliverer written before references existed, returning what it
+    likes); ``("", why)`` for a mapping that breaks a rule (the caller logs it; the delivery
+    stands)."""
+    if not isinstance(ref, Mapping):
+        return "", ""
+    if not ref or len(ref) > MAX_AGENT_REF_MEMBERS:
+        return "", f"an agent reference holds 1 to {MAX_AGENT_REF_MEMBERS} members"
+    for name, value in ref.items():
+        if not isinstance(name, str) or not _AGENT_REF_NAME.fullmatch(name):
+            return "", f"an agent reference's member name {name!r} is not a short identifier"
+        if not isinstance(value, str) or not _AGENT_REF_VALUE.fullmatch(value):
+            return "", f"an agent reference's {name} is not a string of 1 to 256 characters"
+    encoded = json.dumps(dict(ref), separators=(",", ":"), ensure_ascii=True)
+    if len(encoded) > MAX_AGENT_REF_BYTES:
+        return "", f"an agent reference over {MAX_AGENT_REF_BYTES} bytes"
+    return encoded, ""
+
+
+def is_agent_ref(value: object) -> bool:
+    """Whether ``value`` is a stored ``agentRef`` (a dict that :func:`agent_ref_json`
+    accepts)."""
+    return isinstance(value, dict) and bool(agent_ref_json(value)[0])
+
+
 # --- the size of an entry on the wire -----------------------------------------------------
 
 #: JSON escapes one character into at most six bytes (a control character becomes ``\u00XX``).
 _ESCAPED = 6
 #: Bytes of an entry's JSON that no rule above bounds by itself: member names, the ID,
 #: status, times, counters, ``parkedFrom``, ``blockedByInFlight``, ``inFlightFor``,
-#: ``errorKind`` and ``errorStatus`` (about 750 in the worst case), rounded up generously.
+#: ``errorKind``, ``errorStatus`` (about 750 in the worst case) and ``agentRef`` (at most
+#: :data:`MAX_AGENT_REF_BYTES`), rounded up generously.
 _ENTRY_FIXED_BYTES = 4096
 #: Bytes a snapshot frame adds around its entries: type, workspace and session IDs (128
 #: characters each at most), version, page and page count.

@@ -211,7 +211,9 @@ def claim_argv(token: str, lock_ttl_ms: int, acknowledge: Iterable[str] = ()) ->
 def settle_argv(
     token: str, entry_id: str, outcome: str, error: str, config: Config, receipt_ttl_ms: int
 ) -> list[Any]:
-    """ARGV[6..18] of ``settle.lua``: lease token, entry ID, outcome, error text, then
+    """ARGV[6..18] of ``settle.lua``: lease token, entry ID, outcome, error text (for
+    ``delivered``: the agent's reference, :func:`~django_outbox.core.rules.agent_ref_json`'s
+    compact JSON or ``""``), then
     the backoff tunables of ``config`` in microseconds (counts as they are) and the
     settle receipt's TTL in milliseconds."""
     c = config
@@ -255,11 +257,13 @@ def settle_next_argv(
     receipt_ttl_ms: int,
     lock_ttl_ms: int,
     acknowledge: Iterable[str],
+    agent_ref: str = "",
 ) -> list[Any]:
     """ARGV[6..] of ``settle_next.lua``: :func:`settle_argv` for the outcome
-    ``delivered``, then the lease TTL in milliseconds and the IDs of delivered entries to
-    acknowledge (the settled entry's among them)."""
-    settle = settle_argv(token, entry_id, "delivered", "", config, receipt_ttl_ms)
+    ``delivered`` (``agent_ref`` in the error text's place), then the lease TTL in
+    milliseconds and the IDs of delivered entries to acknowledge (the settled entry's
+    among them)."""
+    settle = settle_argv(token, entry_id, "delivered", agent_ref, config, receipt_ttl_ms)
     return [*settle, lock_ttl_ms, *acknowledge]
 
 
@@ -349,40 +353,55 @@ def due_argv(now_us: int, limit: int, *, with_scores: bool = False) -> list[Any]
 
 
 def edit_argv(
-    entry_id: str, if_version: int | None, seen: str, content: str, history_ttl_ms: int
+    entry_id: str,
+    if_version: int | None,
+    seen: str,
+    content: str,
+    history_ttl_ms: int,
+    actor: str,
 ) -> list[Any]:
-    """ARGV[6..10] of ``edit.lua``: the entry ID, the session version the caller saw (``""``:
+    """ARGV[6..11] of ``edit.lua``: the entry ID, the session version the caller saw (``""``:
     any), the entry's content as read (from ``,"clientMessageID":`` to the end), the new
-    content, the history's TTL (ms; 0: not counted). Reply:
+    content, the history's TTL (ms; 0: not counted), the actor recorded as ``editedBy``
+    (:mod:`~django_outbox.core.actors`). Reply:
     :class:`~django_outbox.core.replies.OperatorReply`."""
-    return [entry_id, "" if if_version is None else if_version, seen, content, history_ttl_ms]
+    version = "" if if_version is None else if_version
+    return [entry_id, version, seen, content, history_ttl_ms, actor]
 
 
-def move_argv(entry_id: str, where: str, before: str, history_ttl_ms: int) -> list[Any]:
-    """ARGV[6..9] of ``move.lua``: the entry ID, ``next``/``last``/``before``, the entry to
-    go before (``""`` unless ``before``), the history's TTL (ms; 0: not counted). Reply:
+def move_argv(entry_id: str, where: str, before: str, history_ttl_ms: int, actor: str) -> list[Any]:
+    """ARGV[6..10] of ``move.lua``: the entry ID, ``next``/``last``/``before``, the entry to
+    go before (``""`` unless ``before``), the history's TTL (ms; 0: not counted), the actor
+    recorded as ``movedBy``. Reply: :class:`~django_outbox.core.replies.OperatorReply`."""
+    return [entry_id, where, before, history_ttl_ms, actor]
+
+
+def cancel_argv(entry_id: str, history_ttl_ms: int, actor: str) -> list[Any]:
+    """ARGV[6..8] of ``cancel.lua``: the entry ID, the history's TTL (ms; 0: not
+    counted) and the actor the removed entry is reported with as ``cancelledBy``. Reply:
     :class:`~django_outbox.core.replies.OperatorReply`."""
-    return [entry_id, where, before, history_ttl_ms]
+    return [entry_id, history_ttl_ms, actor]
 
 
-def cancel_argv(entry_id: str, history_ttl_ms: int) -> list[Any]:
-    """ARGV[6..7] of ``cancel.lua``: the entry ID and the history's TTL (ms; 0: not
-    counted). Reply: :class:`~django_outbox.core.replies.OperatorReply`."""
-    return [entry_id, history_ttl_ms]
-
-
-def cut_argv(entry_id: str, signal_ttl_ms: int, named: str = "") -> list[Any]:
-    """ARGV[6..8] of ``cut.lua``: the entry ID (``""``: the one in flight), the cut
-    signal's TTL (ms) and the entry a Stop names (``""``: none; with ``entry_id`` ``""``
+def cut_argv(
+    entry_id: str, signal_ttl_ms: int, named: str = "", actor: str = "system"
+) -> list[Any]:
+    """ARGV[6..9] of ``cut.lua``: the entry ID (``""``: the one in flight), the cut
+    signal's TTL (ms), the entry a Stop names (``""``: none; with ``entry_id`` ``""``
     only: the turn is cut only while that entry is the one in flight, else the reply is
-    ``not_in_flight``); its extra key is the session's cut signal
-    (:meth:`~django_outbox.core.keys.KeySpace.cut`). Reply:
+    ``not_in_flight``) and the actor recorded as ``stoppedBy``; its extra key is the
+    session's cut signal (:meth:`~django_outbox.core.keys.KeySpace.cut`). Reply:
     :class:`~django_outbox.core.replies.OperatorReply` (docs/howto/cutting.md)."""
-    return [entry_id, signal_ttl_ms, named]
+    return [entry_id, signal_ttl_ms, named, actor]
 
 
-def send_now_argv(entry_id: str, signal_ttl_ms: int) -> list[Any]:
-    """ARGV[6..7] of ``send_now.lua``: the entry ID and the cut signal's TTL (ms); its
-    extra key is the session's cut signal. Reply:
+def send_now_argv(
+    entry_id: str, signal_ttl_ms: int, actor: str = "system", cut_only: str | None = None
+) -> list[Any]:
+    """ARGV[6..9] of ``send_now.lua``: the entry ID, the cut signal's TTL (ms), the actor
+    (the moved prompt's ``movedBy``, the cut entry's ``stoppedBy``) and the entry whose turn
+    alone may be cut (None: whichever runs; ``""``: none, sent as ``-``, never an ID); its
+    extra key
+    is the session's cut signal. Reply:
     :class:`~django_outbox.core.replies.OperatorReply` (docs/howto/cutting.md)."""
-    return [entry_id, signal_ttl_ms]
+    return [entry_id, signal_ttl_ms, actor, "" if cut_only is None else cut_only or "-"]

@@ -137,8 +137,8 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
                 "the session's agent does not declare that it delivers merged prompts "
                 "(outbox_capabilities without 'merge'): send it without if_busy='merge'"
             )
-        if self.key_space_owner is not None and not self._key_space_confirmed:
-            yield from self._key_space_plan()  # the process's first accept claims the space
+        if self.key_space_owner is not None and self._key_space_due():
+            yield from self._key_space_plan()  # claim, then confirm every CLAIM_RECHECK
         user = user_digest(user_id)
         marker = dedupe_marker(user_id, client_message_id)
         now_us = self._now_us()  # 0: the script stamps acceptedAt on the server's clock
@@ -258,8 +258,9 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
         are ``ValueError`` subclasses) and
         :class:`OutboxUnavailable` (Valkey unreachable, out of memory, or a
         ``WAIT_REPLICAS``/``WAIT_AOF`` wait timed out — then ``accepted`` is True).
-        With a ``key_space_owner``, the process's first accept claims the key space, and
-        raises :class:`KeySpaceClaimed` (nothing stored) while another project holds it.
+        With a ``key_space_owner``, the first accept claims the key space and later ones
+        confirm it every ``CLAIM_RECHECK`` (2 s), raising :class:`KeySpaceClaimed`
+        (nothing stored) while another project holds it (docs/howto/valkey.md).
         """
         options: dict[str, Any] = {"user_id": user_id, "client_message_id": client_message_id}
         options.update(text=text, model=model, expires_after=expires_after)
@@ -732,11 +733,12 @@ class Outbox(QueueReads, HistoryReads, OwnedKeySpace, TurnCuts, QueueSteering):
         Claims the key space (raises :class:`KeySpaceClaimed` at once when another
         project holds it), loads the scripts, recovers staged entries whose lease is
         gone, then delivers due sessions with at most ``concurrency`` (default
-        ``CONCURRENCY``) at once, finding them through the due index every
-        ``tick`` seconds (default ``TICK``) and at once through the wake list
-        that accepts push to. After ``stop``, in-flight deliveries get ``grace``
-        seconds to finish before they are cancelled (recorded as ambiguous).
-        Every task is joined before this returns the run's
+        ``CONCURRENCY``) at once, finding them through the due index every ``tick``
+        seconds (default ``TICK``) and at once through the wake list that accepts push
+        to; another project's claim stops it within ``CLAIM_RECHECK`` (2 s), raising
+        :class:`KeySpaceTakenOver` (docs/howto/valkey.md#taking-a-key-space-over). After
+        ``stop``, in-flight deliveries get ``grace`` seconds to finish before they are
+        cancelled (recorded as ambiguous). Every task is joined before this returns the run's
         :class:`~django_outbox.core.worker.WorkerStats`.
         """
         worker = Worker(

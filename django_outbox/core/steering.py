@@ -3,13 +3,16 @@
 A mixin of :class:`~django_outbox.core.service.Outbox`. Each operation is one Lua
 script (``edit.lua``, ``move.lua``, ``cancel.lua``, sharing ``lib/steering.lua``) run by
 a plan, so the sync and async twins share everything but the I/O. The prompt in flight
-or being verified is never changed here: it answers ``BUSY`` / ``IN_FLIGHT``.
+or being verified is never changed here: it answers ``BUSY`` / ``IN_FLIGHT``. Each takes
+the ``actor`` who asks (:mod:`~django_outbox.core.actors`, ``system`` by default), which
+its script records on the entry (``editedBy``, ``movedBy``, ``cancelledBy``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .actors import SYSTEM, check_actor
 from .base import OutboxBase
 from .entry import CONTENT_MARKER, CancelResult, EditResult, Entry, MoveResult
 from .errors import InvalidContent
@@ -57,8 +60,10 @@ class QueueSteering(OutboxBase):
         text: Any,
         model: Any,
         if_version: Any,
+        actor: Any = SYSTEM,
     ) -> Plan[EditResult]:
         check_identifier("entry ID", entry_id)
+        check_actor(actor)
         if text is None and model is None:
             raise InvalidContent("nothing to edit: give text, model or both")
         if if_version is not None and (
@@ -86,7 +91,7 @@ class QueueSteering(OutboxBase):
                     edited = entry.evolve(**changes).to_json()
                     content = edited[edited.index(CONTENT_MARKER) :]
                     break
-            argv = edit_argv(entry_id, if_version, seen, content, self._history_ttl_ms)
+            argv = edit_argv(entry_id, if_version, seen, content, self._history_ttl_ms, actor)
             reply = yield from self._steer_plan("edit", workspace_id, session_id, argv, "edited")
             if reply.result != "changed":
                 return EditResult(reply.result)
@@ -101,6 +106,7 @@ class QueueSteering(OutboxBase):
         text: str | None = None,
         model: dict[str, Any] | None = None,
         if_version: int | None = None,
+        actor: str = SYSTEM,
     ) -> EditResult:
         """Replace the text and/or model (None: keep it) of a prompt that waits: pending,
         parked, expired or error (docs/howto/steering.md#edit). ``if_version``: the
@@ -109,12 +115,14 @@ class QueueSteering(OutboxBase):
         verified, ``NOT_FOUND`` if absent. The entry keeps its ID, place and state; its
         idempotency key still answers a resend of the original request as a duplicate of
         this entry (the key is bound to what was first sent; the same key with the edited
-        text answers :class:`IdempotencyConflict`). Watchers get state ``edited``. Raises
-        :class:`InvalidContent` (nothing to edit, or text/model breaking accept's rules;
-        :class:`ContentTooLarge` for sizes) and :class:`InvalidIdentifier`.
+        text answers :class:`IdempotencyConflict`). ``actor`` (:mod:`~django_outbox.core.actors`:
+        ``user:<userID>``, ``staff:<pk>``, ...) is recorded as the entry's ``editedBy``.
+        Watchers get state ``edited``. Raises :class:`InvalidContent` (nothing to edit,
+        text/model breaking accept's rules, a malformed ``actor``; :class:`ContentTooLarge`
+        for sizes) and :class:`InvalidIdentifier`.
         """
         return self._run(
-            self._edit_plan(workspace_id, session_id, entry_id, text, model, if_version)
+            self._edit_plan(workspace_id, session_id, entry_id, text, model, if_version, actor)
         )
 
     async def aedit(
@@ -126,16 +134,24 @@ class QueueSteering(OutboxBase):
         text: str | None = None,
         model: dict[str, Any] | None = None,
         if_version: int | None = None,
+        actor: str = SYSTEM,
     ) -> EditResult:
         """Async :meth:`edit`."""
         return await self._arun(
-            self._edit_plan(workspace_id, session_id, entry_id, text, model, if_version)
+            self._edit_plan(workspace_id, session_id, entry_id, text, model, if_version, actor)
         )
 
     def _move_plan(
-        self, workspace_id: str, session_id: str, entry_id: str, before: Any, to: Any
+        self,
+        workspace_id: str,
+        session_id: str,
+        entry_id: str,
+        before: Any,
+        to: Any,
+        actor: Any = SYSTEM,
     ) -> Plan[MoveResult]:
         check_identifier("entry ID", entry_id)
+        check_actor(actor)
         if (before is None) == (to is None):
             raise InvalidContent('give exactly one of before (an entry ID) or to ("next", "last")')
         if before is not None:
@@ -147,7 +163,7 @@ class QueueSteering(OutboxBase):
             where = to
         else:
             raise InvalidContent(f"to must be one of {', '.join(MOVE_TO)}")
-        argv = move_argv(entry_id, where, before or "", self._history_ttl_ms)
+        argv = move_argv(entry_id, where, before or "", self._history_ttl_ms, actor)
         reply = yield from self._steer_plan("move", workspace_id, session_id, argv, "moved")
         return MoveResult(reply.result)
 
@@ -159,16 +175,18 @@ class QueueSteering(OutboxBase):
         *,
         before: str | None = None,
         to: str | None = None,
+        actor: str = SYSTEM,
     ) -> MoveResult:
         """Reorder a queued prompt (docs/howto/steering.md#reorder): ``before`` another
         queued entry's ID, or ``to`` ``"next"`` (first after the entries held in place) or
         ``"last"``; exactly one. The prompt in flight or being verified never moves and
         nothing moves ahead of it: ``BUSY``. ``NOT_FOUND`` when the entry or ``before`` is
         not queued. ``MOVED`` also when it already stood there (nothing changes then).
-        Watchers get state ``moved``. Raises :class:`InvalidContent` for a bad ``to`` or
-        both/neither given, :class:`InvalidIdentifier`.
+        ``actor`` is recorded as the entry's ``movedBy`` when it moves. Watchers get state
+        ``moved``. Raises :class:`InvalidContent` for a bad ``to``, both/neither given or a
+        malformed ``actor``, :class:`InvalidIdentifier`.
         """
-        return self._run(self._move_plan(workspace_id, session_id, entry_id, before, to))
+        return self._run(self._move_plan(workspace_id, session_id, entry_id, before, to, actor))
 
     async def amove(
         self,
@@ -178,24 +196,35 @@ class QueueSteering(OutboxBase):
         *,
         before: str | None = None,
         to: str | None = None,
+        actor: str = SYSTEM,
     ) -> MoveResult:
         """Async :meth:`move`."""
-        return await self._arun(self._move_plan(workspace_id, session_id, entry_id, before, to))
+        return await self._arun(
+            self._move_plan(workspace_id, session_id, entry_id, before, to, actor)
+        )
 
-    def _cancel_plan(self, workspace_id: str, session_id: str, entry_id: str) -> Plan[CancelResult]:
+    def _cancel_plan(
+        self, workspace_id: str, session_id: str, entry_id: str, actor: Any = SYSTEM
+    ) -> Plan[CancelResult]:
         check_identifier("entry ID", entry_id)
-        argv = cancel_argv(entry_id, self._history_ttl_ms)
+        check_actor(actor)
+        argv = cancel_argv(entry_id, self._history_ttl_ms, actor)
         reply = yield from self._steer_plan("cancel", workspace_id, session_id, argv, "cancelled")
         return CancelResult(reply.result)
 
-    def cancel(self, workspace_id: str, session_id: str, entry_id: str) -> CancelResult:
+    def cancel(
+        self, workspace_id: str, session_id: str, entry_id: str, *, actor: str = SYSTEM
+    ) -> CancelResult:
         """Cancel a queued prompt (docs/howto/steering.md#cancel): removed as by
-        :meth:`dismiss` (its key stays used), watchers get state ``cancelled``.
-        ``IN_FLIGHT`` when it is being delivered or verified (nothing changes: cutting
-        the turn is another operation), ``NOT_FOUND`` if absent.
+        :meth:`dismiss` (its key stays used), watchers get state ``cancelled`` with the
+        removed entry carrying ``cancelledBy``: ``actor``. ``IN_FLIGHT`` when it is being
+        delivered or verified (nothing changes: cutting the turn is another operation),
+        ``NOT_FOUND`` if absent. Raises :class:`InvalidContent` for a malformed ``actor``.
         """
-        return self._run(self._cancel_plan(workspace_id, session_id, entry_id))
+        return self._run(self._cancel_plan(workspace_id, session_id, entry_id, actor))
 
-    async def acancel(self, workspace_id: str, session_id: str, entry_id: str) -> CancelResult:
+    async def acancel(
+        self, workspace_id: str, session_id: str, entry_id: str, *, actor: str = SYSTEM
+    ) -> CancelResult:
         """Async :meth:`cancel`."""
-        return await self._arun(self._cancel_plan(workspace_id, session_id, entry_id))
+        return await self._arun(self._cancel_plan(workspace_id, session_id, entry_id, actor))

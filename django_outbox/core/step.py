@@ -209,7 +209,7 @@ class DeliveryStep(AgentCalls, OwedSignals):
         keeper.hold(token, keys, ws, ses)
         started = time.monotonic()
         step = "deliver" if kind == "deliver" else "verify"
-        hold = 0.0
+        hold, ref = 0.0, ""
         with step_span(step, entry.traceparent, ws, ses, entry.id, entry.attempts + 1) as span:
             serving = current_agent.set(agent)
             try:
@@ -220,9 +220,9 @@ class DeliveryStep(AgentCalls, OwedSignals):
                         else ("inconclusive", f"verifier: {unrouted}")
                     )
                 elif kind == "deliver":
-                    outcome, error, hold = await self._deliver(agent, entry, ws, ses)
+                    outcome, error, hold, ref = await self._deliver(agent, entry, ws, ses)
                 else:
-                    outcome, error = await self._verify(entry, ws, ses, agent.verifier)
+                    outcome, error, ref = await self._verify(entry, ws, ses, agent.verifier)
             except asyncio.CancelledError:
                 keeper.drop(token)
                 if kind == "deliver":
@@ -240,9 +240,11 @@ class DeliveryStep(AgentCalls, OwedSignals):
             try:
                 with settle_span(outcome):
                     if outcome == "delivered" and more and more() and self._settles_with_next():
-                        result, following = await self._asettle_next(ws, ses, token, entry)
+                        result, following = await self._asettle_next(ws, ses, token, entry, ref)
                     else:
-                        result = await self._asettle(ws, ses, token, entry, outcome, error, hold)
+                        result = await self._asettle(
+                            ws, ses, token, entry, outcome, error or ref, hold
+                        )
             finally:
                 if keeper.drop(token):
                     logger.warning(
@@ -343,7 +345,8 @@ class DeliveryStep(AgentCalls, OwedSignals):
         error: str,
         hold: float = 0.0,
     ) -> str:
-        """Record an outcome, retrying while Valkey is briefly unavailable.
+        """Record an outcome, retrying while Valkey is briefly unavailable. For
+        ``delivered``, ``error`` is the agent's reference (compact JSON, ``""`` none).
 
         The outcome is known here; losing it to a hiccup would leave the entry to
         verification. The lease keeper goes on renewing meanwhile; after half a
@@ -379,7 +382,8 @@ class DeliveryStep(AgentCalls, OwedSignals):
                     token,
                     entry.id,
                     outcome,
-                    clean_text(error, MAX_ERROR_CHARS),
+                    # delivered: the agent's reference, checked already (agent_ref_json)
+                    error if outcome == "delivered" else clean_text(error, MAX_ERROR_CHARS),
                     self.config,
                     RECEIPT_TTL_MS,
                 )
@@ -438,13 +442,13 @@ class DeliveryStep(AgentCalls, OwedSignals):
         return not self.listening("delivered", False) and not self._durability_waits()
 
     async def _asettle_next(
-        self, ws: str, ses: str, token: str, entry: Entry
+        self, ws: str, ses: str, token: str, entry: Entry, ref: str = ""
     ) -> tuple[str, tuple[str, Any, int] | None]:
         """Record a delivery and claim the next entry under the same lease, retrying
         while Valkey is briefly unavailable (as :meth:`_asettle`; the script is
         replay-safe). Returns ``(settle result, the next claim's answer or None)``."""
         return await retry_unavailable(
-            lambda: self._arun(self._settle_next_plan(ws, ses, token, entry)),
+            lambda: self._arun(self._settle_next_plan(ws, ses, token, entry, ref)),
             patience=self.config.lock_ttl / 2,
             first_delay=0.05,
             max_delay=1.0,
@@ -452,10 +456,10 @@ class DeliveryStep(AgentCalls, OwedSignals):
         )
 
     def _settle_next_plan(
-        self, ws: str, ses: str, token: str, entry: Entry
+        self, ws: str, ses: str, token: str, entry: Entry, ref: str = ""
     ) -> Plan[tuple[str, tuple[str, Any, int] | None]]:
         argv = settle_next_argv(
-            token, entry.id, self.config, RECEIPT_TTL_MS, self._lock_ttl_ms, [entry.id]
+            token, entry.id, self.config, RECEIPT_TTL_MS, self._lock_ttl_ms, [entry.id], ref
         )
         reply = SettleNextReply.parse(
             (yield self._session_eval("settle_next", ws, ses, extra_args=argv))

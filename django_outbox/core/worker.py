@@ -13,9 +13,10 @@ indexed at the lease's expiry), so recovery is continuous, not only at start.
 
 The reads behind the tick and the wake are :mod:`~django_outbox.core.finding`.
 Beside the loop a worker runs its periodic duties, each the same way
-(:mod:`~django_outbox.core.duties`): its heartbeat, the per-minute history, the
-ledger sweep (with a ledger probe), the cluster's index repair (on a cluster),
-then the duties registered in the outbox's ``duties`` list.
+(:mod:`~django_outbox.core.duties`): its heartbeat, the key space watch (with a
+key space owner: another project's claim stops the worker at once), the per-minute
+history, the ledger sweep (with a ledger probe), the cluster's index repair (on a
+cluster), then the duties registered in the outbox's ``duties`` list.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import server
+from .agents import DEFAULT_AGENT, Agent, probe_agents
 from .config import Config
 from .duties import Duty
 from .duties.heartbeat import HeartbeatOutbox, heartbeat
 from .duties.history import HistoryOutbox, history
+from .duties.key_space import KeySpaceOutbox, key_space_watch
 from .duties.parked_sweep import SweepOutbox, parked_sweep
 from .duties.repair import index_repair
-from .errors import OutboxUnavailable, ServerUnsupported
+from .errors import KeySpaceClaimed, KeySpaceTakenOver, OutboxUnavailable, ServerUnsupported
 from .finding import IndexTransport, due_sessions, wait_wake
 from .heartbeats import HEARTBEAT_TTL, WorkerHeartbeat
 from .step import Claimed
@@ -91,7 +94,9 @@ class WorkerStats:
 running_stats: ContextVar[WorkerStats | None] = ContextVar("outbox_worker_stats", default=None)
 
 
-class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, Protocol):
+class WorkerOutbox(
+    IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, KeySpaceOutbox, Protocol
+):
     """What a :class:`Worker` needs of the outbox (the core
     :class:`~django_outbox.core.service.Outbox` provides it): the public members
     below for the loop, the transport the due and wake reads run on
@@ -103,6 +108,7 @@ class WorkerOutbox(IndexTransport, HeartbeatOutbox, SweepOutbox, HistoryOutbox, 
     agents: Mapping[str, Any]
     ledger_probe: Callable[..., Any] | None
     duties: list[Duty]
+    key_space_owner: Any
 
     @property
     def read_timeout(self) -> float | None: ...
@@ -136,6 +142,14 @@ class Worker:
     ``duties`` are run beside the worker's own (:mod:`~django_outbox.core.duties`);
     None: the outbox's ``duties``. ``worker_id`` names the worker in its heartbeat,
     its logs and its lease tokens (default ``<host>-<pid>-<random>``).
+
+    With the outbox's ``key_space_owner`` set, the worker confirms the key space's claim
+    every ``claim_recheck`` seconds (2 s) while it runs; finding another project's claim
+    it stops at once: no further claim, its in-flight deliveries cancelled without
+    grace (each recorded as ambiguous, or left staged under its lease, so the new owner's
+    workers verify it before anything is sent again: nothing is lost), and :meth:`run`
+    raises :class:`~django_outbox.core.errors.KeySpaceTakenOver`
+    (docs/howto/valkey.md#taking-a-key-space-over).
     """
 
     def __init__(
@@ -185,6 +199,9 @@ class Worker:
         self._freed = asyncio.Event()  # set when a delivery task ends (a slot is free)
         #: Sessions the last scan offered that were neither queued nor running.
         self.fresh = 0
+        #: Set when another project took the key space over: the worker stops at once
+        #: and :meth:`run` raises it.
+        self.taken_over: KeySpaceTakenOver | None = None
 
     # -- finding work ----------------------------------------------------------------
 
@@ -380,6 +397,8 @@ class Worker:
         own = []
         if self.heartbeat:
             own.append(heartbeat(outbox, self.id, self.beat))
+        if outbox.key_space_owner is not None:
+            own.append(key_space_watch(outbox, self._lose_key_space))
         if outbox.cluster:
             own.append(index_repair(outbox))
         if outbox.ledger_probe is not None:
@@ -387,6 +406,25 @@ class Worker:
         if outbox.history_counter.enabled:
             own.append(history(outbox, self.id))
         return own
+
+    def _lose_key_space(self, claimed: KeySpaceClaimed) -> None:
+        """Another project holds the key space now: stop at once. Nothing more is claimed
+        (``stop`` is set before the loop runs again) and the running deliveries are
+        cancelled now, not after ``grace``: a delivery cancelled mid-call is recorded as
+        ambiguous, as at the end of a grace, or stays staged under its lease until it
+        expires; either way the new owner's workers verify it (docs/howto/valkey.md)."""
+        if self.taken_over is not None:
+            return
+        self.taken_over = KeySpaceTakenOver(claimed.prefix, claimed.claimed_by)
+        logger.error(
+            "outbox worker %s: %s; %d in-flight deliveries cancelled",
+            self.id,
+            self.taken_over,
+            len(self._running),
+        )
+        self.stop.set()
+        for task in self._running.values():
+            task.cancel()
 
     async def _keep(self, duty: Duty) -> None:
         """Run ``duty``'s passes until the worker stops (the timing is :class:`Duty`'s)."""
@@ -426,8 +464,13 @@ class Worker:
 
     async def run(self) -> WorkerStats:
         """Claim the key space, recover, then deliver until stopped; every task is joined
-        before returning. Raises :class:`~django_outbox.core.errors.KeySpaceClaimed` at
-        once when another project holds the key space, and
+        before returning. Raises :class:`~django_outbox.core.errors.AgentMisconfigured`
+        before anything else when an agent's start-up probe says it refuses the settings
+        (docs/howto/agents.md#the-start-up-probe),
+        :class:`~django_outbox.core.errors.KeySpaceClaimed` at
+        once when another project holds the key space,
+        :class:`~django_outbox.core.errors.KeySpaceTakenOver` once stopped because another
+        project claimed it while the worker ran, and
         :class:`~django_outbox.core.errors.ServerUnsupported` when the server cannot do
         what the settings ask (docs/howto/valkey.md)."""
         # Every task made below copies the context, and with it the run's stats.
@@ -439,6 +482,7 @@ class Worker:
 
     async def _run(self) -> WorkerStats:
         outbox = self.outbox
+        await self._probe_agents()
         recovered = await self._patiently(self._start)
         if recovered:
             logger.info("outbox worker %s: recovered %d staged entries", self.id, recovered)
@@ -471,7 +515,21 @@ class Worker:
             await asyncio.gather(*helpers, return_exceptions=True)
             await self._finish()
             logger.info("outbox worker %s stopped: %s", self.id, self.stats)
+        if self.taken_over is not None:
+            raise self.taken_over
         return self.stats
+
+    async def _probe_agents(self) -> None:
+        """Ask each agent with a start-up probe whether it takes what the settings name
+        (:func:`~django_outbox.core.agents.probe_agents`): raises
+        :class:`~django_outbox.core.errors.AgentMisconfigured` when one says no; a probe
+        that could not tell is logged, and the worker starts
+        (docs/howto/agents.md#the-start-up-probe)."""
+        agents = list(self.outbox.agents.values())
+        if self.outbox.deliverer is not None:
+            agents.append(Agent(DEFAULT_AGENT, self.outbox.deliverer))
+        for warning in await probe_agents(agents):
+            logger.warning("outbox worker %s: %s", self.id, warning)
 
     async def _start(self) -> int:
         # Nothing is recovered or delivered on a server that cannot do what the settings
@@ -504,6 +562,8 @@ class Worker:
         tasks = list(self._running.values())
         if not tasks:
             return
+        # After a takeover the tasks are cancelled already: this waits for their
+        # cancellation's own bookkeeping (the ambiguous settle) only.
         _, pending = await asyncio.wait(tasks, timeout=self.grace)
         for task in pending:
             task.cancel()

@@ -1,35 +1,7 @@
-"""What every built-in HTTP agent shares, written once
-(docs/howto/agents.md#what-every-agent-carries).
-
-Each backend (:mod:`~django_outbox.delivery.opencode`, :mod:`~django_outbox.delivery.http`,
-:mod:`~django_outbox.delivery.langgraph`) keeps only its protocol: its URLs, bodies,
-verification and abort. From here it takes:
-
-* :class:`HttpBackend`: one :class:`httpx.AsyncClient` per running event loop (a client
-  is bound to the loop it was made on), closed by :meth:`HttpBackend.aclose`;
-* :func:`read_bounded` and :func:`read_excerpt`: an answer read up to a limit, never
-  decompressed (the clients ask for ``identity``, so what is read is what is counted;
-  docs/explanation/security.md, "Credentials and hostile agents");
-* :func:`refusal`: how a non-2xx answer to the request that carried the prompt is
-  classified, the same for every agent (docs/explanation/lifecycle.md):
-
-  =================================================  ==========================================
-  answer                                             outcome
-  =================================================  ==========================================
-  429 or 503 with a ``Retry-After`` (any value)      held (:class:`HoldDeliveryError`), no attempt
-                                                     used; a wait that says "now" (0, a past
-                                                     date, negative, unreadable) is 0, and the
-                                                     outbox's ``HOLD_FLOOR`` decides
-  5xx otherwise                                      ambiguous: verified, never resent blindly
-  anything else                                      the backend's own error: a definitive failure
-  =================================================  ==========================================
-
-* :data:`NOT_SENT` (errors raised before any of the request was written: transient) and
-  :data:`INVALID_REQUEST` (no valid request could be formed: definitive);
-* :class:`Made`: the backends made from settings, one per settings object, the replaced
-  ones kept until their clients are closed;
-* :func:`module_face`: the module-level ``deliver`` / ``verify`` / ``abort`` /
-  ``aclose`` an ``OUTBOX`` setting names.
+"""What every built-in HTTP agent shares, written once: the client per event loop, bounded
+reads, the request that carries a prompt and how its answer is classified, the backends made
+from settings and the module functions a setting names
+(docs/howto/agents.md#what-every-agent-carries). Each backend keeps only its protocol.
 """
 
 from __future__ import annotations
@@ -37,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import json
 import math
 import re
 import threading
@@ -45,15 +18,15 @@ import weakref
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from datetime import UTC
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
 
 from ..core.config import ConfigError, declared, kinds
-from ..core.entry import Entry, Verdict
+from ..core.entry import Entry
 from ..core.redaction import redact, remember_url
-from ..errors import AmbiguousError, HoldDeliveryError
+from ..errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -62,7 +35,6 @@ __all__ = [
     "LONGEST_RETRY_AFTER",
     "NOT_SENT",
     "HttpBackend",
-    "LoopClients",
     "Made",
     "Unreadable",
     "described",
@@ -97,46 +69,13 @@ INVALID_REQUEST: tuple[type[Exception], ...] = (
     httpx.InvalidURL,
 )
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_MAX_REDIRECTS = 5
 
 
 class Unreadable(Exception):
     """An answer not read: larger than the limit, or compressed though none was asked for;
     the agents raise it too for what they will not follow or parse (a next link elsewhere,
     not JSON)."""
-
-
-class LoopClients:
-    """One :class:`httpx.AsyncClient` per running event loop (a client is bound to the
-    loop it was made on), made by ``factory`` on first use or after it was closed."""
-
-    def __init__(self, factory: Callable[[], httpx.AsyncClient]) -> None:
-        self._factory = factory
-        self._lock = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def get(self) -> httpx.AsyncClient:
-        """The running loop's client. Raises ``RuntimeError`` outside a running loop."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            client = self._clients.get(loop)
-            if client is None or client.is_closed:
-                client = self._clients[loop] = self._factory()
-            return client
-
-    async def aclose(self) -> None:
-        """Close the running loop's client (a no-op if it has none)."""
-        with self._lock:
-            client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
-
-    @property
-    def any_open(self) -> bool:
-        """True while some event loop still holds an open client."""
-        with self._lock:
-            return any(not c.is_closed for c in self._clients.values())
 
 
 class HttpBackend:
@@ -160,7 +99,10 @@ class HttpBackend:
         self.timeout = float(timeout)
         self.max_response_bytes = int(max_response_bytes)
         self._transport = transport
-        self._clients = LoopClients(self._new_client)
+        self._lock = threading.Lock()
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
 
     #: Seconds one read of the client may wait by default (None: ``timeout``).
     read_timeout: float | None = None
@@ -183,16 +125,129 @@ class HttpBackend:
         )
 
     def _client(self) -> httpx.AsyncClient:
-        return self._clients.get()
+        """The running loop's client (a client is bound to the loop it was made on), made on
+        first use or after it was closed. Raises ``RuntimeError`` outside a running loop."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None or client.is_closed:
+                client = self._clients[loop] = self._new_client()
+            return client
 
     async def aclose(self) -> None:
         """Close the running loop's httpx client (a no-op if it has none)."""
-        await self._clients.aclose()
+        with self._lock:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
 
     @property
     def has_clients(self) -> bool:
         """True while some event loop still holds an open httpx client of this object."""
-        return self._clients.any_open
+        with self._lock:
+            return any(not c.is_closed for c in self._clients.values())
+
+    def _refused(self, status: int, url: str, said: str) -> Exception:
+        """The backend's definitive error for an answer of ``status`` to ``url`` (``said``:
+        a redacted excerpt of its body); also raised for a redirect it does not follow."""
+        raise NotImplementedError
+
+    async def _exchange(
+        self, method: str, url: str, seconds: float, *, body: Any = None, key: str = ""
+    ) -> tuple[int, httpx.Headers, bytes]:
+        """One request (``body`` sent as JSON) and its answer: ``(status, headers, body
+        excerpt)``. ``seconds`` is a total deadline over the whole exchange (connecting,
+        sending, headers, an error's excerpt): an agent dripping its answer cannot outlive
+        it. Only a non-2xx answer's body is read, at most :data:`EXCERPT_BYTES`, until the
+        deadline. Redirects to the same origin are followed (307/308; for a GET any), never
+        elsewhere: the credentials stay with the agent. ``key`` is sent as the
+        ``Idempotency-Key`` (docs/howto/agents.md#the-idempotency-key). Raises httpx errors
+        (``ConnectTimeout`` when the deadline passes before any of the request was
+        written), ``TimeoutError`` when it passes after, :meth:`_refused`'s error for a
+        redirect not followed."""
+        client = self._client()
+        headers = {"Idempotency-Key": key} if key else {}
+        content = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            content = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        home = origin(httpx.URL(url))
+        when = asyncio.get_running_loop().time() + seconds
+        for _ in range(_MAX_REDIRECTS + 1):
+            sending = _Sending()
+            request = client.build_request(
+                method, url, content=content, headers=headers, extensions={"trace": sending.trace}
+            )
+            try:
+                async with asyncio.timeout_at(when):
+                    response = await client.send(request, stream=True)
+            except TimeoutError as exc:
+                if sending.connecting:
+                    raise httpx.ConnectTimeout(f"no connection within {seconds:g}s") from exc
+                raise
+            try:
+                status = response.status_code
+                if 300 <= status < 400 and "location" in response.headers:
+                    follows = status in (307, 308) or method == "GET"
+                    target = httpx.URL(urljoin(url, response.headers["location"]))
+                    if not follows or target.userinfo or origin(target) != home:
+                        where = "another origin" if follows else "a place"
+                        said = f"a redirect to {where} this agent does not follow"
+                        raise self._refused(status, url, said)
+                    url = str(target)
+                    continue
+                raw = b""
+                if not 200 <= status < 300:
+                    limit = min(EXCERPT_BYTES, self.max_response_bytes)
+                    raw = await read_excerpt(response, limit, until=when)
+                return status, response.headers, raw
+            finally:
+                with contextlib.suppress(httpx.HTTPError):
+                    await response.aclose()
+        raise self._refused(0, url, f"more than {_MAX_REDIRECTS} redirects")
+
+    async def _send(self, url: str, body: Any, *, key: str, where: str) -> None:
+        """``POST`` the prompt ``body`` to ``url`` under ``timeout``; return on 2xx, else raise
+        the outcome it means (docs/explanation/lifecycle.md#what-happens-to-a-message):
+        :class:`TransientDeliveryError` when none of it was sent (:data:`NOT_SENT`),
+        :class:`AmbiguousError` when it may have arrived (a timeout or cut once sent), the
+        backend's own error when no valid request could be formed, and for an answer what
+        :func:`refusal` says. ``where`` names the agent in the error texts (redacted)."""
+        try:
+            status, headers, raw = await self._exchange(
+                "POST", url, self.timeout, body=body, key=key
+            )
+        except NOT_SENT as exc:
+            raise described(TransientDeliveryError, f"could not connect to {where}", exc) from exc
+        except INVALID_REQUEST as exc:
+            raise self._refused(0, url, f"invalid request: {type(exc).__name__}: {exc}") from exc
+        except TimeoutError as exc:
+            late = httpx.ReadTimeout(f"its {self.timeout:g}s deadline passed")
+            raise described(AmbiguousError, f"no whole answer from {where}", late) from exc
+        except httpx.TransportError as exc:
+            raise described(AmbiguousError, f"sent to {where} but got no answer", exc) from exc
+        if 200 <= status < 300:
+            return
+        error = self._refused(status, url, excerpt(raw))
+        raised = refusal(status, headers, error)
+        if raised is error:
+            raise error
+        raise raised from error
+
+
+class _Sending:
+    """What httpcore reports of one request (its ``trace`` extension): ``connecting`` while
+    a connection is being made and none of the request is written yet. A transport that
+    reports nothing leaves it False: a timeout then counts as maybe sent."""
+
+    def __init__(self) -> None:
+        self.connecting = False
+
+    async def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        if event == "connection.connect_tcp.started":
+            self.connecting = True
+        elif event.endswith(".send_request_headers.started"):
+            self.connecting = False
 
 
 def origin(url: httpx.URL) -> tuple[str, str, int | None]:
@@ -291,7 +346,8 @@ def described(kind: type[Exception], what: str, exc: BaseException) -> Exception
 
 def refusal(status: int, headers: Mapping[str, str], error: Exception) -> Exception:
     """What a non-2xx answer to the request that carried the prompt raises, ``error`` being
-    the backend's own error for it (its status, URL and excerpt): see the module's table.
+    the backend's own error for it (its status, URL and excerpt): the table in
+    docs/howto/agents.md#how-an-answer-is-classified.
     A 429 or 503 with a ``Retry-After`` is a hold whatever the header says: the agent said
     "not now", nothing was taken; a wait that cannot be read counts as 0, and the outbox
     waits at least ``HOLD_FLOOR`` anyway (docs/howto/agents.md#held-retry-after)."""
@@ -369,7 +425,7 @@ def module_face(
     module: str,
     validators: tuple[Callable[..., None], ...] = (),
     capabilities: frozenset[str] = CARRIES_MERGE,
-) -> tuple[Callable[..., Awaitable[None]], Callable[..., Awaitable[Verdict]], Callable[..., Any]]:
+) -> tuple[Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]], Callable[..., Any]]:
     """``(deliver, verify, abort)``: the functions an ``OUTBOX`` setting names, each calling
     the method of that name on the ``backend`` object ``await resolve(workspace_id)`` gives
     (which raises ``ImproperlyConfigured`` for bad settings). ``module`` is the module they
@@ -377,20 +433,19 @@ def module_face(
     order, check an ``AGENTS`` entry that names it (their ``validate_agent_options``:
     ``manage.py check`` and the worker's start); ``capabilities`` is what ``deliver`` (and
     ``backend.deliver``) declare they carry out
-    (:func:`~django_outbox.core.agents.capabilities_of`)."""
+    (:func:`~django_outbox.core.agents.capabilities_of`). A ``backend`` with a ``probe``
+    method gives ``deliver`` an ``outbox_probe`` the worker's start awaits
+    (:func:`~django_outbox.core.agents.probe_agents`)."""
 
-    async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> None:
+    async def deliver(entry: Entry, *, workspace_id: str, session_id: str, attempt: int) -> Any:
         found = await resolve(workspace_id)
-        await found.deliver(
+        return await found.deliver(
             entry, workspace_id=workspace_id, session_id=session_id, attempt=attempt
         )
 
-    async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
+    async def verify(entry: Entry, *, workspace_id: str, session_id: str) -> Any:
         found = await resolve(workspace_id)
-        verdict: Verdict = await found.verify(
-            entry, workspace_id=workspace_id, session_id=session_id
-        )
-        return verdict
+        return await found.verify(entry, workspace_id=workspace_id, session_id=session_id)
 
     async def abort(entry: Entry, *, workspace_id: str, session_id: str) -> Any:
         found = await resolve(workspace_id)
@@ -410,6 +465,12 @@ def module_face(
         function.validate_agent_options = validator
     deliver.outbox_capabilities = capabilities  # type: ignore[attr-defined]
     backend.deliver.outbox_capabilities = capabilities  # type: ignore[attr-defined]
+    if hasattr(backend, "probe"):  # the worker's start asks it (docs/howto/agents.md)
+
+        async def probe() -> None:
+            await (await resolve("")).probe()
+
+        deliver.outbox_probe = probe  # type: ignore[attr-defined]
     return functions
 
 

@@ -1,55 +1,14 @@
-"""Built-in deliverer and verifier for an opencode server (``opencode serve``), over httpx.
-
-Use it from settings::
-
-    OUTBOX = {
-        "DELIVERER": "django_outbox.delivery.opencode.deliver",
-        "VERIFIER": "django_outbox.delivery.opencode.verify",
-        "OPENCODE": {"BASE_URL": "http://127.0.0.1:4096", "PASSWORD": "..."},
-    }
-
-or build an :class:`OpencodeClient` and pass its bound ``deliver`` / ``verify``
-to ``Outbox(deliverer=..., verifier=...)``. The outbox's session ID is the
-opencode session ID (``ses_...``).
-
-Every rule below comes from a real ``opencode serve`` 1.18.33
-(docs/howto/deliverer.md#the-built-in-opencode-deliverer;
-``tests/opencode/test_opencode_real.py`` checks the ones this module relies on against that
-server):
-
-* ``POST /session/{id}/message`` stores the user message first, then blocks
-  until the assistant turn ends (with no reachable LLM provider: forever). A
-  provider error ends the turn with **200** and ``info.error`` on the assistant
-  message, so 2xx means "in the transcript", whatever the turn did.
-* A client-chosen ``messageID`` is honoured if it starts with ``msg`` (else 400
-  ``BadRequest``); the message is stored under exactly that ID and
-  ``GET /session/{id}/message/{messageID}`` returns it (404 ``NotFoundError``
-  before; that GET does not check that the session exists).
-* Sending the same ``messageID`` again does NOT deduplicate: the text is
-  appended as another part of the same message. So a resend is never safe
-  without verifying first; every attempt of one entry uses the same ID, so the
-  verifier can find any of them.
-* ``GET /session/{id}/message`` lists ``{"info": {...}, "parts": [...]}``
-  objects in creation order; 404 ``Session not found`` for an unknown
-  session; times are milliseconds since the epoch.
-* A session ID that does not start with ``ses`` makes every session route
-  answer **500** ``UnknownError``; this module refuses such an ID locally
-  (:class:`OpencodeSessionIDError`) instead of letting a 500 look ambiguous.
-* ``OPENCODE_SERVER_PASSWORD`` turns on HTTP Basic auth (user ``opencode``
-  unless ``OPENCODE_SERVER_USERNAME``) on every route, including health.
-
-And from docs/explanation/security.md: the agent's credentials (``PASSWORD``, or a
-``user:password@`` in its URL, which is taken out of the URL and sent as Basic
-auth) go to the agent's origin only, never into an error text or a log line; the
-verifier reads at most ``MAX_RESPONSE_BYTES`` of any answer and the deliverer only
-a short excerpt of an error answer, so a hostile agent cannot grow the worker's
-memory.
+"""Built-in deliverer, verifier and aborter for an opencode server (``opencode serve``): the
+module functions ``OUTBOX["DELIVERER"]`` & co. name (settings in ``OUTBOX["OPENCODE"]``), or an
+:class:`OpencodeClient`'s bound methods. The outbox's session ID is opencode's (``ses_...``).
+What a real opencode server does, which this module relies on (checked against one by
+``tests/opencode/test_opencode_real.py``), and what each answer means:
+docs/howto/opencode.md#what-opencode-does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import inspect
 import json
@@ -68,22 +27,17 @@ from ..conf import outbox_settings
 from ..core.config import DURATION, DURATION_OR_ZERO, Config, ConfigError, declared, setting
 from ..core.entry import Entry, Verdict, parse_time
 from ..core.redaction import redact, remember_credentials
-from ..errors import AmbiguousError, TransientDeliveryError
 from .base import (
     DEFAULT_MAX_RESPONSE_BYTES,
-    NOT_SENT,
     HttpBackend,
     Made,
     Unreadable,
-    described,
     excerpt,
     http_url,
     module_face,
     origin,
     parse_block,
     read_bounded,
-    read_excerpt,
-    refusal,
     response_bytes,
     settings_kwargs,
 )
@@ -103,8 +57,6 @@ __all__ = [
     "verify",
 ]
 
-#: Entry IDs that already have opencode's ID shape (12 hex digits of time and
-#: counter, then 14 base62 characters); see ``django_outbox.core.entry.new_entry_id``.
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
@@ -137,19 +89,10 @@ class OpencodeSessionIDError(OpencodeError, ValueError):
 
 
 def message_id_for(entry: Entry) -> str:
-    """The opencode ``messageID`` for ``entry``: the same for every attempt of one request.
-
-    opencode's shape: 12 hex digits of time in its encoding (``ms * 0x1000`` plus
-    a counter, 48 bits; here the counter is the microseconds within the
-    millisecond) and 14 base62 characters, here from a SHA-256 of the entry's request key
-    (its ID until the request changes: an edit, an operator's retry of a failure).
-    The time is ``acceptedAt``, stamped on Valkey's clock, so a session's
-    messageIDs (which order opencode's transcript) follow accept order even when
-    the web processes' clocks disagree (one running minutes ahead cannot put its
-    prompt before an earlier one); the entry ID's own time part
-    comes from whichever process accepted it. opencode itself only checks the
-    ``msg`` prefix.
-    """
+    """The opencode ``messageID`` for ``entry``, the same for every attempt of one request:
+    ``msg_``, 12 hex digits of ``acceptedAt`` in opencode's time encoding (Valkey's clock: a
+    session's IDs follow accept order) and 14 base62 characters of a SHA-256 of the entry's
+    request key (docs/howto/opencode.md#what-opencode-does)."""
     try:
         ms, micros = divmod(parse_time(entry.accepted_at), 1000)
     except (TypeError, ValueError):
@@ -228,28 +171,17 @@ def _user_message_has_text(message: Any, text: str) -> bool | None:
 
 
 class OpencodeClient(HttpBackend):
-    """Deliver outbox entries to one opencode server and verify them in its transcript.
+    """Deliver outbox entries to one opencode server, verify and abort them there.
 
-    ``base_url``: the server, e.g. ``"http://127.0.0.1:4096"`` (a path prefix
-    is kept; a ``user:password@`` in it is taken out and used as the Basic
-    credentials unless ``password`` is given). ``username`` / ``password``: HTTP
-    Basic credentials; no auth when ``password`` is None (and the URL has none);
-    they are sent to ``base_url``'s origin only. ``connect_timeout`` (seconds):
-    to establish a connection. ``timeout`` (seconds): the total deadline of the
-    delivery POST — connecting, sending, waiting for the answer's headers and reading
-    an error excerpt together, however slowly the agent drips them — which blocks for
-    the whole assistant turn, so keep it long; the outbox's ``DELIVERY_TIMEOUT``
-    bounds the attempt as a whole anyway. ``verify_timeout`` (seconds): the total
-    deadline of one verification, every GET, header and page included.
+    ``base_url``: e.g. ``"http://127.0.0.1:4096"`` (a path prefix is kept; a
+    ``user:password@`` in it is taken out and used as the Basic credentials unless
+    ``password`` is given). ``username`` / ``password``: HTTP Basic, to ``base_url``'s origin
+    only; no auth when ``password`` is None. Seconds: ``connect_timeout``; ``timeout``, the
+    delivery POST's total deadline (it blocks for the whole turn: keep it long);
+    ``verify_timeout``, one verification's (and one abort's) total deadline; ``clock_skew``,
+    how far the agent's clock may lag ours (:meth:`verify`). ``max_response_bytes``: the most
+    the verifier reads of one answer. ``transport``: an httpx async transport (tests).
     docs/reference/settings.md#opencode
-    ``clock_skew`` (seconds): how far the agent's clock may run behind ours
-    when the verifier looks for our text in the transcript (see :meth:`verify`).
-    ``max_response_bytes``: the most the verifier reads of one answer (a larger
-    one makes the verification inconclusive).
-    ``transport``: an ``httpx`` async transport (tests).
-
-    One ``httpx.AsyncClient`` is made per running event loop (a client must
-    never be shared across loops); :meth:`aclose` closes the running loop's one.
     """
 
     def __init__(
@@ -291,168 +223,52 @@ class OpencodeClient(HttpBackend):
 
     # -- deliver -------------------------------------------------------------------
 
+    def _refused(self, status: int, url: str, said: str) -> OpencodeError:
+        if status:
+            return OpencodeHTTPError(status, said, url)
+        return OpencodeError(redact(f"{url}: {said}"))
+
     async def deliver(
         self, entry: Entry, *, workspace_id: str, session_id: str, attempt: int
-    ) -> None:
-        """Send ``entry`` as a user prompt: ``POST {base}/session/{session_id}/message``.
-
-        Body: ``{"parts": [{"type": "text", "text": entry.text}], "messageID":
-        message_id_for(entry)}`` (one text part per prompt of ``entry.parts`` for a merged
-        delivery), plus ``"model": entry.model`` when the entry has
-        one. Returns when opencode answers 2xx (the turn has ended; the message is
-        in the transcript). ``workspace_id`` and ``attempt`` are not sent.
-
-        How an ending is classified (the outcomes of
-        docs/explanation/lifecycle.md#what-happens-to-a-message):
-
-        * 2xx → returns (delivered). The body is not read: the status is enough.
-          Of any other answer at most 2,000 bytes are read (for the error's
-          excerpt), so a huge or endless answer costs no memory; it does not
-          change the outcome either: an answer means the request was sent, so it
-          is never transient, and its status decides as below.
-        * Nothing was sent → :class:`TransientDeliveryError` (``err`` = the httpx
-          error): ``ConnectError`` (refused, unreachable, name resolution or TLS
-          handshake failed), ``ConnectTimeout``, ``PoolTimeout`` (no pooled
-          connection became free), ``ProxyError`` (the proxy refused CONNECT).
-          httpx raises these only before the request is written.
-        * Maybe sent → :class:`AmbiguousError`: ``ReadTimeout`` (the turn outlasts
-          ``timeout``), ``ReadError`` / ``RemoteProtocolError`` (connection cut or
-          garbled while waiting for or reading the answer), ``WriteError`` /
-          ``WriteTimeout`` (part of the request went out), ``CloseError``, and any
-          other (future) ``httpx.TransportError``. opencode stores the message
-          before the turn and keeps going when the client disconnects, so the
-          verifier decides.
-        * 5xx → :class:`AmbiguousError` wrapping :class:`OpencodeHTTPError`: a
-          server error may come after the message was stored, and a proxy's
-          502/504 says nothing about the upstream.
-        * 429 with ``Retry-After`` (seconds or an HTTP date; a rate limit in front of
-          opencode) → :class:`HoldDeliveryError`: nothing was stored, the session waits
-          until then without using an attempt (docs/howto/agents.md#held-retry-after).
-        * 3xx/4xx (400 bad payload such as a model without ``providerID``, 401
-          auth, 404 unknown session, a 429 without ``Retry-After``, ...) →
-          :class:`OpencodeHTTPError` with
-          ``status`` and a body excerpt: a definitive failure (refused before
-          storing).
-        * A session ID not starting with ``ses`` → :class:`OpencodeSessionIDError`
-          before sending (opencode would answer 500 to it).
-        * ``LocalProtocolError``, ``UnsupportedProtocol``, ``InvalidURL`` (no valid
-          request could be formed) → :class:`OpencodeError`: definitive.
-
-        * ``timeout`` passes before the answer's headers are in (a long turn, or an
-          agent dripping its answer) → :class:`AmbiguousError`; an error body still
-          dripping at the deadline is cut there, and the status decides as above.
-
-        Cancellation (the outbox's ``DELIVERY_TIMEOUT``) propagates; the outbox
-        records it as ambiguous.
-        """
+    ) -> dict[str, str]:
+        """Send ``entry`` as a user prompt: ``POST {base}/session/{session_id}/message`` with
+        ``{"parts": [{"type": "text", "text": ...}], "messageID": message_id_for(entry)}`` (a
+        text part per merged prompt, in accept order; ``"model"`` when the entry has one).
+        Returns on 2xx (the turn has ended) ``{"sessionID", "messageID"}``, the entry's
+        ``agentRef`` (docs/howto/deliverer.md#what-it-returns). Raises
+        :class:`OpencodeSessionIDError` before sending for a session ID not starting with
+        ``ses``, else as
+        docs/howto/opencode.md#what-opencode-does classifies the ending:
+        :class:`TransientDeliveryError`, :class:`AmbiguousError`, :class:`HoldDeliveryError`,
+        :class:`OpencodeHTTPError` or :class:`OpencodeError`."""
         path = f"/session/{_check_session_id(session_id)}/message"
         body: dict[str, Any] = {
-            # A merged delivery is one message with each prompt's text as a part, in
-            # accept order (docs/howto/steering.md#merging).
             "parts": [{"type": "text", "text": text} for text in (entry.parts or (entry.text,))],
             "messageID": message_id_for(entry),
         }
         if entry.model is not None:
             body["model"] = entry.model
-        client = self._client()
-        url = self.base_url + path
-        try:
-            request = client.build_request("POST", url, json=body)
-        except httpx.InvalidURL as exc:
-            raise OpencodeError(f"invalid opencode URL {url!r}: {exc}") from exc
-        # One total deadline for the whole request: httpx's timeouts are per read, and
-        # an agent dripping a byte a second would never trip them.
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        try:
-            async with asyncio.timeout_at(deadline):
-                response = await client.send(request, stream=True)
-        except TimeoutError as exc:
-            # The same error a per-read timeout gives, so callers see one kind of timeout.
-            late = httpx.ReadTimeout(f"no answer within {self.timeout:g} s", request=request)
-            raise AmbiguousError(
-                f"sent to opencode at {self.base_url} but got no answer: ReadTimeout: {late}",
-                late,
-            ) from exc
-        except NOT_SENT as exc:
-            raise TransientDeliveryError(
-                f"could not connect to opencode at {self.base_url}: {type(exc).__name__}: {exc}",
-                exc,
-            ) from exc
-        except (httpx.LocalProtocolError, httpx.UnsupportedProtocol) as exc:
-            raise OpencodeError(f"invalid request to {url}: {type(exc).__name__}: {exc}") from exc
-        except httpx.TransportError as exc:
-            sent = f"sent to opencode at {self.base_url} but got no answer"
-            raise described(AmbiguousError, sent, exc) from exc
-        status = response.status_code
-        raw = b""
-        try:
-            if not 200 <= status < 300:
-                raw = await read_excerpt(response, until=deadline)
-        finally:
-            with contextlib.suppress(httpx.HTTPError):
-                await response.aclose()
-        if 200 <= status < 300:
-            return
-        error = OpencodeHTTPError(status, excerpt(raw), url)
-        raised = refusal(status, response.headers, error)
-        if raised is error:
-            raise error
-        raise raised from error
-
-    # -- abort -----------------------------------------------------------------------
+        await self._send(self.base_url + path, body, key="", where=f"opencode at {self.base_url}")
+        return {"sessionID": session_id, "messageID": body["messageID"]}
 
     async def abort(self, entry: Entry, *, workspace_id: str, session_id: str) -> None:
-        """End the session's running assistant turn: ``POST {base}/session/{sid}/abort``
-        (docs/howto/cutting.md). opencode answers 200 and sets the turn's
-        ``time.completed``; with no turn running it answers 200 too, so a repeated abort
-        is harmless. ``entry`` and ``workspace_id`` are not sent (opencode aborts the
-        session's turn, whichever prompt started it).
-
-        Each read is bounded by ``verify_timeout``. Raises :class:`OpencodeHTTPError` for
-        a non-2xx answer, :class:`OpencodeSessionIDError` for a session ID not starting
-        with ``ses``, ``httpx.HTTPError`` when opencode cannot be reached; the outbox
-        logs the failure and lets the verifier decide the entry's outcome anyway.
-        """
+        """End the session's running turn: ``POST {base}/session/{sid}/abort``
+        (docs/howto/cutting.md); harmless when none runs. Raises :class:`OpencodeHTTPError`
+        for a non-2xx answer, :class:`OpencodeSessionIDError`, httpx errors or
+        ``TimeoutError`` (``verify_timeout``) otherwise; the verifier decides the entry's
+        outcome anyway."""
         url = f"{self.base_url}/session/{_check_session_id(session_id)}/abort"
-        limits = httpx.Timeout(self.verify_timeout, connect=self.connect_timeout)
-        async with self._client().stream("POST", url, timeout=limits) as response:
-            if 200 <= response.status_code < 300:
-                return
-            raw = await read_excerpt(response)
-            raise OpencodeHTTPError(response.status_code, excerpt(raw), url)
+        status, _, raw = await self._exchange("POST", url, self.verify_timeout)
+        if not 200 <= status < 300:
+            raise OpencodeHTTPError(status, excerpt(raw), url)
 
     # -- verify ----------------------------------------------------------------------
 
     async def verify(self, entry: Entry, *, workspace_id: str, session_id: str) -> Verdict:
-        """Decide whether an attempt of ``entry`` whose outcome was unknown reached opencode.
-
-        1. ``GET {base}/session/{sid}/message/{messageID}``: 200 with a user
-           message that has a text part equal to ``entry.text`` → DELIVERED (a
-           resend appends the text as another part; still DELIVERED). 200 with
-           anything else → INCONCLUSIVE (that ID is ours; never resend onto it).
-        2. On 404, make sure the transcript is readable:
-           ``GET {base}/session/{sid}/message`` (following ``Link: rel=next``
-           pages if the server paginates, on the agent's own origin only). Our
-           messageID in it with our text → DELIVERED. A user message with a
-           text part equal to ``entry.text`` whose ``time.created`` is at or
-           after the start of the send window (``entry.last_attempt_at``, else
-           ``accepted_at``) minus ``clock_skew`` → DELIVERED (for servers that
-           store prompts under their own IDs).
-           Otherwise → ABSENT: safe to send again.
-        3. Anything else (connection error, ``verify_timeout`` passing before the
-           verdict — all requests, headers and pages together —, other status, non-JSON,
-           unexpected shape, an unknown session's 404 on the list, an answer over
-           ``max_response_bytes``, a next link to another origin) →
-           INCONCLUSIVE; the outbox checks again later.
-
-        Never raises for network or protocol problems. Residual risks: a
-        same-text prompt from someone else created inside the window is taken
-        for ours (step 2); and a request still on its way into the transcript
-        while we look is missed. opencode 1.18.33 keeps processing a prompt
-        after its client disconnected and took up to 1.3 s to store the first
-        prompt after a start (about 0.1 s later on), so the outbox's
-        ``VERIFY_DELAY`` (default 3 s) must stay above that.
-        """
+        """Decide whether an attempt of ``entry`` whose outcome was unknown reached opencode:
+        its ``messageID``, then the transcript (docs/howto/opencode.md#what-opencode-does).
+        DELIVERED, ABSENT (safe to send again) or INCONCLUSIVE; never raises for network or
+        protocol problems."""
         try:
             sid = _check_session_id(session_id)
         except OpencodeSessionIDError:

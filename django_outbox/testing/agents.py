@@ -46,13 +46,14 @@ import itertools
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.agents import CAPABILITY_MERGE, Agent, capabilities_of, current_agent
 from ..core.entry import Entry, Verdict, format_time, new_entry_id
 from ..core.errors import AmbiguousError, HoldDeliveryError, TransientDeliveryError
+from ..core.rules import agent_ref_json
 
 __all__ = [
     "RETRY_AFTER_FORMS",
@@ -450,8 +451,13 @@ class AgentContract:
     async def _deliver(self, entry: Entry, where: tuple[str, str]) -> None:
         assert self.agent is not None and self.agent.deliverer is not None
         ids = {"workspace_id": where[0], "session_id": where[1]}
-        await self._call(
+        returned = await self._call(
             self.agent.deliverer, entry, attempt=1, **ids, **self.under_test.deliver_kwargs
+        )
+        _expect(
+            not isinstance(returned, Mapping) or _keeps(returned),
+            f"the deliverer returned {returned!r}: a reference the entry keeps is a mapping "
+            "of up to 8 short string members (docs/howto/deliverer.md#what-it-returns)",
         )
 
     async def _verify(self, entry: Entry, where: tuple[str, str]) -> Verdict:
@@ -459,7 +465,13 @@ class AgentContract:
         if self.agent.verifier is None:
             raise ContractBroken("no verifier: an unknown outcome would never be decided")
         ids = {"workspace_id": where[0], "session_id": where[1]}
-        return Verdict(await self._call(self.agent.verifier, entry, **ids))
+        verdict, ref = Verdict.split(await self._call(self.agent.verifier, entry, **ids))
+        _expect(
+            ref is None or (verdict is Verdict.DELIVERED and _keeps(ref)),
+            f"the verifier returned the reference {ref!r} with {verdict!r}: only "
+            "Verdict.DELIVERED carries one, a mapping of up to 8 short string members",
+        )
+        return Verdict(verdict)
 
     async def _outcome(self, entry: Entry, where: tuple[str, str], within: float = 60.0) -> str:
         """What the delivery call made of itself: ``delivered`` (it returned), ``transient``,
@@ -717,6 +729,11 @@ def _contains_run(got: list[str], texts: list[str]) -> bool:
     """Whether ``texts`` appear in ``got`` one after another, in order."""
     n = len(texts)
     return any(got[i : i + n] == texts for i in range(len(got) - n + 1))
+
+
+def _keeps(ref: Any) -> bool:
+    """Whether the entry keeps ``ref`` as its ``agentRef`` (a well-formed reference)."""
+    return bool(agent_ref_json(ref)[0])
 
 
 def _expect(ok: bool, broken: str) -> None:

@@ -10,7 +10,8 @@
   ``OutboxConfig.ready``; it logs as ``django_outbox.ws``;
 - :mod:`django_outbox.ws.origin`: ``OriginValidator`` and ``AllowedHostsOriginValidator``,
   channels' origin checks that log a refusal and close with 4403 where the client sees
-  it; importable from here (``from django_outbox.ws import AllowedHostsOriginValidator``).
+  it; importable from here (``from django_outbox.ws import AllowedHostsOriginValidator``);
+- :mod:`django_outbox.ws.checks`: the channel layer's system check (``W018``).
 
 Nothing is imported here until asked for, so importing the publisher does not load
 the consumer or channels' WebSocket classes.

@@ -7,9 +7,11 @@ published to the Channels group of its session: :func:`subscribe` (called from
 ``OutboxConfig.ready``) adds :func:`publish` / :func:`apublish` to the Django
 outbox's event listeners. Group names allow only
 ``[A-Za-z0-9._-]`` and fewer than 100 characters, so they are derived by
-hashing (workspace, session). A publish that fails is logged and counted and
-never fails the mutation: the event is a hint, the snapshot is the truth
-(clients that see a version gap ask for a resync).
+hashing (workspace, session), behind the project's tag
+(:func:`~django_outbox.outbox.key_space_tag`): projects sharing one channel layer
+never share a group (docs/howto/valkey.md#sharing-a-channel-layer). A publish that
+fails is logged and counted and never fails the mutation: the event is a hint, the
+snapshot is the truth (clients that see a version gap ask for a resync).
 
 Events of sessions nobody watches are not published at all: the consumer
 counts its clients in the session's ``watch`` key (before it joins the group
@@ -30,7 +32,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from ..core.entry import OutboxEvent
-from ..outbox import EventListener, Outbox
+from ..outbox import EventListener, Outbox, key_space_tag
 
 logger = logging.getLogger("django_outbox.ws")
 #: The name the publisher logged under in 0.1.0, deprecated: a logging config that still
@@ -58,9 +60,16 @@ def _limit() -> asyncio.Semaphore:
 
 
 def group_name(workspace_id: str, session_id: str) -> str:
-    """The Channels group of a session: ``outbox.`` + 40 hex digits of SHA-256(ws, ses)."""
+    """The Channels group of a session: ``outbox.<tag>.`` + 40 hex digits of
+    SHA-256(ws, ses), 60 characters, where ``<tag>`` is this project's
+    :func:`~django_outbox.outbox.key_space_tag` (12 hex digits of its key space owner's
+    identity): two projects on one channel layer, whatever its ``prefix``, never share a
+    group, and the publisher (a worker, a web process) and the consumer compute the same
+    name from the same ``SECRET_KEY`` and ``KEY_PREFIX``
+    (docs/howto/valkey.md#sharing-a-channel-layer). Raises ``ImproperlyConfigured``
+    without a ``SECRET_KEY``."""
     digest = hashlib.sha256(f"{workspace_id}\x00{session_id}".encode()).hexdigest()[:40]
-    return GROUP_PREFIX + digest
+    return f"{GROUP_PREFIX}{key_space_tag()}.{digest}"
 
 
 def update_message(event: OutboxEvent) -> dict[str, Any]:

@@ -7,7 +7,8 @@ periodic check, before the access policy.
 
 docs/explanation/security.md#live-connections states the bound. Each socket of an
 authenticated user joins that user's channel-layer group (:func:`user_group`, a keyed
-hash of the primary key: the layer's keys name no user). A revocation Django knows about
+hash of the primary key behind the project's tag: the layer's keys name no user, and
+no other project's). A revocation Django knows about
 sends ``{"type": "outbox.revoke"}`` to that group through the channel layer, so it
 reaches the sockets of every server process sharing the layer; each socket then
 re-authorises as its periodic check does (the scope's ``outbox_revalidate``, the login
@@ -60,7 +61,7 @@ consumer_logger = logging.getLogger("django_outbox.consumers")
 #: authenticated the socket (docs/howto/clients.md#tokens-on-the-websocket).
 REVALIDATE_KEY = "outbox_revalidate"
 
-#: The prefix of a user's group (the rest: 40 hex digits).
+#: The prefix of a user's group (the rest: the project's tag, a period, 40 hex digits).
 USER_GROUP_PREFIX = "outbox.user."
 #: The channel-layer message a socket re-authorises on.
 REVOKE_TYPE = "outbox.revoke"
@@ -112,11 +113,18 @@ async def revalidate(scope: dict[str, Any]) -> bool | None:
 
 def user_group(user_id: Any) -> str:
     """The channel-layer group of user ``user_id`` (a primary key, any type; compared as
-    text): ``outbox.user.`` + 40 hex digits of an HMAC keyed by ``SECRET_KEY``."""
+    text): ``outbox.user.<tag>.`` + 40 hex digits of an HMAC keyed by ``SECRET_KEY``, 65
+    characters, where ``<tag>`` is this project's
+    :func:`~django_outbox.outbox.key_space_tag`: a user ID of one project never names a
+    group of another sharing the channel layer
+    (docs/howto/valkey.md#sharing-a-channel-layer). Raises ``ImproperlyConfigured``
+    without a ``SECRET_KEY``."""
     from django.utils.crypto import salted_hmac
 
+    from ..outbox import key_space_tag
+
     digest = salted_hmac("django_outbox.ws.revoke.user_group", str(user_id), algorithm="sha256")
-    return USER_GROUP_PREFIX + digest.hexdigest()[:40]
+    return f"{USER_GROUP_PREFIX}{key_space_tag()}.{digest.hexdigest()[:40]}"
 
 
 def session_digest(session_key: str | None) -> str | None:

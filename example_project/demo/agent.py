@@ -98,9 +98,9 @@ def transcript(session_id: str, workspace_id: str = "demo") -> list[dict[str, An
 
 def _langgraph_transcript(workspace_id: str, session_id: str) -> list[dict[str, Any]]:
     """The messages of the session's LangGraph thread (its state), in the shape above."""
-    from django_outbox.delivery.langgraph import thread_id_for
+    from django_outbox.delivery.langgraph import session_thread
 
-    response = _call("GET", f"/threads/{thread_id_for(workspace_id, session_id)}/state")
+    response = _call("GET", f"/threads/{session_thread(workspace_id, session_id)}/state")
     if response.status_code == 404:
         return []  # no prompt delivered yet
     if response.status_code != 200:

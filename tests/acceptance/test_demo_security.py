@@ -300,14 +300,20 @@ def test_staff_with_control_agent_see_and_change_everything(demo, agent):
     assert client(demo["root"]).get(AGENT_API).status_code == 200
 
 
-def test_members_steer_their_own_sessions_only(db, django_user_model):
-    """Members may edit, move and cancel waiting prompts in their workspace's sessions
-    (docs/howto/steering.md), and nowhere else."""
+def test_members_steer_their_own_prompts_only(db, django_user_model):
+    """Members may edit, move, cancel and Stop their own prompts in their workspace's
+    sessions (docs/howto/steering.md), never another member's, and nothing elsewhere."""
+    from django_outbox.policy import EntryRef
     from example_project.demo.models import AgentSession, Membership
 
     alice = django_user_model.objects.create_user("alice-steer", password=None)
-    Membership.objects.create(user=alice, workspace_id="wsteer")
+    bob = django_user_model.objects.create_user("bob-steer", password=None)
+    for member in (alice, bob):
+        Membership.objects.create(user=member, workspace_id="wsteer")
     AgentSession.objects.create(workspace_id="wsteer", session_id="ses_s")
-    for action in ("edit", "move", "cancel"):
-        assert workspace_members(alice, "wsteer", "ses_s", action)
-        assert not workspace_members(alice, "other", "ses_s", action)
+    hers = EntryRef(id="e1", user_id=str(alice.pk), status="pending")
+    for action in ("edit", "move", "cancel", "retry", "dismiss", "interrupt"):
+        assert workspace_members(alice, "wsteer", "ses_s", action, entry=hers)
+        assert not workspace_members(bob, "wsteer", "ses_s", action, entry=hers)
+        assert not workspace_members(alice, "other", "ses_s", action, entry=hers)
+        assert not workspace_members(alice, "wsteer", "ses_s", action)  # names no prompt

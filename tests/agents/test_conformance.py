@@ -1,8 +1,9 @@
 """The agent conformance suite (django_outbox.testing.agents;
 docs/howto/agents.md#what-every-agent-carries) against every agent the package ships or
 tests with: the HTTP agent on a real HTTP server, opencode (the tests' fake and the real
-``opencode serve``), LangGraph (a real ``langgraph dev``) and the recording in-process agent
-the worker tests use.
+``opencode serve``), LangGraph (a real ``langgraph dev``), the demo's own agents
+(example_project/fake_agent.py and http_agent.py, served in the test's event loop) and the
+recording in-process agent the worker tests use.
 
 Each check names one rule of the contract; a backend that breaks it fails here, whichever
 backend it is, so a capability of the queue reaches every agent or none.
@@ -11,6 +12,7 @@ backend it is, so a capability of the queue reaches every agent or none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 
@@ -21,6 +23,8 @@ from django_outbox.delivery import http
 from django_outbox.delivery.langgraph import REQUEST_KEY, LangGraphClient, thread_id_for
 from django_outbox.delivery.opencode import OpencodeClient
 from django_outbox.testing.agents import AgentContract, AgentUnderTest, ProxiedRequest
+from example_project.fake_agent import FakeAgent, Rule
+from example_project.http_agent import HttpAgent
 from tests.support import agents as recording
 from tests.support.fake_opencode import FakeOpencode
 from tests.support.http_agent import AgentServer
@@ -152,6 +156,87 @@ async def test_opencode_against_the_fake_server(check):
             session=lambda: (WS, fake.create_session()),
             long_text=lambda marker: f"long turn {marker}",
         )
+
+
+# --- the demo's own agents, served in process -----------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serving(agent):
+    """``agent`` (a demo server: ``serve`` and ``close_connections``) on a loopback port of
+    this test's event loop; yields its URL."""
+    server = await asyncio.start_server(agent.serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await agent.close_connections()
+        await server.wait_closed()
+
+
+def transcript_texts(agent, session_id: str) -> list[str]:
+    """The user texts a demo agent stored for ``session_id``, a part each, in order."""
+    return [
+        part["text"]
+        for message in agent.transcripts.get(session_id, [])
+        if message["info"]["role"] == "user"
+        for part in message["parts"]
+        if part.get("type") == "text"
+    ]
+
+
+def long_turns(agent):
+    """``agent`` whose prompts starting with ``long`` turn until a Stop (the demo's ``delay``
+    rule, forever)."""
+    agent.rules.append(Rule(match="long", action="delay", seconds=600.0, times=0))
+    return agent
+
+
+@pytest.mark.parametrize("check", CHECKS)
+async def test_the_demos_fake_agent(check):
+    """example_project/fake_agent.py (the demo's opencode-like agent) through the opencode
+    backend."""
+    agent = long_turns(FakeAgent(state_path=None, password=None, latency=0.0))
+    async with serving(agent) as url:
+        await run_opencode(
+            check,
+            url,
+            received=lambda ws, ses: transcript_texts(agent, ses),
+            session=lambda: (WS, agent.new_session()["id"]),
+            long_text=lambda marker: f"long turn {marker}",
+        )
+
+
+@pytest.mark.parametrize("check", CHECKS)
+async def test_the_demos_http_agent(check):
+    """example_project/http_agent.py (the demo's in-house agent) through the HTTP backend,
+    its Stop included."""
+    agent = long_turns(HttpAgent(state_path=None, password=None, latency=0.0))
+
+    def build(url):
+        base = url + "/agent/w/{workspace_id}/s/{session_id}"
+        options = {
+            "SEND_URL": base + "/prompts",
+            "VERIFY_URL": base + "/prompts/{idempotency_key}",
+            "ABORT_URL": base + "/abort",
+            "TIMEOUT": 5,
+            "VERIFY_TIMEOUT": 5,
+        }
+        return Agent(fresh("demo"), http.deliver, http.verify, http.abort, options)
+
+    async with serving(agent) as url:
+        under_test = AgentUnderTest(
+            build=build,
+            received=lambda ws, ses: transcript_texts(agent, ses),
+            session=lambda: (WS, fresh("s")),
+            upstream=url,
+            request_key=lambda request: request.headers.get("idempotency-key"),
+            long_text=lambda marker: f"long turn {marker}",
+        )
+        try:
+            await run(under_test, check)
+        finally:
+            await http.aclose()
 
 
 # --- opencode: the real server -------------------------------------------------------------

@@ -41,7 +41,8 @@ ROLES = ("anonymous", "nonmember", "member", "staff", "viewer", "parker", "super
 EVERYTHING = frozenset(
     {"view", "accept", "retry", "dismiss", "park", "cleanup", "cancel", "interrupt"}
 )
-MEMBER = frozenset({"view", "accept", "retry", "dismiss"})
+#: A member under the demo policy, on a prompt someone else accepted (the seeded one).
+MEMBER = frozenset({"view", "accept"})
 
 #: policy -> role -> the actions it allows on (WS, SES); None: not authenticated.
 ALLOWED: dict[str, dict[str, frozenset[str] | None]] = {

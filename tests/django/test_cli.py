@@ -62,7 +62,10 @@ def test_status_sums_the_recent_history(outbox):
 
     asyncio.run(deliver_one())
     text = run("status")
-    assert "Last hour: accepted 2, delivered 1, failed attempts 0, unknown outcomes 0" in text
+    assert (
+        "Last hour: accepted 2, delivered 1, failed attempts 0, unknown outcomes 0, "
+        "stopped turns 0, cancelled 0, moved to error 0"
+    ) in text
     assert "latency p50 <= " in text
     recent = json.loads(run("status", "--json", "--minutes", "1440"))["recent"]
     assert recent["minutes"] == 1440 and recent["accepted"] == 2 and recent["delivered"] == 1

@@ -35,3 +35,12 @@ def test_edit_move_cancel_from_the_shell(outbox):
     assert "Cancelled" in run("cancel", WS, SES, b.id)
     assert exit_code("cancel", WS, SES, b.id) == 1
     assert [e.text for e in outbox.list(WS, SES)] == ["a2"]
+
+
+def test_the_shell_records_its_operator_on_what_it_changes(outbox):
+    a, b = accept(outbox, "a"), accept(outbox, "b")
+    run("edit", WS, SES, a.id, "--text", "a2")
+    run("move", WS, SES, b.id, "--to", "next")
+    moved, edited = outbox.list(WS, SES)
+    assert moved.moved_by.startswith("cli") and edited.edited_by.startswith("cli")
+    assert edited.edited_by == moved.moved_by

@@ -73,7 +73,10 @@ KINDS = (
 ALL = frozenset(policy.ACTIONS)
 NONE: frozenset[str] = frozenset()
 VIEW = frozenset({"view"})
-MEMBER = frozenset({"view", "accept", "retry", "dismiss", "edit", "move", "cancel", "interrupt"})
+#: A member under the demo policy, on a prompt someone else accepted (the seeded one): the
+#: session's queue only; the actions on one prompt are for its author (and a Stop that
+#: names no prompt cuts whosever turn runs: refused too).
+MEMBER = frozenset({"view", "accept"})
 STAFF = {
     "staff-no-permissions": NONE,
     "staff-view-only": VIEW,

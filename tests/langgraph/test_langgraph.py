@@ -29,7 +29,7 @@ from django_outbox.delivery.langgraph import (
 from django_outbox.errors import AmbiguousError, TransientDeliveryError
 from django_outbox.testing import free_port
 from tests.support.helpers import WS, accept, make_entry, wait_for
-from tests.support.langgraph_server import ASSISTANT, LangGraphServer
+from tests.support.langgraph_server import ASSISTANT, LangGraphServer, worker_thread
 from tests.support.workers import Workers
 
 pytestmark = pytest.mark.slow
@@ -55,8 +55,9 @@ def deliver(lg: LangGraphClient, entry, ses: str, attempt: int = 1):
     return lg.deliver(entry, workspace_id=WS, session_id=ses, attempt=attempt)
 
 
-def verify(lg: LangGraphClient, entry, ses: str):
-    return lg.verify(entry, workspace_id=WS, session_id=ses)
+async def verify(lg: LangGraphClient, entry, ses: str) -> Verdict:
+    verdict, _ = Verdict.split(await lg.verify(entry, workspace_id=WS, session_id=ses))
+    return verdict
 
 
 async def run_status(server, ses: str, entry_id: str) -> str | None:
@@ -387,7 +388,7 @@ async def test_an_agents_entry_carries_its_own_server_settings(server, make_outb
         assert outbox.aborter_for(WS, ses) is not None
     finally:
         await outbox.aclose()
-    runs = server.runs(thread_id_for(WS, ses))
+    runs = server.runs(worker_thread(WS, ses))
     assert [r["metadata"][ENTRY_KEY] for r in runs] == [e.id for e in sent]
 
 
@@ -427,7 +428,7 @@ def test_a_worker_killed_mid_run_is_verified_delivered_never_sent_twice(
         OUTBOX_TEST_LANGGRAPH_URL=server.url,
         OUTBOX_TEST_LOCK_TTL="2",
     )
-    thread = thread_id_for(WS, ses)
+    thread = worker_thread(WS, ses)
     try:
         first = workers.start()
         _wait(lambda: any(run["status"] == "running" for run in server.runs(thread)), 60)

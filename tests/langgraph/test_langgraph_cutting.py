@@ -21,7 +21,7 @@ from django_outbox import InterruptResult, Status
 from django_outbox.delivery.langgraph import ENTRY_KEY, LangGraphClient, thread_id_for
 from tests.support.disconnects import AUTH, asgi_server
 from tests.support.helpers import WS, aaccept, accept, wait_for
-from tests.support.langgraph_server import ASSISTANT, LangGraphServer
+from tests.support.langgraph_server import ASSISTANT, LangGraphServer, worker_thread
 from tests.support.proxy import TcpProxy
 from tests.support.valkey import wait_until
 from tests.support.workers import Workers
@@ -52,24 +52,26 @@ def workers(valkey, tmp_path, server):
     w.stop_all()
 
 
-def runs_of(server, ws: str, ses: str) -> list[tuple[str, str]]:
+def runs_of(server, ws: str, ses: str, thread_of=worker_thread) -> list[tuple[str, str]]:
     """``(entry ID, status)`` of every run on the session's thread, oldest first (an entry
-    sent twice appears twice)."""
-    runs = server.runs(thread_id_for(ws, ses))
+    sent twice appears twice). ``thread_of``: how the deliveries made the thread ID (a
+    worker of the test settings, or, ``thread_id_for``, a client made in the test)."""
+    runs = server.runs(thread_of(ws, ses))
     return [(run["metadata"].get(ENTRY_KEY), run["status"]) for run in runs]
 
 
-def status_on_server(server, ws: str, ses: str, entry_id: str) -> str | None:
+def status_on_server(server, ws: str, ses: str, entry_id: str, thread_of=worker_thread):
     """The status of the newest run of ``entry_id``, or None when it has none."""
-    statuses = [status for run_entry, status in runs_of(server, ws, ses) if run_entry == entry_id]
+    runs = runs_of(server, ws, ses, thread_of)
+    statuses = [status for run_entry, status in runs if run_entry == entry_id]
     return statuses[-1] if statuses else None
 
 
-def took_its_prompt(server, ws: str, ses: str, entry_id: str) -> bool:
+def took_its_prompt(server, ws: str, ses: str, entry_id: str, thread_of=worker_thread) -> bool:
     """Whether the graph took the prompt of ``entry_id``: a checkpoint of the session's thread
     carries its entry ID (a run that is ``running`` may not have written it yet)."""
     response = httpx.post(
-        f"{server.url}/threads/{thread_id_for(ws, ses)}/history",
+        f"{server.url}/threads/{thread_of(ws, ses)}/history",
         json={"limit": 1, "metadata": {ENTRY_KEY: entry_id}},
     )
     return response.status_code == 200 and bool(response.json())
@@ -137,7 +139,7 @@ def test_stop_cancel_and_an_interrupting_prompt_cut_real_runs_through_rest(
     assert sorted(delivered(r)) == sorted(ids)  # entry_delivered once each
     assert sorted(r.lrange("test:interrupted", 0, -1)) == sorted(ids[:3])
     # The cut turns left their prompts on the thread, and no answer to them.
-    assert server.messages(thread_id_for("alice", ses)) == [
+    assert server.messages(worker_thread("alice", ses)) == [
         ("human", LONG),
         ("human", LONG),
         ("human", LONG),
@@ -283,7 +285,7 @@ async def test_a_stop_before_the_run_is_created_ends_cancelled_never_sent(
     assert cut.id not in signals_log.ids("delivered")
     states = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == cut.id]
     assert states[-1] == "cancelled"
-    assert runs_of(server, WS, ses) == [(after.id, "success")]
+    assert runs_of(server, WS, ses, thread_id_for) == [(after.id, "success")]
     assert server.messages(thread_id_for(WS, ses)) == [
         ("human", "after the stop"),
         ("ai", "echo: after the stop"),
@@ -305,7 +307,7 @@ async def test_a_run_created_after_its_stop_is_cut_by_the_verification(
         cut, after = await _stop_while_the_run_request_is_held(outbox, proxy, ses)
         proxy.release_held(forward=True)
         await wait_for(
-            lambda: asyncio.to_thread(took_its_prompt, server, WS, ses, cut.id),
+            lambda: asyncio.to_thread(took_its_prompt, server, WS, ses, cut.id, thread_id_for),
             timeout=20,
             message="the late run to take its prompt",
         )
@@ -315,7 +317,10 @@ async def test_a_run_created_after_its_stop_is_cut_by_the_verification(
         await outbox.aclose()
     (done,) = [e for e, _ in signals_log.calls["delivered"] if e.id == cut.id]
     assert done.interrupted is True
-    assert runs_of(server, WS, ses) == [(cut.id, "interrupted"), (after.id, "success")]
+    assert runs_of(server, WS, ses, thread_id_for) == [
+        (cut.id, "interrupted"),
+        (after.id, "success"),
+    ]
     assert server.messages(thread_id_for(WS, ses)) == [
         ("human", LONG),
         ("human", "after the stop"),
@@ -356,7 +361,10 @@ async def test_a_run_cut_while_it_waits_its_turn_ends_cancelled_never_sent(
         after = await aaccept(outbox, "k2", "after", ses=ses)
         step = asyncio.ensure_future(outbox.adeliver_once(WS, ses))
         await wait_for(
-            lambda: _is(asyncio.to_thread(status_on_server, server, WS, ses, cut.id), "pending"),
+            lambda: _is(
+                asyncio.to_thread(status_on_server, server, WS, ses, cut.id, thread_id_for),
+                "pending",
+            ),
             timeout=20,
             message="the prompt's run waiting its turn",
         )
@@ -372,7 +380,7 @@ async def test_a_run_cut_while_it_waits_its_turn_ends_cancelled_never_sent(
     assert cut.id not in signals_log.ids("delivered")
     states = [kw["state"] for e, kw in signals_log.calls["updated"] if e.id == cut.id]
     assert states[-1] == "cancelled"
-    assert runs_of(server, WS, ses) == [
+    assert runs_of(server, WS, ses, thread_id_for) == [
         (None, "success"),
         (cut.id, "interrupted"),
         (after.id, "success"),

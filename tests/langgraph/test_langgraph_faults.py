@@ -182,7 +182,8 @@ async def test_a_run_search_that_cannot_be_read_is_inconclusive(scripted, script
     scripted.answers[("GET", "runs")] = answer
     entry = make_entry()
     assert (
-        await scripted_client.verify(entry, workspace_id=WS, session_id="s") is Verdict.INCONCLUSIVE
+        Verdict.split(await scripted_client.verify(entry, workspace_id=WS, session_id="s"))[0]
+        is Verdict.INCONCLUSIVE
     )
     with pytest.raises(LangGraphError):
         await scripted_client.abort(entry, workspace_id=WS, session_id="s")
@@ -190,7 +191,9 @@ async def test_a_run_search_that_cannot_be_read_is_inconclusive(scripted, script
 
 async def test_a_run_search_without_the_entry_is_absent(scripted, scripted_client):
     scripted.answers[("GET", "runs")] = (200, json.dumps([{"metadata": {}}]).encode())
-    verdict = await scripted_client.verify(make_entry(), workspace_id=WS, session_id="s")
+    verdict, _ = Verdict.split(
+        await scripted_client.verify(make_entry(), workspace_id=WS, session_id="s")
+    )
     assert verdict is Verdict.ABSENT
 
 
@@ -213,7 +216,8 @@ async def test_an_interrupted_run_is_delivered_only_if_it_took_its_prompt(
     run = {"run_id": "r1", "status": "interrupted", "metadata": {ENTRY_KEY: entry.id}}
     scripted.answers[("GET", "runs")] = (200, json.dumps([run]).encode())
     scripted.answers[("POST", "history")] = history
-    assert await scripted_client.verify(entry, workspace_id=WS, session_id="s") is verdict
+    found, _ = Verdict.split(await scripted_client.verify(entry, workspace_id=WS, session_id="s"))
+    assert found is verdict
     (asked,) = [path for method, path, _ in scripted.seen if path.endswith("/history")]
     assert asked == f"/threads/{thread_id_for(WS, 's')}/history"
 
@@ -225,6 +229,8 @@ async def test_a_run_in_another_status_is_delivered_without_reading_the_history(
     for status in ("pending", "running", "success", "error", "timeout"):
         run = {"run_id": "r1", "status": status, "metadata": {ENTRY_KEY: entry.id}}
         scripted.answers[("GET", "runs")] = (200, json.dumps([run]).encode())
-        verdict = await scripted_client.verify(entry, workspace_id=WS, session_id="s")
+        verdict, _ = Verdict.split(
+            await scripted_client.verify(entry, workspace_id=WS, session_id="s")
+        )
         assert verdict is Verdict.DELIVERED, status
     assert not [path for _, path, _ in scripted.seen if path.endswith("/history")]

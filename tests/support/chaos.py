@@ -1488,13 +1488,14 @@ def _langgraph_log(server, ids: dict[str, list[str]]) -> tuple[list[tuple[str, i
     ``g`` sessions, in thread order (a prompt received twice appears twice; the prompts of a
     merged delivery are one run's user messages, one each), and how many runs carry no entry
     ID of ours."""
-    from django_outbox.delivery.langgraph import ENTRY_KEY, thread_id_for
+    from django_outbox.delivery.langgraph import ENTRY_KEY
+    from tests.support.langgraph_server import worker_thread
 
     log, strangers = [], 0
     for ses, per in ids.items():
         if not ses.startswith("g"):
             continue
-        thread = thread_id_for("w1", ses)
+        thread = worker_thread("w1", ses)
         for run in server.runs(thread):
             if (run.get("metadata") or {}).get(ENTRY_KEY) not in per:
                 strangers += 1
@@ -1529,9 +1530,9 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
     ``ifBusy: "merge"``, so merged deliveries reach every backend, and each of their prompts
     must arrive (the agents' records list every part). Without .venv-langgraph the
     row runs without the LangGraph agent and says so."""
-    from django_outbox.delivery.langgraph import thread_id_for
     from django_outbox.outbox import Outbox
     from tests.support.http_agent import AgentServer
+    from tests.support.langgraph_server import worker_thread
     from tests.support.workers import Workers
 
     per_backend, per, window = (4, 4, 4) if short else (30, 10, 40)
@@ -1614,7 +1615,7 @@ def mixed_agents(tmp: Path, short: bool) -> Row:
             log += graph_log
             row.notes.append(
                 f"LangGraph: {len(graph_log)} prompts in "
-                f"{sum(len(graph.runs(thread_id_for('w1', s))) for s in ids if s[0] == 'g')} "
+                f"{sum(len(graph.runs(worker_thread('w1', s))) for s in ids if s[0] == 'g')} "
                 f"runs, {kills_mid_run} of {kills} SIGKILLs "
                 "while one of its runs was pending or running"
             )

@@ -161,3 +161,14 @@ class LangGraphServer:
         response.raise_for_status()
         values = response.json().get("values") or {}
         return [(m["type"], m["content"]) for m in values.get("messages", [])]
+
+
+def worker_thread(workspace_id: str, session_id: str) -> str:
+    """The thread a settings-driven worker of the test settings (``langgraph_worker``, or an
+    ``AGENTS`` entry of this process) uses for a session: its ID carries the project's
+    key-space owner (the test settings' ``SECRET_KEY`` and ``KEY_PREFIX``, shared by the
+    worker processes)."""
+    from django_outbox.delivery.langgraph import thread_id_for
+    from django_outbox.outbox import key_space_owner
+
+    return thread_id_for(workspace_id, session_id, project=key_space_owner().id)

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,9 +103,9 @@ class Mutant:
     output: str = field(default="", repr=False)
 
 
-def load(path: Path = MUTANTS) -> list[Mutant]:
-    """Read the list; raise SystemExit(2) naming every mutant whose snippet is not found
-    exactly once in its file, or whose tests do not exist."""
+def load(path: Path = MUTANTS, only: Collection[str] | None = None) -> list[Mutant]:
+    """Read the list; raise SystemExit(2) naming every mutant (of ``only``, when given) whose
+    snippet is not found exactly once in its file, or whose tests do not exist."""
     data = tomllib.loads(path.read_text())
     mutants = [Mutant(**m) for m in data["mutant"]]
     problems = []
@@ -113,6 +114,8 @@ def load(path: Path = MUTANTS) -> list[Mutant]:
         if m.id in seen:
             problems.append(f"{m.id}: duplicate id")
         seen.add(m.id)
+        if only is not None and m.id not in only:
+            continue
         source = ROOT / m.file
         if not source.is_file():
             problems.append(f"{m.id}: no file {m.file}")
@@ -319,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=95.0, help="kill rate to reach (%%)")
     parser.add_argument("--verbose", action="store_true", help="show survivors' output")
     args = parser.parse_args(argv)
-    mutants = load()
+    mutants = load(only=args.only or None)
     if args.only:
         unknown = set(args.only) - {m.id for m in mutants}
         if unknown:

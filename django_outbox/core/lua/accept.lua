@@ -29,7 +29,6 @@ local max_queued, per_minute = tonumber(ARGV[13]), tonumber(ARGV[14])
 local history_ttl = tonumber(ARGV[15])
 local expires_after, mode = tonumber(ARGV[16] or '0'), ARGV[17] or 'queue'
 local MINUTE = 60000000  -- us
-local PRUNE_EVERY = 16  -- versions between prunes of the markers ZSET
 
 -- The reason new entries of this session are held, or nil: the workspace is parked
 -- (PAUSE holds 'reason') and unpark has not released this session yet.
@@ -118,8 +117,8 @@ return hinted(function()
   if held then count_history('p', 1, history_ttl) end
   redis.call('SET', marker_key, id .. ' ' .. fp, 'PX', ttl)
   -- The markers ZSET only lists marker keys for cleanup (their own PX expires them):
-  -- its expired members are pruned on one version in PRUNE_EVERY, not on every accept.
-  if version % PRUNE_EVERY == 0 then redis.call('ZREMRANGEBYSCORE', MARKERS, '-inf', NOW_MS) end
+  -- every accept prunes a bounded number of its expired members (lib/indices.lua).
+  prune_markers()
   redis.call('ZADD', MARKERS, NOW_MS + ttl, marker_name)
   -- The global indices learn of a session when it is new (cleanup drops it from them
   -- when it drops it from SESSIONS, so the two agree).
@@ -129,6 +128,11 @@ return hinted(function()
       redis.call('SADD', WORKSPACES, WS)
       redis.call('ZADD', ALL_SESSIONS, 'NX', NOW_MS, MEMBER)
     end
+  elseif held_entries == 0 then
+    -- An emptied session's version and markers were given an expiry (lib/indices.lua
+    -- expire_idle); holding an entry again, they keep without one until it empties.
+    redis.call('PERSIST', VER)
+    redis.call('PERSIST', MARKERS)
   end
   if held then
     reindex_and_wake()

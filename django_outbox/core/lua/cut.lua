@@ -4,7 +4,7 @@
 -- (lib/settle.lua): delivered keeps interrupted; a proven absence removes it as cancelled.
 -- ARGV[6] entry ID or '' (the one in flight)  ARGV[7] the signal key's TTL (ms)
 -- ARGV[8] the entry a Stop names or '' (with ARGV[6] ''): cut the turn in flight only
--- while it is that entry's
+-- while it is that entry's  ARGV[9] the actor (django_outbox/core/actors.py): stoppedBy
 -- KEYS[EXTRA] the session's cut signal
 -- Returns {'cut' | 'already' | 'idle' | 'queued' | 'not_found' | 'not_in_flight',
 -- version, count, watched, entry as stored now (cut, already)}: 'already' (cut before;
@@ -12,10 +12,10 @@
 -- queued and was never sent: nothing to cut), 'not_found' (the named entry is not there,
 -- or delivered), 'not_in_flight' (ARGV[8]'s entry is not the one in flight: nothing cut).
 --@include entry lease operator cut hinted
-local id, signal_ttl, named = ARGV[6], tonumber(ARGV[7]), ARGV[8]
+local id, signal_ttl, named, actor = ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
 
 return hinted(function()
-  local result, raw = cut_turn(id, KEYS[EXTRA], signal_ttl, named)
+  local result, raw = cut_turn(id, KEYS[EXTRA], signal_ttl, named, actor)
   if result == nil then return unchanged_reply(raw) end
   if result == 'already' then
     local out = unchanged_reply('already')

@@ -8,11 +8,12 @@
 -- ARGV[6] entry ID  ARGV[7] the session version the caller saw ('': any)
 -- ARGV[8] the content as the caller read it (from ',"clientMessageID":' to the end)
 -- ARGV[9] the new content  ARGV[10] HISTORY_WINDOW (ms; 0: not counted)
+-- ARGV[11] the actor (django_outbox/core/actors.py), recorded as editedBy
 -- Returns {'updated' | 'not_found' | 'busy' | 'version_mismatch' | 'changed' (the content
 -- is not what the caller read: read again), version, count, watched, edited entry}.
 --@include entry staging operator steering hinted
 local id, if_version, seen, content_new = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local history_ttl = tonumber(ARGV[10])
+local history_ttl, actor = tonumber(ARGV[10]), ARGV[11]
 
 return hinted(function()
   local where, raw, idx = locate(id)
@@ -29,6 +30,7 @@ return hinted(function()
   -- agent that cached its answer to the old one never replays it
   -- (docs/howto/agents.md#the-idempotency-key)
   if content_new ~= content then st.revision = (st.revision or 0) + 1 end
+  st.editedBy = actor
   local new = join(st, content_new)
   redis.call('LSET', Q, idx, new)
   return operator_reply('updated', 1, {new}, history_ttl)

@@ -4,10 +4,19 @@
 -- The entry in flight or being verified never moves, and nothing moves ahead of it.
 -- ARGV[6] entry ID  ARGV[7] 'next' | 'last' | 'before'  ARGV[8] the entry to go before
 -- ('' unless 'before')  ARGV[9] HISTORY_WINDOW (ms; 0: not counted)
+-- ARGV[10] the actor (django_outbox/core/actors.py), recorded as movedBy on a move made
 -- Returns {'moved' | 'not_found' | 'busy', version, count, watched, moved entry}; 'moved'
 -- with no entry when it already stood there (nothing written).
 --@include entry staging operator steering hinted
 local id, where_to, before_id, history_ttl = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
+local actor = ARGV[10]
+
+-- The entry as it goes to its new place: raw with movedBy set.
+local function moved(raw)
+  local st, content = split(raw)
+  st.movedBy = actor
+  return join(st, content)
+end
 
 return hinted(function()
   local where, raw = locate(id)
@@ -26,9 +35,10 @@ return hinted(function()
   if at <= floor then return unchanged_reply('busy') end
   if where_to == 'last' then
     if at == #items then return unchanged_reply('moved') end
+    local new = moved(raw)
     redis.call('LREM', Q, 1, raw)
-    redis.call('RPUSH', Q, raw)
-    return operator_reply('moved', 1, {raw}, history_ttl)
+    redis.call('RPUSH', Q, new)
+    return operator_reply('moved', 1, {new}, history_ttl)
   end
   if where_to == 'next' then
     target = floor + 1
@@ -41,7 +51,8 @@ return hinted(function()
     return unchanged_reply('busy')
   end
   if target == at or target == at + 1 then return unchanged_reply('moved') end
+  local new = moved(raw)
   redis.call('LREM', Q, 1, raw)
-  redis.call('LINSERT', Q, 'BEFORE', items[target], raw)
-  return operator_reply('moved', 1, {raw}, history_ttl)
+  redis.call('LINSERT', Q, 'BEFORE', items[target], new)
+  return operator_reply('moved', 1, {new}, history_ttl)
 end)

@@ -3,7 +3,8 @@
 -- the lease (lib/settle.lua says how).
 -- ARGV[6] lease token  ARGV[7] entry ID  ARGV[8] outcome: delivered | failed |
 --   absent | transient | prior_pending | ambiguous | inconclusive | unverifiable
--- ARGV[9] error text ('' keeps lastError)  ARGV[10] MAX_ATTEMPTS
+-- ARGV[9] error text ('' keeps lastError; for 'delivered': the agent's reference, compact
+--   JSON, '' none)  ARGV[10] MAX_ATTEMPTS
 -- ARGV[11] RETRY_BACKOFF (us)  ARGV[12] MAX_BACKOFF (us)  ARGV[13] MAX_TRANSIENT_FAILURES
 -- ARGV[14] VERIFY_DELAY (us)  ARGV[15] VERIFY_BACKOFF (us)  ARGV[16] MAX_VERIFY_BACKOFF (us)
 -- ARGV[17] MAX_VERIFY_ATTEMPTS  ARGV[18] receipt TTL (ms)

@@ -3,7 +3,8 @@
 -- lease, as one transition (docs/explanation/lifecycle.md). Used by a
 -- worker whose entry_delivered nobody listens to: there is no signal to fire between
 -- the two, so the acknowledgement may follow the settle at once.
--- ARGV[6..18] as settle.lua (ARGV[8] 'delivered')  ARGV[19] lease TTL (ms)
+-- ARGV[6..18] as settle.lua (ARGV[8] 'delivered', ARGV[9] the agent's reference)
+-- ARGV[19] lease TTL (ms)
 -- ARGV[20..] IDs of delivered entries to acknowledge, the settled one among them
 -- The settled entry, acknowledged here, leaves staging at once, and the claim starts
 -- from the lease and the staging list the settle saw: three commands fewer than the

@@ -21,6 +21,10 @@ Subcommands, each through the same :class:`~django_outbox.Outbox` methods as the
   turn; with ``--entry`` only that entry's, refused (exit 2, nothing cut) once it is not
   the one in flight (docs/howto/cutting.md; refused, exit 2, without ``OUTBOX["ABORTER"]``).
 
+An edit, move, cancel or Stop from here is recorded on the entry as made by
+``cli:<login>``, the operating system login running the command
+(docs/explanation/storage.md#who-changed-an-entry).
+
 Exit codes scripts can rely on: 0 done, 1 not found (no such entry, session or
 workspace), 2 refused (busy under a live lease, bad input, a cleanup not confirmed, a
 key space another project claimed), 3 Valkey unavailable.
@@ -39,6 +43,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox import receipts
+from django_outbox.core.actors import cli_actor
 from django_outbox.core.entry import (
     CancelResult,
     DismissResult,
@@ -212,7 +217,8 @@ class Command(BaseCommand):
         claim.add_argument(
             "--force",
             action="store_true",
-            help="take it over from another project (stop that project's workers first)",
+            help="take it over from another project (its running workers stop and its web "
+            "processes refuse accepts within about 2 s)",
         )
         sub.add_parser("release", help="give up this project's claim on the key space")
 
@@ -306,6 +312,7 @@ class Command(BaseCommand):
             f"Last {_minutes(recent['minutes'])}: accepted {recent['accepted']}, "
             f"delivered {recent['delivered']}, failed attempts {recent['failedAttempts']}, "
             f"unknown outcomes {recent['unknownOutcomes']}, "
+            f"stopped turns {recent['cutTurns']}, cancelled {recent['cancelled']}, "
             f"moved to error {recent['movedToError']}, parked {recent['parked']}"
             + (f"; latency {latency}" if latency else "")
         )
@@ -449,6 +456,7 @@ class Command(BaseCommand):
             text=options["text"],
             model=model,
             if_version=options["if_version"],
+            actor=cli_actor(),
         )
         if result is EditResult.NOT_FOUND:
             raise _exit(f"Not found: {ref} (delivered, dismissed or cleaned up).", NOT_FOUND)
@@ -466,6 +474,7 @@ class Command(BaseCommand):
             options["entry"],
             before=options["before"],
             to=options["to"],
+            actor=cli_actor(),
         )
         if result is MoveResult.NOT_FOUND:
             raise _exit(f"Not found: {ref}, or the entry to go before, is not queued.", NOT_FOUND)
@@ -478,7 +487,9 @@ class Command(BaseCommand):
 
     def _cancel(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ref = self._ref(options)
-        result = outbox.cancel(options["workspace"], options["session"], options["entry"])
+        result = outbox.cancel(
+            options["workspace"], options["session"], options["entry"], actor=cli_actor()
+        )
         if result is CancelResult.NOT_FOUND:
             raise _exit(f"Not found: {ref} (delivered, dismissed or cleaned up).", NOT_FOUND)
         if result is CancelResult.IN_FLIGHT:
@@ -537,8 +548,9 @@ class Command(BaseCommand):
             ClaimResult.RENEWED: f"Renewed this project's claim on {space}: it was made with "
             "a key of SECRET_KEY_FALLBACKS and now names the current SECRET_KEY.",
             ClaimResult.TAKEN_OVER: f"Took {space} over from "
-            f"{before.describe() if before else 'another project'}: that project's workers "
-            "refuse to start here from now on (stop any still running).",
+            f"{before.describe() if before else 'another project'}: that project's running "
+            "workers stop and its web processes refuse accepts within about 2 s, and its "
+            "workers refuse to start here from now on.",
         }
         self._say(message[result])
 
@@ -553,7 +565,7 @@ class Command(BaseCommand):
 
     def _interrupt(self, outbox: Outbox, options: dict[str, Any]) -> None:
         ws, ses, named = options["workspace"], options["session"], options.get("entry")
-        result = outbox.interrupt(ws, ses, entry_id=named)
+        result = outbox.interrupt(ws, ses, entry_id=named, actor=cli_actor())
         if result is InterruptResult.NOT_SUPPORTED:
             raise _exit(
                 "Not supported: no OUTBOX['ABORTER'] is configured, so a running turn cannot "

@@ -15,7 +15,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.conf import outbox_settings
 from django_outbox.core.redaction import RedactingFilter, redact
-from django_outbox.errors import KeySpaceClaimed, OutboxUnavailable, ServerUnsupported
+from django_outbox.errors import (
+    AgentMisconfigured,
+    KeySpaceClaimed,
+    KeySpaceTakenOver,
+    OutboxUnavailable,
+    ServerUnsupported,
+)
 from django_outbox.outbox import get_outbox
 from django_outbox.signals import entry_delivered
 
@@ -102,10 +108,20 @@ class Command(BaseCommand):
             self._serve_metrics(outbox, options["metrics_host"], options["metrics_port"])
         try:
             stats = asyncio.run(self._run(outbox, options))
+        except KeySpaceTakenOver as exc:  # another project's claim --force, while it ran
+            raise CommandError(
+                f"outbox_worker stopped: {redact(str(exc))}. 'python manage.py check' says "
+                "how to fix it."
+            ) from None
         except KeySpaceClaimed as exc:  # raised by the start, before anything is delivered
             raise _refused(exc) from None
         except ServerUnsupported as exc:  # the same: the server cannot do what is asked
             raise _unsupported(exc) from None
+        except AgentMisconfigured as exc:  # an agent's start-up probe said no
+            raise CommandError(
+                f"outbox_worker refuses to start: {redact(str(exc))} "
+                "(docs/howto/agents.md#the-start-up-probe)"
+            ) from None
         self.stdout.write(f"outbox_worker stopped: {stats.summary()}")
 
     async def _run(self, outbox, options):

@@ -1022,7 +1022,7 @@ export function createOutbox(options = {}) {
 /**
  * One session's live queue. onChange(view) is called after every change with
  *   {workspace, session, connected, version, error, hold,
- *    entries: [{id, clientMessageID, text, state, entry, blockedByInFlight, inFlightSince}],
+ *    entries: [{id, clientMessageID, text, state, stop, entry, blockedByInFlight, inFlightSince}],
  *    pending: [{clientMessageID, text, attempts, nextAt, lastError, sending, held}]}
  * entries are the server's (FIFO by acceptedAt), finished ones (state "sent",
  * "dismissed", "cancelled", or "finished" when it ended unseen) included; a finished
@@ -1031,7 +1031,9 @@ export function createOutbox(options = {}) {
  * record of recent endings (the last 20 of the last hour): it gets the state and `ended`
  * it would have had, and `endedAt` (when, ISO); only one the record no longer holds is
  * "finished" with `ended` null. An expired row (it stays in the queue until dismissed or
- * retried) has `ended` "expired". worker is whether a worker is
+ * retried) has `ended` "expired". A row whose turn a Stop cut has `stop` "stopping" while
+ * its outcome is verified, then "stopped" once it ended (sent or cancelled); else null.
+ * worker is whether a worker is
  * alive to deliver ({alive, lastSeen, checkedAt}, asked every workerCheck ms) or null
  * while unknown;
  * pending are this browser's prompts not yet acknowledged. inFlightSince is a
@@ -1410,6 +1412,10 @@ class Subscription {
       state,
       // An expired prompt ended without being sent, though it stays in the queue.
       ended: Object.hasOwn(ENDINGS, state) ? ENDINGS[state] : state === "expired" ? state : null,
+      // A Stop cut its turn (docs/howto/cutting.md): "stopping" until the verifier decides,
+      // then "stopped" as it ends, sent (the agent had it) or cancelled (never sent). Never
+      // a failure: its lastError says the cut, not the agent.
+      stop: entry.interrupted !== true ? null : Object.hasOwn(ENDINGS, state) ? "stopped" : "stopping",
       status: entry.status,
       acceptedAt: entry.acceptedAt,
       entry,

@@ -11,10 +11,12 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.test import override_settings
 
 from django_outbox.core.entry import Status
+from django_outbox.signals import entry_updated
 from tests.support.admin import (
     ALL_PERMS,
     CHANGELIST,
     accept,
+    detail_url,
     hold_lease,
     login,
     post_action,
@@ -129,3 +131,35 @@ def test_each_action_needs_its_permission(django_user_model, outbox):
     )
     page = operator.get(CHANGELIST).content.decode()
     assert "cancel_entries" in page and "cut_entries" in page
+
+
+@override_settings(OUTBOX=ABORTER)
+def test_cancel_and_stop_record_the_staff_user_and_the_entry_page_shows_who_changed_it(
+    django_user_model, outbox
+):
+    user = staff(django_user_model, *ALL_PERMS, "add_outboxentry")
+    client = login(user)
+    running = accept(outbox, "ws", "ses", "running")
+    queued = accept(outbox, "ws", "ses", "queued")
+    hold_lease(outbox, "ws", "ses")
+    outbox.edit("ws", "ses", queued.id, text="queued, better", actor="user:7")
+    cancelled = []
+
+    def receiver(entry, state, **kwargs):
+        cancelled.append((state, entry.id, entry.cancelled_by))
+
+    post_action(client, "cut_entries", [f"ws/ses/{running.id}"])
+    entry_updated.connect(receiver)
+    try:
+        post_action(client, "cancel_entries", [f"ws/ses/{queued.id}"])
+    finally:
+        entry_updated.disconnect(receiver)
+    assert cancelled == [("cancelled", queued.id, f"staff:{user.pk}")]
+    [cut] = outbox.list("ws", "ses")
+    assert cut.stopped_by == f"staff:{user.pk}"
+    page = client.get(detail_url(f"ws/ses/{running.id}")).content.decode()
+    assert f"stopped by <bdi>staff:{user.pk} ({user.get_username()})</bdi>" in page
+    edited = accept(outbox, "ws", "ses2", "other")
+    outbox.edit("ws", "ses2", edited.id, text="other, better", actor="user:999999")
+    page = client.get(detail_url(f"ws/ses2/{edited.id}")).content.decode()
+    assert "edited by <bdi>user:999999</bdi>" in page  # no such user: the actor as stored

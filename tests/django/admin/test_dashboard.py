@@ -11,6 +11,7 @@ import pytest
 from django.urls import reverse
 
 from django_outbox.admin.dashboard import BOTTOM, FRAGMENT_HEADER, HEIGHT, Series, line_chart
+from django_outbox.core.entry import Verdict
 from django_outbox.core.worker import Worker
 from tests.support.admin import ALL_PERMS, login, staff
 from tests.support.helpers import NO_USER_BOUNDS, QUICK_PASSWORD_HASHERS, accept
@@ -196,3 +197,46 @@ def test_prompts_that_expired_unsent_are_counted(make_outbox, monkeypatch, admin
     assert dict(admin_client.get(DASHBOARD).context["tiles"])["expired now"] == "1"
     one = dict(admin_client.get(DASHBOARD + "?workspace=w1").context["tiles"])
     assert (one["expired now"], one["queued now"]) == ("1", "1")
+
+
+def test_a_stop_and_a_cancellation_are_counted_apart_from_failures(
+    make_outbox, monkeypatch, admin_client
+):
+    """A member's Stop (docs/howto/cutting.md): the turn it cut is a stopped turn, the prompt
+    it proved never delivered a cancellation, and neither a failed attempt nor an unknown
+    outcome, in the tiles and on the throughput chart."""
+    outbox_box: list = []
+
+    async def deliver(entry, **kwargs):  # the Stop arrives before anything is sent
+        assert await outbox_box[0].acut("w1", "s1", entry.id) is not None
+        raise RuntimeError("nothing sent: the turn was cut")
+
+    async def abort(entry, **kwargs):
+        return None
+
+    async def verify(entry, **kwargs):
+        return Verdict.ABSENT
+
+    outbox = make_outbox(
+        deliverer=deliver, verifier=verify, aborter=abort, clock=clock, **NO_USER_BOUNDS
+    )
+    outbox_box.append(outbox)
+    accept(outbox, "k1", "stopped")
+    queued = accept(outbox, "k2", "cancelled while queued")
+    outbox.cancel("w1", "s1", queued.id)
+
+    async def run():
+        try:
+            await outbox.adeliver_once("w1", "s1")
+        finally:
+            await outbox.aclose()
+
+    asyncio.run(run())
+    assert outbox.list("w1", "s1") == []
+    monkeypatch.setattr("django_outbox.admin.get_outbox", lambda: outbox)
+    page = admin_client.get(DASHBOARD)
+    tiles = dict(page.context["tiles"])
+    assert (tiles["stopped turns"], tiles["cancelled"]) == ("1", "2")
+    assert (tiles["failed attempts"], tiles["unknown outcomes"]) == ("0", "0")
+    throughput = str(page.context["charts"]["throughput"])
+    assert "s-cut" in throughput and "s-cancelled" in throughput

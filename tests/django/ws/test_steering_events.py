@@ -18,6 +18,7 @@ from tests.support.helpers import aaccept, redis_channel_layers
 
 ALICE = SimpleNamespace(is_authenticated=True, is_active=True, is_staff=False, username="alice")
 WS, SES = "alice", "s1"
+ACTORS = ("editedBy", "movedBy", "cancelledBy")
 
 
 @pytest.fixture
@@ -46,9 +47,9 @@ async def test_steering_changes_reach_a_watcher(layers):
     snap = await receive(comm)
     assert snap["type"] == "queue.snapshot"
     assert snap["entries"][1]["expiresAt"] > snap["entries"][1]["acceptedAt"]
-    await outbox.aedit(WS, SES, first.id, text="a, edited")
-    await outbox.amove(WS, SES, second.id, to="next")
-    await outbox.acancel(WS, SES, first.id)
+    await outbox.aedit(WS, SES, first.id, text="a, edited", actor="user:u")
+    await outbox.amove(WS, SES, second.id, to="next", actor="staff:1")
+    await outbox.acancel(WS, SES, first.id, actor="user:u")
     # The one left is past its expiry: the claim that reaches it marks it expired.
     await outbox.adeliver_once(WS, SES, deliverer=_never)
     updates = [await receive(comm) for _ in range(4)]
@@ -59,6 +60,12 @@ async def test_steering_changes_reach_a_watcher(layers):
         ("expired", second.id),
     ]
     assert updates[0]["entry"]["text"] == "a, edited"
+    # Who made each change reaches the watcher with the entry (never a text of theirs).
+    assert [u["entry"].get(k) for u, k in zip(updates, ACTORS, strict=False)] == [
+        "user:u",
+        "staff:1",
+        "user:u",
+    ]
     assert updates[3]["entry"]["status"] == "expired"
     versions = [snap["version"]] + [u["version"] for u in updates]
     assert versions == sorted(set(versions))

@@ -37,9 +37,11 @@ end
 -- reason is 'not_in_flight' (it was delivered, is gone or waits in the queue, or another
 -- entry is in flight: a Stop that arrives as the turn it aimed at ends never cuts the
 -- next one). Read and cut in this one script, so no turn can start in between.
+-- actor (django_outbox/core/actors.py) is recorded as the entry's stoppedBy when it cuts
+-- (a turn cut before keeps who cut it first).
 -- Returns 'cut' and the entry as stored now, 'already' (cut before: the signal is set
 -- again) and the entry, or nil and the reason ('not_in_flight', or in_flight's).
-local function cut_turn(id, signal, signal_ttl, named)
+local function cut_turn(id, signal, signal_ttl, named, actor)
   local key, idx, raw = in_flight(id)
   local st, content
   if key ~= nil then st, content = split(raw) end
@@ -50,6 +52,7 @@ local function cut_turn(id, signal, signal_ttl, named)
   redis.call('SET', signal, st.id, 'PX', signal_ttl)
   if st.interrupted == true then return 'already', raw end
   st.interrupted = true
+  st.stoppedBy = actor
   -- Being verified after a backoff: due now, so its turn is aborted without waiting.
   if key == Q and st.status == 'verifying' then st.nextAttemptAt = nil end
   local new = join(st, content)

@@ -13,6 +13,14 @@ table.insert(ORDER, #ORDER, 'interrupted')
 -- (its idempotency key, docs/howto/agents.md#the-idempotency-key). Before userDigest too.
 table.insert(ORDER, #ORDER, 'heldSince')
 table.insert(ORDER, #ORDER, 'revision')
+-- agentRef: the agent's reference to a delivery (a small object of strings, set by the
+-- delivered settle: lib/settle.lua). Before userDigest too.
+table.insert(ORDER, #ORDER, 'agentRef')
+-- editedBy, movedBy, cancelledBy, stoppedBy: who last made that change (an actor,
+-- django_outbox/core/actors.py), written by the script of the change. Before userDigest.
+for _, k in ipairs({'editedBy', 'movedBy', 'cancelledBy', 'stoppedBy'}) do
+  table.insert(ORDER, #ORDER, k)
+end
 local ZERO_OMITTED = {verifyAttempts = true, transientFails = true, holds = true, revision = true}
 
 local function split(raw)

@@ -98,14 +98,45 @@ local function earliest_due()
   return nil
 end
 
+-- Expired members of the markers ZSET removed per call, at most: the oldest ones (it is
+-- scored by expiry), so an accept removes more than it adds and the set holds only live
+-- markers plus what one call could not take.
+local MARKERS_PRUNED_PER_CALL = 32
+-- How long a session's version outlives its idempotency window once the session is
+-- empty (ms): the worker's claim reclaims the session at the window's end (lib/reclaim.lua);
+-- this expiry frees it where no worker runs (docs/explanation/storage.md#what-lives-how-long).
+local IDLE_VERSION_GRACE_MS = 3600000
+
+-- Remove up to MARKERS_PRUNED_PER_CALL expired members of the markers ZSET (their own
+-- keys expired by PX already). Two commands: ZCOUNT, then ZREMRANGEBYRANK when needed.
+local function prune_markers()
+  local stale = redis.call('ZCOUNT', MARKERS, '-inf', NOW_MS)
+  if stale > 0 then
+    redis.call('ZREMRANGEBYRANK', MARKERS, 0, math.min(stale, MARKERS_PRUNED_PER_CALL) - 1)
+  end
+end
+
 -- When an empty session (nothing queued, staged or leased) is looked at again: when the
 -- last of its dedupe markers expires (ms; now if it has none or they have all expired).
 -- Then its idempotency window has passed, and the claim that finds it still empty
--- reclaims its keys (lib/reclaim.lua). One command: the markers ZSET is scored by expiry.
+-- reclaims its keys (lib/reclaim.lua). The markers ZSET is scored by expiry; its expired
+-- members are pruned here too (prune_markers).
 local function reclaim_at()
+  prune_markers()
   local last = redis.call('ZRANGE', MARKERS, -1, -1, 'WITHSCORES')
   if last[2] then return math.max(tonumber(last[2]), NOW_MS) end
   return NOW_MS
+end
+
+-- An empty session's keys without an expiry of their own get one, `at` being its reclaim
+-- time (ms, the transition's clock; relative, so an injected clock holds): the markers
+-- ZSET when its newest marker expires, the version IDLE_VERSION_GRACE_MS later. A session
+-- nobody reclaims keeps nothing forever; one accepted into again keeps both without an
+-- expiry (accept.lua PERSISTs them; a version that did expire restarts above, lib/lease.lua).
+local function expire_idle(at)
+  local left = math.max(at - NOW_MS, 0)
+  redis.call('PEXPIRE', VER, left + IDLE_VERSION_GRACE_MS)
+  redis.call('PEXPIRE', MARKERS, math.max(left, 1))
 end
 
 -- Keep the due index exact for this session and (on standalone) its workspace,
@@ -127,6 +158,7 @@ local function reindex(items, staged, pttl, empty_at)
     score = NOW_MS  -- staged entries without a lease: recover them now
   elseif #items == 0 then
     score = empty_at or reclaim_at()  -- empty: look again to reclaim it
+    expire_idle(score)
   else
     local idx, due = find_head(items)
     if idx ~= nil then score = NOW_MS elseif due ~= nil then score = math.floor(due / 1000) end

@@ -4,10 +4,13 @@
 -- keys and takes it out of its workspace's and the global indices. Its version is
 -- not kept, and need not be: a session without one starts above any version it had
 -- (lib/lease.lua version_floor), so a client that comes back never sees it go back.
---@include layout indices
+-- The workspace's per-user state of users with nothing left to remember goes too (a
+-- bounded number per reclaim, lib/users.lua prune_users).
+--@include layout indices users
 
 local function reclaim()
   redis.call('DEL', VER, MARKERS, RECEIPT, ENDED)
+  prune_users()
   redis.call('SREM', SESSIONS, SES)
   redis.call('ZREM', DUE, SES)
   set_attention(false)

@@ -116,7 +116,8 @@ end
 
 -- Record `outcome` (delivered | failed | absent | transient | prior_pending | held |
 -- ambiguous | inconclusive | unverifiable) of the delivery of entry `id` under the lease `token`;
--- `err` is the error text ('' keeps lastError), `policy` what settle_policy returns;
+-- `err` is the error text ('' keeps lastError; for 'delivered', the agent's reference to the
+-- delivery, stored as agentRef), `policy` what settle_policy returns;
 -- 'held' (the agent asked to be left alone until a time: docs/howto/agents.md) also
 -- reads policy.hold (us, the agent's Retry-After), policy.hold_floor, policy.hold_max and
 -- policy.hold_total (us), which settle.lua adds.
@@ -178,6 +179,9 @@ local function settle(token, id, outcome, err, policy, acknowledged)
   if st.mergedInto == id then members = members_of(id, where == D and staging or queued) end
   if outcome == 'delivered' then
     st.deliveredAt = iso(NOW)
+    -- For 'delivered', `err` is the agent's reference to the delivery (compact JSON of an
+    -- object of strings, checked by core/rules.py agent_ref_json; '' none): agentRef.
+    if err ~= '' then st.agentRef = cjson.decode(err) end
     uncount(st)  -- delivered: no longer queued for its user, though its signal may be owed
     local done = join(st, content)
     local carried = nil
@@ -186,6 +190,7 @@ local function settle(token, id, outcome, err, policy, acknowledged)
     local delivered_members = {}
     for _, m in ipairs(members) do
       m[3].deliveredAt = iso(NOW)
+      m[3].agentRef = st.agentRef  -- delivered in the same message: the same reference
       uncount(m[3])
       local mdone = join(m[3], m[4])
       delivered_members[#delivered_members + 1] = mdone

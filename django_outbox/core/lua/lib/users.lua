@@ -27,3 +27,20 @@ local function uncount(st)
   local n, full_at = user_state(user)
   set_user_state(user, n - 1, full_at)
 end
+
+-- Users remembered past their time: nothing queued and the bucket full again. A field is
+-- dropped by the transition that finds it so (set_user_state), but a user's last entry
+-- usually leaves within the minute of its accept, bucket not yet full, and the user may
+-- never come back: the reclaim of an idle session (lib/reclaim.lua) drops up to
+-- USERS_PRUNED_PER_CALL such fields of its workspace, and the HASH goes with the last one.
+local USERS_PRUNED_PER_CALL = 64
+local function prune_users()
+  local page = redis.call('HSCAN', USERS, 0, 'COUNT', USERS_PRUNED_PER_CALL)[2]
+  local stale = {}
+  for i = 1, #page, 2 do
+    local n, full_at = string.match(page[i + 1], '^(%d+) (%d+)$')
+    if tonumber(n) == 0 and tonumber(full_at) <= NOW then stale[#stale + 1] = page[i] end
+    if #stale >= USERS_PRUNED_PER_CALL then break end
+  end
+  if #stale > 0 then redis.call('HDEL', USERS, unpack(stale)) end
+end

@@ -22,6 +22,16 @@ const LABELS = {
   held: "held",
 };
 
+// A row whose turn a Stop cut (row.stop, outbox.js): stopping, then how it ended; never "failed".
+const STOP_LABELS = {
+  "stopping delivering": "stopping…",
+  "stopping verifying": "stopping…",
+  "stopping parked": "stopping…",
+  "stopping error": "stopped: staff decide",
+  "stopped sent": "interrupted",
+  "stopped cancelled": "cancelled (stopped)",
+};
+
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(props)) {
@@ -243,7 +253,8 @@ function entryDetails(row, now) {
   } else if (row.behind) {
     bits.push("waits for the message before it (strict FIFO)");
   }
-  if (e.interrupted) bits.push(row.state === "sent" ? "its turn was cut (Stop)" : "stopping: its turn is being cut");
+  if (row.stop === "stopping") bits.push("Stopping… its turn is being cut; checking whether the agent got it");
+  else if (row.stop === "stopped") bits.push(row.state === "sent" ? "interrupted: the agent got it, its turn was cut (Stop)" : "stopped before the agent got it");
   if (e.attempts) bits.push(`failed attempts: ${e.attempts}`);
   if (e.verifyAttempts) bits.push(`verification passes: ${e.verifyAttempts}`);
   if (e.nextAttemptAt && (row.state === "pending" || row.state === "verifying")) {
@@ -252,7 +263,8 @@ function entryDetails(row, now) {
     if (due > 0) bits.push(`${what} in ${seconds(due)} s`);
   }
   if (e.reason && (row.state === "error" || row.state === "parked")) bits.push(`reason: ${e.reason}`);
-  if (e.lastError && row.state !== "sent") bits.push(`last error: ${e.lastError}`);
+  // A Stop's cut is no error of the agent's: the line above says what happened.
+  if (e.lastError && row.state !== "sent" && (!row.stop || row.state === "error")) bits.push(`last error: ${e.lastError}`);
   if (row.state === "finished") bits.push("ended while this page was not connected: delivered, dismissed or cancelled");
   else if (row.ended && row.ended !== "delivered") bits.push("not delivered to the agent");
   // Told by the reconnect's snapshot (its record of recent endings): when it ended.
@@ -302,7 +314,7 @@ function renderEntry(row, now) {
     { class: `entry state-${row.state}`, dataset: { id: row.id, state: row.state, ended: row.ended || "", blocked: row.blockedByInFlight ? "1" : "0", change: change?.what } },
     el("div", { class: "text" }, row.text),
     el("div", { class: "meta" },
-      el("span", { class: `badge state-${state}` }, row.blockedByInFlight ? "blocked" : LABELS[row.state] || row.state),
+      el("span", { class: `badge state-${state}` }, row.blockedByInFlight ? "blocked" : STOP_LABELS[`${row.stop} ${row.state}`] || LABELS[row.state] || row.state),
       change ? el("span", { class: `badge change change-${change.what}` }, change.what) : null,
       el("span", { class: "detail" }, entryDetails(row, now)),
       buttons,
