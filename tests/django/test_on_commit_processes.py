@@ -17,6 +17,7 @@ import time
 from datetime import datetime
 
 import pytest
+import redis
 
 from tests.support.helpers import SES, WS, accept
 from tests.support.on_commit import Database, run_child, start_child, workers
@@ -48,6 +49,12 @@ def database(request, tmp_path_factory, valkey) -> Database:
             server.create_database("on_commit"),
             lambda: server.connect("on_commit"),
         )
+    # Module-scoped, so set up before the per-test flush (tests/conftest.py): start from an
+    # empty key space, as an earlier module may have left another project's claim there,
+    # which migrate's system checks rightly refuse.
+    client = redis.Redis.from_url(valkey)
+    client.flushall()
+    client.close()
     db.migrate(valkey)
     return db
 

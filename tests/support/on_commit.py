@@ -56,15 +56,16 @@ class Database:
         }
 
     def migrate(self, valkey_url: str) -> None:
-        """Create every table. Raises ``subprocess.CalledProcessError`` (with the output)."""
-        subprocess.run(
+        """Create every table. Raises ``AssertionError`` with migrate's output if it fails."""
+        done = subprocess.run(
             [sys.executable, "-m", "django", "migrate", "-v", "0"],
             cwd=ROOT,
             env=self.env(valkey_url),
-            check=True,
             capture_output=True,
+            text=True,
             timeout=180,
         )
+        assert done.returncode == 0, f"migrate failed:\n{done.stdout}{done.stderr}"
 
     def query(self, sql: str) -> list[tuple]:
         conn = self._connect()
