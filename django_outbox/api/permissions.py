@@ -58,7 +58,7 @@ class OutboxAccessPolicy(BasePermission):
             allowed = is_allowed(user, workspace_id, session_id, action)
         elif (entry_id := view.outbox_entry_id(request)) is None:  # a Stop naming no entry
             allowed = is_allowed(user, workspace_id, session_id, action)
-        elif (entry := stored_entry(workspace_id, session_id, entry_id)) is None:
+        elif (entry := stored_entry(stored(request, workspace_id, session_id), entry_id)) is None:
             allowed = is_allowed(user, workspace_id, session_id, "view")
         else:
             allowed = is_allowed(user, workspace_id, session_id, action, entry=entry)
@@ -75,7 +75,7 @@ def may_cut(request: Any, view: Any, workspace_id: str, session_id: str) -> bool
     ``request.outbox_cut_only`` to that entry's ID (``""``: none), which the view passes as
     ``cut_only`` so that only that turn can be cut, whatever starts meanwhile
     (docs/howto/access-policy.md#one-persons-prompt)."""
-    running = running_entry(workspace_id, session_id)
+    running = running_entry(stored(request, workspace_id, session_id))
     request.outbox_cut_only = running.id if running else ""
     if running is None:
         return True
@@ -84,12 +84,23 @@ def may_cut(request: Any, view: Any, workspace_id: str, session_id: str) -> bool
     return allowed
 
 
-def running_entry(workspace_id: str, session_id: str) -> EntryRef | None:
-    """The session's entry in flight as stored now (the one being delivered, else the first
-    whose outcome is being verified), as a policy is given it; None when none is."""
-    snapshot = get_outbox().snapshots([(workspace_id, session_id)], preview_chars=1)[0]
+def stored(request: Any, workspace_id: str, session_id: str) -> list[Any]:
+    """The session's entries as stored now, read once per request (the entry an action is
+    about and the one in flight come from the same read): one atomic read, texts cut on
+    the server. Raises :class:`~django_outbox.errors.OutboxUnavailable` (503)."""
+    entries: list[Any] | None = getattr(request, "outbox_stored", None)
+    if entries is None:
+        read = get_outbox().snapshots([(workspace_id, session_id)], preview_chars=1)[0]
+        entries = request.outbox_stored = list(read.entries)
+    return entries
+
+
+def running_entry(entries: list[Any]) -> EntryRef | None:
+    """The entry in flight among the session's stored ``entries`` (:func:`stored`): the one
+    being delivered, else the first whose outcome is being verified, as a policy is given
+    it; None when none is."""
     for status in ("delivering", "verifying"):
-        for entry in snapshot.entries:
+        for entry in entries:
             if str(entry.status) == status:
                 return EntryRef.of(entry)
     return None
@@ -100,12 +111,10 @@ def refusal_message(action: str) -> str:
     return f"The access policy does not allow {action!r} here."
 
 
-def stored_entry(workspace_id: str, session_id: str, entry_id: str) -> EntryRef | None:
-    """The entry ``entry_id`` of the session as stored now (queued or in flight), as an
-    access policy is given it; None when it is not there. One atomic read, texts cut on
-    the server. Raises :class:`~django_outbox.errors.OutboxUnavailable` (503)."""
-    snapshot = get_outbox().snapshots([(workspace_id, session_id)], preview_chars=1)[0]
-    for entry in snapshot.entries:
+def stored_entry(entries: list[Any], entry_id: str) -> EntryRef | None:
+    """The entry ``entry_id`` among the session's stored ``entries`` (:func:`stored`:
+    queued or in flight), as an access policy is given it; None when it is not there."""
+    for entry in entries:
         if entry.id == entry_id:
             return EntryRef.of(entry)
     return None

@@ -284,6 +284,19 @@ class TurnCuts(DeliveryStep):
         plan = self._send_now_plan(workspace_id, session_id, entry_id, actor, cut_only)
         return await self._arun(plan)
 
+    def _interrupting(
+        self, ws: str, ses: str, cut_only: str | None, accept: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What :meth:`accept_interrupting` checks before anything is stored: ``accept``
+        with ``if_busy="interrupt"`` (``InvalidContent`` for another), a well-formed
+        ``cut_only``, an aborter (:class:`~django_outbox.core.errors.CutNotSupported`)."""
+        accept = _interrupting(accept)
+        if cut_only:
+            check_identifier("entry ID", cut_only)
+        if self._aborter(ws, ses) is None:
+            raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
+        return accept
+
     def accept_interrupting(
         self, workspace_id: str, session_id: str, *, cut_only: str | None = None, **accept: Any
     ) -> tuple[Entry, SendNowResult]:
@@ -297,11 +310,7 @@ class TurnCuts(DeliveryStep):
         ``accept(if_busy="interrupt")`` comes here; the entry's ``mode`` is ``interrupt``;
         an ``if_busy`` other than ``"interrupt"`` raises ``InvalidContent``. ``cut_only``: as
         for :meth:`send_now`."""
-        accept = _interrupting(accept)
-        if cut_only:
-            check_identifier("entry ID", cut_only)
-        if self._aborter(workspace_id, session_id) is None:
-            raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
+        accept = self._interrupting(workspace_id, session_id, cut_only, accept)
         entry: Entry = cast(Any, self)._accept_stored(workspace_id, session_id, **accept)
         # The accepting user's own act: the prompt's author moves it and cuts the turn.
         by = user_actor(entry.user_id)
@@ -311,11 +320,7 @@ class TurnCuts(DeliveryStep):
         self, workspace_id: str, session_id: str, *, cut_only: str | None = None, **accept: Any
     ) -> tuple[Entry, SendNowResult]:
         """Async :meth:`accept_interrupting`."""
-        accept = _interrupting(accept)
-        if cut_only:
-            check_identifier("entry ID", cut_only)
-        if self._aborter(workspace_id, session_id) is None:
-            raise CutNotSupported("no aborter is configured: the running turn cannot be cut")
+        accept = self._interrupting(workspace_id, session_id, cut_only, accept)
         entry: Entry = await cast(Any, self)._aaccept_stored(workspace_id, session_id, **accept)
         by = user_actor(entry.user_id)
         return entry, await self.asend_now(

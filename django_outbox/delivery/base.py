@@ -34,6 +34,7 @@ __all__ = [
     "INVALID_REQUEST",
     "LONGEST_RETRY_AFTER",
     "NOT_SENT",
+    "AgentRefused",
     "HttpBackend",
     "Made",
     "Unreadable",
@@ -76,6 +77,17 @@ class Unreadable(Exception):
     """An answer not read: larger than the limit, or compressed though none was asked for;
     the agents raise it too for what they will not follow or parse (a next link elsewhere,
     not JSON)."""
+
+
+class AgentRefused(Exception):
+    """A definitive refusal by an agent, what :meth:`HttpBackend._refused` gives unless the
+    backend has its own error: ``status`` (0: no answer, e.g. a redirect not followed),
+    ``url`` and ``body`` (a short excerpt), all redacted (docs/explanation/security.md)."""
+
+    def __init__(self, status: int, url: str, body: str) -> None:
+        self.status, self.url, self.body = status, redact(url), redact(body)
+        text = f"the agent answered HTTP {status} for {self.url}" if status else self.url
+        super().__init__(text + (f": {self.body}" if self.body else ""))
 
 
 class HttpBackend:
@@ -149,8 +161,9 @@ class HttpBackend:
 
     def _refused(self, status: int, url: str, said: str) -> Exception:
         """The backend's definitive error for an answer of ``status`` to ``url`` (``said``:
-        a redacted excerpt of its body); also raised for a redirect it does not follow."""
-        raise NotImplementedError
+        a redacted excerpt of its body); also raised for a redirect it does not follow.
+        :class:`AgentRefused` unless the backend names its own."""
+        return AgentRefused(status, url, said)
 
     async def _exchange(
         self, method: str, url: str, seconds: float, *, body: Any = None, key: str = ""
